@@ -1,0 +1,274 @@
+//! Strict parsing of card-quota's annotations (DESIGN §2).
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+
+use super::names::{Alternatives, CardName, NameError, QueueName};
+
+/// Queue annotation holding the per-model quota.
+pub const QUOTA: &str = "volcano.sh/card.quota";
+/// Job / PodGroup annotation holding the job's total card request.
+pub const REQUEST: &str = "volcano.sh/card.request";
+/// Pod annotation naming the acceptable models.
+pub const CARD_NAME: &str = "volcano.sh/card.name";
+/// Pod / Binding annotation recording the model a bound pod is charged for.
+pub const CHARGED: &str = "volcano.sh/card.charged";
+/// Queue annotation the reconciler writes with the usage.
+pub const USAGE: &str = "volcano.sh/card.usage";
+/// Pod annotation naming the queue of a pod without a PodGroup.
+pub const QUEUE_NAME: &str = "scheduling.volcano.sh/queue-name";
+/// Pod annotation naming the pod's PodGroup.
+pub const GROUP_NAME: &str = "scheduling.k8s.io/group-name";
+
+/// What is wrong with an annotation value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    #[error("not valid JSON ({0})")]
+    NotJson(String),
+    #[error("expected a JSON object of model name to integer, got {0}")]
+    NotObject(&'static str),
+    #[error("duplicate key {0:?}")]
+    DuplicateKey(String),
+    #[error("value for {key:?} must be a {expected} integer, got {got}")]
+    BadCount {
+        key: String,
+        expected: &'static str,
+        got: String,
+    },
+    #[error("key {key:?}: {source}")]
+    BadKey { key: String, source: NameError },
+    #[error("key {0:?} lists alternatives; a quota names single models")]
+    CompositeQuotaKey(String),
+    #[error("{0}")]
+    BadName(NameError),
+    #[error("the object lists no models")]
+    Empty,
+}
+
+/// A malformed annotation on a named object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {annotation} on {object}: {problem}")]
+pub struct AnnotationError {
+    /// e.g. `queue team-a` or `pod ml/x`.
+    pub object: String,
+    pub annotation: &'static str,
+    pub problem: Problem,
+}
+
+/// A queue's quota: model -> whole cards. Absent models have quota 0.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Quota(pub BTreeMap<CardName, u64>);
+
+impl Quota {
+    pub fn get(&self, m: &CardName) -> u64 {
+        self.0.get(m).copied().unwrap_or(0)
+    }
+}
+
+/// A job's card request: `A` or `A|B` -> positive cards. Entries keep annotation order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CardRequest(pub Vec<(Alternatives, u64)>);
+
+impl CardRequest {
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|(_, n)| n).sum()
+    }
+}
+
+enum Raw {
+    Int(i128),
+    Other(String),
+}
+
+struct Entries(Vec<(String, Raw)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(k) = map.next_key::<String>()? {
+                    let v: serde_json::Value = map.next_value()?;
+                    let raw = match &v {
+                        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => {
+                            match (n.as_i64(), n.as_u64()) {
+                                (Some(i), _) => Raw::Int(i128::from(i)),
+                                (_, Some(u)) => Raw::Int(i128::from(u)),
+                                _ => Raw::Other(v.to_string()),
+                            }
+                        }
+                        other => Raw::Other(other.to_string()),
+                    };
+                    out.push((k, raw));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// Parses a JSON object of name -> integer, keeping order and catching duplicate keys.
+fn parse_entries(raw: &str, min: i128, expected: &'static str) -> Result<Vec<(String, u64)>, Problem> {
+    let value: serde_json::Value =
+        serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
+    if !value.is_object() {
+        return Err(Problem::NotObject(json_kind(&value)));
+    }
+    let entries: Entries = serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(entries.0.len());
+    for (k, v) in entries.0 {
+        if !seen.insert(k.clone()) {
+            return Err(Problem::DuplicateKey(k));
+        }
+        let n = match v {
+            Raw::Int(i) if i >= min && i <= i128::from(u64::MAX) => i as u64,
+            Raw::Int(i) => {
+                return Err(Problem::BadCount {
+                    key: k,
+                    expected,
+                    got: i.to_string(),
+                })
+            }
+            Raw::Other(s) => {
+                return Err(Problem::BadCount {
+                    key: k,
+                    expected,
+                    got: s,
+                })
+            }
+        };
+        out.push((k, n));
+    }
+    Ok(out)
+}
+
+fn err(object: &str, annotation: &'static str, problem: Problem) -> AnnotationError {
+    AnnotationError {
+        object: object.to_string(),
+        annotation,
+        problem,
+    }
+}
+
+/// Parses `volcano.sh/card.quota` of `object` (e.g. `queue team-a`).
+pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
+    let entries = parse_entries(raw, 0, "non-negative").map_err(|p| err(object, QUOTA, p))?;
+    let mut q = BTreeMap::new();
+    for (k, n) in entries {
+        if k.contains('|') {
+            return Err(err(object, QUOTA, Problem::CompositeQuotaKey(k)));
+        }
+        let name = CardName::parse(&k).map_err(|source| err(object, QUOTA, Problem::BadKey { key: k, source }))?;
+        q.insert(name, n);
+    }
+    Ok(Quota(q))
+}
+
+/// Parses `volcano.sh/card.request` of `object` (e.g. `podgroup ml/job-1`).
+pub fn parse_request(object: &str, raw: &str) -> Result<CardRequest, AnnotationError> {
+    let entries = parse_entries(raw, 1, "positive").map_err(|p| err(object, REQUEST, p))?;
+    if entries.is_empty() {
+        return Err(err(object, REQUEST, Problem::Empty));
+    }
+    let mut out: Vec<(Alternatives, u64)> = Vec::new();
+    for (k, n) in entries {
+        let alts = Alternatives::parse(&k).map_err(|source| err(object, REQUEST, Problem::BadKey { key: k, source }))?;
+        out.push((alts, n));
+    }
+    Ok(CardRequest(out))
+}
+
+/// Parses `volcano.sh/card.name` of `object` (e.g. `pod ml/x`).
+pub fn parse_card_name(object: &str, raw: &str) -> Result<Alternatives, AnnotationError> {
+    Alternatives::parse(raw).map_err(|e| err(object, CARD_NAME, Problem::BadName(e)))
+}
+
+/// Parses a single model (`volcano.sh/card.charged`).
+pub fn parse_charged(object: &str, raw: &str) -> Result<CardName, AnnotationError> {
+    CardName::parse(raw).map_err(|e| err(object, CHARGED, Problem::BadName(e)))
+}
+
+/// The queue named by a pod's annotations, if any (DESIGN §2).
+pub fn queue_annotation(annotations: &BTreeMap<String, String>) -> Option<QueueName> {
+    annotations
+        .get(QUEUE_NAME)
+        .filter(|q| !q.is_empty())
+        .map(|q| QueueName::new(q.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quota_err(raw: &str) -> String {
+        parse_quota("queue q1", raw).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_valid_quota_parses_every_model() {
+        let q = parse_quota("queue q1", r#"{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"X":0}"#).unwrap();
+        assert_eq!(q.get(&CardName::parse("NVIDIA-H200").unwrap()), 3);
+        assert_eq!(q.get(&CardName::parse("NVIDIA-H200/mig-1g.18gb-mixed").unwrap()), 4);
+        assert_eq!(q.get(&CardName::parse("absent").unwrap()), 0);
+        assert_eq!(q.0.len(), 3);
+    }
+
+    #[test]
+    fn malformed_quotas_name_the_object_the_annotation_and_the_problem() {
+        let cases = [
+            ("{", "not valid JSON"),
+            ("[1]", "got an array"),
+            (r#"{"A":1.5}"#, r#"value for "A" must be a non-negative integer, got 1.5"#),
+            (r#"{"A":-1}"#, r#"value for "A" must be a non-negative integer, got -1"#),
+            (r#"{"A":"3"}"#, r#"value for "A" must be a non-negative integer, got "3""#),
+            (r#"{"":1}"#, "empty model name"),
+            (r#"{"A":1,"A":2}"#, r#"duplicate key "A""#),
+            (r#"{"NVIDIA H200":1}"#, "contains whitespace"),
+            (r#"{"A|B":1}"#, "lists alternatives"),
+        ];
+        for (raw, want) in cases {
+            let got = quota_err(raw);
+            assert!(got.starts_with("invalid volcano.sh/card.quota on queue q1: "), "{got}");
+            assert!(got.contains(want), "{raw}: {got} should contain {want}");
+        }
+    }
+
+    #[test]
+    fn a_request_keeps_alternatives_and_refuses_zero() {
+        let r = parse_request("podgroup ml/j", r#"{"A|B":6,"C":1}"#).unwrap();
+        assert_eq!(r.0[0].0.to_string(), "A|B");
+        assert_eq!(r.total(), 7);
+        let e = parse_request("podgroup ml/j", r#"{"A":0}"#).unwrap_err().to_string();
+        assert!(e.contains("must be a positive integer, got 0"), "{e}");
+        let e = parse_request("podgroup ml/j", r#"{"A||B":1}"#).unwrap_err().to_string();
+        assert!(e.contains("empty alternative"), "{e}");
+        assert!(parse_request("podgroup ml/j", "{}").is_err());
+    }
+
+    #[test]
+    fn card_names_are_parsed_strictly() {
+        assert!(parse_card_name("pod ml/x", "A|B").is_ok());
+        let e = parse_card_name("pod ml/x", "A||B").unwrap_err().to_string();
+        assert_eq!(e, r#"invalid volcano.sh/card.name on pod ml/x: empty alternative in "A||B" (expected A or A|B|C)"#);
+    }
+}

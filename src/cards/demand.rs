@@ -1,0 +1,186 @@
+//! A pod's card demand from its containers (the Kubernetes effective-request rule) and
+//! the card products its scheduling constraints pin it to.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+
+use super::quantity::parse_whole;
+
+/// Whole cards per card resource that a pod needs.
+pub type ResourceDemand = BTreeMap<String, u64>;
+
+fn container_request(c: &Container, resource: &str) -> Result<u64, String> {
+    let Some(res) = &c.resources else { return Ok(0) };
+    let q = res
+        .requests
+        .as_ref()
+        .and_then(|r| r.get(resource))
+        .or_else(|| res.limits.as_ref().and_then(|l| l.get(resource)));
+    match q {
+        Some(q) => parse_whole(&q.0).map_err(|e| format!("container {}: {resource}: {e}", c.name)),
+        None => Ok(0),
+    }
+}
+
+fn resource_names(c: &Container, out: &mut Vec<String>) {
+    if let Some(res) = &c.resources {
+        for m in [&res.requests, &res.limits].into_iter().flatten() {
+            out.extend(m.keys().cloned());
+        }
+    }
+}
+
+/// Card demand of a pod spec: for each card resource, `max(sum(app) + sum(sidecars),
+/// max(init_i + sidecars started before i))`. Requests default to limits.
+pub fn pod_demand(spec: &PodSpec, is_card: impl Fn(&str) -> bool) -> Result<ResourceDemand, String> {
+    let mut names = Vec::new();
+    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+        resource_names(c, &mut names);
+    }
+    names.sort();
+    names.dedup();
+    let mut out = ResourceDemand::new();
+    for r in names.into_iter().filter(|r| is_card(r)) {
+        let mut sidecars = 0u64;
+        let mut init_peak = 0u64;
+        for c in spec.init_containers.iter().flatten() {
+            let n = container_request(c, &r)?;
+            if c.restart_policy.as_deref() == Some("Always") {
+                sidecars += n;
+                init_peak = init_peak.max(sidecars);
+            } else {
+                init_peak = init_peak.max(sidecars + n);
+            }
+        }
+        let mut app = sidecars;
+        for c in &spec.containers {
+            app += container_request(c, &r)?;
+        }
+        let n = app.max(init_peak);
+        if n > 0 {
+            out.insert(r, n);
+        }
+    }
+    Ok(out)
+}
+
+/// Product values a pod's required scheduling constraints pin it to, per product label
+/// (`<prefix>/<type>.product` -> allowed values in order). Only constraints that every
+/// placement must satisfy count: a nodeSelector, or an `In` expression present in every
+/// required node-affinity term.
+pub fn pinned_products(spec: &PodSpec) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in spec.node_selector.iter().flatten() {
+        if k.ends_with(".product") {
+            out.insert(k.clone(), vec![v.clone()]);
+        }
+    }
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or(&[]);
+    if terms.is_empty() {
+        return out;
+    }
+    // Union over ORed terms of the values each term allows; a term without the key
+    // does not constrain it, so the key is pinned only if every term names it.
+    let mut per_key: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
+    for t in terms {
+        for e in t.match_expressions.iter().flatten() {
+            if e.operator == "In" && e.key.ends_with(".product") {
+                let entry = per_key.entry(e.key.clone()).or_default();
+                entry.0 += 1;
+                for v in e.values.iter().flatten() {
+                    if !entry.1.contains(v) {
+                        entry.1.push(v.clone());
+                    }
+                }
+            }
+        }
+    }
+    for (k, (count, values)) in per_key {
+        if count == terms.len() && !values.is_empty() {
+            match out.get_mut(&k) {
+                // nodeSelector and affinity both apply: keep the intersection.
+                Some(existing) => existing.retain(|v| values.contains(v)),
+                None => {
+                    out.insert(k, values);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> PodSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn gpu(r: &str) -> bool {
+        r.starts_with("nvidia.com/")
+    }
+
+    #[test]
+    fn containers_add_up_and_init_containers_take_the_max() {
+        let s = spec(json!({
+            "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"nvidia.com/gpu": "1", "cpu": "1"}}},
+                {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ]
+        }));
+        assert_eq!(pod_demand(&s, gpu).unwrap(), BTreeMap::from([("nvidia.com/gpu".to_string(), 3)]));
+    }
+
+    #[test]
+    fn sidecars_add_to_the_app_containers() {
+        let s = spec(json!({
+            "initContainers": [
+                {"name": "side", "restartPolicy": "Always", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                {"name": "i", "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+            ],
+            "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+        }));
+        // init peak = 1 (sidecar) + 2 = 3; app = 1 + 1 = 2
+        assert_eq!(pod_demand(&s, gpu).unwrap()["nvidia.com/gpu"], 3);
+    }
+
+    #[test]
+    fn a_fractional_card_request_is_an_error() {
+        let s = spec(json!({"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}]}));
+        assert!(pod_demand(&s, gpu).is_err());
+    }
+
+    #[test]
+    fn node_selector_and_affinity_pin_products() {
+        let s = spec(json!({
+            "containers": [],
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}
+        }));
+        assert_eq!(pinned_products(&s)["nvidia.com/gpu.product"], vec!["NVIDIA-H200"]);
+        let s = spec(json!({
+            "containers": [],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A", "B"]}]}
+            ]}}}
+        }));
+        assert_eq!(pinned_products(&s)["nvidia.com/gpu.product"], vec!["A", "B"]);
+        let s = spec(json!({
+            "containers": [],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}
+            ]}}}
+        }));
+        assert!(pinned_products(&s).is_empty(), "a term without the key leaves it unpinned");
+    }
+}

@@ -1,0 +1,11 @@
+//! Card names, annotations, node discovery and pod demand: the vocabulary of card-quota.
+
+pub mod annotations;
+pub mod demand;
+pub mod names;
+pub mod nodes;
+pub mod quantity;
+
+pub use annotations::{AnnotationError, CardRequest, Quota};
+pub use names::{Alternatives, CardName, NameError, ObjectKey, QueueName};
+pub use nodes::NodeCards;

@@ -1,0 +1,203 @@
+//! Card model names, alternatives and queue names: the vocabulary of DESIGN §1.
+
+use std::fmt;
+
+/// A canonical card model name, e.g. `NVIDIA-H200` or `NVIDIA-H200/mig-1g.18gb-mixed`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CardName(String);
+
+/// Why a model name or an alternatives list is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("empty model name")]
+    Empty,
+    #[error("model name {0:?} contains whitespace")]
+    Whitespace(String),
+    #[error("empty alternative in {0:?} (expected A or A|B|C)")]
+    EmptyAlternative(String),
+    #[error("model {model:?} is listed twice in {list:?}")]
+    DuplicateAlternative { model: String, list: String },
+    #[error("model name {0:?} contains '|' where a single model is expected")]
+    Composite(String),
+}
+
+impl CardName {
+    /// Parses one model name: non-empty, no whitespace, no `|`.
+    pub fn parse(s: &str) -> Result<Self, NameError> {
+        if s.is_empty() {
+            return Err(NameError::Empty);
+        }
+        if s.chars().any(char::is_whitespace) {
+            return Err(NameError::Whitespace(s.to_string()));
+        }
+        if s.contains('|') {
+            return Err(NameError::Composite(s.to_string()));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    /// Builds a name from parts the code itself composed (node discovery), which are
+    /// checked the same way.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CardName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One or more acceptable models, most preferred first (`A|B|C`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Alternatives(Vec<CardName>);
+
+impl Alternatives {
+    /// Parses `A` or `A|B|C`; rejects empty alternatives, whitespace and duplicates.
+    pub fn parse(s: &str) -> Result<Self, NameError> {
+        if s.is_empty() {
+            return Err(NameError::Empty);
+        }
+        let mut out: Vec<CardName> = Vec::new();
+        for part in s.split('|') {
+            if part.is_empty() {
+                return Err(NameError::EmptyAlternative(s.to_string()));
+            }
+            let name = CardName::parse(part)?;
+            if out.contains(&name) {
+                return Err(NameError::DuplicateAlternative {
+                    model: part.to_string(),
+                    list: s.to_string(),
+                });
+            }
+            out.push(name);
+        }
+        Ok(Self(out))
+    }
+
+    /// A single model as a one-element list.
+    pub fn single(name: CardName) -> Self {
+        Self(vec![name])
+    }
+
+    /// Builds from an ordered, duplicate-free list; `None` when empty.
+    pub fn from_models(models: Vec<CardName>) -> Option<Self> {
+        let mut out: Vec<CardName> = Vec::new();
+        for m in models {
+            if !out.contains(&m) {
+                out.push(m);
+            }
+        }
+        (!out.is_empty()).then_some(Self(out))
+    }
+
+    pub fn models(&self) -> &[CardName] {
+        &self.0
+    }
+
+    pub fn first(&self) -> &CardName {
+        &self.0[0]
+    }
+
+    pub fn contains(&self, m: &CardName) -> bool {
+        self.0.contains(m)
+    }
+
+    /// The single model when there is exactly one.
+    pub fn as_single(&self) -> Option<&CardName> {
+        match self.0.as_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+
+    /// True when every model here is also in `other`.
+    pub fn is_subset_of(&self, other: &Alternatives) -> bool {
+        self.0.iter().all(|m| other.contains(m))
+    }
+}
+
+impl fmt::Display for Alternatives {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, m) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("|")?;
+            }
+            f.write_str(m.as_str())?;
+        }
+        Ok(())
+    }
+}
+
+/// A Volcano queue name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueName(String);
+
+impl QueueName {
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// Volcano's default queue, used when a pod names none.
+    pub fn default_queue() -> Self {
+        Self("default".to_string())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `namespace/name` of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_model_name_parses() {
+        assert_eq!(CardName::parse("NVIDIA-H200").unwrap().as_str(), "NVIDIA-H200");
+    }
+
+    #[test]
+    fn alternatives_keep_their_order() {
+        let a = Alternatives::parse("B|A|C").unwrap();
+        assert_eq!(a.to_string(), "B|A|C");
+        assert_eq!(a.first().as_str(), "B");
+    }
+
+    #[test]
+    fn malformed_alternatives_are_refused() {
+        assert!(matches!(Alternatives::parse("A||B"), Err(NameError::EmptyAlternative(_))));
+        assert!(matches!(Alternatives::parse("|A"), Err(NameError::EmptyAlternative(_))));
+        assert!(matches!(Alternatives::parse("A|"), Err(NameError::EmptyAlternative(_))));
+        assert!(matches!(Alternatives::parse("A|A"), Err(NameError::DuplicateAlternative { .. })));
+        assert!(matches!(Alternatives::parse("A B"), Err(NameError::Whitespace(_))));
+        assert!(matches!(Alternatives::parse(""), Err(NameError::Empty)));
+    }
+}

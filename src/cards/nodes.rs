@@ -1,0 +1,216 @@
+//! Card model discovery from a node's labels and allocatable resources (DESIGN §3).
+
+use std::collections::BTreeMap;
+
+use super::names::CardName;
+use super::quantity::parse_whole;
+
+/// Prefixes treated as card vendors even before any node announces a product label.
+pub const DEFAULT_CARD_PREFIXES: &[&str] = &["nvidia.com", "amd.com", "huawei.com"];
+
+/// One product label: `<prefix>/<type>.product`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Product {
+    prefix: String,
+    kind: String,
+    product: String,
+}
+
+/// The card models a node offers, keyed by the extended resource that requests them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCards {
+    /// resource name -> (model, allocatable whole cards)
+    pub resources: BTreeMap<String, (CardName, u64)>,
+    /// Vendor prefixes that carry a product label on this node.
+    pub prefixes: Vec<String>,
+    /// Products named by `<prefix>/<type>.product` labels.
+    pub products: Vec<String>,
+    /// Things that could not be mapped, for logs and warnings.
+    pub problems: Vec<String>,
+}
+
+impl NodeCards {
+    /// The model a pod requesting `resource` uses on this node.
+    pub fn model_for(&self, resource: &str) -> Option<&CardName> {
+        self.resources.get(resource).map(|(m, _)| m)
+    }
+}
+
+/// Matches `^(.+?)/(\w+)\.product$`.
+fn product_label(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_suffix(".product")?;
+    let slash = rest.find('/')?;
+    let (prefix, kind) = (&rest[..slash], &rest[slash + 1..]);
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    (!prefix.is_empty() && !kind.is_empty() && kind.chars().all(word)).then_some((prefix, kind))
+}
+
+/// Discovers the card models of one node from its labels and allocatable resources.
+pub fn discover(node: &str, labels: &BTreeMap<String, String>, allocatable: &BTreeMap<String, String>) -> NodeCards {
+    let mut products: Vec<Product> = labels
+        .iter()
+        .filter_map(|(k, v)| {
+            product_label(k).map(|(prefix, kind)| Product {
+                prefix: prefix.to_string(),
+                kind: kind.to_string(),
+                product: v.clone(),
+            })
+        })
+        .collect();
+    products.sort_by(|a, b| (a.prefix.as_str(), a.kind.as_str()).cmp(&(b.prefix.as_str(), b.kind.as_str())));
+    let mut out = NodeCards {
+        prefixes: products.iter().map(|p| p.prefix.clone()).collect(),
+        products: products.iter().map(|p| p.product.clone()).collect(),
+        ..Default::default()
+    };
+    out.prefixes.dedup();
+    for (resource, qty) in allocatable {
+        let Some((prefix, suffix)) = resource.split_once('/') else {
+            continue;
+        };
+        let candidates: Vec<&Product> = products.iter().filter(|p| p.prefix == prefix).collect();
+        if candidates.is_empty() {
+            continue;
+        }
+        // Several product labels under one prefix: prefer the one whose type the resource names.
+        let base = suffix.split('.').next().unwrap_or(suffix);
+        let p = candidates
+            .iter()
+            .find(|p| p.kind == base)
+            .copied()
+            .unwrap_or(candidates[0]);
+        let count = match parse_whole(qty) {
+            Ok(n) => n,
+            Err(e) => {
+                out.problems.push(format!("node {node}: allocatable {resource}={qty}: {e}"));
+                continue;
+            }
+        };
+        let model = if let Some(profile) = suffix.strip_prefix("mig-") {
+            format!("{}/mig-{profile}-mixed", p.product)
+        } else if suffix.ends_with(".shared") {
+            let label = |what: &str| labels.get(&format!("{}/{}.{what}", p.prefix, p.kind));
+            let mem = label("memory").and_then(|m| m.parse::<u64>().ok());
+            let replicas = label("replicas").and_then(|r| r.parse::<u64>().ok());
+            match (mem, replicas) {
+                (Some(mib), Some(r)) if r > 0 => {
+                    let gib = (mib + 512) / 1024;
+                    format!("{}/mps-{gib}g*1/{r}", p.product)
+                }
+                _ => {
+                    out.problems.push(format!(
+                        "node {node}: {resource} needs numeric labels {0}/{1}.memory and {0}/{1}.replicas to name its MPS model",
+                        p.prefix, p.kind
+                    ));
+                    continue;
+                }
+            }
+        } else {
+            p.product.clone()
+        };
+        match CardName::parse(&model) {
+            Ok(m) => {
+                out.resources.insert(resource.clone(), (m, count));
+            }
+            Err(e) => out.problems.push(format!("node {node}: {resource}: {e}")),
+        }
+    }
+    out
+}
+
+/// True when `resource` is an extended resource under a card vendor prefix.
+pub fn is_card_resource<'a>(resource: &str, mut prefixes: impl Iterator<Item = &'a str>) -> bool {
+    match resource.split_once('/') {
+        Some((prefix, _)) => DEFAULT_CARD_PREFIXES.contains(&prefix) || prefixes.any(|p| p == prefix),
+        None => false,
+    }
+}
+
+/// The resource shape a model name implies when no node shows the model:
+/// MIG models need `*/mig-<profile>`, MPS models `*.shared`, others a whole-card resource.
+pub fn resource_fits_model_shape(resource: &str, model: &CardName) -> bool {
+    let m = model.as_str();
+    let suffix = resource.split_once('/').map(|(_, s)| s).unwrap_or(resource);
+    if let Some(idx) = m.find("/mig-") {
+        let profile = m[idx + 5..].strip_suffix("-mixed").unwrap_or(&m[idx + 5..]);
+        suffix == format!("mig-{profile}")
+    } else if m.contains("/mps-") {
+        suffix.ends_with(".shared")
+    } else {
+        !suffix.starts_with("mig-") && !suffix.ends_with(".shared")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn whole_mig_and_mps_cards_are_discovered_and_other_resources_ignored() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-H200"),
+            ("nvidia.com/gpu.memory", "143771"),
+            ("nvidia.com/gpu.replicas", "2"),
+            ("nvidia.com/gpu.count", "8"),
+        ]);
+        let alloc = map(&[
+            ("cpu", "64"),
+            ("nvidia.com/gpu", "7"),
+            ("nvidia.com/mig-1g.18gb", "7"),
+            ("nvidia.com/gpu.shared", "2"),
+            ("rdma/hca", "100"),
+            ("hugepages-2Mi", "0"),
+        ]);
+        let n = discover("n1", &labels, &alloc);
+        let got: Vec<(String, String, u64)> = n
+            .resources
+            .iter()
+            .map(|(r, (m, c))| (r.clone(), m.to_string(), *c))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("nvidia.com/gpu".into(), "NVIDIA-H200".into(), 7),
+                ("nvidia.com/gpu.shared".into(), "NVIDIA-H200/mps-140g*1/2".into(), 2),
+                ("nvidia.com/mig-1g.18gb".into(), "NVIDIA-H200/mig-1g.18gb-mixed".into(), 7),
+            ]
+        );
+        assert!(n.problems.is_empty());
+    }
+
+    #[test]
+    fn mps_memory_is_rounded_to_the_nearest_gib() {
+        let labels = map(&[
+            ("nvidia.com/gpu.product", "NVIDIA-H800"),
+            ("nvidia.com/gpu.memory", "81559"),
+            ("nvidia.com/gpu.replicas", "2"),
+        ]);
+        let n = discover("n", &labels, &map(&[("nvidia.com/gpu.shared", "4")]));
+        assert_eq!(n.model_for("nvidia.com/gpu.shared").unwrap().as_str(), "NVIDIA-H800/mps-80g*1/2");
+    }
+
+    #[test]
+    fn any_vendor_prefix_is_discovered() {
+        let labels = map(&[("huawei.com/npu.product", "Ascend-910B")]);
+        let n = discover("n", &labels, &map(&[("huawei.com/npu", "8")]));
+        assert_eq!(n.model_for("huawei.com/npu").unwrap().as_str(), "Ascend-910B");
+    }
+
+    #[test]
+    fn a_node_without_product_labels_offers_no_models() {
+        let n = discover("n", &BTreeMap::new(), &map(&[("nvidia.com/gpu", "8")]));
+        assert!(n.resources.is_empty());
+    }
+
+    #[test]
+    fn mps_without_memory_label_is_reported_not_guessed() {
+        let labels = map(&[("nvidia.com/gpu.product", "NVIDIA-H800")]);
+        let n = discover("n", &labels, &map(&[("nvidia.com/gpu.shared", "4")]));
+        assert!(n.resources.is_empty());
+        assert_eq!(n.problems.len(), 1);
+    }
+}

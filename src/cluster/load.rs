@@ -1,0 +1,1 @@
+//! Loading objects into a snapshot.

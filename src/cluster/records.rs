@@ -1,0 +1,326 @@
+//! Plain, trimmed records of the cluster objects the decisions read, parsed once at
+//! the boundary from real Kubernetes objects.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::Value;
+
+use crate::cards::annotations::{self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, QUOTA, REQUEST};
+use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
+use crate::cards::nodes::{discover, is_card_resource};
+use crate::cards::{Alternatives, CardName, CardRequest, NodeCards, ObjectKey, Quota, QueueName};
+
+/// A Queue as card-quota sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueRecord {
+    pub name: QueueName,
+    /// `None` when the queue has no quota annotation (quota 0 for every model).
+    pub quota: Option<Result<Quota, AnnotationError>>,
+    /// `status.state`; `None` counts as Open.
+    pub state: Option<String>,
+}
+
+impl QueueRecord {
+    /// The quota in force: a broken annotation fails closed (0 everywhere).
+    pub fn effective_quota(&self) -> Quota {
+        match &self.quota {
+            Some(Ok(q)) => q.clone(),
+            _ => Quota::default(),
+        }
+    }
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state.as_deref(), Some("Closed") | Some("Closing"))
+    }
+}
+
+/// A PodGroup: its queue and admitted card request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodGroupRecord {
+    pub key: ObjectKey,
+    pub queue: QueueName,
+    pub request: Option<Result<CardRequest, AnnotationError>>,
+    pub phase: Option<String>,
+    pub seq: u64,
+}
+
+impl PodGroupRecord {
+    /// The request that still reserves cards: parsed, and not Completed.
+    pub fn live_request(&self) -> Option<&CardRequest> {
+        if self.phase.as_deref() == Some("Completed") {
+            return None;
+        }
+        match &self.request {
+            Some(Ok(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// A Pod: what it asks for, where it runs, and whether it still holds cards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodRecord {
+    pub key: ObjectKey,
+    pub queue_annotation: Option<QueueName>,
+    pub group: Option<String>,
+    /// Card resources requested (effective request), or why they could not be read.
+    pub demand: Result<ResourceDemand, String>,
+    pub card_name: Option<Result<Alternatives, AnnotationError>>,
+    pub charged: Option<CardName>,
+    pub node: Option<String>,
+    pub phase: Option<String>,
+    pub deletion: Option<jiff::Timestamp>,
+    /// Product label -> values the pod's required constraints allow.
+    pub pinned: BTreeMap<String, Vec<String>>,
+    pub seq: u64,
+}
+
+impl PodRecord {
+    /// Still holds (or waits for) its cards: not Succeeded/Failed and not past its
+    /// deletion deadline (the ResourceQuota rule).
+    pub fn is_active(&self, now: jiff::Timestamp) -> bool {
+        if matches!(self.phase.as_deref(), Some("Succeeded") | Some("Failed")) {
+            return false;
+        }
+        match self.deletion {
+            Some(t) => t > now,
+            None => true,
+        }
+    }
+
+    /// The pod's parsed alternatives, when it names valid ones.
+    pub fn alternatives(&self) -> Option<&Alternatives> {
+        match &self.card_name {
+            Some(Ok(a)) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Total cards over all card resources (0 when unreadable).
+    pub fn cards(&self) -> u64 {
+        self.demand.as_ref().map(|d| d.values().sum()).unwrap_or(0)
+    }
+
+    /// True when the pod involves cards at all.
+    pub fn is_card_pod(&self) -> bool {
+        self.card_name.is_some() || self.demand.as_ref().map(|d| !d.is_empty()).unwrap_or(true)
+    }
+}
+
+/// Which kind of workload a replica count belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkloadKind {
+    Deployment,
+    ReplicaSet,
+    StatefulSet,
+}
+
+impl WorkloadKind {
+    pub fn from_kind(kind: &str) -> Option<Self> {
+        match kind {
+            "Deployment" => Some(Self::Deployment),
+            "ReplicaSet" => Some(Self::ReplicaSet),
+            "StatefulSet" => Some(Self::StatefulSet),
+            _ => None,
+        }
+    }
+    pub fn from_resource(resource: &str) -> Option<Self> {
+        match resource {
+            "deployments" => Some(Self::Deployment),
+            "replicasets" => Some(Self::ReplicaSet),
+            "statefulsets" => Some(Self::StatefulSet),
+            _ => None,
+        }
+    }
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Deployment => "Deployment",
+            Self::ReplicaSet => "ReplicaSet",
+            Self::StatefulSet => "StatefulSet",
+        }
+    }
+    pub fn lower(&self) -> &'static str {
+        match self {
+            Self::Deployment => "deployment",
+            Self::ReplicaSet => "replicaset",
+            Self::StatefulSet => "statefulset",
+        }
+    }
+}
+
+/// A Deployment / ReplicaSet / StatefulSet: its replicas and the pod it stamps out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadRecord {
+    pub kind: WorkloadKind,
+    pub key: ObjectKey,
+    pub replicas: i32,
+    /// The pod the template makes (as a record with no node).
+    pub template: PodRecord,
+    /// A ReplicaSet controlled by a Deployment (its resizes are the Deployment's).
+    pub owned_by_deployment: bool,
+}
+
+/// Errors turning an object into a record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{kind} is not a valid object: {source}")]
+    Decode {
+        kind: &'static str,
+        source: serde_json::Error,
+    },
+    #[error("{0} has no metadata.name")]
+    NoName(&'static str),
+}
+
+fn anns(meta: &ObjectMeta) -> BTreeMap<String, String> {
+    meta.annotations.clone().unwrap_or_default()
+}
+
+/// Builds a pod record. `card_prefixes` are the vendor prefixes nodes announce.
+pub fn pod_record(pod: &Pod, namespace_hint: &str, card_prefixes: &[String], seq: u64) -> Result<PodRecord, RecordError> {
+    let meta = &pod.metadata;
+    let name = meta
+        .name
+        .clone()
+        .or_else(|| meta.generate_name.clone())
+        .ok_or(RecordError::NoName("pod"))?;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| namespace_hint.to_string());
+    let key = ObjectKey::new(namespace, name);
+    Ok(record_from_parts(&key, meta, pod.spec.as_ref(), pod.status.as_ref().and_then(|s| s.phase.clone()), card_prefixes, seq))
+}
+
+fn record_from_parts(
+    key: &ObjectKey,
+    meta: &ObjectMeta,
+    spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
+    phase: Option<String>,
+    card_prefixes: &[String],
+    seq: u64,
+) -> PodRecord {
+    let a = anns(meta);
+    let object = format!("pod {key}");
+    let is_card = |r: &str| is_card_resource(r, card_prefixes.iter().map(String::as_str));
+    let demand = match spec {
+        Some(s) => pod_demand(s, is_card).map_err(|e| format!("pod {key}: {e}")),
+        None => Ok(ResourceDemand::new()),
+    };
+    PodRecord {
+        key: key.clone(),
+        queue_annotation: annotations::queue_annotation(&a),
+        group: a.get(GROUP_NAME).filter(|g| !g.is_empty()).cloned(),
+        demand,
+        card_name: a.get(CARD_NAME).map(|v| annotations::parse_card_name(&object, v)),
+        charged: a.get(CHARGED).and_then(|v| annotations::parse_charged(&object, v).ok()),
+        node: spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
+        phase,
+        deletion: meta
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| t.0),
+        pinned: spec.map(pinned_products).unwrap_or_default(),
+        seq,
+    }
+}
+
+/// Builds a node's card record.
+pub fn node_record(node: &Node) -> Result<(String, NodeCards), RecordError> {
+    let name = node.metadata.name.clone().ok_or(RecordError::NoName("node"))?;
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let alloc: BTreeMap<String, String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()))
+        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
+        .unwrap_or_default();
+    let cards = discover(&name, &labels, &alloc);
+    Ok((name, cards))
+}
+
+fn meta_of(v: &Value, kind: &'static str) -> Result<ObjectMeta, RecordError> {
+    serde_json::from_value(v.get("metadata").cloned().unwrap_or(Value::Null))
+        .map_err(|source| RecordError::Decode { kind, source })
+}
+
+/// Builds a Queue record from its JSON (scheduling.volcano.sh/v1beta1 Queue).
+pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
+    let meta = meta_of(v, "Queue")?;
+    let name = meta.name.clone().ok_or(RecordError::NoName("queue"))?;
+    let a = anns(&meta);
+    let object = format!("queue {name}");
+    Ok(QueueRecord {
+        quota: a.get(QUOTA).map(|raw| annotations::parse_quota(&object, raw)),
+        state: v
+            .pointer("/status/state")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        name: QueueName::new(name),
+    })
+}
+
+/// Builds a PodGroup record from its JSON (scheduling.volcano.sh/v1beta1 PodGroup).
+pub fn podgroup_record(v: &Value, namespace_hint: &str, seq: u64) -> Result<PodGroupRecord, RecordError> {
+    let meta = meta_of(v, "PodGroup")?;
+    let name = meta.name.clone().ok_or(RecordError::NoName("podgroup"))?;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| namespace_hint.to_string());
+    let key = ObjectKey::new(namespace, name);
+    let a = anns(&meta);
+    let object = format!("podgroup {key}");
+    let queue = v
+        .pointer("/spec/queue")
+        .and_then(Value::as_str)
+        .filter(|q| !q.is_empty())
+        .map(QueueName::new)
+        .unwrap_or_else(QueueName::default_queue);
+    Ok(PodGroupRecord {
+        request: a.get(REQUEST).map(|raw| annotations::parse_request(&object, raw)),
+        phase: v.pointer("/status/phase").and_then(Value::as_str).map(str::to_string),
+        queue,
+        key,
+        seq,
+    })
+}
+
+fn template_record(key: &ObjectKey, t: Option<&PodTemplateSpec>, prefixes: &[String], seq: u64) -> PodRecord {
+    let meta = t.and_then(|t| t.metadata.clone()).unwrap_or_default();
+    record_from_parts(key, &meta, t.and_then(|t| t.spec.as_ref()), None, prefixes, seq)
+}
+
+/// Builds a workload record from a Deployment, ReplicaSet or StatefulSet JSON.
+pub fn workload_record(kind: WorkloadKind, v: &Value, namespace_hint: &str, prefixes: &[String], seq: u64) -> Result<WorkloadRecord, RecordError> {
+    let decode = |source| RecordError::Decode { kind: kind.kind(), source };
+    let (meta, replicas, template) = match kind {
+        WorkloadKind::Deployment => {
+            let d: Deployment = serde_json::from_value(v.clone()).map_err(decode)?;
+            let s = d.spec.unwrap_or_default();
+            (d.metadata, s.replicas, Some(s.template))
+        }
+        WorkloadKind::ReplicaSet => {
+            let d: ReplicaSet = serde_json::from_value(v.clone()).map_err(decode)?;
+            let s = d.spec.unwrap_or_default();
+            (d.metadata, s.replicas, s.template)
+        }
+        WorkloadKind::StatefulSet => {
+            let d: StatefulSet = serde_json::from_value(v.clone()).map_err(decode)?;
+            let s = d.spec.unwrap_or_default();
+            (d.metadata, s.replicas, Some(s.template))
+        }
+    };
+    let name = meta.name.clone().ok_or(RecordError::NoName("workload"))?;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| namespace_hint.to_string());
+    let key = ObjectKey::new(namespace, name);
+    let owned_by_deployment = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Deployment" && o.controller == Some(true));
+    Ok(WorkloadRecord {
+        kind,
+        template: template_record(&key, template.as_ref(), prefixes, seq),
+        key,
+        replicas: replicas.unwrap_or(1),
+        owned_by_deployment,
+    })
+}

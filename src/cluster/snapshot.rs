@@ -1,0 +1,312 @@
+//! A read-only view of the objects the decisions need, as plain maps with the indexes
+//! that keep a decision proportional to its queue, not to the cluster. Backed by
+//! watch events in `serve` and by a YAML stream in `replay`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use crate::cards::{CardName, NodeCards, ObjectKey, QueueName};
+
+use super::records::{PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord};
+
+/// Where a bound pod's model comes from when it carries no `card.charged`.
+pub trait NodeModels {
+    /// `None` when the node is unknown; `Some(None)` when it has no model for `resource`.
+    fn node_model(&self, node: &str, resource: &str) -> Option<Option<&CardName>>;
+}
+
+/// The cluster as the decisions see it.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    nodes: HashMap<String, NodeCards>,
+    prefix_counts: BTreeMap<String, usize>,
+    model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
+    queues: BTreeMap<QueueName, QueueRecord>,
+    groups: HashMap<ObjectKey, PodGroupRecord>,
+    pods: HashMap<ObjectKey, PodRecord>,
+    other_pods: HashSet<ObjectKey>,
+    workloads: HashMap<(WorkloadKind, ObjectKey), WorkloadRecord>,
+    pods_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
+    pod_queue: HashMap<ObjectKey, QueueName>,
+    groups_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
+    pods_by_group: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    seq: u64,
+}
+
+impl NodeModels for Snapshot {
+    fn node_model(&self, node: &str, resource: &str) -> Option<Option<&CardName>> {
+        self.nodes.get(node).map(|n| n.model_for(resource))
+    }
+}
+
+impl Snapshot {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A monotonically increasing number that orders objects by arrival.
+    pub fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    // ---- nodes -------------------------------------------------------------------
+
+    pub fn upsert_node(&mut self, name: String, cards: NodeCards) {
+        self.remove_node(&name);
+        for p in &cards.prefixes {
+            *self.prefix_counts.entry(p.clone()).or_default() += 1;
+        }
+        for (res, (m, _)) in &cards.resources {
+            *self
+                .model_resources
+                .entry(m.clone())
+                .or_default()
+                .entry(res.clone())
+                .or_default() += 1;
+        }
+        self.nodes.insert(name, cards);
+    }
+
+    pub fn remove_node(&mut self, name: &str) {
+        let Some(old) = self.nodes.remove(name) else { return };
+        for p in &old.prefixes {
+            if let Some(c) = self.prefix_counts.get_mut(p) {
+                *c -= 1;
+                if *c == 0 {
+                    self.prefix_counts.remove(p);
+                }
+            }
+        }
+        for (res, (m, _)) in &old.resources {
+            if let Some(by_res) = self.model_resources.get_mut(m) {
+                if let Some(c) = by_res.get_mut(res) {
+                    *c -= 1;
+                    if *c == 0 {
+                        by_res.remove(res);
+                    }
+                }
+                if by_res.is_empty() {
+                    self.model_resources.remove(m);
+                }
+            }
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeCards> {
+        self.nodes.get(name)
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Vendor prefixes announced by node product labels.
+    pub fn card_prefixes(&self) -> Vec<String> {
+        self.prefix_counts.keys().cloned().collect()
+    }
+
+    /// Resources that request `model` on some node.
+    pub fn resources_of(&self, model: &CardName) -> Option<&BTreeMap<String, usize>> {
+        self.model_resources.get(model)
+    }
+
+    /// Every model some node offers.
+    pub fn known_models(&self) -> impl Iterator<Item = &CardName> {
+        self.model_resources.keys()
+    }
+
+    /// Models whose resource is `resource` on some node.
+    pub fn models_of_resource<'a>(&'a self, resource: &'a str) -> impl Iterator<Item = &'a CardName> + 'a {
+        self.model_resources
+            .iter()
+            .filter(move |(_, r)| r.contains_key(resource))
+            .map(|(m, _)| m)
+    }
+
+    /// Models offered for `resource` on nodes whose `label` equals `product`.
+    pub fn models_for_product(&self, label: &str, product: &str, resource: &str) -> BTreeSet<CardName> {
+        let prefix = label.split('/').next().unwrap_or("");
+        self.nodes
+            .values()
+            .filter(|n| n.prefixes.iter().any(|p| p == prefix) && n.products.iter().any(|p| p == product))
+            .filter_map(|n| n.model_for(resource).cloned())
+            .collect()
+    }
+
+    // ---- queues ------------------------------------------------------------------
+
+    pub fn upsert_queue(&mut self, q: QueueRecord) {
+        self.queues.insert(q.name.clone(), q);
+    }
+
+    pub fn remove_queue(&mut self, name: &QueueName) {
+        self.queues.remove(name);
+    }
+
+    pub fn queue(&self, name: &QueueName) -> Option<&QueueRecord> {
+        self.queues.get(name)
+    }
+
+    pub fn queues(&self) -> impl Iterator<Item = &QueueRecord> {
+        self.queues.values()
+    }
+
+    /// Every queue that has a record, a pod or a PodGroup.
+    pub fn queue_names(&self) -> BTreeSet<QueueName> {
+        let mut out: BTreeSet<QueueName> = self.queues.keys().cloned().collect();
+        out.extend(self.pods_by_queue.iter().filter(|(_, s)| !s.is_empty()).map(|(q, _)| q.clone()));
+        out.extend(self.groups_by_queue.iter().filter(|(_, s)| !s.is_empty()).map(|(q, _)| q.clone()));
+        out
+    }
+
+    // ---- pod groups --------------------------------------------------------------
+
+    pub fn upsert_group(&mut self, g: PodGroupRecord) {
+        let key = g.key.clone();
+        let old_queue = self.groups.get(&key).map(|o| o.queue.clone());
+        if let Some(q) = &old_queue {
+            if let Some(s) = self.groups_by_queue.get_mut(q) {
+                s.remove(&key);
+            }
+        }
+        self.groups_by_queue.entry(g.queue.clone()).or_default().insert(key.clone());
+        let changed = old_queue.as_ref() != Some(&g.queue);
+        self.groups.insert(key.clone(), g);
+        if changed {
+            self.reindex_group_pods(&key);
+        }
+    }
+
+    pub fn remove_group(&mut self, key: &ObjectKey) {
+        if let Some(g) = self.groups.remove(key) {
+            if let Some(s) = self.groups_by_queue.get_mut(&g.queue) {
+                s.remove(key);
+            }
+            self.reindex_group_pods(key);
+        }
+    }
+
+    pub fn group(&self, key: &ObjectKey) -> Option<&PodGroupRecord> {
+        self.groups.get(key)
+    }
+
+    fn reindex_group_pods(&mut self, group: &ObjectKey) {
+        let members: Vec<ObjectKey> = self.pods_by_group.get(group).map(|s| s.iter().cloned().collect()).unwrap_or_default();
+        for k in members {
+            if let Some(p) = self.pods.get(&k).cloned() {
+                self.index_pod(&p);
+            }
+        }
+    }
+
+    /// A pod's queue: its annotation, else its PodGroup's queue, else `default`.
+    /// `Err(group)` when it names a PodGroup this snapshot does not hold.
+    pub fn resolve_queue(&self, pod: &PodRecord) -> Result<QueueName, String> {
+        if let Some(q) = &pod.queue_annotation {
+            return Ok(q.clone());
+        }
+        match &pod.group {
+            Some(g) => self
+                .groups
+                .get(&ObjectKey::new(pod.key.namespace.clone(), g.clone()))
+                .map(|g| g.queue.clone())
+                .ok_or_else(|| g.clone()),
+            None => Ok(QueueName::default_queue()),
+        }
+    }
+
+    // ---- pods --------------------------------------------------------------------
+
+    fn index_pod(&mut self, p: &PodRecord) {
+        self.unindex_pod(&p.key);
+        let q = self.resolve_queue(p).unwrap_or_else(|_| QueueName::default_queue());
+        self.pods_by_queue.entry(q.clone()).or_default().insert(p.key.clone());
+        self.pod_queue.insert(p.key.clone(), q);
+    }
+
+    fn unindex_pod(&mut self, key: &ObjectKey) {
+        if let Some(q) = self.pod_queue.remove(key) {
+            if let Some(s) = self.pods_by_queue.get_mut(&q) {
+                s.remove(key);
+            }
+        }
+    }
+
+    /// Adds or replaces a pod; pods without cards are only remembered by key.
+    pub fn upsert_pod(&mut self, p: PodRecord) {
+        self.remove_pod(&p.key);
+        if !p.is_card_pod() {
+            self.other_pods.insert(p.key.clone());
+            return;
+        }
+        if let Some(g) = &p.group {
+            self.pods_by_group
+                .entry(ObjectKey::new(p.key.namespace.clone(), g.clone()))
+                .or_default()
+                .insert(p.key.clone());
+        }
+        self.index_pod(&p);
+        self.pods.insert(p.key.clone(), p);
+    }
+
+    pub fn remove_pod(&mut self, key: &ObjectKey) {
+        self.other_pods.remove(key);
+        if let Some(old) = self.pods.remove(key) {
+            self.unindex_pod(key);
+            if let Some(g) = &old.group {
+                let gk = ObjectKey::new(old.key.namespace.clone(), g.clone());
+                if let Some(s) = self.pods_by_group.get_mut(&gk) {
+                    s.remove(key);
+                    if s.is_empty() {
+                        self.pods_by_group.remove(&gk);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn pod(&self, key: &ObjectKey) -> Option<&PodRecord> {
+        self.pods.get(key)
+    }
+
+    /// True when the pod is known and requests no cards.
+    pub fn is_known_cardless_pod(&self, key: &ObjectKey) -> bool {
+        self.other_pods.contains(key)
+    }
+
+    pub fn pod_count(&self) -> usize {
+        self.pods.len() + self.other_pods.len()
+    }
+
+    /// Card pods charged to `queue`.
+    pub fn queue_pods(&self, queue: &QueueName) -> impl Iterator<Item = &PodRecord> {
+        self.pods_by_queue
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.pods.get(k))
+    }
+
+    /// PodGroups of `queue`.
+    pub fn queue_groups(&self, queue: &QueueName) -> impl Iterator<Item = &PodGroupRecord> {
+        self.groups_by_queue
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.groups.get(k))
+    }
+
+    // ---- workloads ---------------------------------------------------------------
+
+    pub fn upsert_workload(&mut self, w: WorkloadRecord) {
+        self.workloads.insert((w.kind, w.key.clone()), w);
+    }
+
+    pub fn remove_workload(&mut self, kind: WorkloadKind, key: &ObjectKey) {
+        self.workloads.remove(&(kind, key.clone()));
+    }
+
+    pub fn workload(&self, kind: WorkloadKind, key: &ObjectKey) -> Option<&WorkloadRecord> {
+        self.workloads.get(&(kind, key.clone()))
+    }
+}

@@ -1,0 +1,95 @@
+//! `pods/binding` CREATE: the scheduler's bind, the hard line (DESIGN §4).
+
+use serde_json::Value;
+
+use crate::cards::annotations::CHARGED;
+use crate::cards::ObjectKey;
+use crate::cluster::Snapshot;
+
+use super::messages::{gate, RETRY};
+use super::patch::set_annotation;
+use super::pod::{allocate, card_demand};
+use super::review::AdmissionRequest;
+use super::{object_of, Decision, EventIntent, ObjectRef};
+
+pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+    if req.operation != "CREATE" {
+        return Decision::allow();
+    }
+    let obj = match object_of(req) {
+        Ok(o) => o,
+        Err(d) => return d,
+    };
+    let name = req
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| obj.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .unwrap_or(req.ns())
+        .to_string();
+    let key = ObjectKey::new(namespace, name);
+    let Some(node) = obj.pointer("/target/name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
+        return Decision::deny("BadRequest", format!("binding of pod {key} has no target.name"));
+    };
+    let Some(pod) = snap.pod(&key) else {
+        if snap.is_known_cardless_pod(&key) {
+            return Decision::allow();
+        }
+        return Decision::deny(RETRY, format!("pod {key} is not in card-quota's cache yet; try again"));
+    };
+    let queue = match snap.resolve_queue(pod) {
+        Ok(q) => q,
+        Err(g) => return Decision::deny(RETRY, format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace)),
+    };
+    // A stored pod whose card.name no longer parses is charged by its node's model.
+    let mut rec = pod.clone();
+    if matches!(rec.card_name, Some(Err(_))) {
+        rec.card_name = None;
+    }
+    let resource = match card_demand(&rec, snap, Some(&queue)) {
+        Ok(Some(d)) => d.resource,
+        Ok(None) => return Decision::allow(),
+        Err(d) if rec.card_name.is_none() && rec.cards() > 0 => {
+            // No name and no pin: the node decides the model.
+            match rec.demand.as_ref().ok().and_then(|m| m.keys().next().cloned()) {
+                Some(r) => r,
+                None => return d,
+            }
+        }
+        Err(d) => return d,
+    };
+    let regarding = ObjectRef {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: Some(key.namespace.clone()),
+        name: key.name.clone(),
+    };
+    if let Err(d) = gate(snap, &queue) {
+        return attach(d, regarding);
+    }
+    match allocate(snap, &queue, &rec, &resource, node, now) {
+        Ok(model) => {
+            let mut d = Decision::allow().charging(queue, key);
+            d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
+            d
+        }
+        Err(d) => attach(d, regarding),
+    }
+}
+
+fn attach(mut d: Decision, regarding: ObjectRef) -> Decision {
+    if let (Some(m), Some(reason)) = (d.message.clone(), d.reason) {
+        d.event = Some(EventIntent {
+            regarding,
+            reason,
+            message: m,
+            warning: true,
+        });
+    }
+    d
+}

@@ -1,0 +1,163 @@
+//! One pure function per admission kind (DESIGN §4): each reads the snapshot and a
+//! request, and returns allow / deny-with-reason / patch / warnings.
+
+pub mod binding;
+pub mod fit;
+pub mod messages;
+pub mod patch;
+pub mod pod;
+pub mod podgroup;
+pub mod queue;
+pub mod review;
+pub mod scale;
+
+use crate::cards::{ObjectKey, QueueName};
+use crate::cluster::Snapshot;
+use review::AdmissionRequest;
+
+/// What to do about a scale-up that does not fully fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ScalePolicy {
+    /// Lower `spec.replicas` to what fits (the HPA then sits at the quota).
+    #[default]
+    Clamp,
+    /// Refuse the scale-up.
+    Deny,
+}
+
+/// Settings of the decisions.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Config {
+    pub scale_policy: ScalePolicy,
+}
+
+/// An object an Event should be attached to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+/// An Event the webhook should emit about a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventIntent {
+    pub regarding: ObjectRef,
+    pub reason: &'static str,
+    pub message: String,
+    pub warning: bool,
+}
+
+/// What a charging decision adds to a queue (recorded in the consistency ledger).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    pub queue: QueueName,
+    /// The pod or PodGroup the charge is for.
+    pub object: ObjectKey,
+}
+
+/// The answer to one admission request.
+#[derive(Debug, Clone, Default)]
+pub struct Decision {
+    pub allowed: bool,
+    pub message: Option<String>,
+    /// Machine-readable reason, also the Event reason.
+    pub reason: Option<&'static str>,
+    pub patch: Vec<json_patch::PatchOperation>,
+    pub warnings: Vec<String>,
+    pub event: Option<EventIntent>,
+    /// Set on admitted requests that charge a queue.
+    pub charge: Option<Charge>,
+    /// The feasibility search ran out of budget.
+    pub undecided: bool,
+}
+
+impl Decision {
+    pub fn allow() -> Self {
+        Self {
+            allowed: true,
+            ..Default::default()
+        }
+    }
+    pub fn deny(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            allowed: false,
+            reason: Some(reason),
+            message: Some(message.into()),
+            ..Default::default()
+        }
+    }
+    pub fn with_warning(mut self, w: impl Into<String>) -> Self {
+        self.warnings.push(w.into());
+        self
+    }
+    pub fn charging(mut self, queue: QueueName, object: ObjectKey) -> Self {
+        self.charge = Some(Charge { queue, object });
+        self
+    }
+}
+
+/// What kind of admission request this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    Queue,
+    PodGroup,
+    Pod,
+    Binding,
+    Scale(crate::cluster::WorkloadKind),
+    Workload(crate::cluster::WorkloadKind),
+    Other,
+}
+
+impl RequestKind {
+    pub fn of(req: &AdmissionRequest) -> Self {
+        use crate::cluster::WorkloadKind;
+        match (req.resource.kind.as_str(), req.sub()) {
+            ("queues", "") => Self::Queue,
+            ("podgroups", "") => Self::PodGroup,
+            ("pods", "") => Self::Pod,
+            ("pods", "binding") => Self::Binding,
+            (r, "scale") => WorkloadKind::from_resource(r).map(Self::Scale).unwrap_or(Self::Other),
+            (r, "") => WorkloadKind::from_resource(r).map(Self::Workload).unwrap_or(Self::Other),
+            _ => Self::Other,
+        }
+    }
+    /// Label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Queue => "queue",
+            Self::PodGroup => "podgroup",
+            Self::Pod => "pod",
+            Self::Binding => "binding",
+            Self::Scale(_) => "scale",
+            Self::Workload(_) => "workload",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// Decides one admission request against the snapshot.
+pub fn decide(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+    if req.operation == "DELETE" || req.operation == "CONNECT" {
+        // Deletions give quota back; nothing to check.
+        return Decision::allow();
+    }
+    match RequestKind::of(req) {
+        RequestKind::Queue => queue::decide(req, snap, now),
+        RequestKind::PodGroup => podgroup::decide(req, snap, now),
+        RequestKind::Pod => pod::decide(req, snap, now),
+        RequestKind::Binding => binding::decide(req, snap, now),
+        RequestKind::Scale(k) => scale::decide_scale(req, k, snap, cfg, now),
+        RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),
+        RequestKind::Other => Decision::allow(),
+    }
+}
+
+/// The object of a request, or a denial saying it is missing.
+pub(crate) fn object_of(req: &AdmissionRequest) -> Result<&serde_json::Value, Decision> {
+    req.object
+        .as_ref()
+        .filter(|o| !o.is_null())
+        .ok_or_else(|| Decision::deny("BadRequest", format!("{} {} request has no object", req.operation, req.resource.kind)))
+}

@@ -1,0 +1,359 @@
+//! Pod CREATE / UPDATE (task level) and the allocation check shared with bindings.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use crate::cards::annotations::{CARD_NAME, CHARGED};
+use crate::cards::nodes::resource_fits_model_shape;
+use crate::cards::{Alternatives, CardName, QueueName};
+use crate::cluster::records::pod_record;
+use crate::cluster::{PodRecord, Snapshot};
+use crate::ledger::Verdict;
+
+use super::fit::{feasible, fit, models_of, Change};
+use super::messages::{gate, insufficient, INSUFFICIENT, INVALID, INVALID_DEMAND, RETRY};
+use super::patch::set_annotation;
+use super::review::AdmissionRequest;
+use super::{object_of, Decision, EventIntent, ObjectRef};
+
+/// What a card pod asks for, once parsed and checked.
+#[derive(Debug, Clone)]
+pub struct CardDemand {
+    pub resource: String,
+    pub cards: u64,
+    pub alternatives: Alternatives,
+    /// The alternatives were inferred from node affinity (the mutating webhook adds them).
+    pub inferred: bool,
+}
+
+pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+    match req.operation.as_str() {
+        "CREATE" => create(req, snap, now),
+        "UPDATE" => update(req, snap, now),
+        _ => Decision::allow(),
+    }
+}
+
+/// Parses a pod from a request object.
+pub fn parse_pod(v: &Value, what: &str) -> Result<Pod, Decision> {
+    serde_json::from_value(v.clone()).map_err(|e| Decision::deny("BadRequest", format!("{what} is not a valid Pod: {e}")))
+}
+
+fn record(req: &AdmissionRequest, v: &Value, snap: &Snapshot, seq: u64) -> Result<PodRecord, Decision> {
+    let pod = parse_pod(v, "request object")?;
+    let mut rec = pod_record(&pod, req.ns(), &snap.card_prefixes(), seq)
+        .map_err(|e| Decision::deny("BadRequest", e.to_string()))?;
+    if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
+        if let Some(n) = req.name.as_ref().filter(|n| !n.is_empty()) {
+            rec.key.name = n.clone();
+        }
+    }
+    Ok(rec)
+}
+
+/// The controller that owns a pod, for Events about a refused pod (which has no object).
+pub fn owner_ref(v: &Value, namespace: &str) -> Option<ObjectRef> {
+    let owners = v.pointer("/metadata/ownerReferences")?.as_array()?;
+    let o = owners
+        .iter()
+        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))?;
+    Some(ObjectRef {
+        api_version: o.get("apiVersion")?.as_str()?.to_string(),
+        kind: o.get("kind")?.as_str()?.to_string(),
+        namespace: Some(namespace.to_string()),
+        name: o.get("name")?.as_str()?.to_string(),
+    })
+}
+
+/// Models of `resource` that `queue` has quota for (for the "set card.name" hint).
+fn quota_models_of(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<CardName> {
+    let quota = snap.queue(queue).map(|q| q.effective_quota()).unwrap_or_default();
+    quota
+        .0
+        .keys()
+        .filter(|m| match snap.resources_of(m) {
+            Some(r) => r.contains_key(resource),
+            None => resource_fits_model_shape(resource, m),
+        })
+        .cloned()
+        .collect()
+}
+
+/// Infers alternatives from node-affinity / nodeSelector pins on the product label.
+fn infer(rec: &PodRecord, resource: &str, snap: &Snapshot) -> Option<Alternatives> {
+    let prefix = resource.split('/').next().unwrap_or("");
+    let suffix = resource.split_once('/').map(|(_, s)| s).unwrap_or("");
+    let mut models = Vec::new();
+    for (label, values) in &rec.pinned {
+        if label.split('/').next() != Some(prefix) {
+            continue;
+        }
+        for v in values {
+            let found = snap.models_for_product(label, v, resource);
+            if found.is_empty() {
+                // No node shows it yet: derive the name the node would give.
+                let derived = if let Some(profile) = suffix.strip_prefix("mig-") {
+                    Some(format!("{v}/mig-{profile}-mixed"))
+                } else if suffix.ends_with(".shared") {
+                    None
+                } else {
+                    Some(v.clone())
+                };
+                models.extend(derived.and_then(|d| CardName::parse(&d).ok()));
+            } else {
+                models.extend(found);
+            }
+        }
+    }
+    Alternatives::from_models(models)
+}
+
+/// Checks a card pod's demand: one card resource, valid names matching that resource,
+/// or alternatives inferred from its pins. `queue` is for the hint listing models.
+pub fn card_demand(rec: &PodRecord, snap: &Snapshot, queue: Option<&QueueName>) -> Result<Option<CardDemand>, Decision> {
+    let demand = rec.demand.as_ref().map_err(|e| Decision::deny(INVALID_DEMAND, e.clone()))?;
+    let named = match &rec.card_name {
+        Some(Err(e)) => return Err(Decision::deny(INVALID, e.to_string())),
+        Some(Ok(a)) => Some(a.clone()),
+        None => None,
+    };
+    let key = &rec.key;
+    let resource_name_of = |m: &CardName| {
+        snap.resources_of(m)
+            .and_then(|r| r.keys().next().cloned())
+            .unwrap_or_else(|| "card resource of that model".to_string())
+    };
+    let (resource, cards) = match demand.len() {
+        0 => match named {
+            Some(a) => {
+                return Err(Decision::deny(
+                    INVALID_DEMAND,
+                    format!("pod {key} names {} but requests no {}", a.first(), resource_name_of(a.first())),
+                ))
+            }
+            None => return Ok(None),
+        },
+        1 => demand.iter().next().map(|(r, n)| (r.clone(), *n)).unwrap_or_default(),
+        _ => {
+            let list: Vec<&str> = demand.keys().map(String::as_str).collect();
+            return Err(Decision::deny(
+                INVALID_DEMAND,
+                format!("pod {key} requests several card resources ({}); a pod runs on one card model", list.join(", ")),
+            ));
+        }
+    };
+    if let Some(a) = named {
+        for m in a.models() {
+            let ok = match snap.resources_of(m) {
+                Some(r) => r.contains_key(&resource),
+                None => resource_fits_model_shape(&resource, m),
+            };
+            if !ok {
+                return Err(Decision::deny(
+                    INVALID_DEMAND,
+                    format!("pod {key} names {m} but requests no {}", resource_name_of(m)),
+                ));
+            }
+        }
+        return Ok(Some(CardDemand {
+            resource,
+            cards,
+            alternatives: a,
+            inferred: false,
+        }));
+    }
+    if let Some(a) = infer(rec, &resource, snap) {
+        return Ok(Some(CardDemand {
+            resource,
+            cards,
+            alternatives: a,
+            inferred: true,
+        }));
+    }
+    let q = queue.cloned().unwrap_or_else(QueueName::default_queue);
+    let models = quota_models_of(snap, &q, &resource);
+    let hint = if models.is_empty() {
+        format!("queue {q} has quota for no {resource} model")
+    } else {
+        let list: Vec<String> = models.iter().map(ToString::to_string).collect();
+        format!("queue {q} has quota for: {}", list.join(", "))
+    };
+    Err(Decision::deny(
+        INVALID_DEMAND,
+        format!("pod {key} requests {resource} but has no {CARD_NAME} and no node affinity pinning a model; {hint}"),
+    ))
+}
+
+fn with_event(mut d: Decision, regarding: Option<ObjectRef>) -> Decision {
+    if let (false, Some(r), Some(m), Some(reason)) = (d.allowed, regarding, d.message.clone(), d.reason) {
+        d.event = Some(EventIntent {
+            regarding: r,
+            reason,
+            message: m,
+            warning: true,
+        });
+    }
+    d
+}
+
+fn undecided(queue: &QueueName, key: &Alternatives, n: u64, before: &crate::ledger::QueueUsage) -> Decision {
+    let mut d = Decision::deny(
+        INSUFFICIENT,
+        format!("{} (could not prove the request fits within the search budget; refused rather than over-admitted)", insufficient(queue, key, n, before)),
+    );
+    d.undecided = true;
+    d
+}
+
+/// Allocating `cards` of `rec` on `node`: the node's model must be one of the pod's
+/// alternatives, allocated must stay within quota, and the other pending demand must stay
+/// feasible. Returns the charged model.
+pub fn allocate(snap: &Snapshot, queue: &QueueName, rec: &PodRecord, resource: &str, node: &str, now: jiff::Timestamp) -> Result<CardName, Decision> {
+    let cards = rec.cards();
+    let Some(n) = snap.node(node) else {
+        return Err(Decision::deny(RETRY, format!("node {node} is not in card-quota's cache yet; try again")));
+    };
+    let Some(model) = n.model_for(resource).cloned() else {
+        return Err(Decision::deny(
+            INVALID_DEMAND,
+            format!("node {node} offers no card model for {resource} (no <prefix>/<type>.product label, or no such allocatable resource)"),
+        ));
+    };
+    if let Some(a) = rec.alternatives() {
+        if !a.contains(&model) {
+            return Err(Decision::deny(INSUFFICIENT, format!("pod {} accepts {a} but node {node} has {model}", rec.key)));
+        }
+    }
+    let mut bound = rec.clone();
+    bound.node = Some(node.to_string());
+    bound.charged = Some(model.clone());
+    let change = Change {
+        add_pods: vec![bound],
+        ..Default::default()
+    };
+    let mut touched: BTreeSet<CardName> = rec.alternatives().map(|a| models_of([a])).unwrap_or_default();
+    touched.insert(model.clone());
+    let f = fit(snap, queue, &change, &touched, now);
+    let single = Alternatives::single(model.clone());
+    let allocated = f.after.allocated.get(&model).copied().unwrap_or(0);
+    if allocated > f.after.quota.get(&model) {
+        return Err(Decision::deny(INSUFFICIENT, insufficient(queue, &single, cards, &f.before)));
+    }
+    match f.verdict {
+        Verdict::Feasible => Ok(model),
+        // Binding never makes a broken queue worse than the hard line allows.
+        _ if feasible(&f.before, &touched) != Verdict::Feasible => Ok(model),
+        Verdict::Undecided => Err(undecided(queue, &single, cards, &f.before)),
+        Verdict::Infeasible => Err(Decision::deny(INSUFFICIENT, insufficient(queue, &single, cards, &f.before))),
+    }
+}
+
+/// Decides a new (or changed) card pod: pending, or allocated when it names its node.
+fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+    let owner = owner_ref(obj, &rec.key.namespace);
+    let queue = snap.resolve_queue(&rec);
+    let demand = match card_demand(&rec, snap, queue.as_ref().ok()) {
+        Ok(Some(d)) => d,
+        Ok(None) => return Decision::allow(),
+        Err(d) => return with_event(d, owner),
+    };
+    let queue = match queue {
+        Ok(q) => q,
+        Err(g) => {
+            return Decision::deny(
+                RETRY,
+                format!("pod {} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", rec.key, rec.key.namespace),
+            )
+        }
+    };
+    if let Err(d) = gate(snap, &queue) {
+        return with_event(d, owner);
+    }
+    let mut patch = Vec::new();
+    if demand.inferred {
+        patch.push(set_annotation(obj, CARD_NAME, &demand.alternatives.to_string()));
+        rec.card_name = Some(Ok(demand.alternatives.clone()));
+    }
+    if let Some(node) = rec.node.clone() {
+        return match allocate(snap, &queue, &rec, &demand.resource, &node, now) {
+            Ok(model) => {
+                patch.push(set_annotation(obj, CHARGED, model.as_str()));
+                let mut d = Decision::allow().charging(queue, rec.key.clone());
+                d.patch = patch;
+                d
+            }
+            Err(d) => with_event(d, owner),
+        };
+    }
+    let touched = models_of([&demand.alternatives]);
+    let change = Change {
+        add_pods: vec![rec.clone()],
+        ..Default::default()
+    };
+    let f = fit(snap, &queue, &change, &touched, now);
+    let d = match f.verdict {
+        Verdict::Feasible => {
+            let mut d = Decision::allow().charging(queue, rec.key.clone());
+            d.patch = patch;
+            d
+        }
+        Verdict::Infeasible => Decision::deny(INSUFFICIENT, insufficient(&queue, &demand.alternatives, demand.cards, &f.before)),
+        Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before),
+    };
+    with_event(d, owner)
+}
+
+fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+    let obj = match object_of(req) {
+        Ok(o) => o,
+        Err(d) => return d,
+    };
+    let rec = match record(req, obj, snap, u64::MAX) {
+        Ok(r) => r,
+        Err(d) => return d,
+    };
+    if !rec.is_card_pod() {
+        return Decision::allow();
+    }
+    admit(obj, rec, snap, now)
+}
+
+fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+    let obj = match object_of(req) {
+        Ok(o) => o,
+        Err(d) => return d,
+    };
+    let new = match record(req, obj, snap, u64::MAX) {
+        Ok(r) => r,
+        Err(d) => return d,
+    };
+    let Some(old_obj) = req.old_object.as_ref().filter(|o| !o.is_null()) else {
+        return admit(obj, new, snap, now);
+    };
+    let old = match record(req, old_obj, snap, u64::MAX) {
+        Ok(r) => r,
+        Err(d) => return d,
+    };
+    if !new.is_card_pod() {
+        return Decision::allow();
+    }
+    let same_demand = new.demand == old.demand && new.card_name == old.card_name;
+    // A group name added by Volcano's PodGroup controller is not a new charge; when the
+    // group is not cached yet, the old queue stands until the reconciler sees it.
+    let same_queue = match (snap.resolve_queue(&old), snap.resolve_queue(&new)) {
+        (Ok(a), Ok(b)) => a == b,
+        (_, Err(_)) => true,
+        (Err(_), Ok(_)) => true,
+    };
+    if same_demand && same_queue {
+        return Decision::allow();
+    }
+    // Keep the stored pod's place (age) in the queue and its node.
+    let mut changed = new;
+    if let Some(stored) = snap.pod(&changed.key) {
+        changed.seq = stored.seq;
+    }
+    admit(obj, changed, snap, now)
+}

@@ -1,0 +1,131 @@
+//! AdmissionReview v1 in and out, as the API server sends and expects them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `group/version/kind` or `group/version/resource` of a request.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Gvk {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default, alias = "resource")]
+    pub kind: String,
+}
+
+/// The `request` of an AdmissionReview, with the objects left as JSON.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub kind: Gvk,
+    #[serde(default)]
+    pub resource: Gvk,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub operation: String,
+    #[serde(default)]
+    pub user_info: Option<Value>,
+    #[serde(default)]
+    pub object: Option<Value>,
+    #[serde(default)]
+    pub old_object: Option<Value>,
+    #[serde(default)]
+    pub dry_run: Option<bool>,
+}
+
+impl AdmissionRequest {
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run == Some(true)
+    }
+    pub fn sub(&self) -> &str {
+        self.sub_resource.as_deref().unwrap_or("")
+    }
+    pub fn ns(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("")
+    }
+}
+
+/// Why a body is not an AdmissionReview we can answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("body is not valid JSON or YAML: {0}")]
+    Syntax(String),
+    #[error("expected apiVersion admission.k8s.io/v1 and kind AdmissionReview, got {0}")]
+    NotAReview(String),
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+    #[error("AdmissionReview request is malformed: {0}")]
+    BadRequest(String),
+}
+
+/// Parses one AdmissionReview document (already decoded into JSON).
+pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
+    let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != "AdmissionReview" || !api.starts_with("admission.k8s.io/") {
+        return Err(ReviewError::NotAReview(format!("apiVersion {api:?} kind {kind:?}")));
+    }
+    let req = v.get("request").filter(|r| !r.is_null()).ok_or(ReviewError::NoRequest)?;
+    serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))
+}
+
+/// The `response` of an AdmissionReview. `patch` is base64 (kube-core 5 would write
+/// a byte array, which the API server rejects: kube-rs#1781).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub warnings: Vec<String>,
+}
+
+/// `metav1.Status` of a denial.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    pub code: u16,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A whole AdmissionReview answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewOut {
+    pub api_version: String,
+    pub kind: String,
+    pub response: AdmissionResponse,
+}
+
+impl ReviewOut {
+    pub fn new(response: AdmissionResponse) -> Self {
+        Self {
+            api_version: "admission.k8s.io/v1".to_string(),
+            kind: "AdmissionReview".to_string(),
+            response,
+        }
+    }
+}
+
+/// Encodes a JSON patch for the response.
+pub fn encode_patch(patch: &json_patch::Patch) -> String {
+    use base64::Engine;
+    let bytes = serde_json::to_vec(patch).unwrap_or_else(|_| b"[]".to_vec());
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}

@@ -1,0 +1,169 @@
+//! Scale-ups: the `scale` subresource (HPA, kubectl scale) and `spec.replicas` updates
+//! of Deployments, ReplicaSets and StatefulSets. Clamp (default) or deny; scale-downs pass.
+
+use serde_json::Value;
+
+use crate::cards::ObjectKey;
+use crate::cluster::records::workload_record;
+use crate::cluster::{PodRecord, Snapshot, WorkloadKind};
+use crate::ledger::{Demand, Verdict};
+
+use super::fit::{fit, models_of, Change};
+use super::messages::{gate, insufficient, INSUFFICIENT, RETRY};
+use super::patch::set_replicas;
+use super::pod::card_demand;
+use super::review::AdmissionRequest;
+use super::{object_of, Config, Decision, EventIntent, ObjectRef, ScalePolicy};
+
+fn replicas(v: Option<&Value>) -> Option<i32> {
+    v?.pointer("/spec/replicas")?.as_i64().and_then(|r| i32::try_from(r).ok())
+}
+
+fn workload_ref(kind: WorkloadKind, key: &ObjectKey) -> ObjectRef {
+    ObjectRef {
+        api_version: "apps/v1".into(),
+        kind: kind.kind().into(),
+        namespace: Some(key.namespace.clone()),
+        name: key.name.clone(),
+    }
+}
+
+/// UPDATE of `<kind>/scale` (an `autoscaling/v1` Scale; the template comes from the cache).
+pub fn decide_scale(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+    if req.operation != "UPDATE" {
+        return Decision::allow();
+    }
+    let obj = match object_of(req) {
+        Ok(o) => o,
+        Err(d) => return d,
+    };
+    let name = req
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| obj.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    let key = ObjectKey::new(req.ns(), name);
+    let Some(r1) = replicas(Some(obj)) else {
+        return Decision::allow();
+    };
+    let cached = snap.workload(kind, &key);
+    let Some(r0) = replicas(req.old_object.as_ref()).or(cached.map(|w| w.replicas)) else {
+        return Decision::deny(RETRY, format!("{} {key} is not in card-quota's cache yet; try again", kind.lower()));
+    };
+    if r1 <= r0 {
+        return Decision::allow();
+    }
+    let Some(w) = cached else {
+        return Decision::deny(RETRY, format!("{} {key} is not in card-quota's cache yet; try again", kind.lower()));
+    };
+    if w.owned_by_deployment {
+        return Decision::allow();
+    }
+    resize(kind, &key, &w.template, r0, r1, snap, cfg, now)
+}
+
+/// UPDATE of a Deployment / ReplicaSet / StatefulSet that raises `spec.replicas`.
+pub fn decide_workload(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+    if req.operation != "UPDATE" {
+        return Decision::allow();
+    }
+    let obj = match object_of(req) {
+        Ok(o) => o,
+        Err(d) => return d,
+    };
+    let prefixes = snap.card_prefixes();
+    let new = match workload_record(kind, obj, req.ns(), &prefixes, 0) {
+        Ok(w) => w,
+        Err(e) => return Decision::deny("BadRequest", e.to_string()),
+    };
+    if new.owned_by_deployment {
+        // The Deployment was gated; its controller's resizes must not stall rollouts.
+        return Decision::allow();
+    }
+    let r0 = match req.old_object.as_ref().filter(|o| !o.is_null()) {
+        Some(old) => match workload_record(kind, old, req.ns(), &prefixes, 0) {
+            Ok(w) => w.replicas,
+            Err(e) => return Decision::deny("BadRequest", e.to_string()),
+        },
+        None => match snap.workload(kind, &new.key) {
+            Some(w) => w.replicas,
+            None => return Decision::allow(),
+        },
+    };
+    resize(kind, &new.key, &new.template, r0, new.replicas, snap, cfg, now)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn resize(kind: WorkloadKind, key: &ObjectKey, template: &PodRecord, r0: i32, r1: i32, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+    if r1 <= r0 || !template.is_card_pod() {
+        return Decision::allow();
+    }
+    let regarding = workload_ref(kind, key);
+    let event = |d: Decision| attach(d, regarding.clone());
+    let queue = snap.resolve_queue(template).unwrap_or_else(|_| crate::cards::QueueName::default_queue());
+    let demand = match card_demand(template, snap, Some(&queue)) {
+        Ok(Some(d)) => d,
+        Ok(None) => return Decision::allow(),
+        Err(d) => return event(d),
+    };
+    if let Err(d) = gate(snap, &queue) {
+        return event(d);
+    }
+    let added = (r1 - r0) as u64;
+    let touched = models_of([&demand.alternatives]);
+    let pods = |k: u64| Change {
+        extra: (0..k)
+            .map(|_| Demand {
+                models: demand.alternatives.clone(),
+                cards: demand.cards,
+                divisible: false,
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let full = fit(snap, &queue, &pods(added), &touched, now);
+    if full.verdict == Verdict::Feasible {
+        return Decision::allow();
+    }
+    let message = insufficient(&queue, &demand.alternatives, added * demand.cards, &full.before);
+    if cfg.scale_policy == ScalePolicy::Deny {
+        let mut d = Decision::deny(INSUFFICIENT, message);
+        d.undecided = full.verdict == Verdict::Undecided;
+        return event(d);
+    }
+    // Largest k that fits: fitting is monotone in k, so bisect.
+    let (mut lo, mut hi) = (0u64, added);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fit(snap, &queue, &pods(mid), &touched, now).verdict == Verdict::Feasible {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let to = r0 + lo as i32;
+    let text = format!("{} {key} scale-up from {r0} to {r1} replicas clamped to {to}: {message}", kind.lower());
+    let mut d = Decision::allow().with_warning(text.clone());
+    d.patch.push(set_replicas(to));
+    d.reason = Some(INSUFFICIENT);
+    d.event = Some(EventIntent {
+        regarding,
+        reason: INSUFFICIENT,
+        message: text,
+        warning: true,
+    });
+    d
+}
+
+fn attach(mut d: Decision, regarding: ObjectRef) -> Decision {
+    if let (false, Some(m), Some(reason)) = (d.allowed, d.message.clone(), d.reason) {
+        d.event = Some(EventIntent {
+            regarding,
+            reason,
+            message: m,
+            warning: true,
+        });
+    }
+    d
+}

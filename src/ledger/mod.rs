@@ -1,0 +1,7 @@
+//! Usage per queue and model, and the exact feasibility check.
+
+pub mod feasibility;
+pub mod usage;
+
+pub use feasibility::{check, Demand, Verdict, DEFAULT_BUDGET};
+pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Source};

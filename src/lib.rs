@@ -1,0 +1,9 @@
+//! card-quota: hard per-card-model quotas for Volcano queues.
+//!
+//! A functional core (`cards`, `ledger`, `cluster`, `decide`) with no I/O, and thin
+//! shells over it (`replay`, `demo`, the webhook server and the reconciler).
+
+pub mod cards;
+pub mod cluster;
+pub mod decide;
+pub mod ledger;
