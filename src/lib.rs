@@ -3,7 +3,9 @@
 //! A functional core (`cards`, `ledger`, `cluster`, `decide`) with no I/O, and thin
 //! shells over it (`replay`, `demo`, the webhook server and the reconciler).
 
+pub mod admission;
 pub mod cards;
+pub mod cli;
 pub mod cluster;
 pub mod decide;
 pub mod ledger;

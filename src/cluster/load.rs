@@ -1,1 +1,137 @@
-//! Loading objects into a snapshot.
+//! Filling a snapshot from real Kubernetes objects (YAML/JSON streams, `kind: List`).
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::Value;
+
+use crate::cards::{ObjectKey, QueueName};
+
+use super::records::{node_record, pod_record, podgroup_record, queue_record, workload_record, RecordError};
+use super::{Snapshot, WorkloadKind};
+
+/// Why an input stream could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("document {index}: not valid YAML/JSON: {message}")]
+    Syntax { index: usize, message: String },
+}
+
+/// Splits a YAML (or JSON) stream into documents, expanding `kind: List`.
+pub fn documents(text: &str) -> Result<Vec<Value>, LoadError> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for (index, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+        let v = Value::deserialize(doc).map_err(|e| LoadError::Syntax {
+            index: index + 1,
+            message: e.to_string(),
+        })?;
+        if v.is_null() {
+            continue;
+        }
+        expand(v, &mut out);
+    }
+    Ok(out)
+}
+
+fn expand(v: Value, out: &mut Vec<Value>) {
+    let is_list = v
+        .get("kind")
+        .and_then(Value::as_str)
+        .map(|k| k == "List" || k.ends_with("List"))
+        .unwrap_or(false);
+    match (is_list, v.get("items").and_then(Value::as_array)) {
+        (true, Some(items)) => {
+            for i in items.clone() {
+                expand(i, out);
+            }
+        }
+        _ => out.push(v),
+    }
+}
+
+/// Adds or replaces one object. Returns the kind it was stored as, or an error that
+/// names the object and what is wrong; kinds card-quota does not read are `Ok(None)`.
+pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, RecordError> {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
+    let seq = snap.next_seq();
+    match kind {
+        "Node" => {
+            let n: Node = serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode { kind: "Node", source })?;
+            let (name, cards) = node_record(&n)?;
+            snap.upsert_node(name, cards);
+            Ok(Some("Node"))
+        }
+        "Queue" => {
+            snap.upsert_queue(queue_record(v)?);
+            Ok(Some("Queue"))
+        }
+        "PodGroup" => {
+            snap.upsert_group(podgroup_record(v, "default", seq)?);
+            Ok(Some("PodGroup"))
+        }
+        "Pod" => {
+            let p: Pod = serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode { kind: "Pod", source })?;
+            let prefixes = snap.card_prefixes();
+            snap.upsert_pod(pod_record(&p, "default", &prefixes, seq)?);
+            Ok(Some("Pod"))
+        }
+        other => match WorkloadKind::from_kind(other) {
+            Some(k) => {
+                let prefixes = snap.card_prefixes();
+                snap.upsert_workload(workload_record(k, v, "default", &prefixes, seq)?);
+                Ok(Some(k.kind()))
+            }
+            None => Ok(None),
+        },
+    }
+}
+
+/// Removes one object by kind and key.
+pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
+    let key = ObjectKey::new(namespace, name);
+    match kind {
+        "Node" => snap.remove_node(name),
+        "Queue" => snap.remove_queue(&QueueName::new(name)),
+        "PodGroup" => snap.remove_group(&key),
+        "Pod" => snap.remove_pod(&key),
+        other => {
+            if let Some(k) = WorkloadKind::from_kind(other) {
+                snap.remove_workload(k, &key);
+            }
+        }
+    }
+}
+
+/// Loads a whole stream. Nodes go first so pods see every card vendor prefix.
+/// Returns the snapshot and one line per object that was skipped, and why.
+pub fn load(text: &str) -> Result<(Snapshot, Vec<String>), LoadError> {
+    let docs = documents(text)?;
+    let mut snap = Snapshot::new();
+    let mut skipped = Vec::new();
+    let rank = |v: &Value| match v.get("kind").and_then(Value::as_str) {
+        Some("Node") => 0,
+        Some("Queue") => 1,
+        Some("PodGroup") => 2,
+        _ => 3,
+    };
+    let mut ordered: Vec<&Value> = docs.iter().collect();
+    ordered.sort_by_key(|v| rank(v));
+    for v in ordered {
+        let what = describe(v);
+        match upsert(&mut snap, v) {
+            Ok(Some(_)) => {}
+            Ok(None) => skipped.push(format!("{what}: kind not read by card-quota, skipped")),
+            Err(e) => skipped.push(format!("{what}: {e}")),
+        }
+    }
+    Ok((snap, skipped))
+}
+
+/// `Kind namespace/name` for messages.
+pub fn describe(v: &Value) -> String {
+    let kind = v.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
+    let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("<no name>");
+    match v.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}

@@ -16,6 +16,8 @@ pub const CLOSED: &str = "QueueClosed";
 pub const RETRY: &str = "TryAgain";
 /// Reason for a pod whose card demand cannot be charged.
 pub const INVALID_DEMAND: &str = "InvalidCardDemand";
+/// Reason for a binding to a model the pod does not accept.
+pub const NOT_ACCEPTED: &str = "CardModelNotAccepted";
 
 /// `queue <q> has insufficient <model> quota: requested <n>, in use <u> (allocated <a>,
 /// pending <p>, reserved <r>), quota <c>` (DESIGN §4), from the usage before the request.

@@ -13,7 +13,7 @@ use crate::cluster::{PodRecord, Snapshot};
 use crate::ledger::Verdict;
 
 use super::fit::{feasible, fit, models_of, Change};
-use super::messages::{gate, insufficient, INSUFFICIENT, INVALID, INVALID_DEMAND, RETRY};
+use super::messages::{gate, insufficient, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::patch::set_annotation;
 use super::review::AdmissionRequest;
 use super::{object_of, Decision, EventIntent, ObjectRef};
@@ -223,7 +223,7 @@ pub fn allocate(snap: &Snapshot, queue: &QueueName, rec: &PodRecord, resource: &
     };
     if let Some(a) = rec.alternatives() {
         if !a.contains(&model) {
-            return Err(Decision::deny(INSUFFICIENT, format!("pod {} accepts {a} but node {node} has {model}", rec.key)));
+            return Err(Decision::deny(NOT_ACCEPTED, format!("pod {} accepts {a} but node {node} has {model}", rec.key)));
         }
     }
     let mut bound = rec.clone();

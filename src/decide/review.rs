@@ -129,3 +129,97 @@ pub fn encode_patch(patch: &json_patch::Patch) -> String {
     let bytes = serde_json::to_vec(patch).unwrap_or_else(|_| b"[]".to_vec());
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// Builds AdmissionReview requests the way the API server shapes them (demo, tests,
+/// benchmarks).
+#[derive(Debug, Clone)]
+pub struct ReviewBuilder {
+    value: Value,
+}
+
+impl ReviewBuilder {
+    fn new(operation: &str, group: &str, version: &str, resource: &str, kind: &str) -> Self {
+        Self {
+            value: serde_json::json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": "",
+                    "kind": {"group": group, "version": version, "kind": kind},
+                    "resource": {"group": group, "version": version, "resource": resource},
+                    "operation": operation,
+                    "userInfo": {"username": "system:serviceaccount:volcano-system:volcano-scheduler"},
+                    "dryRun": false
+                }
+            }),
+        }
+    }
+    pub fn pod(operation: &str, pod: Value) -> Self {
+        Self::new(operation, "", "v1", "pods", "Pod").object(pod)
+    }
+    pub fn binding(namespace: &str, pod: &str, node: &str) -> Self {
+        Self::new("CREATE", "", "v1", "pods", "Binding")
+            .sub("binding")
+            .named(namespace, pod)
+            .object(serde_json::json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": pod, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+            }))
+    }
+    /// `<resource>/scale` UPDATE from `from` to `to` replicas (what `kubectl scale` and the HPA send).
+    pub fn scale(resource: &str, namespace: &str, name: &str, from: i32, to: i32) -> Self {
+        let scale = |r: i32| serde_json::json!({
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": r}
+        });
+        let mut b = Self::new("UPDATE", "apps", "v1", resource, "Scale").sub("scale").named(namespace, name).object(scale(to));
+        b.value["request"]["kind"] = serde_json::json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
+        b.value["request"]["oldObject"] = scale(from);
+        b
+    }
+    pub fn podgroup(operation: &str, pg: Value) -> Self {
+        Self::new(operation, "scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup").object(pg)
+    }
+    pub fn queue(operation: &str, q: Value) -> Self {
+        Self::new(operation, "scheduling.volcano.sh", "v1beta1", "queues", "Queue").object(q)
+    }
+    pub fn workload(operation: &str, resource: &str, kind: &str, obj: Value) -> Self {
+        Self::new(operation, "apps", "v1", resource, kind).object(obj)
+    }
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.value["request"]["uid"] = Value::String(uid.to_string());
+        self
+    }
+    pub fn sub(mut self, sub: &str) -> Self {
+        self.value["request"]["subResource"] = Value::String(sub.to_string());
+        self
+    }
+    pub fn named(mut self, namespace: &str, name: &str) -> Self {
+        self.value["request"]["namespace"] = Value::String(namespace.to_string());
+        self.value["request"]["name"] = Value::String(name.to_string());
+        self
+    }
+    pub fn object(mut self, obj: Value) -> Self {
+        if let Some(ns) = obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+            self.value["request"]["namespace"] = Value::String(ns.to_string());
+        }
+        if let Some(n) = obj.pointer("/metadata/name").and_then(Value::as_str) {
+            self.value["request"]["name"] = Value::String(n.to_string());
+        }
+        self.value["request"]["object"] = obj;
+        self
+    }
+    pub fn old(mut self, obj: Value) -> Self {
+        self.value["request"]["oldObject"] = obj;
+        self
+    }
+    pub fn dry_run(mut self) -> Self {
+        self.value["request"]["dryRun"] = Value::Bool(true);
+        self
+    }
+    pub fn build(self) -> Value {
+        self.value
+    }
+}

@@ -1,0 +1,243 @@
+//! The webhook without the network: decide an AdmissionReview against a snapshot and,
+//! when admitted, apply its effect the way the API server would. `replay`, `demo` and
+//! `serve --offline` all go through here.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::cards::ObjectKey;
+use crate::cluster::load;
+use crate::cluster::{Snapshot, WorkloadKind};
+use crate::decide::review::{encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status};
+use crate::decide::{decide, Config, Decision, RequestKind};
+use crate::ledger::Row;
+
+/// Builds the AdmissionResponse of a decision. `with_patch` is false on `/validate`.
+pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse {
+    let patch = (with_patch && d.allowed && !d.patch.is_empty()).then(|| encode_patch(&json_patch::Patch(d.patch.clone())));
+    AdmissionResponse {
+        uid: uid.to_string(),
+        allowed: d.allowed,
+        status: (!d.allowed).then(|| Status {
+            code: 403,
+            message: d.message.clone().unwrap_or_else(|| "denied".to_string()),
+            reason: d.reason.map(str::to_string),
+        }),
+        patch_type: patch.as_ref().map(|_| "JSONPatch".to_string()),
+        patch,
+        warnings: d.warnings.clone(),
+    }
+}
+
+/// A denial for a body that is not a usable AdmissionReview.
+pub fn bad_review(uid: &str, message: String) -> AdmissionResponse {
+    AdmissionResponse {
+        uid: uid.to_string(),
+        allowed: false,
+        status: Some(Status {
+            code: 400,
+            message,
+            reason: Some("BadRequest".to_string()),
+        }),
+        patch_type: None,
+        patch: None,
+        warnings: Vec::new(),
+    }
+}
+
+/// The outcome of one review: the request (when it parsed), the decision and the answer.
+pub struct Reviewed {
+    pub request: Option<AdmissionRequest>,
+    pub decision: Option<Decision>,
+    pub out: ReviewOut,
+}
+
+/// Decides one AdmissionReview document.
+pub fn review(doc: &Value, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp, with_patch: bool) -> Reviewed {
+    let uid = doc.pointer("/request/uid").and_then(Value::as_str).unwrap_or("").to_string();
+    match parse_review(doc) {
+        Ok(req) => {
+            let d = decide(&req, snap, cfg, now);
+            let out = ReviewOut::new(response(&req.uid, &d, with_patch));
+            Reviewed {
+                request: Some(req),
+                decision: Some(d),
+                out,
+            }
+        }
+        Err(e) => Reviewed {
+            request: None,
+            decision: None,
+            out: ReviewOut::new(bad_review(&uid, e.to_string())),
+        },
+    }
+}
+
+fn patched(obj: &Value, d: &Decision) -> Value {
+    let mut o = obj.clone();
+    if !d.patch.is_empty() {
+        if let Err(e) = json_patch::patch(&mut o, &d.patch) {
+            tracing::warn!("could not apply own patch: {e}");
+        }
+    }
+    o
+}
+
+fn with_defaults(mut o: Value, req: &AdmissionRequest, kind: &str, seq: u64) -> Value {
+    if let Some(m) = o.as_object_mut() {
+        m.entry("kind").or_insert_with(|| Value::String(kind.to_string()));
+        let meta = m.entry("metadata").or_insert_with(|| Value::Object(Default::default()));
+        if let Some(meta) = meta.as_object_mut() {
+            if !req.ns().is_empty() {
+                meta.entry("namespace").or_insert_with(|| Value::String(req.ns().to_string()));
+            }
+            let has_name = meta.get("name").and_then(Value::as_str).map(|n| !n.is_empty()).unwrap_or(false);
+            if !has_name {
+                let name = match (&req.name, meta.get("generateName").and_then(Value::as_str)) {
+                    (Some(n), _) if !n.is_empty() => n.clone(),
+                    (_, Some(g)) => format!("{g}{seq:05}"),
+                    _ => format!("unnamed-{seq:05}"),
+                };
+                meta.insert("name".into(), Value::String(name));
+            }
+        }
+    }
+    o
+}
+
+/// Applies an admitted request's effect to the snapshot, as the API server would.
+/// Returns a note when the effect could not be applied.
+pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), String> {
+    if !d.allowed || req.is_dry_run() {
+        return Ok(());
+    }
+    let name = req.name.clone().unwrap_or_default();
+    let kind_name = match RequestKind::of(req) {
+        RequestKind::Queue => "Queue",
+        RequestKind::PodGroup => "PodGroup",
+        RequestKind::Pod => "Pod",
+        RequestKind::Workload(k) => k.kind(),
+        RequestKind::Binding => return bind(snap, req, d),
+        RequestKind::Scale(k) => return scale(snap, req, d, k),
+        RequestKind::Other => return Ok(()),
+    };
+    if req.operation == "DELETE" {
+        load::remove(snap, kind_name, req.ns(), &name);
+        return Ok(());
+    }
+    if req.operation != "CREATE" && req.operation != "UPDATE" {
+        return Ok(());
+    }
+    let Some(obj) = req.object.as_ref() else { return Ok(()) };
+    let seq = snap.next_seq();
+    let o = with_defaults(patched(obj, d), req, kind_name, seq);
+    load::upsert(snap, &o).map(|_| ()).map_err(|e| e.to_string())
+}
+
+fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), String> {
+    if req.operation != "CREATE" {
+        return Ok(());
+    }
+    let Some(obj) = req.object.as_ref() else { return Ok(()) };
+    let b = patched(obj, d);
+    let name = req
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or_else(|| b.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    let key = ObjectKey::new(req.ns(), name);
+    let node = b.pointer("/target/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let Some(mut pod) = snap.pod(&key).cloned() else {
+        return if snap.is_known_cardless_pod(&key) {
+            Ok(())
+        } else {
+            Err(format!("binding of unknown pod {key} not applied"))
+        };
+    };
+    pod.node = Some(node);
+    let anns: BTreeMap<String, String> = b
+        .pointer("/metadata/annotations")
+        .and_then(|a| serde_json::from_value(a.clone()).ok())
+        .unwrap_or_default();
+    if let Some(c) = anns.get(crate::cards::annotations::CHARGED) {
+        pod.charged = crate::cards::CardName::parse(c).ok();
+    }
+    snap.upsert_pod(pod);
+    Ok(())
+}
+
+fn scale(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision, kind: WorkloadKind) -> Result<(), String> {
+    if req.operation != "UPDATE" {
+        return Ok(());
+    }
+    let Some(obj) = req.object.as_ref() else { return Ok(()) };
+    let s = patched(obj, d);
+    let key = ObjectKey::new(req.ns(), req.name.clone().unwrap_or_default());
+    let Some(r) = s.pointer("/spec/replicas").and_then(Value::as_i64) else { return Ok(()) };
+    match snap.workload(kind, &key).cloned() {
+        Some(mut w) => {
+            w.replicas = i32::try_from(r).unwrap_or(i32::MAX);
+            snap.upsert_workload(w);
+            Ok(())
+        }
+        None => Err(format!("scale of unknown {} {key} not applied", kind.lower())),
+    }
+}
+
+/// Usage of every queue with a quota annotation or any usage, per model / composite key.
+pub fn usage_report(snap: &Snapshot, now: jiff::Timestamp) -> BTreeMap<String, BTreeMap<String, Row>> {
+    let mut out = BTreeMap::new();
+    for q in snap.queue_names() {
+        let u = crate::decide::fit::usage_of(snap, &q, now);
+        let rows = u.rows();
+        let annotated = snap.queue(&q).map(|r| r.quota.is_some()).unwrap_or(false);
+        if annotated || rows.values().any(|r| r.in_use() > 0) {
+            out.insert(q.to_string(), rows);
+        }
+    }
+    out
+}
+
+/// The usage table for people.
+pub fn usage_table(report: &BTreeMap<String, BTreeMap<String, Row>>) -> String {
+    let mut lines = vec![[
+        "QUEUE".to_string(),
+        "MODEL".into(),
+        "QUOTA".into(),
+        "ALLOCATED".into(),
+        "PENDING".into(),
+        "RESERVED".into(),
+        "FREE".into(),
+    ]];
+    for (q, rows) in report {
+        for (m, r) in rows {
+            let composite = m.contains('|');
+            let free = if composite {
+                "-".to_string()
+            } else if r.free() < 0 {
+                format!("{} OVER", r.free())
+            } else {
+                r.free().to_string()
+            };
+            lines.push([
+                q.clone(),
+                m.clone(),
+                if composite { "-".into() } else { r.quota.to_string() },
+                r.allocated.to_string(),
+                r.pending.to_string(),
+                r.reserved.to_string(),
+                free,
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..7).map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0)).collect();
+    let mut s = String::new();
+    for l in &lines {
+        let cells: Vec<String> = l.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        s.push_str(cells.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}

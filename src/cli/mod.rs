@@ -1,0 +1,5 @@
+//! Subcommands: thin shells over the core.
+
+pub mod demo;
+pub mod replay;
+pub mod status;
