@@ -9,13 +9,16 @@ use serde_json::Value;
 use crate::cards::ObjectKey;
 use crate::cluster::load;
 use crate::cluster::{Snapshot, WorkloadKind};
-use crate::decide::review::{encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status};
+use crate::decide::review::{
+    encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status,
+};
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::ledger::Row;
 
 /// Builds the AdmissionResponse of a decision. `with_patch` is false on `/validate`.
 pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse {
-    let patch = (with_patch && d.allowed && !d.patch.is_empty()).then(|| encode_patch(&json_patch::Patch(d.patch.clone())));
+    let patch = (with_patch && d.allowed && !d.patch.is_empty())
+        .then(|| encode_patch(&json_patch::Patch(d.patch.clone())));
     AdmissionResponse {
         uid: uid.to_string(),
         allowed: d.allowed,
@@ -54,8 +57,18 @@ pub struct Reviewed {
 }
 
 /// Decides one AdmissionReview document.
-pub fn review(doc: &Value, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp, with_patch: bool) -> Reviewed {
-    let uid = doc.pointer("/request/uid").and_then(Value::as_str).unwrap_or("").to_string();
+pub fn review(
+    doc: &Value,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+    with_patch: bool,
+) -> Reviewed {
+    let uid = doc
+        .pointer("/request/uid")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     match parse_review(doc) {
         Ok(req) => {
             let d = decide(&req, snap, cfg, now);
@@ -86,13 +99,21 @@ fn patched(obj: &Value, d: &Decision) -> Value {
 
 fn with_defaults(mut o: Value, req: &AdmissionRequest, kind: &str, seq: u64) -> Value {
     if let Some(m) = o.as_object_mut() {
-        m.entry("kind").or_insert_with(|| Value::String(kind.to_string()));
-        let meta = m.entry("metadata").or_insert_with(|| Value::Object(Default::default()));
+        m.entry("kind")
+            .or_insert_with(|| Value::String(kind.to_string()));
+        let meta = m
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()));
         if let Some(meta) = meta.as_object_mut() {
             if !req.ns().is_empty() {
-                meta.entry("namespace").or_insert_with(|| Value::String(req.ns().to_string()));
+                meta.entry("namespace")
+                    .or_insert_with(|| Value::String(req.ns().to_string()));
             }
-            let has_name = meta.get("name").and_then(Value::as_str).map(|n| !n.is_empty()).unwrap_or(false);
+            let has_name = meta
+                .get("name")
+                .and_then(Value::as_str)
+                .map(|n| !n.is_empty())
+                .unwrap_or(false);
             if !has_name {
                 let name = match (&req.name, meta.get("generateName").and_then(Value::as_str)) {
                     (Some(n), _) if !n.is_empty() => n.clone(),
@@ -129,26 +150,40 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
     if req.operation != "CREATE" && req.operation != "UPDATE" {
         return Ok(());
     }
-    let Some(obj) = req.object.as_ref() else { return Ok(()) };
+    let Some(obj) = req.object.as_ref() else {
+        return Ok(());
+    };
     let seq = snap.next_seq();
     let o = with_defaults(patched(obj, d), req, kind_name, seq);
-    load::upsert(snap, &o).map(|_| ()).map_err(|e| e.to_string())
+    load::upsert(snap, &o)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), String> {
     if req.operation != "CREATE" {
         return Ok(());
     }
-    let Some(obj) = req.object.as_ref() else { return Ok(()) };
+    let Some(obj) = req.object.as_ref() else {
+        return Ok(());
+    };
     let b = patched(obj, d);
     let name = req
         .name
         .clone()
         .filter(|n| !n.is_empty())
-        .or_else(|| b.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| {
+            b.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
         .unwrap_or_default();
     let key = ObjectKey::new(req.ns(), name);
-    let node = b.pointer("/target/name").and_then(Value::as_str).unwrap_or("").to_string();
+    let node = b
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     let Some(mut pod) = snap.pod(&key).cloned() else {
         return if snap.is_known_cardless_pod(&key) {
             Ok(())
@@ -168,26 +203,41 @@ fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(),
     Ok(())
 }
 
-fn scale(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision, kind: WorkloadKind) -> Result<(), String> {
+fn scale(
+    snap: &mut Snapshot,
+    req: &AdmissionRequest,
+    d: &Decision,
+    kind: WorkloadKind,
+) -> Result<(), String> {
     if req.operation != "UPDATE" {
         return Ok(());
     }
-    let Some(obj) = req.object.as_ref() else { return Ok(()) };
+    let Some(obj) = req.object.as_ref() else {
+        return Ok(());
+    };
     let s = patched(obj, d);
     let key = ObjectKey::new(req.ns(), req.name.clone().unwrap_or_default());
-    let Some(r) = s.pointer("/spec/replicas").and_then(Value::as_i64) else { return Ok(()) };
+    let Some(r) = s.pointer("/spec/replicas").and_then(Value::as_i64) else {
+        return Ok(());
+    };
     match snap.workload(kind, &key).cloned() {
         Some(mut w) => {
             w.replicas = i32::try_from(r).unwrap_or(i32::MAX);
             snap.upsert_workload(w);
             Ok(())
         }
-        None => Err(format!("scale of unknown {} {key} not applied", kind.lower())),
+        None => Err(format!(
+            "scale of unknown {} {key} not applied",
+            kind.lower()
+        )),
     }
 }
 
 /// Usage of every queue with a quota annotation or any usage, per model / composite key.
-pub fn usage_report(snap: &Snapshot, now: jiff::Timestamp) -> BTreeMap<String, BTreeMap<String, Row>> {
+pub fn usage_report(
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> BTreeMap<String, BTreeMap<String, Row>> {
     let mut out = BTreeMap::new();
     for q in snap.queue_names() {
         let u = crate::decide::fit::usage_of(snap, &q, now);
@@ -224,7 +274,11 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<String, Row>>) -> String {
             lines.push([
                 q.clone(),
                 m.clone(),
-                if composite { "-".into() } else { r.quota.to_string() },
+                if composite {
+                    "-".into()
+                } else {
+                    r.quota.to_string()
+                },
                 r.allocated.to_string(),
                 r.pending.to_string(),
                 r.reserved.to_string(),
@@ -232,10 +286,16 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<String, Row>>) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..7).map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..7)
+        .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
+        .collect();
     let mut s = String::new();
     for l in &lines {
-        let cells: Vec<String> = l.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         s.push_str(cells.join("  ").trim_end());
         s.push('\n');
     }

@@ -9,7 +9,11 @@ use card_quota::cli::{demo, replay, status};
 use card_quota::decide::{Config, ScalePolicy};
 
 #[derive(Parser)]
-#[command(name = "card-quota", version, about = "Hard per-card-model quotas for Volcano queues")]
+#[command(
+    name = "card-quota",
+    version,
+    about = "Hard per-card-model quotas for Volcano queues"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -48,7 +52,9 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let cli = Cli::parse();
     match cli.command {
@@ -64,16 +70,24 @@ fn main() -> anyhow::Result<()> {
             replay::run(&objects, &requests, output, &cfg, &mut lock)?;
         }
         Command::Demo => demo::run(&mut std::io::stdout().lock())?,
-        Command::Status { objects, queue, output } => {
+        Command::Status {
+            objects,
+            queue,
+            output,
+        } => {
             let Some(path) = objects else {
                 anyhow::bail!("status without --objects reads the live cluster: not built yet (see issue 4); pass --objects <snapshot.yaml>");
             };
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
             let (snap, skipped) = card_quota::cluster::load::load(&text)?;
             for s in skipped {
                 tracing::warn!("{}: {s}", path.display());
             }
-            print!("{}", status::render(&snap, queue.as_deref(), output, jiff::Timestamp::now())?);
+            print!(
+                "{}",
+                status::render(&snap, queue.as_deref(), output, jiff::Timestamp::now())?
+            );
         }
     }
     Ok(())

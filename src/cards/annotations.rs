@@ -127,13 +127,18 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 /// Parses a JSON object of name -> integer, keeping order and catching duplicate keys.
-fn parse_entries(raw: &str, min: i128, expected: &'static str) -> Result<Vec<(String, u64)>, Problem> {
+fn parse_entries(
+    raw: &str,
+    min: i128,
+    expected: &'static str,
+) -> Result<Vec<(String, u64)>, Problem> {
     let value: serde_json::Value =
         serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
     if !value.is_object() {
         return Err(Problem::NotObject(json_kind(&value)));
     }
-    let entries: Entries = serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
+    let entries: Entries =
+        serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(entries.0.len());
     for (k, v) in entries.0 {
@@ -178,7 +183,8 @@ pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
         if k.contains('|') {
             return Err(err(object, QUOTA, Problem::CompositeQuotaKey(k)));
         }
-        let name = CardName::parse(&k).map_err(|source| err(object, QUOTA, Problem::BadKey { key: k, source }))?;
+        let name = CardName::parse(&k)
+            .map_err(|source| err(object, QUOTA, Problem::BadKey { key: k, source }))?;
         q.insert(name, n);
     }
     Ok(Quota(q))
@@ -192,7 +198,8 @@ pub fn parse_request(object: &str, raw: &str) -> Result<CardRequest, AnnotationE
     }
     let mut out: Vec<(Alternatives, u64)> = Vec::new();
     for (k, n) in entries {
-        let alts = Alternatives::parse(&k).map_err(|source| err(object, REQUEST, Problem::BadKey { key: k, source }))?;
+        let alts = Alternatives::parse(&k)
+            .map_err(|source| err(object, REQUEST, Problem::BadKey { key: k, source }))?;
         out.push((alts, n));
     }
     Ok(CardRequest(out))
@@ -226,9 +233,16 @@ mod tests {
 
     #[test]
     fn a_valid_quota_parses_every_model() {
-        let q = parse_quota("queue q1", r#"{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"X":0}"#).unwrap();
+        let q = parse_quota(
+            "queue q1",
+            r#"{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"X":0}"#,
+        )
+        .unwrap();
         assert_eq!(q.get(&CardName::parse("NVIDIA-H200").unwrap()), 3);
-        assert_eq!(q.get(&CardName::parse("NVIDIA-H200/mig-1g.18gb-mixed").unwrap()), 4);
+        assert_eq!(
+            q.get(&CardName::parse("NVIDIA-H200/mig-1g.18gb-mixed").unwrap()),
+            4
+        );
         assert_eq!(q.get(&CardName::parse("absent").unwrap()), 0);
         assert_eq!(q.0.len(), 3);
     }
@@ -238,9 +252,18 @@ mod tests {
         let cases = [
             ("{", "not valid JSON"),
             ("[1]", "got an array"),
-            (r#"{"A":1.5}"#, r#"value for "A" must be a non-negative integer, got 1.5"#),
-            (r#"{"A":-1}"#, r#"value for "A" must be a non-negative integer, got -1"#),
-            (r#"{"A":"3"}"#, r#"value for "A" must be a non-negative integer, got "3""#),
+            (
+                r#"{"A":1.5}"#,
+                r#"value for "A" must be a non-negative integer, got 1.5"#,
+            ),
+            (
+                r#"{"A":-1}"#,
+                r#"value for "A" must be a non-negative integer, got -1"#,
+            ),
+            (
+                r#"{"A":"3"}"#,
+                r#"value for "A" must be a non-negative integer, got "3""#,
+            ),
             (r#"{"":1}"#, "empty model name"),
             (r#"{"A":1,"A":2}"#, r#"duplicate key "A""#),
             (r#"{"NVIDIA H200":1}"#, "contains whitespace"),
@@ -248,7 +271,10 @@ mod tests {
         ];
         for (raw, want) in cases {
             let got = quota_err(raw);
-            assert!(got.starts_with("invalid volcano.sh/card.quota on queue q1: "), "{got}");
+            assert!(
+                got.starts_with("invalid volcano.sh/card.quota on queue q1: "),
+                "{got}"
+            );
             assert!(got.contains(want), "{raw}: {got} should contain {want}");
         }
     }
@@ -258,9 +284,13 @@ mod tests {
         let r = parse_request("podgroup ml/j", r#"{"A|B":6,"C":1}"#).unwrap();
         assert_eq!(r.0[0].0.to_string(), "A|B");
         assert_eq!(r.total(), 7);
-        let e = parse_request("podgroup ml/j", r#"{"A":0}"#).unwrap_err().to_string();
+        let e = parse_request("podgroup ml/j", r#"{"A":0}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("must be a positive integer, got 0"), "{e}");
-        let e = parse_request("podgroup ml/j", r#"{"A||B":1}"#).unwrap_err().to_string();
+        let e = parse_request("podgroup ml/j", r#"{"A||B":1}"#)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("empty alternative"), "{e}");
         assert!(parse_request("podgroup ml/j", "{}").is_err());
     }
@@ -269,6 +299,9 @@ mod tests {
     fn card_names_are_parsed_strictly() {
         assert!(parse_card_name("pod ml/x", "A|B").is_ok());
         let e = parse_card_name("pod ml/x", "A||B").unwrap_err().to_string();
-        assert_eq!(e, r#"invalid volcano.sh/card.name on pod ml/x: empty alternative in "A||B" (expected A or A|B|C)"#);
+        assert_eq!(
+            e,
+            r#"invalid volcano.sh/card.name on pod ml/x: empty alternative in "A||B" (expected A or A|B|C)"#
+        );
     }
 }

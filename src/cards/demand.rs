@@ -11,7 +11,9 @@ use super::quantity::parse_whole;
 pub type ResourceDemand = BTreeMap<String, u64>;
 
 fn container_request(c: &Container, resource: &str) -> Result<u64, String> {
-    let Some(res) = &c.resources else { return Ok(0) };
+    let Some(res) = &c.resources else {
+        return Ok(0);
+    };
     let q = res
         .requests
         .as_ref()
@@ -33,9 +35,16 @@ fn resource_names(c: &Container, out: &mut Vec<String>) {
 
 /// Card demand of a pod spec: for each card resource, `max(sum(app) + sum(sidecars),
 /// max(init_i + sidecars started before i))`. Requests default to limits.
-pub fn pod_demand(spec: &PodSpec, is_card: impl Fn(&str) -> bool) -> Result<ResourceDemand, String> {
+pub fn pod_demand(
+    spec: &PodSpec,
+    is_card: impl Fn(&str) -> bool,
+) -> Result<ResourceDemand, String> {
     let mut names = Vec::new();
-    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
         resource_names(c, &mut names);
     }
     names.sort();
@@ -80,7 +89,10 @@ pub fn pinned_products(spec: &PodSpec) -> BTreeMap<String, Vec<String>> {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
         .map(|r| r.node_selector_terms.as_slice())
         .unwrap_or(&[]);
     if terms.is_empty() {
@@ -138,7 +150,10 @@ mod tests {
                 {"name": "b", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
             ]
         }));
-        assert_eq!(pod_demand(&s, gpu).unwrap(), BTreeMap::from([("nvidia.com/gpu".to_string(), 3)]));
+        assert_eq!(
+            pod_demand(&s, gpu).unwrap(),
+            BTreeMap::from([("nvidia.com/gpu".to_string(), 3)])
+        );
     }
 
     #[test]
@@ -156,7 +171,9 @@ mod tests {
 
     #[test]
     fn a_fractional_card_request_is_an_error() {
-        let s = spec(json!({"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}]}));
+        let s = spec(
+            json!({"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}]}),
+        );
         assert!(pod_demand(&s, gpu).is_err());
     }
 
@@ -166,14 +183,20 @@ mod tests {
             "containers": [],
             "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}
         }));
-        assert_eq!(pinned_products(&s)["nvidia.com/gpu.product"], vec!["NVIDIA-H200"]);
+        assert_eq!(
+            pinned_products(&s)["nvidia.com/gpu.product"],
+            vec!["NVIDIA-H200"]
+        );
         let s = spec(json!({
             "containers": [],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A", "B"]}]}
             ]}}}
         }));
-        assert_eq!(pinned_products(&s)["nvidia.com/gpu.product"], vec!["A", "B"]);
+        assert_eq!(
+            pinned_products(&s)["nvidia.com/gpu.product"],
+            vec!["A", "B"]
+        );
         let s = spec(json!({
             "containers": [],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -181,6 +204,9 @@ mod tests {
                 {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}
             ]}}}
         }));
-        assert!(pinned_products(&s).is_empty(), "a term without the key leaves it unpinned");
+        assert!(
+            pinned_products(&s).is_empty(),
+            "a term without the key leaves it unpinned"
+        );
     }
 }

@@ -181,7 +181,10 @@ mod tests {
 
     #[test]
     fn a_plain_model_name_parses() {
-        assert_eq!(CardName::parse("NVIDIA-H200").unwrap().as_str(), "NVIDIA-H200");
+        assert_eq!(
+            CardName::parse("NVIDIA-H200").unwrap().as_str(),
+            "NVIDIA-H200"
+        );
     }
 
     #[test]
@@ -193,11 +196,26 @@ mod tests {
 
     #[test]
     fn malformed_alternatives_are_refused() {
-        assert!(matches!(Alternatives::parse("A||B"), Err(NameError::EmptyAlternative(_))));
-        assert!(matches!(Alternatives::parse("|A"), Err(NameError::EmptyAlternative(_))));
-        assert!(matches!(Alternatives::parse("A|"), Err(NameError::EmptyAlternative(_))));
-        assert!(matches!(Alternatives::parse("A|A"), Err(NameError::DuplicateAlternative { .. })));
-        assert!(matches!(Alternatives::parse("A B"), Err(NameError::Whitespace(_))));
+        assert!(matches!(
+            Alternatives::parse("A||B"),
+            Err(NameError::EmptyAlternative(_))
+        ));
+        assert!(matches!(
+            Alternatives::parse("|A"),
+            Err(NameError::EmptyAlternative(_))
+        ));
+        assert!(matches!(
+            Alternatives::parse("A|"),
+            Err(NameError::EmptyAlternative(_))
+        ));
+        assert!(matches!(
+            Alternatives::parse("A|A"),
+            Err(NameError::DuplicateAlternative { .. })
+        ));
+        assert!(matches!(
+            Alternatives::parse("A B"),
+            Err(NameError::Whitespace(_))
+        ));
         assert!(matches!(Alternatives::parse(""), Err(NameError::Empty)));
     }
 }

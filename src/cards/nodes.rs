@@ -46,7 +46,11 @@ fn product_label(key: &str) -> Option<(&str, &str)> {
 }
 
 /// Discovers the card models of one node from its labels and allocatable resources.
-pub fn discover(node: &str, labels: &BTreeMap<String, String>, allocatable: &BTreeMap<String, String>) -> NodeCards {
+pub fn discover(
+    node: &str,
+    labels: &BTreeMap<String, String>,
+    allocatable: &BTreeMap<String, String>,
+) -> NodeCards {
     let mut products: Vec<Product> = labels
         .iter()
         .filter_map(|(k, v)| {
@@ -57,7 +61,9 @@ pub fn discover(node: &str, labels: &BTreeMap<String, String>, allocatable: &BTr
             })
         })
         .collect();
-    products.sort_by(|a, b| (a.prefix.as_str(), a.kind.as_str()).cmp(&(b.prefix.as_str(), b.kind.as_str())));
+    products.sort_by(|a, b| {
+        (a.prefix.as_str(), a.kind.as_str()).cmp(&(b.prefix.as_str(), b.kind.as_str()))
+    });
     let mut out = NodeCards {
         prefixes: products.iter().map(|p| p.prefix.clone()).collect(),
         products: products.iter().map(|p| p.product.clone()).collect(),
@@ -82,7 +88,8 @@ pub fn discover(node: &str, labels: &BTreeMap<String, String>, allocatable: &BTr
         let count = match parse_whole(qty) {
             Ok(n) => n,
             Err(e) => {
-                out.problems.push(format!("node {node}: allocatable {resource}={qty}: {e}"));
+                out.problems
+                    .push(format!("node {node}: allocatable {resource}={qty}: {e}"));
                 continue;
             }
         };
@@ -121,7 +128,9 @@ pub fn discover(node: &str, labels: &BTreeMap<String, String>, allocatable: &BTr
 /// True when `resource` is an extended resource under a card vendor prefix.
 pub fn is_card_resource<'a>(resource: &str, mut prefixes: impl Iterator<Item = &'a str>) -> bool {
     match resource.split_once('/') {
-        Some((prefix, _)) => DEFAULT_CARD_PREFIXES.contains(&prefix) || prefixes.any(|p| p == prefix),
+        Some((prefix, _)) => {
+            DEFAULT_CARD_PREFIXES.contains(&prefix) || prefixes.any(|p| p == prefix)
+        }
         None => false,
     }
 }
@@ -146,7 +155,9 @@ mod tests {
     use super::*;
 
     fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -175,8 +186,16 @@ mod tests {
             got,
             vec![
                 ("nvidia.com/gpu".into(), "NVIDIA-H200".into(), 7),
-                ("nvidia.com/gpu.shared".into(), "NVIDIA-H200/mps-140g*1/2".into(), 2),
-                ("nvidia.com/mig-1g.18gb".into(), "NVIDIA-H200/mig-1g.18gb-mixed".into(), 7),
+                (
+                    "nvidia.com/gpu.shared".into(),
+                    "NVIDIA-H200/mps-140g*1/2".into(),
+                    2
+                ),
+                (
+                    "nvidia.com/mig-1g.18gb".into(),
+                    "NVIDIA-H200/mig-1g.18gb-mixed".into(),
+                    7
+                ),
             ]
         );
         assert!(n.problems.is_empty());
@@ -190,14 +209,20 @@ mod tests {
             ("nvidia.com/gpu.replicas", "2"),
         ]);
         let n = discover("n", &labels, &map(&[("nvidia.com/gpu.shared", "4")]));
-        assert_eq!(n.model_for("nvidia.com/gpu.shared").unwrap().as_str(), "NVIDIA-H800/mps-80g*1/2");
+        assert_eq!(
+            n.model_for("nvidia.com/gpu.shared").unwrap().as_str(),
+            "NVIDIA-H800/mps-80g*1/2"
+        );
     }
 
     #[test]
     fn any_vendor_prefix_is_discovered() {
         let labels = map(&[("huawei.com/npu.product", "Ascend-910B")]);
         let n = discover("n", &labels, &map(&[("huawei.com/npu", "8")]));
-        assert_eq!(n.model_for("huawei.com/npu").unwrap().as_str(), "Ascend-910B");
+        assert_eq!(
+            n.model_for("huawei.com/npu").unwrap().as_str(),
+            "Ascend-910B"
+        );
     }
 
     #[test]

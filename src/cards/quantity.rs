@@ -16,7 +16,9 @@ pub fn parse_whole(q: &str) -> Result<u64, String> {
     let n: u64 = digits
         .parse()
         .map_err(|_| format!("expected a whole number of cards, got {q:?}"))?;
-    let n = n.checked_mul(mult).ok_or_else(|| format!("quantity {q:?} is too large"))?;
+    let n = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("quantity {q:?} is too large"))?;
     if n % div != 0 {
         return Err(format!("expected a whole number of cards, got {q:?}"));
     }

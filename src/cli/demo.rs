@@ -49,7 +49,11 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
         scale_policy: ScalePolicy::Deny,
     };
     writeln!(out, "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090), queues research and serving.\n")?;
-    writeln!(out, "{}", usage_table(&usage_report(&snap, jiff::Timestamp::now())))?;
+    writeln!(
+        out,
+        "{}",
+        usage_table(&usage_report(&snap, jiff::Timestamp::now()))
+    )?;
     let steps: Vec<(&str, Value, &Config)> = vec![
         (
             "An admin applies a malformed quota (a negative count) to queue research",
@@ -122,10 +126,18 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
         }
         if let Some(d) = &r.decision {
             for p in &d.patch {
-                writeln!(out, "   -> patch: {}", serde_json::to_string(p).unwrap_or_default())?;
+                writeln!(
+                    out,
+                    "   -> patch: {}",
+                    serde_json::to_string(p).unwrap_or_default()
+                )?;
             }
             if let Some(e) = &d.event {
-                writeln!(out, "   -> Event {} on {} {}", e.reason, e.regarding.kind, e.regarding.name)?;
+                writeln!(
+                    out,
+                    "   -> Event {} on {} {}",
+                    e.reason, e.regarding.kind, e.regarding.name
+                )?;
             }
             if let Some(req) = &r.request {
                 if let Err(e) = apply(&mut snap, req, d) {
@@ -134,6 +146,10 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
             }
         }
     }
-    writeln!(out, "\nUsage at the end:\n{}", usage_table(&usage_report(&snap, jiff::Timestamp::now())))?;
+    writeln!(
+        out,
+        "\nUsage at the end:\n{}",
+        usage_table(&usage_report(&snap, jiff::Timestamp::now()))
+    )?;
     Ok(())
 }

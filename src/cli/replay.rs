@@ -21,7 +21,10 @@ pub enum Output {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
     Objects {
         path: String,
@@ -47,7 +50,10 @@ pub fn request_docs(text: &str) -> Vec<Result<Value, String>> {
                 Ok(Value::Array(items)) => out.extend(items.into_iter().map(Ok)),
                 Ok(v) => out.push(Ok(v)),
                 Err(e) => {
-                    out.push(Err(format!("request stream is not valid JSON after document {}: {e}", out.len())));
+                    out.push(Err(format!(
+                        "request stream is not valid JSON after document {}: {e}",
+                        out.len()
+                    )));
                     break;
                 }
             }
@@ -64,10 +70,16 @@ pub fn request_docs(text: &str) -> Vec<Result<Value, String>> {
         }
     }
     docs.into_iter()
-        .filter(|d| d.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
+        .filter(|d| {
+            d.lines()
+                .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        })
         .map(|d| match documents(&d) {
             Ok(mut v) if v.len() == 1 => Ok(v.remove(0)),
-            Ok(v) => Err(format!("expected one AdmissionReview per document, got {}", v.len())),
+            Ok(v) => Err(format!(
+                "expected one AdmissionReview per document, got {}",
+                v.len()
+            )),
             Err(e) => Err(e.to_string()),
         })
         .collect()
@@ -81,7 +93,13 @@ fn read(path: &Path) -> Result<String, ReplayError> {
 }
 
 /// Runs a replay, writing one AdmissionReview per line and then the usage.
-pub fn run(objects: &Path, requests: &Path, output: Output, cfg: &Config, out: &mut impl Write) -> Result<(), ReplayError> {
+pub fn run(
+    objects: &Path,
+    requests: &Path,
+    output: Output,
+    cfg: &Config,
+    out: &mut impl Write,
+) -> Result<(), ReplayError> {
     let (mut snap, skipped) = load(&read(objects)?).map_err(|source| ReplayError::Objects {
         path: objects.display().to_string(),
         source,
@@ -111,7 +129,10 @@ pub fn run(objects: &Path, requests: &Path, output: Output, cfg: &Config, out: &
                 }
                 r.out
             }
-            Err(e) => ReviewOut::new(bad_review("", format!("request {} cannot be parsed: {e}", i + 1))),
+            Err(e) => ReviewOut::new(bad_review(
+                "",
+                format!("request {} cannot be parsed: {e}", i + 1),
+            )),
         };
         serde_json::to_writer(&mut *out, &answer).map_err(std::io::Error::from)?;
         writeln!(out)?;
@@ -119,7 +140,8 @@ pub fn run(objects: &Path, requests: &Path, output: Output, cfg: &Config, out: &
     let report = usage_report(&snap, jiff::Timestamp::now());
     match output {
         Output::Json => {
-            serde_json::to_writer(&mut *out, &serde_json::json!({ "usage": report })).map_err(std::io::Error::from)?;
+            serde_json::to_writer(&mut *out, &serde_json::json!({ "usage": report }))
+                .map_err(std::io::Error::from)?;
             writeln!(out)?;
         }
         Output::Table => write!(out, "{}", usage_table(&report))?,

@@ -15,7 +15,12 @@ pub enum Format {
 }
 
 /// Renders the usage of `snap`, optionally for one queue.
-pub fn render(snap: &Snapshot, queue: Option<&str>, format: Format, now: jiff::Timestamp) -> Result<String, serde_json::Error> {
+pub fn render(
+    snap: &Snapshot,
+    queue: Option<&str>,
+    format: Format,
+    now: jiff::Timestamp,
+) -> Result<String, serde_json::Error> {
     let mut report: BTreeMap<String, BTreeMap<String, Row>> = usage_report(snap, now);
     if let Some(q) = queue {
         report.retain(|k, _| k == q);

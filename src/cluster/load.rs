@@ -5,7 +5,9 @@ use serde_json::Value;
 
 use crate::cards::{ObjectKey, QueueName};
 
-use super::records::{node_record, pod_record, podgroup_record, queue_record, workload_record, RecordError};
+use super::records::{
+    node_record, pod_record, podgroup_record, queue_record, workload_record, RecordError,
+};
 use super::{Snapshot, WorkloadKind};
 
 /// Why an input stream could not be read.
@@ -55,7 +57,11 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
     let seq = snap.next_seq();
     match kind {
         "Node" => {
-            let n: Node = serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode { kind: "Node", source })?;
+            let n: Node =
+                serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode {
+                    kind: "Node",
+                    source,
+                })?;
             let (name, cards) = node_record(&n)?;
             snap.upsert_node(name, cards);
             Ok(Some("Node"))
@@ -69,7 +75,11 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             Ok(Some("PodGroup"))
         }
         "Pod" => {
-            let p: Pod = serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode { kind: "Pod", source })?;
+            let p: Pod =
+                serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode {
+                    kind: "Pod",
+                    source,
+                })?;
             let prefixes = snap.card_prefixes();
             snap.upsert_pod(pod_record(&p, "default", &prefixes, seq)?);
             Ok(Some("Pod"))
@@ -129,7 +139,10 @@ pub fn load(text: &str) -> Result<(Snapshot, Vec<String>), LoadError> {
 /// `Kind namespace/name` for messages.
 pub fn describe(v: &Value) -> String {
     let kind = v.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
-    let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("<no name>");
+    let name = v
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("<no name>");
     match v.pointer("/metadata/namespace").and_then(Value::as_str) {
         Some(ns) => format!("{kind} {ns}/{name}"),
         None => format!("{kind} {name}"),

@@ -8,10 +8,12 @@ use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use crate::cards::annotations::{self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, QUOTA, REQUEST};
+use crate::cards::annotations::{
+    self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, QUOTA, REQUEST,
+};
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource};
-use crate::cards::{Alternatives, CardName, CardRequest, NodeCards, ObjectKey, Quota, QueueName};
+use crate::cards::{Alternatives, CardName, CardRequest, NodeCards, ObjectKey, QueueName, Quota};
 
 /// A Queue as card-quota sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,16 +181,31 @@ fn anns(meta: &ObjectMeta) -> BTreeMap<String, String> {
 }
 
 /// Builds a pod record. `card_prefixes` are the vendor prefixes nodes announce.
-pub fn pod_record(pod: &Pod, namespace_hint: &str, card_prefixes: &[String], seq: u64) -> Result<PodRecord, RecordError> {
+pub fn pod_record(
+    pod: &Pod,
+    namespace_hint: &str,
+    card_prefixes: &[String],
+    seq: u64,
+) -> Result<PodRecord, RecordError> {
     let meta = &pod.metadata;
     let name = meta
         .name
         .clone()
         .or_else(|| meta.generate_name.clone())
         .ok_or(RecordError::NoName("pod"))?;
-    let namespace = meta.namespace.clone().unwrap_or_else(|| namespace_hint.to_string());
+    let namespace = meta
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace_hint.to_string());
     let key = ObjectKey::new(namespace, name);
-    Ok(record_from_parts(&key, meta, pod.spec.as_ref(), pod.status.as_ref().and_then(|s| s.phase.clone()), card_prefixes, seq))
+    Ok(record_from_parts(
+        &key,
+        meta,
+        pod.spec.as_ref(),
+        pod.status.as_ref().and_then(|s| s.phase.clone()),
+        card_prefixes,
+        seq,
+    ))
 }
 
 fn record_from_parts(
@@ -211,14 +228,17 @@ fn record_from_parts(
         queue_annotation: annotations::queue_annotation(&a),
         group: a.get(GROUP_NAME).filter(|g| !g.is_empty()).cloned(),
         demand,
-        card_name: a.get(CARD_NAME).map(|v| annotations::parse_card_name(&object, v)),
-        charged: a.get(CHARGED).and_then(|v| annotations::parse_charged(&object, v).ok()),
-        node: spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()),
+        card_name: a
+            .get(CARD_NAME)
+            .map(|v| annotations::parse_card_name(&object, v)),
+        charged: a
+            .get(CHARGED)
+            .and_then(|v| annotations::parse_charged(&object, v).ok()),
+        node: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
         phase,
-        deletion: meta
-            .deletion_timestamp
-            .as_ref()
-            .map(|t| t.0),
+        deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
         pinned: spec.map(pinned_products).unwrap_or_default(),
         seq,
     }
@@ -226,7 +246,11 @@ fn record_from_parts(
 
 /// Builds a node's card record.
 pub fn node_record(node: &Node) -> Result<(String, NodeCards), RecordError> {
-    let name = node.metadata.name.clone().ok_or(RecordError::NoName("node"))?;
+    let name = node
+        .metadata
+        .name
+        .clone()
+        .ok_or(RecordError::NoName("node"))?;
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let alloc: BTreeMap<String, String> = node
         .status
@@ -250,7 +274,9 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
     let a = anns(&meta);
     let object = format!("queue {name}");
     Ok(QueueRecord {
-        quota: a.get(QUOTA).map(|raw| annotations::parse_quota(&object, raw)),
+        quota: a
+            .get(QUOTA)
+            .map(|raw| annotations::parse_quota(&object, raw)),
         state: v
             .pointer("/status/state")
             .and_then(Value::as_str)
@@ -261,10 +287,17 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
 }
 
 /// Builds a PodGroup record from its JSON (scheduling.volcano.sh/v1beta1 PodGroup).
-pub fn podgroup_record(v: &Value, namespace_hint: &str, seq: u64) -> Result<PodGroupRecord, RecordError> {
+pub fn podgroup_record(
+    v: &Value,
+    namespace_hint: &str,
+    seq: u64,
+) -> Result<PodGroupRecord, RecordError> {
     let meta = meta_of(v, "PodGroup")?;
     let name = meta.name.clone().ok_or(RecordError::NoName("podgroup"))?;
-    let namespace = meta.namespace.clone().unwrap_or_else(|| namespace_hint.to_string());
+    let namespace = meta
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace_hint.to_string());
     let key = ObjectKey::new(namespace, name);
     let a = anns(&meta);
     let object = format!("podgroup {key}");
@@ -275,22 +308,48 @@ pub fn podgroup_record(v: &Value, namespace_hint: &str, seq: u64) -> Result<PodG
         .map(QueueName::new)
         .unwrap_or_else(QueueName::default_queue);
     Ok(PodGroupRecord {
-        request: a.get(REQUEST).map(|raw| annotations::parse_request(&object, raw)),
-        phase: v.pointer("/status/phase").and_then(Value::as_str).map(str::to_string),
+        request: a
+            .get(REQUEST)
+            .map(|raw| annotations::parse_request(&object, raw)),
+        phase: v
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .map(str::to_string),
         queue,
         key,
         seq,
     })
 }
 
-fn template_record(key: &ObjectKey, t: Option<&PodTemplateSpec>, prefixes: &[String], seq: u64) -> PodRecord {
+fn template_record(
+    key: &ObjectKey,
+    t: Option<&PodTemplateSpec>,
+    prefixes: &[String],
+    seq: u64,
+) -> PodRecord {
     let meta = t.and_then(|t| t.metadata.clone()).unwrap_or_default();
-    record_from_parts(key, &meta, t.and_then(|t| t.spec.as_ref()), None, prefixes, seq)
+    record_from_parts(
+        key,
+        &meta,
+        t.and_then(|t| t.spec.as_ref()),
+        None,
+        prefixes,
+        seq,
+    )
 }
 
 /// Builds a workload record from a Deployment, ReplicaSet or StatefulSet JSON.
-pub fn workload_record(kind: WorkloadKind, v: &Value, namespace_hint: &str, prefixes: &[String], seq: u64) -> Result<WorkloadRecord, RecordError> {
-    let decode = |source| RecordError::Decode { kind: kind.kind(), source };
+pub fn workload_record(
+    kind: WorkloadKind,
+    v: &Value,
+    namespace_hint: &str,
+    prefixes: &[String],
+    seq: u64,
+) -> Result<WorkloadRecord, RecordError> {
+    let decode = |source| RecordError::Decode {
+        kind: kind.kind(),
+        source,
+    };
     let (meta, replicas, template) = match kind {
         WorkloadKind::Deployment => {
             let d: Deployment = serde_json::from_value(v.clone()).map_err(decode)?;
@@ -309,7 +368,10 @@ pub fn workload_record(kind: WorkloadKind, v: &Value, namespace_hint: &str, pref
         }
     };
     let name = meta.name.clone().ok_or(RecordError::NoName("workload"))?;
-    let namespace = meta.namespace.clone().unwrap_or_else(|| namespace_hint.to_string());
+    let namespace = meta
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace_hint.to_string());
     let key = ObjectKey::new(namespace, name);
     let owned_by_deployment = meta
         .owner_references

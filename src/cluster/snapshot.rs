@@ -68,7 +68,9 @@ impl Snapshot {
     }
 
     pub fn remove_node(&mut self, name: &str) {
-        let Some(old) = self.nodes.remove(name) else { return };
+        let Some(old) = self.nodes.remove(name) else {
+            return;
+        };
         for p in &old.prefixes {
             if let Some(c) = self.prefix_counts.get_mut(p) {
                 *c -= 1;
@@ -116,7 +118,10 @@ impl Snapshot {
     }
 
     /// Models whose resource is `resource` on some node.
-    pub fn models_of_resource<'a>(&'a self, resource: &'a str) -> impl Iterator<Item = &'a CardName> + 'a {
+    pub fn models_of_resource<'a>(
+        &'a self,
+        resource: &'a str,
+    ) -> impl Iterator<Item = &'a CardName> + 'a {
         self.model_resources
             .iter()
             .filter(move |(_, r)| r.contains_key(resource))
@@ -124,11 +129,18 @@ impl Snapshot {
     }
 
     /// Models offered for `resource` on nodes whose `label` equals `product`.
-    pub fn models_for_product(&self, label: &str, product: &str, resource: &str) -> BTreeSet<CardName> {
+    pub fn models_for_product(
+        &self,
+        label: &str,
+        product: &str,
+        resource: &str,
+    ) -> BTreeSet<CardName> {
         let prefix = label.split('/').next().unwrap_or("");
         self.nodes
             .values()
-            .filter(|n| n.prefixes.iter().any(|p| p == prefix) && n.products.iter().any(|p| p == product))
+            .filter(|n| {
+                n.prefixes.iter().any(|p| p == prefix) && n.products.iter().any(|p| p == product)
+            })
             .filter_map(|n| n.model_for(resource).cloned())
             .collect()
     }
@@ -154,8 +166,18 @@ impl Snapshot {
     /// Every queue that has a record, a pod or a PodGroup.
     pub fn queue_names(&self) -> BTreeSet<QueueName> {
         let mut out: BTreeSet<QueueName> = self.queues.keys().cloned().collect();
-        out.extend(self.pods_by_queue.iter().filter(|(_, s)| !s.is_empty()).map(|(q, _)| q.clone()));
-        out.extend(self.groups_by_queue.iter().filter(|(_, s)| !s.is_empty()).map(|(q, _)| q.clone()));
+        out.extend(
+            self.pods_by_queue
+                .iter()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(q, _)| q.clone()),
+        );
+        out.extend(
+            self.groups_by_queue
+                .iter()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(q, _)| q.clone()),
+        );
         out
     }
 
@@ -169,7 +191,10 @@ impl Snapshot {
                 s.remove(&key);
             }
         }
-        self.groups_by_queue.entry(g.queue.clone()).or_default().insert(key.clone());
+        self.groups_by_queue
+            .entry(g.queue.clone())
+            .or_default()
+            .insert(key.clone());
         let changed = old_queue.as_ref() != Some(&g.queue);
         self.groups.insert(key.clone(), g);
         if changed {
@@ -191,7 +216,11 @@ impl Snapshot {
     }
 
     fn reindex_group_pods(&mut self, group: &ObjectKey) {
-        let members: Vec<ObjectKey> = self.pods_by_group.get(group).map(|s| s.iter().cloned().collect()).unwrap_or_default();
+        let members: Vec<ObjectKey> = self
+            .pods_by_group
+            .get(group)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
         for k in members {
             if let Some(p) = self.pods.get(&k).cloned() {
                 self.index_pod(&p);
@@ -219,8 +248,13 @@ impl Snapshot {
 
     fn index_pod(&mut self, p: &PodRecord) {
         self.unindex_pod(&p.key);
-        let q = self.resolve_queue(p).unwrap_or_else(|_| QueueName::default_queue());
-        self.pods_by_queue.entry(q.clone()).or_default().insert(p.key.clone());
+        let q = self
+            .resolve_queue(p)
+            .unwrap_or_else(|_| QueueName::default_queue());
+        self.pods_by_queue
+            .entry(q.clone())
+            .or_default()
+            .insert(p.key.clone());
         self.pod_queue.insert(p.key.clone(), q);
     }
 

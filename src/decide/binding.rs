@@ -24,7 +24,11 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         .name
         .clone()
         .filter(|n| !n.is_empty())
-        .or_else(|| obj.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| {
+            obj.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
         .unwrap_or_default();
     let namespace = obj
         .pointer("/metadata/namespace")
@@ -33,14 +37,24 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         .unwrap_or(req.ns())
         .to_string();
     let key = ObjectKey::new(namespace, name);
-    let Some(node) = obj.pointer("/target/name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
-        return Decision::deny("BadRequest", format!("binding of pod {key} has no target.name"));
+    let Some(node) = obj
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+    else {
+        return Decision::deny(
+            "BadRequest",
+            format!("binding of pod {key} has no target.name"),
+        );
     };
     let Some(pod) = snap.pod(&key) else {
         if snap.is_known_cardless_pod(&key) {
             return Decision::allow();
         }
-        return Decision::deny(RETRY, format!("pod {key} is not in card-quota's cache yet; try again"));
+        return Decision::deny(
+            RETRY,
+            format!("pod {key} is not in card-quota's cache yet; try again"),
+        );
     };
     let queue = match snap.resolve_queue(pod) {
         Ok(q) => q,
@@ -56,7 +70,12 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Ok(None) => return Decision::allow(),
         Err(d) if rec.card_name.is_none() && rec.cards() > 0 => {
             // No name and no pin: the node decides the model.
-            match rec.demand.as_ref().ok().and_then(|m| m.keys().next().cloned()) {
+            match rec
+                .demand
+                .as_ref()
+                .ok()
+                .and_then(|m| m.keys().next().cloned())
+            {
                 Some(r) => r,
                 None => return d,
             }
@@ -84,12 +103,12 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
 
 fn attach(mut d: Decision, regarding: ObjectRef) -> Decision {
     if let (Some(m), Some(reason)) = (d.message.clone(), d.reason) {
-        d.event = Some(EventIntent {
+        d.event = Some(Box::new(EventIntent {
             regarding,
             reason,
             message: m,
             warning: true,
-        });
+        }));
     }
     d
 }

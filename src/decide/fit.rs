@@ -28,13 +28,30 @@ pub struct Fit {
 
 /// Usage of `queue` as the snapshot holds it.
 pub fn usage_of(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> QueueUsage {
-    let quota = snap.queue(queue).map(|q| q.effective_quota()).unwrap_or_default();
-    queue_usage(quota, snap.queue_pods(queue), snap.queue_groups(queue), snap, now)
+    let quota = snap
+        .queue(queue)
+        .map(|q| q.effective_quota())
+        .unwrap_or_default();
+    queue_usage(
+        quota,
+        snap.queue_pods(queue),
+        snap.queue_groups(queue),
+        snap,
+        now,
+    )
 }
 
 /// Usage of `queue` after `change`.
-pub fn usage_after(snap: &Snapshot, queue: &QueueName, change: &Change, now: jiff::Timestamp) -> QueueUsage {
-    let quota = snap.queue(queue).map(|q| q.effective_quota()).unwrap_or_default();
+pub fn usage_after(
+    snap: &Snapshot,
+    queue: &QueueName,
+    change: &Change,
+    now: jiff::Timestamp,
+) -> QueueUsage {
+    let quota = snap
+        .queue(queue)
+        .map(|q| q.effective_quota())
+        .unwrap_or_default();
     let drop_pods: HashSet<&ObjectKey> = change
         .remove_pods
         .iter()
@@ -56,8 +73,11 @@ pub fn usage_after(snap: &Snapshot, queue: &QueueName, change: &Change, now: jif
     let mut u = queue_usage(quota, pods, groups, snap, now);
     for d in &change.extra {
         *u.pending.entry(d.models.clone()).or_default() += d.cards;
-        u.demands
-            .push((crate::ledger::Source::Pod(ObjectKey::new("", "")), u64::MAX, d.clone()));
+        u.demands.push((
+            crate::ledger::Source::Pod(ObjectKey::new("", "")),
+            u64::MAX,
+            d.clone(),
+        ));
     }
     u
 }
@@ -95,14 +115,26 @@ pub fn feasible(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Verdict {
 }
 
 /// Checks `change` against `queue`: feasible after the change.
-pub fn fit(snap: &Snapshot, queue: &QueueName, change: &Change, touched: &BTreeSet<CardName>, now: jiff::Timestamp) -> Fit {
+pub fn fit(
+    snap: &Snapshot,
+    queue: &QueueName,
+    change: &Change,
+    touched: &BTreeSet<CardName>,
+    now: jiff::Timestamp,
+) -> Fit {
     let before = usage_of(snap, queue, now);
     let after = usage_after(snap, queue, change, now);
     let verdict = feasible(&after, touched);
-    Fit { verdict, before, after }
+    Fit {
+        verdict,
+        before,
+        after,
+    }
 }
 
 /// The models named by some alternatives lists.
 pub fn models_of<'a>(alts: impl IntoIterator<Item = &'a Alternatives>) -> BTreeSet<CardName> {
-    alts.into_iter().flat_map(|a| a.models().iter().cloned()).collect()
+    alts.into_iter()
+        .flat_map(|a| a.models().iter().cloned())
+        .collect()
 }

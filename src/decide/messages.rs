@@ -21,7 +21,12 @@ pub const NOT_ACCEPTED: &str = "CardModelNotAccepted";
 
 /// `queue <q> has insufficient <model> quota: requested <n>, in use <u> (allocated <a>,
 /// pending <p>, reserved <r>), quota <c>` (DESIGN §4), from the usage before the request.
-pub fn insufficient(queue: &QueueName, key: &Alternatives, requested: u64, before: &QueueUsage) -> String {
+pub fn insufficient(
+    queue: &QueueName,
+    key: &Alternatives,
+    requested: u64,
+    before: &QueueUsage,
+) -> String {
     let r = before.competing(key);
     format!(
         "queue {queue} has insufficient {key} quota: requested {requested}, in use {} (allocated {}, pending {}, reserved {}), quota {}",
@@ -35,7 +40,9 @@ pub fn insufficient(queue: &QueueName, key: &Alternatives, requested: u64, befor
 
 /// Refuses charging requests to a queue that is Closed/Closing or whose quota is broken.
 pub fn gate(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
-    let Some(q) = snap.queue(queue) else { return Ok(()) };
+    let Some(q) = snap.queue(queue) else {
+        return Ok(());
+    };
     gate_record(q)
 }
 
@@ -53,7 +60,10 @@ fn gate_record(q: &QueueRecord) -> Result<(), Decision> {
     if let Some(Err(e)) = &q.quota {
         return Err(Decision::deny(
             INVALID,
-            format!("queue {} has quota 0 for every model until its annotation is fixed: {e}", q.name),
+            format!(
+                "queue {} has quota 0 for every model until its annotation is fixed: {e}",
+                q.name
+            ),
         ));
     }
     Ok(())

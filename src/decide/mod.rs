@@ -66,9 +66,9 @@ pub struct Decision {
     pub reason: Option<&'static str>,
     pub patch: Vec<json_patch::PatchOperation>,
     pub warnings: Vec<String>,
-    pub event: Option<EventIntent>,
+    pub event: Option<Box<EventIntent>>,
     /// Set on admitted requests that charge a queue.
-    pub charge: Option<Charge>,
+    pub charge: Option<Box<Charge>>,
     /// The feasibility search ran out of budget.
     pub undecided: bool,
 }
@@ -93,7 +93,7 @@ impl Decision {
         self
     }
     pub fn charging(mut self, queue: QueueName, object: ObjectKey) -> Self {
-        self.charge = Some(Charge { queue, object });
+        self.charge = Some(Box::new(Charge { queue, object }));
         self
     }
 }
@@ -118,8 +118,12 @@ impl RequestKind {
             ("podgroups", "") => Self::PodGroup,
             ("pods", "") => Self::Pod,
             ("pods", "binding") => Self::Binding,
-            (r, "scale") => WorkloadKind::from_resource(r).map(Self::Scale).unwrap_or(Self::Other),
-            (r, "") => WorkloadKind::from_resource(r).map(Self::Workload).unwrap_or(Self::Other),
+            (r, "scale") => WorkloadKind::from_resource(r)
+                .map(Self::Scale)
+                .unwrap_or(Self::Other),
+            (r, "") => WorkloadKind::from_resource(r)
+                .map(Self::Workload)
+                .unwrap_or(Self::Other),
             _ => Self::Other,
         }
     }
@@ -138,7 +142,12 @@ impl RequestKind {
 }
 
 /// Decides one admission request against the snapshot.
-pub fn decide(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+pub fn decide(
+    req: &AdmissionRequest,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if req.operation == "DELETE" || req.operation == "CONNECT" {
         // Deletions give quota back; nothing to check.
         return Decision::allow();
@@ -156,8 +165,13 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::
 
 /// The object of a request, or a denial saying it is missing.
 pub(crate) fn object_of(req: &AdmissionRequest) -> Result<&serde_json::Value, Decision> {
-    req.object
-        .as_ref()
-        .filter(|o| !o.is_null())
-        .ok_or_else(|| Decision::deny("BadRequest", format!("{} {} request has no object", req.operation, req.resource.kind)))
+    req.object.as_ref().filter(|o| !o.is_null()).ok_or_else(|| {
+        Decision::deny(
+            "BadRequest",
+            format!(
+                "{} {} request has no object",
+                req.operation, req.resource.kind
+            ),
+        )
+    })
 }

@@ -43,9 +43,16 @@ mod tests {
 
     #[test]
     fn annotation_keys_with_slashes_are_escaped() {
-        let p = set_annotation(&json!({"metadata": {"annotations": {}}}), "volcano.sh/card.charged", "A");
+        let p = set_annotation(
+            &json!({"metadata": {"annotations": {}}}),
+            "volcano.sh/card.charged",
+            "A",
+        );
         let s = serde_json::to_string(&p).unwrap();
-        assert_eq!(s, r#"{"op":"add","path":"/metadata/annotations/volcano.sh~1card.charged","value":"A"}"#);
+        assert_eq!(
+            s,
+            r#"{"op":"add","path":"/metadata/annotations/volcano.sh~1card.charged","value":"A"}"#
+        );
     }
 
     #[test]

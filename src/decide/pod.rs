@@ -13,7 +13,9 @@ use crate::cluster::{PodRecord, Snapshot};
 use crate::ledger::Verdict;
 
 use super::fit::{feasible, fit, models_of, Change};
-use super::messages::{gate, insufficient, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
+use super::messages::{
+    gate, insufficient, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+};
 use super::patch::set_annotation;
 use super::review::AdmissionRequest;
 use super::{object_of, Decision, EventIntent, ObjectRef};
@@ -38,10 +40,16 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
 
 /// Parses a pod from a request object.
 pub fn parse_pod(v: &Value, what: &str) -> Result<Pod, Decision> {
-    serde_json::from_value(v.clone()).map_err(|e| Decision::deny("BadRequest", format!("{what} is not a valid Pod: {e}")))
+    serde_json::from_value(v.clone())
+        .map_err(|e| Decision::deny("BadRequest", format!("{what} is not a valid Pod: {e}")))
 }
 
-fn record(req: &AdmissionRequest, v: &Value, snap: &Snapshot, seq: u64) -> Result<PodRecord, Decision> {
+fn record(
+    req: &AdmissionRequest,
+    v: &Value,
+    snap: &Snapshot,
+    seq: u64,
+) -> Result<PodRecord, Decision> {
     let pod = parse_pod(v, "request object")?;
     let mut rec = pod_record(&pod, req.ns(), &snap.card_prefixes(), seq)
         .map_err(|e| Decision::deny("BadRequest", e.to_string()))?;
@@ -69,7 +77,10 @@ pub fn owner_ref(v: &Value, namespace: &str) -> Option<ObjectRef> {
 
 /// Models of `resource` that `queue` has quota for (for the "set card.name" hint).
 fn quota_models_of(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<CardName> {
-    let quota = snap.queue(queue).map(|q| q.effective_quota()).unwrap_or_default();
+    let quota = snap
+        .queue(queue)
+        .map(|q| q.effective_quota())
+        .unwrap_or_default();
     quota
         .0
         .keys()
@@ -112,8 +123,15 @@ fn infer(rec: &PodRecord, resource: &str, snap: &Snapshot) -> Option<Alternative
 
 /// Checks a card pod's demand: one card resource, valid names matching that resource,
 /// or alternatives inferred from its pins. `queue` is for the hint listing models.
-pub fn card_demand(rec: &PodRecord, snap: &Snapshot, queue: Option<&QueueName>) -> Result<Option<CardDemand>, Decision> {
-    let demand = rec.demand.as_ref().map_err(|e| Decision::deny(INVALID_DEMAND, e.clone()))?;
+pub fn card_demand(
+    rec: &PodRecord,
+    snap: &Snapshot,
+    queue: Option<&QueueName>,
+) -> Result<Option<CardDemand>, Decision> {
+    let demand = rec
+        .demand
+        .as_ref()
+        .map_err(|e| Decision::deny(INVALID_DEMAND, e.clone()))?;
     let named = match &rec.card_name {
         Some(Err(e)) => return Err(Decision::deny(INVALID, e.to_string())),
         Some(Ok(a)) => Some(a.clone()),
@@ -130,17 +148,28 @@ pub fn card_demand(rec: &PodRecord, snap: &Snapshot, queue: Option<&QueueName>) 
             Some(a) => {
                 return Err(Decision::deny(
                     INVALID_DEMAND,
-                    format!("pod {key} names {} but requests no {}", a.first(), resource_name_of(a.first())),
+                    format!(
+                        "pod {key} names {} but requests no {}",
+                        a.first(),
+                        resource_name_of(a.first())
+                    ),
                 ))
             }
             None => return Ok(None),
         },
-        1 => demand.iter().next().map(|(r, n)| (r.clone(), *n)).unwrap_or_default(),
+        1 => demand
+            .iter()
+            .next()
+            .map(|(r, n)| (r.clone(), *n))
+            .unwrap_or_default(),
         _ => {
             let list: Vec<&str> = demand.keys().map(String::as_str).collect();
             return Err(Decision::deny(
                 INVALID_DEMAND,
-                format!("pod {key} requests several card resources ({}); a pod runs on one card model", list.join(", ")),
+                format!(
+                    "pod {key} requests several card resources ({}); a pod runs on one card model",
+                    list.join(", ")
+                ),
             ));
         }
     };
@@ -153,7 +182,10 @@ pub fn card_demand(rec: &PodRecord, snap: &Snapshot, queue: Option<&QueueName>) 
             if !ok {
                 return Err(Decision::deny(
                     INVALID_DEMAND,
-                    format!("pod {key} names {m} but requests no {}", resource_name_of(m)),
+                    format!(
+                        "pod {key} names {m} but requests no {}",
+                        resource_name_of(m)
+                    ),
                 ));
             }
         }
@@ -187,18 +219,25 @@ pub fn card_demand(rec: &PodRecord, snap: &Snapshot, queue: Option<&QueueName>) 
 }
 
 fn with_event(mut d: Decision, regarding: Option<ObjectRef>) -> Decision {
-    if let (false, Some(r), Some(m), Some(reason)) = (d.allowed, regarding, d.message.clone(), d.reason) {
-        d.event = Some(EventIntent {
+    if let (false, Some(r), Some(m), Some(reason)) =
+        (d.allowed, regarding, d.message.clone(), d.reason)
+    {
+        d.event = Some(Box::new(EventIntent {
             regarding: r,
             reason,
             message: m,
             warning: true,
-        });
+        }));
     }
     d
 }
 
-fn undecided(queue: &QueueName, key: &Alternatives, n: u64, before: &crate::ledger::QueueUsage) -> Decision {
+fn undecided(
+    queue: &QueueName,
+    key: &Alternatives,
+    n: u64,
+    before: &crate::ledger::QueueUsage,
+) -> Decision {
     let mut d = Decision::deny(
         INSUFFICIENT,
         format!("{} (could not prove the request fits within the search budget; refused rather than over-admitted)", insufficient(queue, key, n, before)),
@@ -210,10 +249,20 @@ fn undecided(queue: &QueueName, key: &Alternatives, n: u64, before: &crate::ledg
 /// Allocating `cards` of `rec` on `node`: the node's model must be one of the pod's
 /// alternatives, allocated must stay within quota, and the other pending demand must stay
 /// feasible. Returns the charged model.
-pub fn allocate(snap: &Snapshot, queue: &QueueName, rec: &PodRecord, resource: &str, node: &str, now: jiff::Timestamp) -> Result<CardName, Decision> {
+pub fn allocate(
+    snap: &Snapshot,
+    queue: &QueueName,
+    rec: &PodRecord,
+    resource: &str,
+    node: &str,
+    now: jiff::Timestamp,
+) -> Result<CardName, Decision> {
     let cards = rec.cards();
     let Some(n) = snap.node(node) else {
-        return Err(Decision::deny(RETRY, format!("node {node} is not in card-quota's cache yet; try again")));
+        return Err(Decision::deny(
+            RETRY,
+            format!("node {node} is not in card-quota's cache yet; try again"),
+        ));
     };
     let Some(model) = n.model_for(resource).cloned() else {
         return Err(Decision::deny(
@@ -223,7 +272,10 @@ pub fn allocate(snap: &Snapshot, queue: &QueueName, rec: &PodRecord, resource: &
     };
     if let Some(a) = rec.alternatives() {
         if !a.contains(&model) {
-            return Err(Decision::deny(NOT_ACCEPTED, format!("pod {} accepts {a} but node {node} has {model}", rec.key)));
+            return Err(Decision::deny(
+                NOT_ACCEPTED,
+                format!("pod {} accepts {a} but node {node} has {model}", rec.key),
+            ));
         }
     }
     let mut bound = rec.clone();
@@ -233,20 +285,29 @@ pub fn allocate(snap: &Snapshot, queue: &QueueName, rec: &PodRecord, resource: &
         add_pods: vec![bound],
         ..Default::default()
     };
-    let mut touched: BTreeSet<CardName> = rec.alternatives().map(|a| models_of([a])).unwrap_or_default();
+    let mut touched: BTreeSet<CardName> = rec
+        .alternatives()
+        .map(|a| models_of([a]))
+        .unwrap_or_default();
     touched.insert(model.clone());
     let f = fit(snap, queue, &change, &touched, now);
     let single = Alternatives::single(model.clone());
     let allocated = f.after.allocated.get(&model).copied().unwrap_or(0);
     if allocated > f.after.quota.get(&model) {
-        return Err(Decision::deny(INSUFFICIENT, insufficient(queue, &single, cards, &f.before)));
+        return Err(Decision::deny(
+            INSUFFICIENT,
+            insufficient(queue, &single, cards, &f.before),
+        ));
     }
     match f.verdict {
         Verdict::Feasible => Ok(model),
         // Binding never makes a broken queue worse than the hard line allows.
         _ if feasible(&f.before, &touched) != Verdict::Feasible => Ok(model),
         Verdict::Undecided => Err(undecided(queue, &single, cards, &f.before)),
-        Verdict::Infeasible => Err(Decision::deny(INSUFFICIENT, insufficient(queue, &single, cards, &f.before))),
+        Verdict::Infeasible => Err(Decision::deny(
+            INSUFFICIENT,
+            insufficient(queue, &single, cards, &f.before),
+        )),
     }
 }
 
@@ -264,7 +325,10 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
         Err(g) => {
             return Decision::deny(
                 RETRY,
-                format!("pod {} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", rec.key, rec.key.namespace),
+                format!(
+                "pod {} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again",
+                rec.key, rec.key.namespace
+            ),
             )
         }
     };
@@ -273,7 +337,11 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
     }
     let mut patch = Vec::new();
     if demand.inferred {
-        patch.push(set_annotation(obj, CARD_NAME, &demand.alternatives.to_string()));
+        patch.push(set_annotation(
+            obj,
+            CARD_NAME,
+            &demand.alternatives.to_string(),
+        ));
         rec.card_name = Some(Ok(demand.alternatives.clone()));
     }
     if let Some(node) = rec.node.clone() {
@@ -299,7 +367,10 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
             d.patch = patch;
             d
         }
-        Verdict::Infeasible => Decision::deny(INSUFFICIENT, insufficient(&queue, &demand.alternatives, demand.cards, &f.before)),
+        Verdict::Infeasible => Decision::deny(
+            INSUFFICIENT,
+            insufficient(&queue, &demand.alternatives, demand.cards, &f.before),
+        ),
         Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before),
     };
     with_event(d, owner)

@@ -73,7 +73,8 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     for i in 0..request.0.len() - 1 {
         let mut partial = rec.clone();
         partial.request = Some(Ok(CardRequest(request.0[..=i].to_vec())));
-        if fit(snap, &rec.queue, &change_with(partial), &touched, now).verdict != Verdict::Feasible {
+        if fit(snap, &rec.queue, &change_with(partial), &touched, now).verdict != Verdict::Feasible
+        {
             failing = i;
             break;
         }
@@ -86,12 +87,12 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
 
 fn attach(mut d: Decision, regarding: Option<ObjectRef>) -> Decision {
     if let (Some(r), Some(m), Some(reason)) = (regarding, d.message.clone(), d.reason) {
-        d.event = Some(EventIntent {
+        d.event = Some(Box::new(EventIntent {
             regarding: r,
             reason,
             message: m,
             warning: true,
-        });
+        }));
     }
     d
 }

@@ -33,8 +33,12 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Some(Ok(q)) => q,
         Some(Err(e)) => {
             // A stored broken quota must not block Volcano's own status updates.
-            if req.operation == "UPDATE" && raw_quota(req.old_object.as_ref()) == raw_quota(Some(obj)) {
-                return Decision::allow().with_warning(format!("{e}; the queue has quota 0 for every model until fixed"));
+            if req.operation == "UPDATE"
+                && raw_quota(req.old_object.as_ref()) == raw_quota(Some(obj))
+            {
+                return Decision::allow().with_warning(format!(
+                    "{e}; the queue has quota 0 for every model until fixed"
+                ));
             }
             return Decision::deny(INVALID, e.to_string());
         }
@@ -54,7 +58,8 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             ));
         }
         if snap.resources_of(m).is_none() {
-            d.warnings.push(format!("queue {}: no node offers card model {m}", rec.name));
+            d.warnings
+                .push(format!("queue {}: no node offers card model {m}", rec.name));
         }
     }
     d

@@ -72,9 +72,14 @@ pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
     let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
     if kind != "AdmissionReview" || !api.starts_with("admission.k8s.io/") {
-        return Err(ReviewError::NotAReview(format!("apiVersion {api:?} kind {kind:?}")));
+        return Err(ReviewError::NotAReview(format!(
+            "apiVersion {api:?} kind {kind:?}"
+        )));
     }
-    let req = v.get("request").filter(|r| !r.is_null()).ok_or(ReviewError::NoRequest)?;
+    let req = v
+        .get("request")
+        .filter(|r| !r.is_null())
+        .ok_or(ReviewError::NoRequest)?;
     serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))
 }
 
@@ -159,7 +164,7 @@ impl ReviewBuilder {
     }
     pub fn binding(namespace: &str, pod: &str, node: &str) -> Self {
         Self::new("CREATE", "", "v1", "pods", "Binding")
-            .sub("binding")
+            .subresource("binding")
             .named(namespace, pod)
             .object(serde_json::json!({
                 "apiVersion": "v1", "kind": "Binding",
@@ -169,21 +174,41 @@ impl ReviewBuilder {
     }
     /// `<resource>/scale` UPDATE from `from` to `to` replicas (what `kubectl scale` and the HPA send).
     pub fn scale(resource: &str, namespace: &str, name: &str, from: i32, to: i32) -> Self {
-        let scale = |r: i32| serde_json::json!({
-            "apiVersion": "autoscaling/v1", "kind": "Scale",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": r}
-        });
-        let mut b = Self::new("UPDATE", "apps", "v1", resource, "Scale").sub("scale").named(namespace, name).object(scale(to));
-        b.value["request"]["kind"] = serde_json::json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
+        let scale = |r: i32| {
+            serde_json::json!({
+                "apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": r}
+            })
+        };
+        let mut b = Self::new("UPDATE", "apps", "v1", resource, "Scale")
+            .subresource("scale")
+            .named(namespace, name)
+            .object(scale(to));
+        b.value["request"]["kind"] =
+            serde_json::json!({"group": "autoscaling", "version": "v1", "kind": "Scale"});
         b.value["request"]["oldObject"] = scale(from);
         b
     }
     pub fn podgroup(operation: &str, pg: Value) -> Self {
-        Self::new(operation, "scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup").object(pg)
+        Self::new(
+            operation,
+            "scheduling.volcano.sh",
+            "v1beta1",
+            "podgroups",
+            "PodGroup",
+        )
+        .object(pg)
     }
     pub fn queue(operation: &str, q: Value) -> Self {
-        Self::new(operation, "scheduling.volcano.sh", "v1beta1", "queues", "Queue").object(q)
+        Self::new(
+            operation,
+            "scheduling.volcano.sh",
+            "v1beta1",
+            "queues",
+            "Queue",
+        )
+        .object(q)
     }
     pub fn workload(operation: &str, resource: &str, kind: &str, obj: Value) -> Self {
         Self::new(operation, "apps", "v1", resource, kind).object(obj)
@@ -192,7 +217,7 @@ impl ReviewBuilder {
         self.value["request"]["uid"] = Value::String(uid.to_string());
         self
     }
-    pub fn sub(mut self, sub: &str) -> Self {
+    pub fn subresource(mut self, sub: &str) -> Self {
         self.value["request"]["subResource"] = Value::String(sub.to_string());
         self
     }

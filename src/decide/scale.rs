@@ -16,7 +16,9 @@ use super::review::AdmissionRequest;
 use super::{object_of, Config, Decision, EventIntent, ObjectRef, ScalePolicy};
 
 fn replicas(v: Option<&Value>) -> Option<i32> {
-    v?.pointer("/spec/replicas")?.as_i64().and_then(|r| i32::try_from(r).ok())
+    v?.pointer("/spec/replicas")?
+        .as_i64()
+        .and_then(|r| i32::try_from(r).ok())
 }
 
 fn workload_ref(kind: WorkloadKind, key: &ObjectKey) -> ObjectRef {
@@ -29,7 +31,13 @@ fn workload_ref(kind: WorkloadKind, key: &ObjectKey) -> ObjectRef {
 }
 
 /// UPDATE of `<kind>/scale` (an `autoscaling/v1` Scale; the template comes from the cache).
-pub fn decide_scale(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+pub fn decide_scale(
+    req: &AdmissionRequest,
+    kind: WorkloadKind,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if req.operation != "UPDATE" {
         return Decision::allow();
     }
@@ -41,7 +49,11 @@ pub fn decide_scale(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot,
         .name
         .clone()
         .filter(|n| !n.is_empty())
-        .or_else(|| obj.pointer("/metadata/name").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| {
+            obj.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
         .unwrap_or_default();
     let key = ObjectKey::new(req.ns(), name);
     let Some(r1) = replicas(Some(obj)) else {
@@ -49,13 +61,25 @@ pub fn decide_scale(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot,
     };
     let cached = snap.workload(kind, &key);
     let Some(r0) = replicas(req.old_object.as_ref()).or(cached.map(|w| w.replicas)) else {
-        return Decision::deny(RETRY, format!("{} {key} is not in card-quota's cache yet; try again", kind.lower()));
+        return Decision::deny(
+            RETRY,
+            format!(
+                "{} {key} is not in card-quota's cache yet; try again",
+                kind.lower()
+            ),
+        );
     };
     if r1 <= r0 {
         return Decision::allow();
     }
     let Some(w) = cached else {
-        return Decision::deny(RETRY, format!("{} {key} is not in card-quota's cache yet; try again", kind.lower()));
+        return Decision::deny(
+            RETRY,
+            format!(
+                "{} {key} is not in card-quota's cache yet; try again",
+                kind.lower()
+            ),
+        );
     };
     if w.owned_by_deployment {
         return Decision::allow();
@@ -64,7 +88,13 @@ pub fn decide_scale(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot,
 }
 
 /// UPDATE of a Deployment / ReplicaSet / StatefulSet that raises `spec.replicas`.
-pub fn decide_workload(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+pub fn decide_workload(
+    req: &AdmissionRequest,
+    kind: WorkloadKind,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if req.operation != "UPDATE" {
         return Decision::allow();
     }
@@ -91,17 +121,37 @@ pub fn decide_workload(req: &AdmissionRequest, kind: WorkloadKind, snap: &Snapsh
             None => return Decision::allow(),
         },
     };
-    resize(kind, &new.key, &new.template, r0, new.replicas, snap, cfg, now)
+    resize(
+        kind,
+        &new.key,
+        &new.template,
+        r0,
+        new.replicas,
+        snap,
+        cfg,
+        now,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
-fn resize(kind: WorkloadKind, key: &ObjectKey, template: &PodRecord, r0: i32, r1: i32, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
+fn resize(
+    kind: WorkloadKind,
+    key: &ObjectKey,
+    template: &PodRecord,
+    r0: i32,
+    r1: i32,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if r1 <= r0 || !template.is_card_pod() {
         return Decision::allow();
     }
     let regarding = workload_ref(kind, key);
     let event = |d: Decision| attach(d, regarding.clone());
-    let queue = snap.resolve_queue(template).unwrap_or_else(|_| crate::cards::QueueName::default_queue());
+    let queue = snap
+        .resolve_queue(template)
+        .unwrap_or_else(|_| crate::cards::QueueName::default_queue());
     let demand = match card_demand(template, snap, Some(&queue)) {
         Ok(Some(d)) => d,
         Ok(None) => return Decision::allow(),
@@ -126,7 +176,12 @@ fn resize(kind: WorkloadKind, key: &ObjectKey, template: &PodRecord, r0: i32, r1
     if full.verdict == Verdict::Feasible {
         return Decision::allow();
     }
-    let message = insufficient(&queue, &demand.alternatives, added * demand.cards, &full.before);
+    let message = insufficient(
+        &queue,
+        &demand.alternatives,
+        added * demand.cards,
+        &full.before,
+    );
     if cfg.scale_policy == ScalePolicy::Deny {
         let mut d = Decision::deny(INSUFFICIENT, message);
         d.undecided = full.verdict == Verdict::Undecided;
@@ -143,27 +198,30 @@ fn resize(kind: WorkloadKind, key: &ObjectKey, template: &PodRecord, r0: i32, r1
         }
     }
     let to = r0 + lo as i32;
-    let text = format!("{} {key} scale-up from {r0} to {r1} replicas clamped to {to}: {message}", kind.lower());
+    let text = format!(
+        "{} {key} scale-up from {r0} to {r1} replicas clamped to {to}: {message}",
+        kind.lower()
+    );
     let mut d = Decision::allow().with_warning(text.clone());
     d.patch.push(set_replicas(to));
     d.reason = Some(INSUFFICIENT);
-    d.event = Some(EventIntent {
+    d.event = Some(Box::new(EventIntent {
         regarding,
         reason: INSUFFICIENT,
         message: text,
         warning: true,
-    });
+    }));
     d
 }
 
 fn attach(mut d: Decision, regarding: ObjectRef) -> Decision {
     if let (false, Some(m), Some(reason)) = (d.allowed, d.message.clone(), d.reason) {
-        d.event = Some(EventIntent {
+        d.event = Some(Box::new(EventIntent {
             regarding,
             reason,
             message: m,
             warning: true,
-        });
+        }));
     }
     d
 }

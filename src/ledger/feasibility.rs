@@ -84,7 +84,11 @@ pub fn check(rooms: &BTreeMap<CardName, i64>, demands: &[Demand], budget: u64) -
     };
     let mut groups: Vec<Group> = wholes
         .into_iter()
-        .map(|((models, size), count)| Group { models, size, count })
+        .map(|((models, size), count)| Group {
+            models,
+            size,
+            count,
+        })
         .collect();
     // Big pods first: they are the hardest to place and prune the search soonest.
     groups.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.models.cmp(&b.models)));
@@ -281,8 +285,14 @@ mod tests {
     #[test]
     fn a_job_may_split_across_models_but_a_pod_may_not() {
         let r = rooms(&[("A", 2), ("B", 2)]);
-        assert_eq!(check(&r, &[job("A|B", 4)], DEFAULT_BUDGET), Verdict::Feasible);
-        assert_eq!(check(&r, &[pod("A|B", 4)], DEFAULT_BUDGET), Verdict::Infeasible);
+        assert_eq!(
+            check(&r, &[job("A|B", 4)], DEFAULT_BUDGET),
+            Verdict::Feasible
+        );
+        assert_eq!(
+            check(&r, &[pod("A|B", 4)], DEFAULT_BUDGET),
+            Verdict::Infeasible
+        );
     }
 
     #[test]
@@ -298,16 +308,28 @@ mod tests {
     fn the_worked_example_of_the_capacity_card_design_is_admitted() {
         // A100=5, H100=3, 3 A100 allocated: a 4-card A100|H100 job fits (2 + 2 or 1 + 3).
         let r = rooms(&[("A100", 2), ("H100", 3)]);
-        assert_eq!(check(&r, &[job("A100|H100", 4)], DEFAULT_BUDGET), Verdict::Feasible);
-        assert_eq!(check(&r, &[job("A100|H100", 6)], DEFAULT_BUDGET), Verdict::Infeasible);
+        assert_eq!(
+            check(&r, &[job("A100|H100", 4)], DEFAULT_BUDGET),
+            Verdict::Feasible
+        );
+        assert_eq!(
+            check(&r, &[job("A100|H100", 6)], DEFAULT_BUDGET),
+            Verdict::Infeasible
+        );
     }
 
     #[test]
     fn negative_room_on_a_used_model_is_infeasible() {
         let r = rooms(&[("A", -1), ("B", 5)]);
         assert_eq!(check(&r, &[pod("B", 1)], DEFAULT_BUDGET), Verdict::Feasible);
-        assert_eq!(check(&r, &[pod("A", 1)], DEFAULT_BUDGET), Verdict::Infeasible);
-        assert_eq!(check(&r, &[pod("A|B", 2)], DEFAULT_BUDGET), Verdict::Feasible);
+        assert_eq!(
+            check(&r, &[pod("A", 1)], DEFAULT_BUDGET),
+            Verdict::Infeasible
+        );
+        assert_eq!(
+            check(&r, &[pod("A|B", 2)], DEFAULT_BUDGET),
+            Verdict::Feasible
+        );
     }
 
     #[test]

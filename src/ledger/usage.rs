@@ -52,7 +52,12 @@ impl Row {
 impl QueueUsage {
     /// Room per model: quota minus allocated (may be negative after a quota cut).
     pub fn rooms(&self) -> BTreeMap<CardName, i64> {
-        let mut r: BTreeMap<CardName, i64> = self.quota.0.iter().map(|(m, q)| (m.clone(), *q as i64)).collect();
+        let mut r: BTreeMap<CardName, i64> = self
+            .quota
+            .0
+            .iter()
+            .map(|(m, q)| (m.clone(), *q as i64))
+            .collect();
         for (m, a) in &self.allocated {
             *r.entry(m.clone()).or_default() -= *a as i64;
         }
@@ -88,17 +93,36 @@ impl QueueUsage {
         let overlaps = |k: &Alternatives| k.models().iter().any(|m| key.contains(m));
         Row {
             quota: key.models().iter().map(|m| self.quota.get(m)).sum(),
-            allocated: key.models().iter().map(|m| self.allocated.get(m).copied().unwrap_or(0)).sum(),
-            pending: self.pending.iter().filter(|(k, _)| overlaps(k)).map(|(_, n)| n).sum(),
-            reserved: self.reserved.iter().filter(|(k, _)| overlaps(k)).map(|(_, n)| n).sum(),
+            allocated: key
+                .models()
+                .iter()
+                .map(|m| self.allocated.get(m).copied().unwrap_or(0))
+                .sum(),
+            pending: self
+                .pending
+                .iter()
+                .filter(|(k, _)| overlaps(k))
+                .map(|(_, n)| n)
+                .sum(),
+            reserved: self
+                .reserved
+                .iter()
+                .filter(|(k, _)| overlaps(k))
+                .map(|(_, n)| n)
+                .sum(),
         }
     }
 }
 
 /// The models a bound pod is charged for, per card resource: its recorded
 /// `card.charged`, else its node's model, else its first alternative (fail closed).
-pub fn bound_charges(pod: &PodRecord, nodes: &impl NodeModels) -> Result<Vec<(CardName, u64)>, String> {
-    let Some(node) = &pod.node else { return Ok(Vec::new()) };
+pub fn bound_charges(
+    pod: &PodRecord,
+    nodes: &impl NodeModels,
+) -> Result<Vec<(CardName, u64)>, String> {
+    let Some(node) = &pod.node else {
+        return Ok(Vec::new());
+    };
     let demand = pod.demand.as_ref().map_err(Clone::clone)?;
     let mut out = Vec::new();
     for (res, n) in demand {
@@ -106,7 +130,10 @@ pub fn bound_charges(pod: &PodRecord, nodes: &impl NodeModels) -> Result<Vec<(Ca
             (Some(c), 1) => Some(c.clone()),
             _ => match nodes.node_model(node, res) {
                 Some(Some(m)) => Some(m.clone()),
-                _ => pod.alternatives().map(|a| a.first().clone()).or_else(|| pod.charged.clone()),
+                _ => pod
+                    .alternatives()
+                    .map(|a| a.first().clone())
+                    .or_else(|| pod.charged.clone()),
             },
         };
         match model {
@@ -116,6 +143,9 @@ pub fn bound_charges(pod: &PodRecord, nodes: &impl NodeModels) -> Result<Vec<(Ca
     }
     Ok(out)
 }
+
+/// A group member's cards: its bound model or its pending alternatives.
+type MemberCards = (Option<CardName>, Option<Alternatives>, u64);
 
 /// Computes the usage of one queue from its pods and PodGroups.
 pub fn queue_usage<'a>(
@@ -130,20 +160,26 @@ pub fn queue_usage<'a>(
         ..Default::default()
     };
     // Cards of each group's pods, as (bound model | pending alternatives, cards).
-    let mut group_pods: BTreeMap<(String, String), Vec<(Option<CardName>, Option<Alternatives>, u64)>> = BTreeMap::new();
+    let mut group_pods: BTreeMap<(String, String), Vec<MemberCards>> = BTreeMap::new();
     let mut pending_pods: Vec<(u64, ObjectKey, Demand)> = Vec::new();
     for p in pods {
         if !p.is_active(now) {
             continue;
         }
-        let gkey = p.group.as_ref().map(|g| (p.key.namespace.clone(), g.clone()));
+        let gkey = p
+            .group
+            .as_ref()
+            .map(|g| (p.key.namespace.clone(), g.clone()));
         if p.node.is_some() {
             match bound_charges(p, nodes) {
                 Ok(charges) => {
                     for (m, n) in charges {
                         *u.allocated.entry(m.clone()).or_default() += n;
                         if let Some(g) = &gkey {
-                            group_pods.entry(g.clone()).or_default().push((Some(m), None, n));
+                            group_pods
+                                .entry(g.clone())
+                                .or_default()
+                                .push((Some(m), None, n));
                         }
                     }
                 }
@@ -159,7 +195,10 @@ pub fn queue_usage<'a>(
             Some(a) => {
                 *u.pending.entry(a.clone()).or_default() += cards;
                 if let Some(g) = &gkey {
-                    group_pods.entry(g.clone()).or_default().push((None, Some(a.clone()), cards));
+                    group_pods
+                        .entry(g.clone())
+                        .or_default()
+                        .push((None, Some(a.clone()), cards));
                 }
                 pending_pods.push((
                     p.seq,
@@ -171,12 +210,17 @@ pub fn queue_usage<'a>(
                     },
                 ));
             }
-            None => u.problems.push(format!("pending pod {} names no valid card model; it is charged when bound", p.key)),
+            None => u.problems.push(format!(
+                "pending pod {} names no valid card model; it is charged when bound",
+                p.key
+            )),
         }
     }
     let mut reservations: Vec<(u64, ObjectKey, Demand)> = Vec::new();
     for g in groups {
-        let Some(req) = g.live_request() else { continue };
+        let Some(req) = g.live_request() else {
+            continue;
+        };
         let mut left: Vec<u64> = req.0.iter().map(|(_, n)| *n).collect();
         let members = group_pods.get(&(g.key.namespace.clone(), g.key.name.clone()));
         for (model, alts, n) in members.into_iter().flatten() {
@@ -209,7 +253,11 @@ pub fn queue_usage<'a>(
     u.demands = reservations
         .into_iter()
         .map(|(s, k, d)| (Source::Group(k), s, d))
-        .chain(pending_pods.into_iter().map(|(s, k, d)| (Source::Pod(k), s, d)))
+        .chain(
+            pending_pods
+                .into_iter()
+                .map(|(s, k, d)| (Source::Pod(k), s, d)),
+        )
         .collect();
     u
 }

@@ -1,0 +1,551 @@
+//! Every admission rule of DESIGN §4, as table tests through the same path the webhook
+//! and replay use (AdmissionReview JSON in, AdmissionResponse out, effects applied).
+
+use base64::Engine;
+use card_quota::admission::{apply, review, usage_report};
+use card_quota::cluster::load::load;
+use card_quota::cluster::Snapshot;
+use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
+use card_quota::decide::{Config, ScalePolicy};
+use serde_json::{json, Value};
+
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: h200-1, labels: {nvidia.com/gpu.product: NVIDIA-H200, nvidia.com/gpu.memory: "143771", nvidia.com/gpu.replicas: "2"}}
+status: {allocatable: {nvidia.com/gpu: "8", nvidia.com/mig-1g.18gb: "7", nvidia.com/gpu.shared: "4"}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: rtx-1, labels: {nvidia.com/gpu.product: RTX-4090}}
+status: {allocatable: {nvidia.com/gpu: "4"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":3,"RTX-4090":2,"NVIDIA-H200/mig-1g.18gb-mixed":4}'}}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: closed, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":3}'}}
+status: {state: Closed}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: broken, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":'}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: ml}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}, annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
+    spec: {schedulerName: volcano, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+---
+apiVersion: apps/v1
+kind: ReplicaSet
+metadata:
+  name: web-1
+  namespace: ml
+  ownerReferences: [{apiVersion: apps/v1, kind: Deployment, name: web, uid: u, controller: true}]
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}, annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
+    spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+"#;
+
+struct World {
+    snap: Snapshot,
+    cfg: Config,
+}
+
+impl World {
+    fn new() -> Self {
+        Self::with(CLUSTER)
+    }
+    fn with(yaml: &str) -> Self {
+        let (snap, skipped) = load(yaml).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        Self {
+            snap,
+            cfg: Config::default(),
+        }
+    }
+    /// Decides and, when admitted, applies the effect.
+    fn send(&mut self, doc: Value) -> AdmissionResponse {
+        let r = review(&doc, &self.snap, &self.cfg, jiff::Timestamp::now(), true);
+        if let (Some(req), Some(d)) = (&r.request, &r.decision) {
+            apply(&mut self.snap, req, d).unwrap();
+        }
+        r.out.response
+    }
+    fn usage(&self, queue: &str, model: &str) -> Value {
+        serde_json::to_value(usage_report(&self.snap, jiff::Timestamp::now()))
+            .unwrap()
+            .pointer(&format!("/{queue}/{}", model.replace('/', "~1")))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+}
+
+fn pod(name: &str, queue: &str, card: Option<&str>, gpus: &str) -> Value {
+    pod_res(name, queue, card, "nvidia.com/gpu", gpus)
+}
+
+fn pod_res(name: &str, queue: &str, card: Option<&str>, resource: &str, n: &str) -> Value {
+    let mut anns = json!({"scheduling.volcano.sh/queue-name": queue});
+    if let Some(c) = card {
+        anns["volcano.sh/card.name"] = json!(c);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "annotations": anns},
+        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x", "resources": {"limits": {resource: n}}}]}})
+}
+
+fn message(r: &AdmissionResponse) -> String {
+    r.status
+        .as_ref()
+        .map(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+fn patch(r: &AdmissionResponse) -> Value {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(r.patch.as_ref().expect("a patch"))
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[test]
+fn a_pod_within_quota_is_admitted_as_pending_and_one_over_is_refused_with_the_design_message() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "2")).build())
+            .allowed
+    );
+    assert_eq!(
+        w.usage("q", "NVIDIA-H200"),
+        json!({"quota": 3, "allocated": 0, "pending": 2, "reserved": 0})
+    );
+    let r = w.send(
+        R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "2"))
+            .uid("u-b")
+            .build(),
+    );
+    assert!(!r.allowed);
+    assert_eq!(r.uid, "u-b");
+    assert_eq!(r.status.as_ref().unwrap().code, 403);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200 quota: requested 2, in use 2 (allocated 0, pending 2, reserved 0), quota 3"
+    );
+}
+
+#[test]
+fn a_model_missing_from_the_quota_has_quota_zero() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-A100"), "1")).build());
+    assert!(!r.allowed);
+    assert!(message(&r).contains("insufficient NVIDIA-A100 quota: requested 1, in use 0 (allocated 0, pending 0, reserved 0), quota 0"));
+}
+
+#[test]
+fn a_pod_that_names_a_model_but_requests_none_of_its_resource_is_refused() {
+    let mut w = World::new();
+    let mut p = pod("x", "q", Some("NVIDIA-H200"), "1");
+    p["spec"]["containers"][0]["resources"] = json!({});
+    let r = w.send(R::pod("CREATE", p).build());
+    assert_eq!(
+        message(&r),
+        "pod ml/x names NVIDIA-H200 but requests no nvidia.com/gpu"
+    );
+    let r = w.send(
+        R::pod(
+            "CREATE",
+            pod_res("y", "q", Some("NVIDIA-H200"), "nvidia.com/mig-1g.18gb", "1"),
+        )
+        .build(),
+    );
+    assert_eq!(
+        message(&r),
+        "pod ml/y names NVIDIA-H200 but requests no nvidia.com/gpu"
+    );
+}
+
+#[test]
+fn a_malformed_card_name_is_refused_with_the_annotation_named() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", pod("x", "q", Some("NVIDIA-H200||RTX-4090"), "1")).build());
+    assert!(
+        message(&r).starts_with("invalid volcano.sh/card.name on pod ml/x: empty alternative"),
+        "{}",
+        message(&r)
+    );
+}
+
+#[test]
+fn a_missing_card_name_is_inferred_from_a_pinning_node_selector() {
+    let mut w = World::new();
+    let mut p = pod("x", "q", None, "1");
+    p["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "RTX-4090"});
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "add", "path": "/metadata/annotations/volcano.sh~1card.name", "value": "RTX-4090"}])
+    );
+    assert_eq!(w.usage("q", "RTX-4090")["pending"], 1);
+}
+
+#[test]
+fn a_mig_pod_pinned_by_affinity_gets_the_mig_model() {
+    let mut w = World::new();
+    let mut p = pod_res("m", "q", None, "nvidia.com/mig-1g.18gb", "2");
+    p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H200"]}]}]}}});
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200/mig-1g.18gb-mixed")["pending"], 2);
+}
+
+#[test]
+fn a_card_pod_with_no_name_and_no_pin_is_told_which_models_its_queue_has() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", pod("x", "q", None, "1")).build());
+    assert_eq!(
+        message(&r),
+        "pod ml/x requests nvidia.com/gpu but has no volcano.sh/card.name and no node affinity pinning a model; queue q has quota for: NVIDIA-H200, RTX-4090"
+    );
+}
+
+#[test]
+fn a_pod_without_cards_is_never_charged() {
+    let mut w = World::new();
+    let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "ml"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"cpu": "1", "rdma/hca": "1"}}}]}});
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed && r.patch.is_none());
+}
+
+#[test]
+fn binding_charges_the_node_model_and_stamps_card_charged() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200|RTX-4090"), "2")).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200|RTX-4090")["pending"], 2);
+    let r = w.send(R::binding("ml", "a", "rtx-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "add", "path": "/metadata/annotations", "value": {"volcano.sh/card.charged": "RTX-4090"}}])
+    );
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 2);
+    assert_eq!(w.usage("q", "NVIDIA-H200|RTX-4090"), Value::Null);
+}
+
+#[test]
+fn binding_to_a_model_the_pod_does_not_accept_is_refused() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+    let r = w.send(R::binding("ml", "a", "rtx-1").build());
+    assert_eq!(
+        message(&r),
+        "pod ml/a accepts NVIDIA-H200 but node rtx-1 has RTX-4090"
+    );
+}
+
+#[test]
+fn binding_that_would_strand_another_pending_pod_is_refused() {
+    // RTX-4090 quota 2, H200 quota 3: pod a (2 cards, RTX only) and pod b (2 cards, H200|RTX).
+    // Binding b onto RTX would leave a nowhere to go.
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("RTX-4090"), "2")).build())
+            .allowed
+    );
+    assert!(
+        w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200|RTX-4090"), "2")).build())
+            .allowed
+    );
+    let r = w.send(R::binding("ml", "b", "rtx-1").build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue q has insufficient RTX-4090 quota: requested 2"),
+        "{}",
+        message(&r)
+    );
+    assert!(w.send(R::binding("ml", "b", "h200-1").build()).allowed);
+    assert!(w.send(R::binding("ml", "a", "rtx-1").build()).allowed);
+}
+
+#[test]
+fn a_pod_created_with_node_name_is_an_allocation() {
+    let mut w = World::new();
+    let mut p = pod("static", "q", Some("RTX-4090"), "2");
+    p["spec"]["nodeName"] = json!("rtx-1");
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed);
+    assert_eq!(patch(&r)[0]["value"], "RTX-4090");
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 2);
+    p["metadata"]["name"] = json!("static-2");
+    assert!(!w.send(R::pod("CREATE", p).build()).allowed);
+}
+
+#[test]
+fn a_pod_update_that_only_adds_the_group_name_is_not_a_new_charge() {
+    let mut w = World::new();
+    let old = pod("a", "q", Some("RTX-4090"), "2");
+    assert!(w.send(R::pod("CREATE", old.clone()).build()).allowed);
+    let mut new = old.clone();
+    new["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("podgroup-123");
+    let r = w.send(R::pod("UPDATE", new).old(old).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "RTX-4090")["pending"], 2);
+}
+
+#[test]
+fn a_pod_update_that_raises_demand_is_checked_again() {
+    let mut w = World::new();
+    let old = pod("a", "q", Some("RTX-4090"), "2");
+    assert!(w.send(R::pod("CREATE", old.clone()).build()).allowed);
+    let mut new = old.clone();
+    new["metadata"]["annotations"]["volcano.sh/card.name"] = json!("NVIDIA-H200");
+    assert!(
+        w.send(R::pod("UPDATE", new.clone()).old(old.clone()).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    assert_eq!(w.usage("q", "RTX-4090")["pending"], 0);
+}
+
+fn pg(name: &str, queue: &str, request: &str) -> Value {
+    json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ml", "annotations": {"volcano.sh/card.request": request}},
+        "spec": {"queue": queue, "minMember": 1}})
+}
+
+#[test]
+fn a_podgroup_reserves_its_request_and_its_pods_draw_on_it() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::podgroup("CREATE", pg("job", "q", r#"{"NVIDIA-H200":3}"#)).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 3);
+    // Another pod outside the job does not fit...
+    assert!(
+        !w.send(R::pod("CREATE", pod("other", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+    // ...but the job's own pods do.
+    let mut p = pod("job-0", "q", Some("NVIDIA-H200"), "2");
+    p["metadata"]["annotations"] =
+        json!({"scheduling.k8s.io/group-name": "job", "volcano.sh/card.name": "NVIDIA-H200"});
+    assert!(w.send(R::pod("CREATE", p).build()).allowed);
+    assert_eq!(
+        w.usage("q", "NVIDIA-H200"),
+        json!({"quota": 3, "allocated": 0, "pending": 2, "reserved": 1})
+    );
+}
+
+#[test]
+fn a_podgroup_over_quota_is_refused_and_its_status_updates_charge_nothing() {
+    let mut w = World::new();
+    let r = w.send(R::podgroup("CREATE", pg("big", "q", r#"{"NVIDIA-H200|RTX-4090":6}"#)).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200|RTX-4090 quota: requested 6, in use 0 (allocated 0, pending 0, reserved 0), quota 5"
+    );
+    let ok = pg("fits", "q", r#"{"NVIDIA-H200|RTX-4090":5}"#);
+    assert!(w.send(R::podgroup("CREATE", ok.clone()).build()).allowed);
+    let mut status = ok.clone();
+    status["status"] = json!({"phase": "Inqueue"});
+    assert!(
+        w.send(R::podgroup("UPDATE", status).old(ok).build())
+            .allowed
+    );
+}
+
+#[test]
+fn a_malformed_card_request_is_refused() {
+    let mut w = World::new();
+    let r = w.send(R::podgroup("CREATE", pg("bad", "q", r#"{"A":1,"A":2}"#)).build());
+    assert_eq!(
+        message(&r),
+        r#"invalid volcano.sh/card.request on podgroup ml/bad: duplicate key "A""#
+    );
+}
+
+#[test]
+fn a_closed_queue_refuses_charging_requests() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", pod("a", "closed", Some("NVIDIA-H200"), "1")).build());
+    assert_eq!(
+        message(&r),
+        "queue closed is Closed and admits no new card requests"
+    );
+}
+
+#[test]
+fn a_queue_with_a_broken_quota_fails_closed_and_says_why() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", pod("a", "broken", Some("NVIDIA-H200"), "1")).build());
+    assert!(
+        message(&r).contains("invalid volcano.sh/card.quota on queue broken"),
+        "{}",
+        message(&r)
+    );
+    // Volcano's own status update of that queue still goes through.
+    let q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "broken", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-H200\":"}}});
+    let mut q2 = q.clone();
+    q2["status"] = json!({"state": "Open"});
+    let r = w.send(R::queue("UPDATE", q2).old(q).build());
+    assert!(r.allowed);
+    assert_eq!(r.warnings.len(), 1);
+}
+
+#[test]
+fn a_queue_quota_below_usage_or_naming_an_unknown_model_passes_with_warnings() {
+    let mut w = World::new();
+    let mut p = pod("a", "q", Some("RTX-4090"), "2");
+    p["spec"]["nodeName"] = json!("rtx-1");
+    assert!(w.send(R::pod("CREATE", p).build()).allowed);
+    let q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": "{\"RTX-4090\":1,\"Tesla-T4\":1}"}}});
+    let r = w.send(R::queue("UPDATE", q).build());
+    assert!(r.allowed);
+    assert_eq!(
+        r.warnings,
+        vec![
+            "queue q: quota for RTX-4090 (1) is below current usage 2 (allocated 2, pending 0, reserved 0)".to_string(),
+            "queue q: no node offers card model Tesla-T4".to_string()
+        ]
+    );
+}
+
+#[test]
+fn a_scale_up_over_quota_is_clamped_by_default_and_refused_under_deny() {
+    let mut w = World::new();
+    // The snapshot holds no pod of web yet: 2 of the 4 added replicas fit.
+    let r = w.send(R::scale("deployments", "ml", "web", 1, 5).build());
+    assert!(r.allowed);
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "replace", "path": "/spec/replicas", "value": 3}])
+    );
+    assert!(r.warnings[0].starts_with("deployment ml/web scale-up from 1 to 5 replicas clamped to 3: queue q has insufficient RTX-4090 quota: requested 4"));
+    w.cfg.scale_policy = ScalePolicy::Deny;
+    let r = w.send(R::scale("deployments", "ml", "web", 2, 5).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient RTX-4090 quota: requested 3, in use 0 (allocated 0, pending 0, reserved 0), quota 2"
+    );
+}
+
+#[test]
+fn a_scale_down_is_always_allowed() {
+    let mut w = World::new();
+    w.cfg.scale_policy = ScalePolicy::Deny;
+    let r = w.send(R::scale("deployments", "ml", "web", 9, 3).build());
+    assert!(r.allowed && r.patch.is_none());
+}
+
+#[test]
+fn replicas_updates_of_a_deployment_are_gated_but_its_replicasets_are_not() {
+    let mut w = World::new();
+    let dep = |r: i32| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "ml"},
+        "spec": {"replicas": r, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    };
+    let r = w.send(
+        R::workload("UPDATE", "deployments", "Deployment", dep(4))
+            .old(dep(1))
+            .build(),
+    );
+    assert_eq!(patch(&r)[0]["value"], 3);
+    let rs = |r: i32| {
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ml",
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u", "controller": true}]},
+        "spec": {"replicas": r, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    };
+    let r = w.send(
+        R::workload("UPDATE", "replicasets", "ReplicaSet", rs(9))
+            .old(rs(1))
+            .build(),
+    );
+    assert!(r.allowed && r.patch.is_none());
+    let r = w.send(R::scale("replicasets", "ml", "web-1", 1, 9).build());
+    assert!(r.allowed && r.patch.is_none());
+}
+
+#[test]
+fn dry_run_requests_are_answered_but_charge_nothing() {
+    let mut w = World::new();
+    let r = w.send(
+        R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3"))
+            .dry_run()
+            .build(),
+    );
+    assert!(r.allowed);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 0);
+}
+
+#[test]
+fn terminal_and_expired_terminating_pods_give_their_cards_back() {
+    let past = "2020-01-01T00:00:00Z";
+    let future = "2999-01-01T00:00:00Z";
+    let mk = |name: &str, phase: &str, deletion: Option<&str>| {
+        let mut p = pod(name, "q", Some("NVIDIA-H200"), "1");
+        p["spec"]["nodeName"] = json!("h200-1");
+        p["status"] = json!({"phase": phase});
+        if let Some(d) = deletion {
+            p["metadata"]["deletionTimestamp"] = json!(d);
+        }
+        serde_norway::to_string(&p).unwrap()
+    };
+    let yaml = format!(
+        "{CLUSTER}\n---\n{}\n---\n{}\n---\n{}\n---\n{}",
+        mk("done", "Succeeded", None),
+        mk("failed", "Failed", None),
+        mk("gone", "Running", Some(past)),
+        mk("grace", "Running", Some(future))
+    );
+    let w = World::with(&yaml);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+}
+
+#[test]
+fn a_bound_pod_on_a_vanished_node_is_charged_its_first_alternative() {
+    let mut p = pod("orphan", "q", Some("RTX-4090|NVIDIA-H200"), "1");
+    p["spec"]["nodeName"] = json!("gone-node");
+    let w = World::with(&format!(
+        "{CLUSTER}\n---\n{}",
+        serde_norway::to_string(&p).unwrap()
+    ));
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
+}
+
+#[test]
+fn a_body_that_is_not_an_admission_review_gets_a_400_answer() {
+    let mut w = World::new();
+    let r = w.send(json!({"apiVersion": "v1", "kind": "ConfigMap", "request": {"uid": "abc"}}));
+    assert!(!r.allowed);
+    assert_eq!(r.uid, "abc");
+    assert_eq!(r.status.unwrap().code, 400);
+}

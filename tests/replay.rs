@@ -1,0 +1,110 @@
+//! `card-quota replay` on fixtures: the worked examples of DESIGN and of the upstream
+//! capacity-card design, through the real binary.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn replay(objects: &str, requests: &str, extra: &[&str]) -> (Vec<Value>, std::process::Output) {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .args([
+            "replay",
+            "--objects",
+            &format!("{dir}/{objects}"),
+            "--requests",
+            &format!("{dir}/{requests}"),
+        ])
+        .args(extra)
+        .output()
+        .expect("run card-quota");
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("each stdout line is JSON"))
+        .collect();
+    (lines, out)
+}
+
+#[test]
+fn the_capacity_card_worked_example_admits_a_four_card_job_and_refuses_zero_quota() {
+    let (lines, out) = replay(
+        "tests/fixtures/capacity-card-objects.yaml",
+        "tests/fixtures/capacity-card-requests.yaml",
+        &["--output", "json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lines.len(), 6, "five answers and the usage line");
+    let allowed: Vec<bool> = lines[..5]
+        .iter()
+        .map(|l| l["response"]["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(allowed, vec![true, true, false, false, false]);
+    assert_eq!(lines[0]["response"]["uid"], "job-4");
+    assert_eq!(lines[0]["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(lines[0]["kind"], "AdmissionReview");
+    assert_eq!(
+        lines[2]["response"]["status"]["message"],
+        "queue q1 has insufficient NVIDIA-H100 quota: requested 1, in use 5 (allocated 0, pending 0, reserved 5), quota 3"
+    );
+    assert_eq!(lines[2]["response"]["status"]["code"], 403);
+    assert_eq!(
+        lines[3]["response"]["status"]["message"],
+        "queue q1 has insufficient Tesla-V100 quota: requested 1, in use 0 (allocated 0, pending 0, reserved 0), quota 0"
+    );
+    assert_eq!(lines[4]["response"]["uid"], "");
+    assert_eq!(lines[4]["response"]["status"]["code"], 400);
+    let usage = &lines[5]["usage"]["q1"];
+    assert_eq!(
+        usage["NVIDIA-A100"],
+        serde_json::json!({"quota": 5, "allocated": 3, "pending": 0, "reserved": 0})
+    );
+    assert_eq!(
+        usage["NVIDIA-H100"],
+        serde_json::json!({"quota": 3, "allocated": 0, "pending": 0, "reserved": 0})
+    );
+    assert_eq!(usage["NVIDIA-A100|NVIDIA-H100"]["reserved"], 5);
+}
+
+#[test]
+fn an_empty_requests_file_prints_only_the_usage_line() {
+    let (lines, out) = replay(
+        "tests/fixtures/capacity-card-objects.yaml",
+        "tests/fixtures/empty.yaml",
+        &["--output", "json"],
+    );
+    assert!(out.status.success());
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["usage"]["q1"]["NVIDIA-A100"]["allocated"], 3);
+}
+
+#[test]
+fn an_unreadable_input_file_is_the_only_non_zero_exit() {
+    let (_, out) = replay(
+        "tests/fixtures/does-not-exist.yaml",
+        "tests/fixtures/empty.yaml",
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does-not-exist.yaml"));
+}
+
+#[test]
+fn the_demo_runs_without_a_cluster_and_shows_refusals_and_the_table() {
+    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .arg("demo")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("refused: queue research has insufficient NVIDIA-H200 quota"),
+        "{text}"
+    );
+    assert!(text.contains("clamped to 2"), "{text}");
+    assert!(text.contains("QUEUE"), "{text}");
+}
