@@ -1,1 +1,114 @@
-fn main() {}
+//! Decision latency and full-recount cost (issue 2): a pod-create and a binding decision
+//! on a queue with 1,000 pending pods over 20 models; a recount of 100,000 pods on
+//! 10,000 nodes in 1,000 queues.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use serde_json::{json, Value};
+
+use card_quota::admission::{review, usage_report};
+use card_quota::cluster::load::upsert;
+use card_quota::cluster::Snapshot;
+use card_quota::decide::review::ReviewBuilder as R;
+use card_quota::decide::Config;
+
+fn node(name: &str, model: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+        "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "64"}}})
+}
+
+fn pod(name: &str, queue: &str, card: &str, n: u32, node: Option<&str>) -> Value {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench",
+            "annotations": {"scheduling.volcano.sh/queue-name": queue, "volcano.sh/card.name": card}},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": n.to_string()}}}]}});
+    if let Some(nd) = node {
+        p["spec"]["nodeName"] = json!(nd);
+    }
+    p
+}
+
+/// One queue, 20 models with quota 1,000 each, 1,000 pending pods (a quarter of them
+/// accepting two models).
+fn busy_queue() -> Snapshot {
+    let mut s = Snapshot::new();
+    let models: Vec<String> = (0..20).map(|i| format!("MODEL-{i}")).collect();
+    for (i, m) in models.iter().enumerate() {
+        upsert(&mut s, &node(&format!("n{i}"), m)).unwrap();
+    }
+    let quota: serde_json::Map<String, Value> =
+        models.iter().map(|m| (m.clone(), json!(1000))).collect();
+    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": Value::Object(quota).to_string()}}}))
+    .unwrap();
+    for i in 0..1000 {
+        let card = if i % 4 == 0 {
+            format!("{}|{}", models[i % 20], models[(i + 1) % 20])
+        } else {
+            models[i % 20].clone()
+        };
+        upsert(
+            &mut s,
+            &pod(&format!("p{i}"), "q", &card, 1 + (i % 4) as u32, None),
+        )
+        .unwrap();
+    }
+    s
+}
+
+fn decisions(c: &mut Criterion) {
+    let snap = busy_queue();
+    let cfg = Config::default();
+    let create = R::pod("CREATE", pod("new", "q", "MODEL-3|MODEL-7", 2, None)).build();
+    let bind = R::binding("bench", "p4", "n4").build();
+    let now = jiff::Timestamp::now();
+    assert!(review(&create, &snap, &cfg, now, true).out.response.allowed);
+    assert!(review(&bind, &snap, &cfg, now, true).out.response.allowed);
+    c.bench_function("pod create, 1000 pending pods, 20 models", |b| {
+        b.iter(|| review(&create, &snap, &cfg, now, true))
+    });
+    c.bench_function("binding, 1000 pending pods, 20 models", |b| {
+        b.iter(|| review(&bind, &snap, &cfg, now, true))
+    });
+}
+
+fn recount(c: &mut Criterion) {
+    let mut s = Snapshot::new();
+    for i in 0..10_000 {
+        upsert(
+            &mut s,
+            &node(&format!("n{i}"), &format!("MODEL-{}", i % 20)),
+        )
+        .unwrap();
+    }
+    for q in 0..1000 {
+        upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": format!("q{q}"), "annotations": {"volcano.sh/card.quota": "{\"MODEL-1\":50,\"MODEL-2\":50}"}}}))
+        .unwrap();
+    }
+    for i in 0..100_000usize {
+        let bound = (i % 3 != 0).then(|| format!("n{}", i % 10_000));
+        let model = format!("MODEL-{}", (i % 10_000) % 20);
+        upsert(
+            &mut s,
+            &pod(
+                &format!("p{i}"),
+                &format!("q{}", i % 1000),
+                &model,
+                1,
+                bound.as_deref(),
+            ),
+        )
+        .unwrap();
+    }
+    let now = jiff::Timestamp::now();
+    let mut g = c.benchmark_group("recount");
+    g.sample_size(10);
+    g.bench_function("full usage, 100k pods / 10k nodes / 1k queues", |b| {
+        b.iter(|| usage_report(&s, now))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decisions, recount);
+criterion_main!(benches);

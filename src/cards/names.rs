@@ -1,10 +1,11 @@
 //! Card model names, alternatives and queue names: the vocabulary of DESIGN §1.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A canonical card model name, e.g. `NVIDIA-H200` or `NVIDIA-H200/mig-1g.18gb-mixed`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CardName(String);
+pub struct CardName(Arc<str>);
 
 /// Why a model name or an alternatives list is not acceptable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -33,11 +34,10 @@ impl CardName {
         if s.contains('|') {
             return Err(NameError::Composite(s.to_string()));
         }
-        Ok(Self(s.to_string()))
+        Ok(Self(Arc::from(s)))
     }
 
-    /// Builds a name from parts the code itself composed (node discovery), which are
-    /// checked the same way.
+    /// The name as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -51,7 +51,7 @@ impl fmt::Display for CardName {
 
 /// One or more acceptable models, most preferred first (`A|B|C`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Alternatives(Vec<CardName>);
+pub struct Alternatives(Arc<[CardName]>);
 
 impl Alternatives {
     /// Parses `A` or `A|B|C`; rejects empty alternatives, whitespace and duplicates.
@@ -73,12 +73,12 @@ impl Alternatives {
             }
             out.push(name);
         }
-        Ok(Self(out))
+        Ok(Self(out.into()))
     }
 
     /// A single model as a one-element list.
     pub fn single(name: CardName) -> Self {
-        Self(vec![name])
+        Self(Arc::from(vec![name]))
     }
 
     /// Builds from an ordered, duplicate-free list; `None` when empty.
@@ -89,7 +89,7 @@ impl Alternatives {
                 out.push(m);
             }
         }
-        (!out.is_empty()).then_some(Self(out))
+        (!out.is_empty()).then(|| Self(out.into()))
     }
 
     pub fn models(&self) -> &[CardName] {
@@ -106,7 +106,7 @@ impl Alternatives {
 
     /// The single model when there is exactly one.
     pub fn as_single(&self) -> Option<&CardName> {
-        match self.0.as_slice() {
+        match &self.0[..] {
             [one] => Some(one),
             _ => None,
         }

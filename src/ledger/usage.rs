@@ -248,8 +248,8 @@ pub fn queue_usage<'a>(
             }
         }
     }
-    reservations.sort_by_key(|(s, k, _)| (*s, k.clone()));
-    pending_pods.sort_by_key(|(s, k, _)| (*s, k.clone()));
+    reservations.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    pending_pods.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     u.demands = reservations
         .into_iter()
         .map(|(s, k, d)| (Source::Group(k), s, d))
