@@ -9,3 +9,4 @@ pub mod cli;
 pub mod cluster;
 pub mod decide;
 pub mod ledger;
+pub mod webhook;

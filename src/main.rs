@@ -37,6 +37,42 @@ enum Command {
     },
     /// A narrated scenario on an embedded snapshot; needs no cluster.
     Demo,
+    /// Generate a CA and a serving certificate for the webhook Service.
+    Certs {
+        #[arg(long, default_value = "card-quota")]
+        service: String,
+        #[arg(long, default_value = "card-quota")]
+        namespace: String,
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+        /// Extra DNS SANs.
+        #[arg(long)]
+        dns: Vec<String>,
+        /// Extra IP SANs (e.g. 127.0.0.1 for a local API server).
+        #[arg(long)]
+        ip: Vec<std::net::IpAddr>,
+    },
+    /// Serve the admission webhook over HTTPS.
+    Serve {
+        #[arg(long, default_value = "0.0.0.0:8443")]
+        listen: std::net::SocketAddr,
+        #[arg(long, default_value = "0.0.0.0:8080")]
+        metrics_listen: std::net::SocketAddr,
+        /// Directory holding tls.crt and tls.key (a mounted TLS Secret).
+        #[arg(long, default_value = "certs")]
+        cert_dir: PathBuf,
+        /// How often to look for a rotated certificate, in seconds.
+        #[arg(long, default_value = "10")]
+        cert_reload_seconds: f64,
+        #[arg(long, value_enum, default_value = "clamp")]
+        scale_policy: ScalePolicy,
+        /// Decide from a static snapshot with an in-memory ledger (no API server).
+        #[arg(long)]
+        offline: bool,
+        /// The snapshot for --offline (same input as replay).
+        #[arg(long)]
+        objects: Option<PathBuf>,
+    },
     /// Per-queue, per-model usage table.
     Status {
         /// Read a snapshot file (same input as replay) instead of the live cluster.
@@ -70,6 +106,52 @@ fn main() -> anyhow::Result<()> {
             replay::run(&objects, &requests, output, &cfg, &mut lock)?;
         }
         Command::Demo => demo::run(&mut std::io::stdout().lock())?,
+        Command::Certs {
+            service,
+            namespace,
+            out,
+            dns,
+            ip,
+        } => {
+            use base64::Engine;
+            let ca = card_quota::webhook::tls::generate(&service, &namespace, &dns, &ip, &out)?;
+            eprintln!("wrote {0}/ca.crt, {0}/tls.crt, {0}/tls.key", out.display());
+            println!("{}", base64::engine::general_purpose::STANDARD.encode(ca));
+        }
+        Command::Serve {
+            listen,
+            metrics_listen,
+            cert_dir,
+            cert_reload_seconds,
+            scale_policy,
+            offline,
+            objects,
+        } => {
+            if !offline {
+                anyhow::bail!("serve against a live API server (informer caches and the Queue ledger) is not built yet (issue 3); use --offline --objects <snapshot.yaml>");
+            }
+            let snap = match objects {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    let (snap, skipped) = card_quota::cluster::load::load(&text)?;
+                    for s in skipped {
+                        tracing::warn!("{}: {s}", path.display());
+                    }
+                    snap
+                }
+                None => card_quota::cluster::Snapshot::new(),
+            };
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(serve(
+                listen,
+                metrics_listen,
+                cert_dir,
+                cert_reload_seconds,
+                Config { scale_policy },
+                snap,
+            ))?;
+        }
         Command::Status {
             objects,
             queue,
@@ -91,4 +173,71 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+async fn serve(
+    listen: std::net::SocketAddr,
+    metrics_listen: std::net::SocketAddr,
+    cert_dir: PathBuf,
+    reload_seconds: f64,
+    config: Config,
+    snap: card_quota::cluster::Snapshot,
+) -> anyhow::Result<()> {
+    use card_quota::webhook::{server, tls};
+    use std::sync::Arc;
+    let resolver = Arc::new(tls::Reloading::new(cert_dir)?);
+    let tls_config = tls::server_config(resolver.clone())?;
+    let state = Arc::new(server::State::new(snap, config));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let admission = server::bind(listen).await?;
+    let health = server::bind(metrics_listen).await?;
+    tracing::info!(
+        "admission on https://{}, health and metrics on http://{}",
+        admission.local_addr()?,
+        health.local_addr()?
+    );
+    state
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let every = std::time::Duration::from_secs_f64(reload_seconds.max(0.05));
+    let tasks = vec![
+        tokio::spawn(server::serve_tls(
+            admission,
+            tls_config,
+            state.clone(),
+            stop_rx.clone(),
+        )),
+        tokio::spawn(server::serve_health(health, state.clone(), stop_rx.clone())),
+        tokio::spawn(server::reload_certs(resolver, every, stop_rx)),
+    ];
+    shutdown_signal().await;
+    tracing::info!("shutting down: finishing in-flight admissions");
+    state
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

@@ -1,0 +1,260 @@
+//! The HTTPS admission endpoint (`/mutate`, `/validate`) and the plain-HTTP health and
+//! metrics endpoint. `--offline` mode decides from a static snapshot with an in-memory
+//! ledger: each admitted request's effect is applied to the snapshot, as in replay.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use crate::admission::{apply, review};
+use crate::cluster::Snapshot;
+use crate::decide::{Config, RequestKind};
+
+use super::metrics::{AdmissionLabels, KindLabel, Metrics};
+
+/// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
+pub const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// Shared state of one server process.
+pub struct State {
+    pub snapshot: Mutex<Snapshot>,
+    pub config: Config,
+    pub metrics: Metrics,
+    pub ready: AtomicBool,
+}
+
+impl State {
+    pub fn new(snapshot: Snapshot, config: Config) -> Self {
+        Self {
+            snapshot: Mutex::new(snapshot),
+            config,
+            metrics: Metrics::default(),
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// Decides one admission body. `mutate` adds patches (and applies effects of named
+/// objects); `/validate` sees the final object and applies every admitted effect.
+pub fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, String> {
+    let doc: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    if doc.get("kind").and_then(|k| k.as_str()) != Some("AdmissionReview")
+        || doc.get("request").map(|r| r.is_null()).unwrap_or(true)
+    {
+        return Err("body is not an admission.k8s.io/v1 AdmissionReview with a request".into());
+    }
+    let start = Instant::now();
+    let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    let r = review(&doc, &snap, &state.config, jiff::Timestamp::now(), mutate);
+    let (kind, op) = match &r.request {
+        Some(req) => (RequestKind::of(req).label(), req.operation.clone()),
+        None => ("unknown", String::new()),
+    };
+    if let (Some(req), Some(d)) = (&r.request, &r.decision) {
+        let named = req.name.as_deref().map(|n| !n.is_empty()).unwrap_or(false)
+            || req
+                .object
+                .as_ref()
+                .and_then(|o| o.pointer("/metadata/name"))
+                .is_some();
+        if !mutate || named {
+            if let Err(e) = apply(&mut snap, req, d) {
+                tracing::warn!("{e}");
+            }
+        }
+        if d.undecided {
+            state.metrics.budget_exhausted.inc();
+        }
+        if let Some(ev) = &d.event {
+            tracing::info!(reason = ev.reason, kind = %ev.regarding.kind, name = %ev.regarding.name, "{}", ev.message);
+        }
+    }
+    drop(snap);
+    let result = if r.out.response.allowed {
+        "allowed"
+    } else {
+        "denied"
+    };
+    state
+        .metrics
+        .requests
+        .get_or_create(&AdmissionLabels {
+            kind: kind.to_string(),
+            operation: op,
+            result: result.to_string(),
+        })
+        .inc();
+    state
+        .metrics
+        .latency
+        .get_or_create(&KindLabel {
+            kind: kind.to_string(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    serde_json::to_vec(&r.out).map_err(|e| e.to_string())
+}
+
+async fn admission(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let mutate = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/mutate") => true,
+        (&Method::POST, "/validate") => false,
+        (_, "/healthz") => return Ok(reply(StatusCode::OK, "text/plain", "ok")),
+        _ => {
+            return Ok(reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                "POST /mutate or /validate",
+            ))
+        }
+    };
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return Ok(reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "text/plain",
+                format!("body rejected: {e} (limit {MAX_BODY} bytes)"),
+            ));
+        }
+    };
+    Ok(match handle_review(&state, &body, mutate) {
+        Ok(json) => reply(StatusCode::OK, "application/json", json),
+        Err(reason) => reply(StatusCode::BAD_REQUEST, "text/plain", reason),
+    })
+}
+
+async fn health(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(match req.uri().path() {
+        "/healthz" => reply(StatusCode::OK, "text/plain", "ok"),
+        "/readyz" if state.ready.load(Ordering::Relaxed) => {
+            reply(StatusCode::OK, "text/plain", "ready")
+        }
+        "/readyz" => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "caches not synced",
+        ),
+        "/metrics" => reply(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            state.metrics.encode(),
+        ),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "/healthz /readyz /metrics",
+        ),
+    })
+}
+
+/// Serves admission over TLS until `shutdown` resolves; in-flight connections finish.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    state: Arc<State>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut stop = shutdown.clone();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, peer)) = accepted else { continue };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let state = state.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => { tracing::debug!(%peer, "TLS handshake failed: {e}"); return; }
+                        Err(_) => return,
+                    };
+                    let svc = hyper::service::service_fn(move |req| admission(state.clone(), req));
+                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                    if let Err(e) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(%peer, "connection ended: {e}");
+                    }
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(Duration::from_secs(25), graceful.shutdown()).await;
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` over plain HTTP.
+pub async fn serve_health(
+    listener: TcpListener,
+    state: Arc<State>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((tcp, _)) = accepted else { continue };
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| health(state.clone(), req));
+                    let _ = auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(tcp), svc).await;
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// Polls the certificate files and swaps the served certificate when they change.
+pub async fn reload_certs(
+    resolver: Arc<super::tls::Reloading>,
+    every: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => match resolver.reload() {
+                Ok(true) => tracing::info!("serving a rotated certificate"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!("keeping the current certificate: {e}"),
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+/// Binds a listener, naming the address on failure.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {addr}: {e}")))
+}

@@ -1,0 +1,173 @@
+//! TLS material: generating a CA and serving certificate (`card-quota certs`), and a
+//! server certificate resolver that reloads rotated files without a restart.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+/// Errors of certificate generation and loading.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("generating certificates: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: no PEM certificate found")]
+    NoCert { path: String },
+    #[error("{path}: not a usable PEM private key: {message}")]
+    BadKey { path: String, message: String },
+}
+
+/// Writes `ca.crt`, `tls.crt` and `tls.key` into `out` for the Service DNS names plus
+/// extra SANs; returns the CA certificate PEM (the caBundle, before base64).
+pub fn generate(
+    service: &str,
+    namespace: &str,
+    extra_dns: &[String],
+    ips: &[std::net::IpAddr],
+    out: &Path,
+) -> Result<String, TlsError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        SanType,
+    };
+    let io = |path: &Path| {
+        let p = path.display().to_string();
+        move |source| TlsError::Io { path: p, source }
+    };
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("card-quota CA ({namespace})"));
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let mut names = vec![
+        service.to_string(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ];
+    names.extend(extra_dns.iter().cloned());
+    let mut leaf = CertificateParams::new(names)?;
+    leaf.distinguished_name
+        .push(DnType::CommonName, format!("{service}.{namespace}.svc"));
+    for ip in ips {
+        leaf.subject_alt_names.push(SanType::IpAddress(*ip));
+    }
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = KeyPair::generate()?;
+    let issuer = Issuer::new(ca, ca_key);
+    let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
+    let write = |name: &str, text: String| {
+        let p = out.join(name);
+        std::fs::write(&p, text).map_err(io(&p))
+    };
+    write("ca.crt", ca_cert.pem())?;
+    write("tls.crt", leaf_cert.pem())?;
+    write("tls.key", leaf_key.serialize_pem())?;
+    Ok(ca_cert.pem())
+}
+
+/// Loads `tls.crt` and `tls.key` from a directory into a rustls certified key.
+pub fn load(dir: &Path) -> Result<(Arc<CertifiedKey>, Vec<u8>), TlsError> {
+    let (crt, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let read = |p: &PathBuf| {
+        std::fs::read(p).map_err(|source| TlsError::Io {
+            path: p.display().to_string(),
+            source,
+        })
+    };
+    let (crt_pem, key_pem) = (read(&crt)?, read(&key)?);
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&crt_pem)
+        .filter_map(Result::ok)
+        .collect();
+    if certs.is_empty() {
+        return Err(TlsError::NoCert {
+            path: crt.display().to_string(),
+        });
+    }
+    let bad = |message: String| TlsError::BadKey {
+        path: key.display().to_string(),
+        message,
+    };
+    let key_der = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| bad(e.to_string()))?;
+    let signer =
+        rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(|e| bad(e.to_string()))?;
+    let ck = CertifiedKey::new(certs, signer);
+    ck.keys_match()
+        .map_err(|e| bad(format!("does not match tls.crt: {e}")))?;
+    let mut fingerprint = crt_pem;
+    fingerprint.extend_from_slice(&key_pem);
+    Ok((Arc::new(ck), fingerprint))
+}
+
+/// Serves the current certificate; `reload` swaps it when the files change and stay valid.
+#[derive(Debug)]
+pub struct Reloading {
+    dir: PathBuf,
+    current: RwLock<(Arc<CertifiedKey>, Vec<u8>)>,
+}
+
+impl Reloading {
+    pub fn new(dir: PathBuf) -> Result<Self, TlsError> {
+        let cur = load(&dir)?;
+        Ok(Self {
+            dir,
+            current: RwLock::new(cur),
+        })
+    }
+
+    /// Re-reads the files (by content: Secret volumes swap symlinks, which file watches
+    /// miss). Returns true when a new certificate was installed; keeps the old one if the
+    /// new files are invalid.
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let (ck, fp) = load(&self.dir)?;
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        if cur.1 == fp {
+            return Ok(false);
+        }
+        *cur = (ck, fp);
+        Ok(true)
+    }
+}
+
+impl ResolvesServerCert for Reloading {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .0
+                .clone(),
+        )
+    }
+}
+
+/// A rustls server config (ring provider) over a reloading resolver, offering h2 and
+/// http/1.1.
+pub fn server_config(resolver: Arc<Reloading>) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
+}

@@ -1,0 +1,289 @@
+//! The real HTTPS server (`serve --offline`) with freshly generated certificates, talked
+//! to by a client that trusts only that CA.
+
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::Bytes;
+use card_quota::decide::review::ReviewBuilder as R;
+use http_body_util::{BodyExt, Full};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_card-quota");
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn certs(dir: &Path) {
+    let out = Command::new(BIN)
+        .args([
+            "certs",
+            "--service",
+            "card-quota",
+            "--namespace",
+            "card-quota",
+            "--ip",
+            "127.0.0.1",
+            "--out",
+        ])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bundle = String::from_utf8_lossy(&out.stdout);
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(bundle.trim())
+        .unwrap();
+    assert_eq!(
+        pem,
+        std::fs::read(dir.join("ca.crt")).unwrap(),
+        "stdout is the caBundle"
+    );
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        let (port, health) = (free_port(), free_port());
+        let objects = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cli/demo/snapshot.yaml");
+        let child = Command::new(BIN)
+            .args([
+                "serve",
+                "--offline",
+                "--objects",
+                objects,
+                "--cert-reload-seconds",
+                "0.2",
+            ])
+            .args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--metrics-listen",
+                &format!("127.0.0.1:{health}"),
+            ])
+            .arg("--cert-dir")
+            .arg(dir)
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Server {
+            child,
+            port,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+        post(self.port, &self.dir.join("ca.crt"), path, body).await
+    }
+
+    async fn review(&self, path: &str, doc: Value) -> Value {
+        let (status, body) = self
+            .post(path, serde_json::to_vec(&doc).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        serde_json::from_slice(&body).unwrap()
+    }
+}
+
+async fn post(port: u16, ca: &Path, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = hyper::Request::post(path)
+        .header("content-type", "application/json")
+        .header("host", "card-quota.card-quota.svc")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, bytes.to_vec()))
+}
+
+fn patch_of(v: &Value) -> Value {
+    let b = base64::engine::general_purpose::STANDARD
+        .decode(
+            v["response"]["patch"]
+                .as_str()
+                .expect("patch is a base64 string"),
+        )
+        .unwrap();
+    serde_json::from_slice(&b).unwrap()
+}
+
+fn pod(name: &str, card: &str, gpus: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "research", "volcano.sh/card.name": card}},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_https_webhook_decides_patches_and_survives_a_certificate_rotation() {
+    let tmp = tempdir("webhook");
+    certs(&tmp);
+    let server = Server::start(&tmp, &[]);
+
+    // Pod create: allowed, then denied with the DESIGN message.
+    let ok = server
+        .review(
+            "/validate",
+            R::pod("CREATE", pod("a", "NVIDIA-H200", "3"))
+                .uid("u1")
+                .build(),
+        )
+        .await;
+    assert_eq!(ok["response"]["uid"], "u1");
+    assert_eq!(ok["response"]["allowed"], true);
+    let no = server
+        .review(
+            "/validate",
+            R::pod("CREATE", pod("b", "NVIDIA-H200", "2"))
+                .uid("u2")
+                .build(),
+        )
+        .await;
+    assert_eq!(no["response"]["allowed"], false);
+    assert_eq!(no["response"]["status"]["code"], 403);
+    assert_eq!(
+        no["response"]["status"]["message"],
+        "queue research has insufficient NVIDIA-H200 quota: requested 2, in use 3 (allocated 0, pending 3, reserved 0), quota 4"
+    );
+
+    // Binding: the charged-model patch.
+    let b = server
+        .review("/mutate", R::binding("ml", "a", "h200-a").build())
+        .await;
+    assert_eq!(b["response"]["patchType"], "JSONPatch");
+    assert_eq!(
+        patch_of(&b),
+        json!([{"op": "add", "path": "/metadata/annotations", "value": {"volcano.sh/card.charged": "NVIDIA-H200"}}])
+    );
+
+    // Scale-up over quota: clamped (serving has RTX-4090 quota 2, 1 in use).
+    let s = server
+        .review(
+            "/mutate",
+            R::scale("deployments", "serving", "infer", 1, 5).build(),
+        )
+        .await;
+    assert_eq!(s["response"]["allowed"], true);
+    assert_eq!(
+        patch_of(&s),
+        json!([{"op": "replace", "path": "/spec/replicas", "value": 2}])
+    );
+
+    // A body that is not an AdmissionReview: 400 with a reason.
+    let (status, body) = server
+        .post("/validate", b"{\"kind\":\"Pod\"}".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("AdmissionReview"));
+
+    // Rotation: new CA and certificate in place; a client trusting only the new CA gets through.
+    let old_ca = std::fs::read(tmp.join("ca.crt")).unwrap();
+    certs(&tmp);
+    assert_ne!(old_ca, std::fs::read(tmp.join("ca.crt")).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = server
+            .post(
+                "/validate",
+                serde_json::to_vec(&R::pod("CREATE", pod("c", "NVIDIA-H200", "1")).build())
+                    .unwrap(),
+            )
+            .await;
+        if r.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rotated certificate not served: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_deny_policy_a_scale_up_over_quota_is_refused_with_the_design_message() {
+    let tmp = tempdir("deny");
+    certs(&tmp);
+    let server = Server::start(&tmp, &["--scale-policy", "deny"]);
+    let s = server
+        .review(
+            "/validate",
+            R::scale("deployments", "serving", "infer", 1, 5).build(),
+        )
+        .await;
+    assert_eq!(s["response"]["allowed"], false);
+    assert_eq!(
+        s["response"]["status"]["message"],
+        "queue serving has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 4, in use 1 (allocated 1, pending 0, reserved 0), quota 2"
+    );
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("card-quota-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
