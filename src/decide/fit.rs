@@ -18,12 +18,22 @@ pub struct Change {
     pub extra: Vec<Demand>,
 }
 
-/// The outcome of a fit check.
+/// The outcome of a fit check. The usage before the change is only computed when a
+/// denial needs its numbers (admitted requests are the hot path).
 #[derive(Debug, Clone)]
-pub struct Fit {
+pub struct Fit<'a> {
     pub verdict: Verdict,
-    pub before: QueueUsage,
     pub after: QueueUsage,
+    snap: &'a Snapshot,
+    queue: &'a QueueName,
+    now: jiff::Timestamp,
+}
+
+impl Fit<'_> {
+    /// Usage of the queue as it is, before the change.
+    pub fn before(&self) -> QueueUsage {
+        usage_of(self.snap, self.queue, self.now)
+    }
 }
 
 /// Usage of `queue` as the snapshot holds it.
@@ -115,20 +125,21 @@ pub fn feasible(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Verdict {
 }
 
 /// Checks `change` against `queue`: feasible after the change.
-pub fn fit(
-    snap: &Snapshot,
-    queue: &QueueName,
+pub fn fit<'a>(
+    snap: &'a Snapshot,
+    queue: &'a QueueName,
     change: &Change,
     touched: &BTreeSet<CardName>,
     now: jiff::Timestamp,
-) -> Fit {
-    let before = usage_of(snap, queue, now);
+) -> Fit<'a> {
     let after = usage_after(snap, queue, change, now);
     let verdict = feasible(&after, touched);
     Fit {
         verdict,
-        before,
         after,
+        snap,
+        queue,
+        now,
     }
 }
 

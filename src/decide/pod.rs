@@ -296,17 +296,17 @@ pub fn allocate(
     if allocated > f.after.quota.get(&model) {
         return Err(Decision::deny(
             INSUFFICIENT,
-            insufficient(queue, &single, cards, &f.before),
+            insufficient(queue, &single, cards, &f.before()),
         ));
     }
     match f.verdict {
         Verdict::Feasible => Ok(model),
         // Binding never makes a broken queue worse than the hard line allows.
-        _ if feasible(&f.before, &touched) != Verdict::Feasible => Ok(model),
-        Verdict::Undecided => Err(undecided(queue, &single, cards, &f.before)),
+        _ if feasible(&f.before(), &touched) != Verdict::Feasible => Ok(model),
+        Verdict::Undecided => Err(undecided(queue, &single, cards, &f.before())),
         Verdict::Infeasible => Err(Decision::deny(
             INSUFFICIENT,
-            insufficient(queue, &single, cards, &f.before),
+            insufficient(queue, &single, cards, &f.before()),
         )),
     }
 }
@@ -369,9 +369,9 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
         }
         Verdict::Infeasible => Decision::deny(
             INSUFFICIENT,
-            insufficient(&queue, &demand.alternatives, demand.cards, &f.before),
+            insufficient(&queue, &demand.alternatives, demand.cards, &f.before()),
         ),
-        Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before),
+        Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before()),
     };
     with_event(d, owner)
 }

@@ -80,7 +80,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         }
     }
     let (key, n) = &request.0[failing];
-    let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before));
+    let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
     d.undecided = f.verdict == Verdict::Undecided;
     attach(d, regarding)
 }

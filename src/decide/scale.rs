@@ -180,7 +180,7 @@ fn resize(
         &queue,
         &demand.alternatives,
         added * demand.cards,
-        &full.before,
+        &full.before(),
     );
     if cfg.scale_policy == ScalePolicy::Deny {
         let mut d = Decision::deny(INSUFFICIENT, message);
