@@ -168,16 +168,7 @@ fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(),
         return Ok(());
     };
     let b = patched(obj, d);
-    let name = req
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            b.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
+    let name = req.object_name(&b);
     let key = ObjectKey::new(req.ns(), name);
     let node = b
         .pointer("/target/name")

@@ -10,7 +10,7 @@ use super::messages::{gate, RETRY};
 use super::patch::set_annotation;
 use super::pod::{allocate, card_demand};
 use super::review::AdmissionRequest;
-use super::{object_of, Decision, EventIntent, ObjectRef};
+use super::{object_of, Decision, ObjectRef};
 
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
     if req.operation != "CREATE" {
@@ -20,16 +20,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Ok(o) => o,
         Err(d) => return d,
     };
-    let name = req
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            obj.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
+    let name = req.object_name(obj);
     let namespace = obj
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
@@ -89,7 +80,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         name: key.name.clone(),
     };
     if let Err(d) = gate(snap, &queue) {
-        return attach(d, regarding);
+        return d.with_event(Some(regarding));
     }
     match allocate(snap, &queue, &rec, &resource, node, now) {
         Ok(model) => {
@@ -97,18 +88,6 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
             d
         }
-        Err(d) => attach(d, regarding),
+        Err(d) => d.with_event(Some(regarding)),
     }
-}
-
-fn attach(mut d: Decision, regarding: ObjectRef) -> Decision {
-    if let (Some(m), Some(reason)) = (d.message.clone(), d.reason) {
-        d.event = Some(Box::new(EventIntent {
-            regarding,
-            reason,
-            message: m,
-            warning: true,
-        }));
-    }
-    d
 }

@@ -92,6 +92,21 @@ impl Decision {
         self.warnings.push(w.into());
         self
     }
+    /// Attaches a warning Event about a denial to `regarding` (no-op when allowed or
+    /// when there is no object to attach it to).
+    pub fn with_event(mut self, regarding: Option<ObjectRef>) -> Self {
+        if let (false, Some(r), Some(m), Some(reason)) =
+            (self.allowed, regarding, self.message.clone(), self.reason)
+        {
+            self.event = Some(Box::new(EventIntent {
+                regarding: r,
+                reason,
+                message: m,
+                warning: true,
+            }));
+        }
+        self
+    }
     pub fn charging(mut self, queue: QueueName, object: ObjectKey) -> Self {
         self.charge = Some(Box::new(Charge { queue, object }));
         self

@@ -18,7 +18,7 @@ use super::messages::{
 };
 use super::patch::set_annotation;
 use super::review::AdmissionRequest;
-use super::{object_of, Decision, EventIntent, ObjectRef};
+use super::{object_of, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
 #[derive(Debug, Clone)]
@@ -218,20 +218,6 @@ pub fn card_demand(
     ))
 }
 
-fn with_event(mut d: Decision, regarding: Option<ObjectRef>) -> Decision {
-    if let (false, Some(r), Some(m), Some(reason)) =
-        (d.allowed, regarding, d.message.clone(), d.reason)
-    {
-        d.event = Some(Box::new(EventIntent {
-            regarding: r,
-            reason,
-            message: m,
-            warning: true,
-        }));
-    }
-    d
-}
-
 fn undecided(
     queue: &QueueName,
     key: &Alternatives,
@@ -318,7 +304,7 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
     let demand = match card_demand(&rec, snap, queue.as_ref().ok()) {
         Ok(Some(d)) => d,
         Ok(None) => return Decision::allow(),
-        Err(d) => return with_event(d, owner),
+        Err(d) => return d.with_event(owner),
     };
     let queue = match queue {
         Ok(q) => q,
@@ -333,7 +319,7 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
         }
     };
     if let Err(d) = gate(snap, &queue) {
-        return with_event(d, owner);
+        return d.with_event(owner);
     }
     let mut patch = Vec::new();
     if demand.inferred {
@@ -352,7 +338,7 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
                 d.patch = patch;
                 d
             }
-            Err(d) => with_event(d, owner),
+            Err(d) => d.with_event(owner),
         };
     }
     let touched = models_of([&demand.alternatives]);
@@ -373,7 +359,7 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
         ),
         Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before()),
     };
-    with_event(d, owner)
+    d.with_event(owner)
 }
 
 fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {

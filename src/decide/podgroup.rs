@@ -9,7 +9,7 @@ use super::fit::{fit, models_of, Change};
 use super::messages::{gate, insufficient, INSUFFICIENT, INVALID};
 use super::pod::owner_ref;
 use super::review::AdmissionRequest;
-use super::{object_of, Decision, EventIntent, ObjectRef};
+use super::{object_of, Decision, ObjectRef};
 
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
     if req.operation != "CREATE" && req.operation != "UPDATE" {
@@ -47,14 +47,14 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let request: CardRequest = match &rec.request {
         None => return Decision::allow(),
-        Some(Err(e)) => return attach(Decision::deny(INVALID, e.to_string()), regarding),
+        Some(Err(e)) => return Decision::deny(INVALID, e.to_string()).with_event(regarding),
         Some(Ok(r)) => r.clone(),
     };
     if rec.live_request().is_none() {
         return Decision::allow();
     }
     if let Err(d) = gate(snap, &rec.queue) {
-        return attach(d, regarding);
+        return d.with_event(regarding);
     }
     if let Some(stored) = snap.group(&rec.key) {
         rec.seq = stored.seq;
@@ -82,17 +82,5 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let (key, n) = &request.0[failing];
     let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
     d.undecided = f.verdict == Verdict::Undecided;
-    attach(d, regarding)
-}
-
-fn attach(mut d: Decision, regarding: Option<ObjectRef>) -> Decision {
-    if let (Some(r), Some(m), Some(reason)) = (regarding, d.message.clone(), d.reason) {
-        d.event = Some(Box::new(EventIntent {
-            regarding: r,
-            reason,
-            message: m,
-            warning: true,
-        }));
-    }
-    d
+    d.with_event(regarding)
 }

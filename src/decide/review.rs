@@ -52,6 +52,19 @@ impl AdmissionRequest {
     pub fn ns(&self) -> &str {
         self.namespace.as_deref().unwrap_or("")
     }
+    /// The request's name, else `metadata.name` of `obj` (subresource requests carry the
+    /// parent's name in the request).
+    pub fn object_name(&self, obj: &Value) -> String {
+        self.name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                obj.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// Why a body is not an AdmissionReview we can answer.

@@ -45,16 +45,7 @@ pub fn decide_scale(
         Ok(o) => o,
         Err(d) => return d,
     };
-    let name = req
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .or_else(|| {
-            obj.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_default();
+    let name = req.object_name(obj);
     let key = ObjectKey::new(req.ns(), name);
     let Some(r1) = replicas(Some(obj)) else {
         return Decision::allow();
@@ -148,7 +139,7 @@ fn resize(
         return Decision::allow();
     }
     let regarding = workload_ref(kind, key);
-    let event = |d: Decision| attach(d, regarding.clone());
+    let event = |d: Decision| d.with_event(Some(regarding.clone()));
     let queue = snap
         .resolve_queue(template)
         .unwrap_or_else(|_| crate::cards::QueueName::default_queue());
@@ -211,17 +202,5 @@ fn resize(
         message: text,
         warning: true,
     }));
-    d
-}
-
-fn attach(mut d: Decision, regarding: ObjectRef) -> Decision {
-    if let (false, Some(m), Some(reason)) = (d.allowed, d.message.clone(), d.reason) {
-        d.event = Some(Box::new(EventIntent {
-            regarding,
-            reason,
-            message: m,
-            warning: true,
-        }));
-    }
     d
 }
