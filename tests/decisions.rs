@@ -549,3 +549,12 @@ fn a_body_that_is_not_an_admission_review_gets_a_400_answer() {
     assert_eq!(r.uid, "abc");
     assert_eq!(r.status.unwrap().code, 400);
 }
+
+#[test]
+fn a_review_without_operation_or_resource_is_a_bad_request_not_an_allow() {
+    let mut w = World::new();
+    let r = w.send(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "x"}}));
+    assert!(!r.allowed);
+    assert_eq!(r.uid, "x");
+    assert!(message(&r).contains("request.operation"), "{}", message(&r));
+}

@@ -70,40 +70,51 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Starts `serve --offline`; free ports are picked by the OS and may be taken again
+    /// before the server binds them, so a server that exits early is started again.
     fn start(dir: &Path, extra: &[&str]) -> Server {
-        let (port, health) = (free_port(), free_port());
         let objects = concat!(env!("CARGO_MANIFEST_DIR"), "/src/cli/demo/snapshot.yaml");
-        let child = Command::new(BIN)
-            .args([
-                "serve",
-                "--offline",
-                "--objects",
-                objects,
-                "--cert-reload-seconds",
-                "0.2",
-            ])
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--metrics-listen",
-                &format!("127.0.0.1:{health}"),
-            ])
-            .arg("--cert-dir")
-            .arg(dir)
-            .args(extra)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "server did not start");
-            std::thread::sleep(Duration::from_millis(50));
+        for _attempt in 0..5 {
+            let (port, health) = (free_port(), free_port());
+            let mut child = Command::new(BIN)
+                .args([
+                    "serve",
+                    "--offline",
+                    "--objects",
+                    objects,
+                    "--cert-reload-seconds",
+                    "0.2",
+                ])
+                .args([
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--metrics-listen",
+                    &format!("127.0.0.1:{health}"),
+                ])
+                .arg("--cert-dir")
+                .arg(dir)
+                .args(extra)
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                let up = |p: u16| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok();
+                if up(port) && up(health) {
+                    return Server {
+                        child,
+                        port,
+                        dir: dir.to_path_buf(),
+                    };
+                }
+                assert!(Instant::now() < deadline, "server did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
-        Server {
-            child,
-            port,
-            dir: dir.to_path_buf(),
-        }
+        panic!("server exited on start five times");
     }
 
     async fn post(&self, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {

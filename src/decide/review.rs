@@ -93,7 +93,23 @@ pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
         .get("request")
         .filter(|r| !r.is_null())
         .ok_or(ReviewError::NoRequest)?;
-    serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))
+    let r: AdmissionRequest =
+        serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))?;
+    if !matches!(
+        r.operation.as_str(),
+        "CREATE" | "UPDATE" | "DELETE" | "CONNECT"
+    ) {
+        return Err(ReviewError::BadRequest(format!(
+            "request.operation must be CREATE, UPDATE, DELETE or CONNECT, got {:?}",
+            r.operation
+        )));
+    }
+    if r.resource.kind.is_empty() {
+        return Err(ReviewError::BadRequest(
+            "request.resource.resource is missing".into(),
+        ));
+    }
+    Ok(r)
 }
 
 /// The `response` of an AdmissionReview. `patch` is base64 (kube-core 5 would write
