@@ -232,6 +232,9 @@ pub fn usage_report(
     let mut out = BTreeMap::new();
     for q in snap.queue_names() {
         let u = crate::decide::fit::usage_of(snap, &q, now);
+        for p in &u.problems {
+            tracing::warn!("queue {q}: {p}");
+        }
         let rows = u.rows();
         let annotated = snap.queue(&q).map(|r| r.quota.is_some()).unwrap_or(false);
         if annotated || rows.values().any(|r| r.in_use() > 0) {

@@ -63,6 +63,9 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
                     source,
                 })?;
             let (name, cards) = node_record(&n)?;
+            for p in &cards.problems {
+                tracing::warn!("{p}");
+            }
             snap.upsert_node(name, cards);
             Ok(Some("Node"))
         }
