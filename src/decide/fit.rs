@@ -83,11 +83,8 @@ pub fn usage_after(
     let mut u = queue_usage(quota, pods, groups, snap, now);
     for d in &change.extra {
         *u.pending.entry(d.models.clone()).or_default() += d.cards;
-        u.demands.push((
-            crate::ledger::Source::Pod(ObjectKey::new("", "")),
-            u64::MAX,
-            d.clone(),
-        ));
+        u.demands
+            .push((crate::ledger::Source::Planned, u64::MAX, d.clone()));
     }
     u
 }

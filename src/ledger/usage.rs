@@ -15,6 +15,8 @@ use super::feasibility::Demand;
 pub enum Source {
     Pod(ObjectKey),
     Group(ObjectKey),
+    /// A demand with no object yet (replicas a scale-up would add).
+    Planned,
 }
 
 /// The usage of one queue, and the open demands its feasibility depends on.
