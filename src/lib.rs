@@ -9,4 +9,5 @@ pub mod cli;
 pub mod cluster;
 pub mod decide;
 pub mod ledger;
+pub mod live;
 pub mod webhook;

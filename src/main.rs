@@ -72,6 +72,10 @@ enum Command {
         /// The snapshot for --offline (same input as replay).
         #[arg(long)]
         objects: Option<PathBuf>,
+        /// Time allowed to record one charge in its Queue's ledger (conflicts and
+        /// retries included) before the request is refused with "try again".
+        #[arg(long, default_value = "3")]
+        ledger_budget_seconds: f64,
     },
     /// Per-queue, per-model usage table.
     Status {
@@ -92,6 +96,8 @@ fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    // One process-wide TLS provider: ring (no aws-lc), for the server and kube's client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
         Command::Replay {
@@ -126,9 +132,22 @@ fn main() -> anyhow::Result<()> {
             scale_policy,
             offline,
             objects,
+            ledger_budget_seconds,
         } => {
+            let opts = ServeOptions {
+                listen,
+                metrics_listen,
+                cert_dir,
+                reload_seconds: cert_reload_seconds,
+                config: Config { scale_policy },
+                ledger_budget: std::time::Duration::from_secs_f64(ledger_budget_seconds.max(0.1)),
+            };
+            let rt = tokio::runtime::Runtime::new()?;
             if !offline {
-                anyhow::bail!("serve against a live API server (informer caches and the Queue ledger) is not built yet (issue 3); use --offline --objects <snapshot.yaml>");
+                if objects.is_some() {
+                    anyhow::bail!("--objects is only read with --offline");
+                }
+                return rt.block_on(serve(opts, None));
             }
             let snap = match objects {
                 Some(path) => {
@@ -142,15 +161,7 @@ fn main() -> anyhow::Result<()> {
                 }
                 None => card_quota::cluster::Snapshot::new(),
             };
-            let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(serve(
-                listen,
-                metrics_listen,
-                cert_dir,
-                cert_reload_seconds,
-                Config { scale_policy },
-                snap,
-            ))?;
+            rt.block_on(serve(opts, Some(snap)))?;
         }
         Command::Status {
             objects,
@@ -175,22 +186,52 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(
+struct ServeOptions {
     listen: std::net::SocketAddr,
     metrics_listen: std::net::SocketAddr,
     cert_dir: PathBuf,
     reload_seconds: f64,
     config: Config,
-    snap: card_quota::cluster::Snapshot,
+    ledger_budget: std::time::Duration,
+}
+
+/// Serves offline from `snap`, or live from informer caches when `snap` is `None`.
+async fn serve(
+    opts: ServeOptions,
+    snap: Option<card_quota::cluster::Snapshot>,
 ) -> anyhow::Result<()> {
+    use card_quota::live::{caches, QueueApi};
     use card_quota::webhook::{server, tls};
-    use std::sync::Arc;
-    let resolver = Arc::new(tls::Reloading::new(cert_dir)?);
+    use std::sync::{Arc, Mutex};
+    let resolver = Arc::new(tls::Reloading::new(opts.cert_dir)?);
     let tls_config = tls::server_config(resolver.clone())?;
-    let state = Arc::new(server::State::new(snap, config));
+    let state = match snap {
+        Some(snap) => Arc::new(server::State::new(snap, opts.config)),
+        None => {
+            let client = kube::Client::try_default()
+                .await
+                .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+            let snapshot = Arc::new(Mutex::new(card_quota::cluster::Snapshot::new()));
+            let synced = Arc::new(caches::Synced::default());
+            tokio::spawn(caches::start(
+                client.clone(),
+                snapshot.clone(),
+                synced.clone(),
+            ));
+            Arc::new(server::State::live(
+                snapshot,
+                opts.config,
+                server::Live {
+                    queues: QueueApi::new(client),
+                    budget: opts.ledger_budget,
+                    synced,
+                },
+            ))
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let admission = server::bind(listen).await?;
-    let health = server::bind(metrics_listen).await?;
+    let admission = server::bind(opts.listen).await?;
+    let health = server::bind(opts.metrics_listen).await?;
     tracing::info!(
         "admission on https://{}, health and metrics on http://{}",
         admission.local_addr()?,
@@ -199,7 +240,7 @@ async fn serve(
     state
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
-    let every = std::time::Duration::from_secs_f64(reload_seconds.max(0.05));
+    let every = std::time::Duration::from_secs_f64(opts.reload_seconds.max(0.05));
     let tasks = vec![
         tokio::spawn(server::serve_tls(
             admission,

@@ -9,8 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cards::annotations::{
-    self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, QUOTA, REQUEST,
+    self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST,
 };
+use crate::ledger::{Ledger, LedgerError};
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource};
 use crate::cards::{Alternatives, CardName, CardRequest, NodeCards, ObjectKey, QueueName, Quota};
@@ -23,6 +24,13 @@ pub struct QueueRecord {
     pub quota: Option<Result<Quota, AnnotationError>>,
     /// `status.state`; `None` counts as Open.
     pub state: Option<String>,
+    /// `metadata.resourceVersion`, the precondition of ledger writes.
+    pub resource_version: Option<String>,
+    /// Charges recorded by the webhook that caches may not show yet.
+    pub ledger: Ledger,
+    /// Why the stored ledger could not be read (it is then treated as empty and
+    /// replaced by the next write).
+    pub ledger_problem: Option<LedgerError>,
 }
 
 impl QueueRecord {
@@ -273,7 +281,16 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
     let name = meta.name.clone().ok_or(RecordError::NoName("queue"))?;
     let a = anns(&meta);
     let object = format!("queue {name}");
+    let qname = QueueName::new(name.clone());
+    let (ledger, ledger_problem) = match a.get(LEDGER).map(|raw| Ledger::parse(&qname, raw)) {
+        None => (Ledger::default(), None),
+        Some(Ok(l)) => (l, None),
+        Some(Err(e)) => (Ledger::default(), Some(e)),
+    };
     Ok(QueueRecord {
+        resource_version: meta.resource_version.clone(),
+        ledger,
+        ledger_problem,
         quota: a
             .get(QUOTA)
             .map(|raw| annotations::parse_quota(&object, raw)),

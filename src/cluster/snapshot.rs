@@ -98,6 +98,11 @@ impl Snapshot {
         self.nodes.get(name)
     }
 
+    /// Names of every node held.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.keys().cloned().collect()
+    }
+
     pub fn node_count(&self) -> usize {
         self.nodes.len()
     }
@@ -211,6 +216,11 @@ impl Snapshot {
         }
     }
 
+    /// Keys of every PodGroup held.
+    pub fn group_keys(&self) -> Vec<ObjectKey> {
+        self.groups.keys().cloned().collect()
+    }
+
     pub fn group(&self, key: &ObjectKey) -> Option<&PodGroupRecord> {
         self.groups.get(key)
     }
@@ -266,8 +276,12 @@ impl Snapshot {
         }
     }
 
-    /// Adds or replaces a pod; pods without cards are only remembered by key.
-    pub fn upsert_pod(&mut self, p: PodRecord) {
+    /// Adds or replaces a pod; pods without cards are only remembered by key. A
+    /// replaced pod keeps its place in the queue (its `seq`).
+    pub fn upsert_pod(&mut self, mut p: PodRecord) {
+        if let Some(old) = self.pods.get(&p.key) {
+            p.seq = old.seq;
+        }
         self.remove_pod(&p.key);
         if !p.is_card_pod() {
             self.other_pods.insert(p.key.clone());
@@ -308,6 +322,11 @@ impl Snapshot {
         self.other_pods.contains(key)
     }
 
+    /// Keys of every pod held, card pods or not.
+    pub fn pod_keys(&self) -> Vec<ObjectKey> {
+        self.pods.keys().chain(self.other_pods.iter()).cloned().collect()
+    }
+
     pub fn pod_count(&self) -> usize {
         self.pods.len() + self.other_pods.len()
     }
@@ -338,6 +357,15 @@ impl Snapshot {
 
     pub fn remove_workload(&mut self, kind: WorkloadKind, key: &ObjectKey) {
         self.workloads.remove(&(kind, key.clone()));
+    }
+
+    /// Keys of every workload of `kind` held.
+    pub fn workload_keys(&self, kind: WorkloadKind) -> Vec<ObjectKey> {
+        self.workloads
+            .keys()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, key)| key.clone())
+            .collect()
     }
 
     pub fn workload(&self, kind: WorkloadKind, key: &ObjectKey) -> Option<&WorkloadRecord> {

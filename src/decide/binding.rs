@@ -5,6 +5,7 @@ use serde_json::Value;
 use crate::cards::annotations::CHARGED;
 use crate::cards::ObjectKey;
 use crate::cluster::Snapshot;
+use crate::ledger::Effect;
 
 use super::messages::{gate, RETRY};
 use super::patch::set_annotation;
@@ -84,8 +85,12 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     }
     match allocate(snap, &queue, &rec, &resource, node, now) {
         Ok(model) => {
-            let mut d = Decision::allow().charging(queue, key);
+            let mut d = Decision::allow();
             d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
+            let mut bound = rec;
+            bound.node = Some(node.to_string());
+            bound.charged = Some(model);
+            d = d.charging(queue, Effect::Pod(Box::new(bound)));
             d
         }
         Err(d) => d.with_event(Some(regarding)),

@@ -11,7 +11,8 @@ pub mod queue;
 pub mod review;
 pub mod scale;
 
-use crate::cards::{ObjectKey, QueueName};
+use crate::cards::QueueName;
+use crate::ledger::Effect;
 use crate::cluster::Snapshot;
 use review::AdmissionRequest;
 
@@ -50,11 +51,11 @@ pub struct EventIntent {
 }
 
 /// What a charging decision adds to a queue (recorded in the consistency ledger).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Charge {
     pub queue: QueueName,
-    /// The pod or PodGroup the charge is for.
-    pub object: ObjectKey,
+    /// The pod or PodGroup as admitted.
+    pub effect: Effect,
 }
 
 /// The answer to one admission request.
@@ -107,8 +108,8 @@ impl Decision {
         }
         self
     }
-    pub fn charging(mut self, queue: QueueName, object: ObjectKey) -> Self {
-        self.charge = Some(Box::new(Charge { queue, object }));
+    pub fn charging(mut self, queue: QueueName, effect: Effect) -> Self {
+        self.charge = Some(Box::new(Charge { queue, effect }));
         self
     }
 }

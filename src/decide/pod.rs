@@ -10,7 +10,7 @@ use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, QueueName};
 use crate::cluster::records::pod_record;
 use crate::cluster::{PodRecord, Snapshot};
-use crate::ledger::Verdict;
+use crate::ledger::{Effect, Verdict};
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{
@@ -334,7 +334,9 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
         return match allocate(snap, &queue, &rec, &demand.resource, &node, now) {
             Ok(model) => {
                 patch.push(set_annotation(obj, CHARGED, model.as_str()));
-                let mut d = Decision::allow().charging(queue, rec.key.clone());
+                let mut bound = rec.clone();
+                bound.charged = Some(model);
+                let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(bound)));
                 d.patch = patch;
                 d
             }
@@ -349,7 +351,7 @@ fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp)
     let f = fit(snap, &queue, &change, &touched, now);
     let d = match f.verdict {
         Verdict::Feasible => {
-            let mut d = Decision::allow().charging(queue, rec.key.clone());
+            let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
             d.patch = patch;
             d
         }

@@ -3,7 +3,7 @@
 use crate::cards::CardRequest;
 use crate::cluster::records::podgroup_record;
 use crate::cluster::{PodGroupRecord, Snapshot};
-use crate::ledger::Verdict;
+use crate::ledger::{Effect, Verdict};
 
 use super::fit::{fit, models_of, Change};
 use super::messages::{gate, insufficient, INSUFFICIENT, INVALID};
@@ -66,7 +66,8 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let f = fit(snap, &rec.queue, &change_with(rec.clone()), &touched, now);
     if f.verdict == Verdict::Feasible {
-        return Decision::allow().charging(rec.queue.clone(), rec.key.clone());
+        let queue = rec.queue.clone();
+        return Decision::allow().charging(queue, Effect::Group(Box::new(rec)));
     }
     // Name the first entry that no longer fits when the entries are added in order.
     let mut failing = request.0.len() - 1;

@@ -5,3 +5,7 @@ pub mod usage;
 
 pub use feasibility::{check, Demand, Verdict, DEFAULT_BUDGET};
 pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Source};
+pub mod entries;
+pub mod overlay;
+
+pub use entries::{Effect, Entry, EntryKey, Ledger, LedgerError};

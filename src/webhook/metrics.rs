@@ -14,6 +14,11 @@ pub struct AdmissionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -24,6 +29,7 @@ pub struct Metrics {
     pub requests: Family<AdmissionLabels, Counter>,
     pub latency: Family<KindLabel, Histogram>,
     pub budget_exhausted: Counter,
+    pub ledger_writes: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -51,8 +57,15 @@ impl Default for Metrics {
             "Requests refused because the exact feasibility search ran out of budget",
             budget_exhausted.clone(),
         );
+        let ledger_writes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "card_quota_ledger_writes",
+            "Compare-and-swap writes of Queue ledgers by outcome (written, conflict, error, full, timeout)",
+            ledger_writes.clone(),
+        );
         Self {
             registry,
+            ledger_writes,
             requests,
             latency,
             budget_exhausted,

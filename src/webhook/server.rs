@@ -17,31 +17,64 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admission::{apply, review};
+use crate::admission::{apply, bad_review, response};
 use crate::cluster::Snapshot;
-use crate::decide::{Config, RequestKind};
+use crate::decide::messages::RETRY;
+use crate::decide::review::{parse_review, AdmissionRequest, ReviewOut};
+use crate::decide::{decide, Config, Decision, RequestKind};
+use crate::live::caches::Synced;
+use crate::live::charge::decide_and_record;
+use crate::live::QueueApi;
 
-use super::metrics::{AdmissionLabels, KindLabel, Metrics};
+use super::metrics::{AdmissionLabels, KindLabel, Metrics, ResultLabel};
 
 /// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
+/// What a live server needs beyond the snapshot: the API server for ledger writes.
+pub struct Live {
+    pub queues: QueueApi,
+    /// Time allowed for recording one charge (conflicts and retries included).
+    pub budget: Duration,
+    pub synced: Arc<Synced>,
+}
+
 /// Shared state of one server process.
 pub struct State {
-    pub snapshot: Mutex<Snapshot>,
+    pub snapshot: Arc<Mutex<Snapshot>>,
     pub config: Config,
     pub metrics: Metrics,
     pub ready: AtomicBool,
+    /// `None` offline: admitted effects are applied to the snapshot directly.
+    pub live: Option<Live>,
 }
 
 impl State {
+    /// An offline server deciding from (and updating) `snapshot`.
     pub fn new(snapshot: Snapshot, config: Config) -> Self {
         Self {
-            snapshot: Mutex::new(snapshot),
+            snapshot: Arc::new(Mutex::new(snapshot)),
             config,
             metrics: Metrics::default(),
             ready: AtomicBool::new(false),
+            live: None,
         }
+    }
+
+    /// A server deciding from informer caches and recording charges in Queue ledgers.
+    pub fn live(snapshot: Arc<Mutex<Snapshot>>, config: Config, live: Live) -> Self {
+        Self {
+            snapshot,
+            config,
+            metrics: Metrics::default(),
+            ready: AtomicBool::new(false),
+            live: Some(live),
+        }
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+            && self.live.as_ref().is_none_or(|l| l.synced.all())
     }
 }
 
@@ -54,9 +87,61 @@ fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp
     r
 }
 
-/// Decides one admission body. `mutate` adds patches (and applies effects of named
-/// objects); `/validate` sees the final object and applies every admitted effect.
-pub fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, String> {
+fn is_named(req: &AdmissionRequest) -> bool {
+    req.name.as_deref().is_some_and(|n| !n.is_empty())
+        || req
+            .object
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/name"))
+            .and_then(|n| n.as_str())
+            .is_some_and(|n| !n.is_empty())
+}
+
+/// Decides offline: the snapshot is the whole truth and admitted effects go into it.
+fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decision {
+    let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+    let d = decide(req, &snap, &state.config, jiff::Timestamp::now());
+    // /mutate applies only effects of named objects: generated names appear later.
+    if !mutate || is_named(req) {
+        if let Err(e) = apply(&mut snap, req, &d) {
+            tracing::warn!("{e}");
+        }
+    }
+    d
+}
+
+/// Decides live: from the caches with the Queue ledger laid over them; `/validate`
+/// records admitted charges before answering.
+async fn decide_live(state: &State, live: &Live, req: &AdmissionRequest, mutate: bool) -> Decision {
+    if !live.synced.all() && req.operation != "DELETE" {
+        return Decision::deny(
+            RETRY,
+            "card-quota's caches are still syncing with the API server; try again",
+        );
+    }
+    let metrics = &state.metrics;
+    decide_and_record(
+        &state.snapshot,
+        &state.config,
+        &live.queues,
+        req,
+        !mutate,
+        live.budget,
+        |o| {
+            metrics
+                .ledger_writes
+                .get_or_create(&ResultLabel {
+                    result: o.label().to_string(),
+                })
+                .inc();
+        },
+    )
+    .await
+}
+
+/// Decides one admission body. `/mutate` answers with patches; `/validate` sees the
+/// final object and is where charges are recorded.
+pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, String> {
     let doc: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     if doc.get("kind").and_then(|k| k.as_str()) != Some("AdmissionReview")
@@ -65,43 +150,35 @@ pub fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>
         return Err("body is not an admission.k8s.io/v1 AdmissionReview with a request".into());
     }
     let start = Instant::now();
-    let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    let r = review(&doc, &snap, &state.config, jiff::Timestamp::now(), mutate);
-    let (kind, op) = match &r.request {
-        Some(req) => (RequestKind::of(req).label(), req.operation.clone()),
-        None => ("unknown", String::new()),
+    let req = match parse_review(&doc) {
+        Ok(r) => r,
+        Err(e) => {
+            let uid = doc
+                .pointer("/request/uid")
+                .and_then(|u| u.as_str())
+                .unwrap_or("");
+            let out = ReviewOut::new(bad_review(uid, e.to_string()));
+            return serde_json::to_vec(&out).map_err(|e| e.to_string());
+        }
     };
-    if let (Some(req), Some(d)) = (&r.request, &r.decision) {
-        let named = req.name.as_deref().map(|n| !n.is_empty()).unwrap_or(false)
-            || req
-                .object
-                .as_ref()
-                .and_then(|o| o.pointer("/metadata/name"))
-                .is_some();
-        if !mutate || named {
-            if let Err(e) = apply(&mut snap, req, d) {
-                tracing::warn!("{e}");
-            }
-        }
-        if d.undecided {
-            state.metrics.budget_exhausted.inc();
-        }
-        if let Some(ev) = &d.event {
-            tracing::info!(reason = ev.reason, kind = %ev.regarding.kind, name = %ev.regarding.name, "{}", ev.message);
-        }
+    let d = match &state.live {
+        None => decide_offline(state, &req, mutate),
+        Some(live) => decide_live(state, live, &req, mutate).await,
+    };
+    if d.undecided {
+        state.metrics.budget_exhausted.inc();
     }
-    drop(snap);
-    let result = if r.out.response.allowed {
-        "allowed"
-    } else {
-        "denied"
-    };
+    if let Some(ev) = &d.event {
+        tracing::info!(reason = ev.reason, kind = %ev.regarding.kind, name = %ev.regarding.name, "{}", ev.message);
+    }
+    let kind = RequestKind::of(&req).label();
+    let result = if d.allowed { "allowed" } else { "denied" };
     state
         .metrics
         .requests
         .get_or_create(&AdmissionLabels {
             kind: kind.to_string(),
-            operation: op,
+            operation: req.operation.clone(),
             result: result.to_string(),
         })
         .inc();
@@ -112,7 +189,8 @@ pub fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>
             kind: kind.to_string(),
         })
         .observe(start.elapsed().as_secs_f64());
-    serde_json::to_vec(&r.out).map_err(|e| e.to_string())
+    let out = ReviewOut::new(response(&req.uid, &d, mutate));
+    serde_json::to_vec(&out).map_err(|e| e.to_string())
 }
 
 async fn admission(
@@ -141,7 +219,7 @@ async fn admission(
             ));
         }
     };
-    Ok(match handle_review(&state, &body, mutate) {
+    Ok(match handle_review(&state, &body, mutate).await {
         Ok(json) => reply(StatusCode::OK, "application/json", json),
         Err(reason) => reply(StatusCode::BAD_REQUEST, "text/plain", reason),
     })
@@ -153,7 +231,7 @@ async fn health(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match req.uri().path() {
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok"),
-        "/readyz" if state.ready.load(Ordering::Relaxed) => {
+        "/readyz" if state.is_ready() => {
             reply(StatusCode::OK, "text/plain", "ready")
         }
         "/readyz" => reply(
