@@ -11,10 +11,10 @@ use serde_json::Value;
 use crate::cards::annotations::{
     self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST,
 };
-use crate::ledger::{Ledger, LedgerError};
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource};
 use crate::cards::{Alternatives, CardName, CardRequest, NodeCards, ObjectKey, QueueName, Quota};
+use crate::ledger::{Ledger, LedgerError};
 
 /// A Queue as card-quota sees it.
 #[derive(Debug, Clone, PartialEq)]

@@ -324,7 +324,11 @@ impl Snapshot {
 
     /// Keys of every pod held, card pods or not.
     pub fn pod_keys(&self) -> Vec<ObjectKey> {
-        self.pods.keys().chain(self.other_pods.iter()).cloned().collect()
+        self.pods
+            .keys()
+            .chain(self.other_pods.iter())
+            .cloned()
+            .collect()
     }
 
     pub fn pod_count(&self) -> usize {

@@ -12,8 +12,8 @@ pub mod review;
 pub mod scale;
 
 use crate::cards::QueueName;
-use crate::ledger::Effect;
 use crate::cluster::Snapshot;
+use crate::ledger::Effect;
 use review::AdmissionRequest;
 
 /// What to do about a scale-up that does not fully fit.

@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cards::{
-    Alternatives, AnnotationError, CardName, CardRequest, ObjectKey, QueueName,
-};
+use crate::cards::{Alternatives, AnnotationError, CardName, CardRequest, ObjectKey, QueueName};
 use crate::cluster::{PodGroupRecord, PodRecord};
 
 /// How many entries one Queue's ledger may hold (each is ~150 bytes; all annotations
@@ -299,9 +297,7 @@ mod tests {
         let back = Ledger::parse(&q, &text).unwrap();
         assert_eq!(back, l);
         let (k, e) = back.iter().nth(1).unwrap();
-        let EntryKey::Pod(key) = k else {
-            panic!("{k}")
-        };
+        let EntryKey::Pod(key) = k else { panic!("{k}") };
         let rec = pod_of(key, &q, e, 7);
         assert_eq!(rec, pod("b", Some("n1")));
     }

@@ -64,7 +64,10 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger, now: i64) 
         match key {
             EntryKey::Pod(k) => {
                 let prev = snap.pod(k).cloned();
-                let seq = prev.as_ref().map(|p| p.seq).unwrap_or_else(|| snap.next_seq());
+                let seq = prev
+                    .as_ref()
+                    .map(|p| p.seq)
+                    .unwrap_or_else(|| snap.next_seq());
                 let mut rec = pod_of(k, queue, e, seq);
                 if let Some(p) = &prev {
                     // The cache's own view of the pod wins except for the binding.
@@ -78,7 +81,10 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger, now: i64) 
             }
             EntryKey::Group(k) => {
                 let prev = snap.group(k).cloned();
-                let seq = prev.as_ref().map(|g| g.seq).unwrap_or_else(|| snap.next_seq());
+                let seq = prev
+                    .as_ref()
+                    .map(|g| g.seq)
+                    .unwrap_or_else(|| snap.next_seq());
                 match group_of(k, queue, e, seq) {
                     Ok(mut g) => {
                         if let Some(p) = &prev {

@@ -37,6 +37,13 @@ pub struct Synced {
 pub const KINDS: usize = 7;
 
 impl Synced {
+    /// A state that counts as synced (tests and tools that fill the snapshot themselves).
+    pub fn already() -> Self {
+        Self {
+            done: AtomicUsize::new(KINDS),
+            notify: tokio::sync::Notify::new(),
+        }
+    }
     pub fn all(&self) -> bool {
         self.done.load(Ordering::Acquire) >= KINDS
     }
@@ -107,8 +114,7 @@ fn upsert_group(s: &mut Snapshot, g: &DynamicObject) -> Result<(), String> {
         .group(&key_of(g))
         .map(|old| old.seq)
         .unwrap_or_else(|| s.next_seq());
-    let rec =
-        podgroup_record(&as_value(g, "PodGroup")?, "", seq).map_err(|e| e.to_string())?;
+    let rec = podgroup_record(&as_value(g, "PodGroup")?, "", seq).map_err(|e| e.to_string())?;
     s.upsert_group(rec);
     Ok(())
 }
@@ -130,12 +136,8 @@ fn cluster_keys(names: Vec<String>) -> Vec<ObjectKey> {
     names.into_iter().map(|n| ObjectKey::new("", n)).collect()
 }
 
-async fn run<K>(
-    api: Api<K>,
-    m: Mirror<K>,
-    snapshot: Arc<Mutex<Snapshot>>,
-    synced: Arc<Synced>,
-) where
+async fn run<K>(api: Api<K>, m: Mirror<K>, snapshot: Arc<Mutex<Snapshot>>, synced: Arc<Synced>)
+where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let mut stream = watcher::watcher(api, watcher::Config::default())

@@ -95,7 +95,7 @@ pub fn prepare(
         _ => {
             return Prepared {
                 decision,
-                    write: None,
+                write: None,
                 ledger_full: false,
             }
         }
@@ -106,7 +106,10 @@ pub fn prepare(
         return Prepared {
             decision: Decision::deny(
                 RETRY,
-                format!("queue of this request changed while it was decided ({queue} -> {}); try again", charge.queue),
+                format!(
+                    "queue of this request changed while it was decided ({queue} -> {}); try again",
+                    charge.queue
+                ),
             ),
             write: None,
             ledger_full: false,
@@ -116,7 +119,9 @@ pub fn prepare(
         return Prepared {
             decision: Decision::deny(
                 RETRY,
-                format!("queue {queue} has no resourceVersion in card-quota's cache yet; try again"),
+                format!(
+                    "queue {queue} has no resourceVersion in card-quota's cache yet; try again"
+                ),
             ),
             write: None,
             ledger_full: false,

@@ -73,8 +73,7 @@ impl State {
     }
 
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
-            && self.live.as_ref().is_none_or(|l| l.synced.all())
+        self.ready.load(Ordering::Relaxed) && self.live.as_ref().is_none_or(|l| l.synced.all())
     }
 }
 
@@ -231,9 +230,7 @@ async fn health(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match req.uri().path() {
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok"),
-        "/readyz" if state.is_ready() => {
-            reply(StatusCode::OK, "text/plain", "ready")
-        }
+        "/readyz" if state.is_ready() => reply(StatusCode::OK, "text/plain", "ready"),
         "/readyz" => reply(
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
