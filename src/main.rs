@@ -52,6 +52,19 @@ enum Command {
         #[arg(long)]
         ip: Vec<std::net::IpAddr>,
     },
+    /// Print the install YAML (manifests/ with the caBundle and TLS Secret filled in).
+    Manifests {
+        /// Directory holding ca.crt, tls.crt and tls.key (from `card-quota certs`).
+        #[arg(long, default_value = "certs")]
+        cert_dir: PathBuf,
+        /// Point the webhooks at this base URL (e.g. https://127.0.0.1:8443) instead of
+        /// the in-cluster Service; prints only the webhook configurations.
+        #[arg(long)]
+        url: Option<String>,
+        /// Leave out matchConditions (API servers before Kubernetes 1.30).
+        #[arg(long)]
+        without_match_conditions: bool,
+    },
     /// Serve the admission webhook over HTTPS.
     Serve {
         #[arg(long, default_value = "0.0.0.0:8443")]
@@ -123,6 +136,20 @@ fn main() -> anyhow::Result<()> {
             let ca = card_quota::webhook::tls::generate(&service, &namespace, &dns, &ip, &out)?;
             eprintln!("wrote {0}/ca.crt, {0}/tls.crt, {0}/tls.key", out.display());
             println!("{}", base64::engine::general_purpose::STANDARD.encode(ca));
+        }
+        Command::Manifests {
+            cert_dir,
+            url,
+            without_match_conditions,
+        } => {
+            print!(
+                "{}",
+                card_quota::cli::manifests::render(&card_quota::cli::manifests::Options {
+                    cert_dir: &cert_dir,
+                    url: url.as_deref(),
+                    without_match_conditions,
+                })?
+            );
         }
         Command::Serve {
             listen,

@@ -1,0 +1,212 @@
+//! `card-quota manifests`: the install YAML of `manifests/` with the caBundle and the
+//! serving-certificate Secret filled in, or (with `--url`) just the webhook
+//! configurations for a webhook served outside the cluster (local runs, e2e).
+
+use std::path::Path;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::cluster::load::documents;
+
+/// The kustomize resources, in `manifests/kustomization.yaml` order.
+const FILES: [(&str, &str); 6] = [
+    (
+        "namespace.yaml",
+        include_str!("../../manifests/namespace.yaml"),
+    ),
+    ("rbac.yaml", include_str!("../../manifests/rbac.yaml")),
+    (
+        "deployment.yaml",
+        include_str!("../../manifests/deployment.yaml"),
+    ),
+    ("service.yaml", include_str!("../../manifests/service.yaml")),
+    ("pdb.yaml", include_str!("../../manifests/pdb.yaml")),
+    (
+        "webhooks.yaml",
+        include_str!("../../manifests/webhooks.yaml"),
+    ),
+];
+
+/// Why the install YAML could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("embedded manifest {file}: {message}")]
+    Manifest { file: &'static str, message: String },
+}
+
+/// What to produce.
+pub struct Options<'a> {
+    pub cert_dir: &'a Path,
+    /// Serve the webhooks from this base URL instead of the in-cluster Service.
+    pub url: Option<&'a str>,
+    /// Drop `matchConditions` (API servers before 1.30 reject them).
+    pub without_match_conditions: bool,
+}
+
+fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ManifestError> {
+    let path = dir.join(name);
+    std::fs::read(&path).map_err(|source| ManifestError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn is_webhook_config(v: &Value) -> bool {
+    matches!(
+        v.get("kind").and_then(Value::as_str),
+        Some("MutatingWebhookConfiguration") | Some("ValidatingWebhookConfiguration")
+    )
+}
+
+/// The install objects as a YAML stream.
+pub fn render(opts: &Options) -> Result<String, ManifestError> {
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let ca = b64(&read(opts.cert_dir, "ca.crt")?);
+    let mut objects = Vec::new();
+    for (file, text) in FILES {
+        let docs = documents(text).map_err(|e| ManifestError::Manifest {
+            file,
+            message: e.to_string(),
+        })?;
+        objects.extend(docs);
+    }
+    if opts.url.is_some() {
+        objects.retain(is_webhook_config);
+    }
+    for o in objects.iter_mut().filter(|o| is_webhook_config(o)) {
+        for hook in o
+            .get_mut("webhooks")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            let path = hook
+                .pointer("/clientConfig/service/path")
+                .and_then(Value::as_str)
+                .unwrap_or("/validate")
+                .to_string();
+            hook["clientConfig"] = match opts.url {
+                Some(base) => {
+                    json!({"url": format!("{}{path}", base.trim_end_matches('/')), "caBundle": ca})
+                }
+                None => {
+                    let mut c = hook["clientConfig"].clone();
+                    c["caBundle"] = json!(ca);
+                    c
+                }
+            };
+            if opts.without_match_conditions {
+                if let Some(m) = hook.as_object_mut() {
+                    m.remove("matchConditions");
+                }
+            }
+        }
+    }
+    if opts.url.is_none() {
+        objects.push(json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": "card-quota-tls", "namespace": "card-quota"},
+            "data": {
+                "tls.crt": b64(&read(opts.cert_dir, "tls.crt")?),
+                "tls.key": b64(&read(opts.cert_dir, "tls.key")?),
+            }
+        }));
+    }
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(
+            &serde_norway::to_string(&o).map_err(|e| ManifestError::Manifest {
+                file: "output",
+                message: e.to_string(),
+            })?,
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn certs() -> tempdir::Dir {
+        tempdir::Dir::new()
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                let p = std::env::temp_dir().join(format!(
+                    "card-quota-manifests-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn every_webhook_gets_the_ca_and_the_secret_holds_the_serving_pair() {
+        let d = certs();
+        crate::webhook::tls::generate("card-quota", "card-quota", &[], &[], &d.0).unwrap();
+        let text = render(&Options {
+            cert_dir: &d.0,
+            url: None,
+            without_match_conditions: false,
+        })
+        .unwrap();
+        let docs = documents(&text).unwrap();
+        let ca = base64::engine::general_purpose::STANDARD
+            .encode(std::fs::read(d.0.join("ca.crt")).unwrap());
+        let hooks: Vec<&Value> = docs
+            .iter()
+            .filter(|o| is_webhook_config(o))
+            .flat_map(|o| o["webhooks"].as_array().unwrap())
+            .collect();
+        assert_eq!(hooks.len(), 7);
+        for h in &hooks {
+            assert_eq!(h["clientConfig"]["caBundle"], json!(ca), "{h}");
+            assert_eq!(h["clientConfig"]["service"]["name"], "card-quota");
+        }
+        assert!(!text.contains("Q0FfQlVORExF"), "placeholder left in");
+        let secret = docs.iter().find(|o| o["kind"] == "Secret").unwrap();
+        assert_eq!(secret["type"], "kubernetes.io/tls");
+        assert!(secret["data"]["tls.key"].as_str().unwrap().len() > 100);
+    }
+
+    #[test]
+    fn a_url_gives_only_webhook_configurations_pointing_at_it() {
+        let d = certs();
+        crate::webhook::tls::generate("x", "y", &[], &[], &d.0).unwrap();
+        let text = render(&Options {
+            cert_dir: &d.0,
+            url: Some("https://127.0.0.1:9443/"),
+            without_match_conditions: true,
+        })
+        .unwrap();
+        let docs = documents(&text).unwrap();
+        assert!(docs.iter().all(is_webhook_config));
+        let urls: Vec<&str> = docs
+            .iter()
+            .flat_map(|o| o["webhooks"].as_array().unwrap())
+            .map(|h| h["clientConfig"]["url"].as_str().unwrap())
+            .collect();
+        assert!(urls.contains(&"https://127.0.0.1:9443/mutate"));
+        assert!(urls.contains(&"https://127.0.0.1:9443/validate"));
+        assert!(!text.contains("matchConditions"));
+    }
+}
