@@ -6,4 +6,4 @@ pub mod records;
 pub mod snapshot;
 
 pub use records::{PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord};
-pub use snapshot::{NodeModels, Snapshot};
+pub use snapshot::{Dirty, NodeModels, Snapshot};

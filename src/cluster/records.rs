@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cards::annotations::{
-    self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST,
+    self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST, USAGE,
 };
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource};
@@ -28,6 +28,8 @@ pub struct QueueRecord {
     pub resource_version: Option<String>,
     /// Charges recorded by the webhook that caches may not show yet.
     pub ledger: Ledger,
+    /// The `volcano.sh/card.usage` annotation as stored (the reconciler's last write).
+    pub usage: Option<String>,
     /// Why the stored ledger could not be read (it is then treated as empty and
     /// replaced by the next write).
     pub ledger_problem: Option<LedgerError>,
@@ -289,6 +291,7 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
     };
     Ok(QueueRecord {
         resource_version: meta.resource_version.clone(),
+        usage: a.get(USAGE).cloned(),
         ledger,
         ledger_problem,
         quota: a

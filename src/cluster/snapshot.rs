@@ -30,6 +30,29 @@ pub struct Snapshot {
     groups_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
     pods_by_group: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
     seq: u64,
+    dirty: Dirty,
+}
+
+/// Queues whose usage may have changed since the reconciler last looked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Dirty {
+    #[default]
+    None,
+    Queues(BTreeSet<QueueName>),
+    /// Node changes can move every bound pod without a recorded charge.
+    All,
+}
+
+impl Dirty {
+    fn mark(&mut self, q: &QueueName) {
+        match self {
+            Self::All => {}
+            Self::None => *self = Self::Queues(BTreeSet::from([q.clone()])),
+            Self::Queues(s) => {
+                s.insert(q.clone());
+            }
+        }
+    }
 }
 
 impl NodeModels for Snapshot {
@@ -52,7 +75,11 @@ impl Snapshot {
     // ---- nodes -------------------------------------------------------------------
 
     pub fn upsert_node(&mut self, name: String, cards: NodeCards) {
+        if self.nodes.get(&name) == Some(&cards) {
+            return;
+        }
         self.remove_node(&name);
+        self.dirty = Dirty::All;
         for p in &cards.prefixes {
             *self.prefix_counts.entry(p.clone()).or_default() += 1;
         }
@@ -71,6 +98,7 @@ impl Snapshot {
         let Some(old) = self.nodes.remove(name) else {
             return;
         };
+        self.dirty = Dirty::All;
         for p in &old.prefixes {
             if let Some(c) = self.prefix_counts.get_mut(p) {
                 *c -= 1;
@@ -153,11 +181,18 @@ impl Snapshot {
     // ---- queues ------------------------------------------------------------------
 
     pub fn upsert_queue(&mut self, q: QueueRecord) {
+        self.dirty.mark(&q.name);
         self.queues.insert(q.name.clone(), q);
     }
 
     pub fn remove_queue(&mut self, name: &QueueName) {
+        self.dirty.mark(name);
         self.queues.remove(name);
+    }
+
+    /// Takes the set of queues whose usage may have changed.
+    pub fn take_dirty(&mut self) -> Dirty {
+        std::mem::take(&mut self.dirty)
     }
 
     pub fn queue(&self, name: &QueueName) -> Option<&QueueRecord> {
@@ -201,6 +236,10 @@ impl Snapshot {
             .or_default()
             .insert(key.clone());
         let changed = old_queue.as_ref() != Some(&g.queue);
+        if let Some(q) = &old_queue {
+            self.dirty.mark(q);
+        }
+        self.dirty.mark(&g.queue);
         self.groups.insert(key.clone(), g);
         if changed {
             self.reindex_group_pods(&key);
@@ -209,6 +248,7 @@ impl Snapshot {
 
     pub fn remove_group(&mut self, key: &ObjectKey) {
         if let Some(g) = self.groups.remove(key) {
+            self.dirty.mark(&g.queue);
             if let Some(s) = self.groups_by_queue.get_mut(&g.queue) {
                 s.remove(key);
             }
@@ -265,6 +305,7 @@ impl Snapshot {
             .entry(q.clone())
             .or_default()
             .insert(p.key.clone());
+        self.dirty.mark(&q);
         self.pod_queue.insert(p.key.clone(), q);
     }
 
@@ -273,6 +314,7 @@ impl Snapshot {
             if let Some(s) = self.pods_by_queue.get_mut(&q) {
                 s.remove(key);
             }
+            self.dirty.mark(&q);
         }
     }
 

@@ -79,6 +79,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         kind: "Pod".into(),
         namespace: Some(key.namespace.clone()),
         name: key.name.clone(),
+        uid: None,
     };
     if let Err(d) = gate(snap, &queue) {
         return d.with_event(Some(regarding));

@@ -39,6 +39,8 @@ pub struct ObjectRef {
     pub kind: String,
     pub namespace: Option<String>,
     pub name: String,
+    /// Lets `kubectl describe` find the Event.
+    pub uid: Option<String>,
 }
 
 /// An Event the webhook should emit about a decision.

@@ -72,6 +72,7 @@ pub fn owner_ref(v: &Value, namespace: &str) -> Option<ObjectRef> {
         kind: o.get("kind")?.as_str()?.to_string(),
         namespace: Some(namespace.to_string()),
         name: o.get("name")?.as_str()?.to_string(),
+        uid: o.get("uid").and_then(Value::as_str).map(str::to_string),
     })
 }
 

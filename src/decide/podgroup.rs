@@ -41,6 +41,10 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             kind: "PodGroup".into(),
             namespace: Some(rec.key.namespace.clone()),
             name: rec.key.name.clone(),
+            uid: obj
+                .pointer("/metadata/uid")
+                .and_then(|u| u.as_str())
+                .map(str::to_string),
         })
     } else {
         owner_ref(obj, &rec.key.namespace)

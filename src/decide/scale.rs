@@ -21,12 +21,17 @@ fn replicas(v: Option<&Value>) -> Option<i32> {
         .and_then(|r| i32::try_from(r).ok())
 }
 
-fn workload_ref(kind: WorkloadKind, key: &ObjectKey) -> ObjectRef {
+fn workload_ref(kind: WorkloadKind, key: &ObjectKey, obj: Option<&Value>) -> ObjectRef {
     ObjectRef {
         api_version: "apps/v1".into(),
         kind: kind.kind().into(),
         namespace: Some(key.namespace.clone()),
         name: key.name.clone(),
+        // A Scale carries its workload's uid.
+        uid: obj
+            .and_then(|o| o.pointer("/metadata/uid"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
     }
 }
 
@@ -75,7 +80,8 @@ pub fn decide_scale(
     if w.owned_by_deployment {
         return Decision::allow();
     }
-    resize(kind, &key, &w.template, r0, r1, snap, cfg, now)
+    let regarding = workload_ref(kind, &key, Some(obj));
+    resize(kind, regarding, &w.template, r0, r1, snap, cfg, now)
 }
 
 /// UPDATE of a Deployment / ReplicaSet / StatefulSet that raises `spec.replicas`.
@@ -112,9 +118,10 @@ pub fn decide_workload(
             None => return Decision::allow(),
         },
     };
+    let regarding = workload_ref(kind, &new.key, Some(obj));
     resize(
         kind,
-        &new.key,
+        regarding,
         &new.template,
         r0,
         new.replicas,
@@ -127,7 +134,7 @@ pub fn decide_workload(
 #[allow(clippy::too_many_arguments)]
 fn resize(
     kind: WorkloadKind,
-    key: &ObjectKey,
+    regarding: ObjectRef,
     template: &PodRecord,
     r0: i32,
     r1: i32,
@@ -138,7 +145,6 @@ fn resize(
     if r1 <= r0 || !template.is_card_pod() {
         return Decision::allow();
     }
-    let regarding = workload_ref(kind, key);
     let event = |d: Decision| d.with_event(Some(regarding.clone()));
     let queue = snap
         .resolve_queue(template)
@@ -190,8 +196,10 @@ fn resize(
     }
     let to = r0 + lo as i32;
     let text = format!(
-        "{} {key} scale-up from {r0} to {r1} replicas clamped to {to}: {message}",
-        kind.lower()
+        "{} {}/{} scale-up from {r0} to {r1} replicas clamped to {to}: {message}",
+        kind.lower(),
+        regarding.namespace.as_deref().unwrap_or_default(),
+        regarding.name
     );
     let mut d = Decision::allow().with_warning(text.clone());
     d.patch.push(set_replicas(to));
