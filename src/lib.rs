@@ -7,6 +7,7 @@ pub mod admission;
 pub mod cards;
 pub mod cli;
 pub mod cluster;
+pub mod controller;
 pub mod decide;
 pub mod ledger;
 pub mod live;

@@ -89,6 +89,17 @@ enum Command {
         /// retries included) before the request is refused with "try again".
         #[arg(long, default_value = "3")]
         ledger_budget_seconds: f64,
+        /// Namespace of the reconciler's Lease (default: $POD_NAMESPACE, else card-quota).
+        #[arg(long, env = "POD_NAMESPACE", default_value = "card-quota")]
+        lease_namespace: String,
+        #[arg(long, default_value = "card-quota-reconciler")]
+        lease_name: String,
+        /// Seconds between incremental reconciler passes.
+        #[arg(long, default_value = "1")]
+        reconcile_seconds: f64,
+        /// Seconds between full recounts (the safety net for missed events).
+        #[arg(long, default_value = "300")]
+        full_recount_seconds: f64,
     },
     /// Per-queue, per-model usage table.
     Status {
@@ -160,6 +171,10 @@ fn main() -> anyhow::Result<()> {
             offline,
             objects,
             ledger_budget_seconds,
+            lease_namespace,
+            lease_name,
+            reconcile_seconds,
+            full_recount_seconds,
         } => {
             let opts = ServeOptions {
                 listen,
@@ -168,6 +183,10 @@ fn main() -> anyhow::Result<()> {
                 reload_seconds: cert_reload_seconds,
                 config: Config { scale_policy },
                 ledger_budget: std::time::Duration::from_secs_f64(ledger_budget_seconds.max(0.1)),
+                lease_namespace,
+                lease_name,
+                reconcile_every: std::time::Duration::from_secs_f64(reconcile_seconds.max(0.05)),
+                full_every: std::time::Duration::from_secs_f64(full_recount_seconds.max(1.0)),
             };
             let rt = tokio::runtime::Runtime::new()?;
             if !offline {
@@ -220,6 +239,20 @@ struct ServeOptions {
     reload_seconds: f64,
     config: Config,
     ledger_budget: std::time::Duration,
+    lease_namespace: String,
+    lease_name: String,
+    reconcile_every: std::time::Duration,
+    full_every: std::time::Duration,
+}
+
+/// This replica's name in the Lease: the pod name in a cluster, else host and pid.
+fn identity() -> String {
+    std::env::var("POD_NAME").unwrap_or_else(|_| {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "card-quota".into());
+        format!("{host}-{}", std::process::id())
+    })
 }
 
 /// Serves offline from `snap`, or live from informer caches when `snap` is `None`.
@@ -227,11 +260,16 @@ async fn serve(
     opts: ServeOptions,
     snap: Option<card_quota::cluster::Snapshot>,
 ) -> anyhow::Result<()> {
+    use card_quota::controller::events::EventSink;
+    use card_quota::controller::reconciler::Reconciler;
     use card_quota::live::{caches, QueueApi};
     use card_quota::webhook::{server, tls};
     use std::sync::{Arc, Mutex};
     let resolver = Arc::new(tls::Reloading::new(opts.cert_dir)?);
     let tls_config = tls::server_config(resolver.clone())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut background = Vec::new();
+    let mut lease_task = None;
     let state = match snap {
         Some(snap) => Arc::new(server::State::new(snap, opts.config)),
         None => {
@@ -245,18 +283,43 @@ async fn serve(
                 snapshot.clone(),
                 synced.clone(),
             ));
-            Arc::new(server::State::live(
-                snapshot,
+            let me = identity();
+            let events = Arc::new(EventSink::new(client.clone(), Some(me.clone())));
+            let state = Arc::new(server::State::live(
+                snapshot.clone(),
                 opts.config,
                 server::Live {
-                    queues: QueueApi::new(client),
+                    queues: QueueApi::new(client.clone()),
                     budget: opts.ledger_budget,
-                    synced,
+                    synced: synced.clone(),
+                    events: Some(events.clone()),
                 },
-            ))
+            ));
+            let lease =
+                kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
+                    .with_namespace(&opts.lease_namespace)
+                    .with_identity(&me)
+                    .build()
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "setting up Lease {}/{}",
+                            opts.lease_namespace, opts.lease_name
+                        )
+                    })?;
+            let (leader, task) = lease.watch().await;
+            lease_task = Some(task);
+            let reconciler =
+                Reconciler::new(client, snapshot, events, state.metrics.clone(), leader);
+            background.push(tokio::spawn(reconciler.run(
+                synced,
+                opts.reconcile_every,
+                opts.full_every,
+                stop_rx.clone(),
+            )));
+            state
         }
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let admission = server::bind(opts.listen).await?;
     let health = server::bind(opts.metrics_listen).await?;
     tracing::info!(
@@ -284,8 +347,18 @@ async fn serve(
         .ready
         .store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = stop_tx.send(true);
-    for t in tasks {
+    for t in tasks.into_iter().chain(background) {
         let _ = t.await;
+    }
+    // The reconciler held the Lease's receiver; with it gone the manager releases the
+    // Lease so the other replica takes over at once.
+    if let Some(task) = lease_task {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), task).await {
+            Ok(Ok(Ok(_))) => tracing::info!("Lease released"),
+            Ok(Ok(Err(e))) => tracing::warn!("releasing the Lease: {e}"),
+            Ok(Err(e)) => tracing::warn!("Lease task: {e}"),
+            Err(_) => tracing::warn!("Lease not released within 5s"),
+        }
     }
     Ok(())
 }

@@ -73,6 +73,7 @@ fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
             queues: QueueApi::new(client),
             budget,
             synced: Arc::new(Synced::already()),
+            events: None,
         },
     ))
 }

@@ -24,6 +24,8 @@ pub struct QueueRecord {
     pub quota: Option<Result<Quota, AnnotationError>>,
     /// `status.state`; `None` counts as Open.
     pub state: Option<String>,
+    /// `metadata.uid`, for Events about the queue.
+    pub uid: Option<String>,
     /// `metadata.resourceVersion`, the precondition of ledger writes.
     pub resource_version: Option<String>,
     /// Charges recorded by the webhook that caches may not show yet.
@@ -291,6 +293,7 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
     };
     Ok(QueueRecord {
         resource_version: meta.resource_version.clone(),
+        uid: meta.uid.clone(),
         usage: a.get(USAGE).cloned(),
         ledger,
         ledger_problem,

@@ -190,6 +190,11 @@ impl Snapshot {
         self.queues.remove(name);
     }
 
+    /// Marks a queue for the reconciler to look at again.
+    pub fn mark_dirty(&mut self, q: &QueueName) {
+        self.dirty.mark(q);
+    }
+
     /// Takes the set of queues whose usage may have changed.
     pub fn take_dirty(&mut self) -> Dirty {
         std::mem::take(&mut self.dirty)

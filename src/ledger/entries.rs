@@ -207,6 +207,13 @@ impl Ledger {
         before - self.entries.len()
     }
 
+    /// Keeps only the entries `keep` accepts; returns how many were dropped.
+    pub fn retain(&mut self, mut keep: impl FnMut(&EntryKey, &Entry) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|k, e| keep(k, e));
+        before - self.entries.len()
+    }
+
     /// Drops one entry (its object is gone or terminal).
     pub fn forget(&mut self, key: &EntryKey) -> bool {
         self.entries.remove(key).is_some()

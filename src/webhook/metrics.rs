@@ -1,4 +1,13 @@
-//! Admission metrics (OpenMetrics text on `/metrics`).
+//! The process's metrics (OpenMetrics text on `/metrics`): admission counters and
+//! latency, ledger writes, and the reconciler's per-queue gauges under the names of
+//! Volcano's capacity-card plugin so existing dashboards work.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::ledger::Row;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -19,6 +28,17 @@ pub struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueCardLabels {
+    pub queue_name: String,
+    pub card_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -30,6 +50,17 @@ pub struct Metrics {
     pub latency: Family<KindLabel, Histogram>,
     pub budget_exhausted: Counter,
     pub ledger_writes: Family<ResultLabel, Counter>,
+    pub capacity: Family<QueueCardLabels, Gauge>,
+    pub allocated: Family<QueueCardLabels, Gauge>,
+    pub request: Family<QueueCardLabels, Gauge>,
+    pub pending: Family<QueueCardLabels, Gauge>,
+    pub reserved: Family<QueueCardLabels, Gauge>,
+    pub reconciles: Family<ModeLabel, Counter>,
+    pub reconcile_duration: Family<ModeLabel, Histogram>,
+    pub usage_writes: Family<ResultLabel, Counter>,
+    pub ledger_pruned: Counter,
+    /// Card names published per queue, so gone queues and models are removed.
+    published: Mutex<HashMap<String, BTreeSet<String>>>,
 }
 
 impl Default for Metrics {
@@ -63,9 +94,75 @@ impl Default for Metrics {
             "Compare-and-swap writes of Queue ledgers by outcome (written, conflict, error, full, timeout)",
             ledger_writes.clone(),
         );
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let f = Family::<QueueCardLabels, Gauge>::default();
+            registry.register(name, help, f.clone());
+            f
+        };
+        let capacity = gauge(
+            &mut registry,
+            "volcano_queue_card_capacity",
+            "Card quota of a queue per model (volcano.sh/card.quota)",
+        );
+        let allocated = gauge(
+            &mut registry,
+            "volcano_queue_card_allocated",
+            "Cards of bound, non-terminal pods charged to a queue per model",
+        );
+        let request = gauge(
+            &mut registry,
+            "volcano_queue_card_request",
+            "Cards a queue uses or waits for per model: allocated + pending + reserved",
+        );
+        let pending = gauge(
+            &mut registry,
+            "card_quota_queue_card_pending",
+            "Cards of admitted, unbound pods per model or alternatives (A|B)",
+        );
+        let reserved = gauge(
+            &mut registry,
+            "card_quota_queue_card_reserved",
+            "Cards reserved by PodGroup card.request not yet covered by their pods",
+        );
+        let reconciles = Family::<ModeLabel, Counter>::default();
+        registry.register(
+            "card_quota_reconciles",
+            "Reconciler passes by mode (incremental or full)",
+            reconciles.clone(),
+        );
+        let reconcile_duration = Family::<ModeLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0])
+        });
+        registry.register(
+            "card_quota_reconcile_duration_seconds",
+            "Time of one reconciler pass, API writes included",
+            reconcile_duration.clone(),
+        );
+        let usage_writes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "card_quota_usage_writes",
+            "Server-side applies of volcano.sh/card.usage by outcome",
+            usage_writes.clone(),
+        );
+        let ledger_pruned = Counter::default();
+        registry.register(
+            "card_quota_ledger_pruned_entries",
+            "Ledger entries dropped by the reconciler",
+            ledger_pruned.clone(),
+        );
         Self {
             registry,
             ledger_writes,
+            capacity,
+            allocated,
+            request,
+            pending,
+            reserved,
+            reconciles,
+            reconcile_duration,
+            usage_writes,
+            ledger_pruned,
+            published: Mutex::new(HashMap::new()),
             requests,
             latency,
             budget_exhausted,
@@ -74,6 +171,57 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Sets the gauges of `queue` to `rows`; `None` (a deleted queue) removes them.
+    /// Models a queue no longer has are removed too.
+    pub fn publish_queue(&self, queue: &str, rows: Option<&BTreeMap<String, Row>>) {
+        let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let labels = |card: &str| QueueCardLabels {
+            queue_name: queue.to_string(),
+            card_name: card.to_string(),
+        };
+        let now: BTreeSet<String> = rows
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default();
+        for gone in published
+            .get(queue)
+            .map(|s| s.difference(&now).cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            let l = labels(&gone);
+            for f in [
+                &self.capacity,
+                &self.allocated,
+                &self.request,
+                &self.pending,
+                &self.reserved,
+            ] {
+                f.remove(&l);
+            }
+        }
+        for (card, r) in rows.into_iter().flatten() {
+            let l = labels(card);
+            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            if !card.contains('|') {
+                self.capacity.get_or_create(&l).set(gauge(r.quota));
+                self.allocated.get_or_create(&l).set(gauge(r.allocated));
+                self.request.get_or_create(&l).set(gauge(r.in_use()));
+            }
+            self.pending.get_or_create(&l).set(gauge(r.pending));
+            self.reserved.get_or_create(&l).set(gauge(r.reserved));
+        }
+        if now.is_empty() {
+            published.remove(queue);
+        } else {
+            published.insert(queue.to_string(), now);
+        }
+    }
+
+    /// Queues whose gauges are published.
+    pub fn published_queues(&self) -> Vec<String> {
+        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        published.keys().cloned().collect()
+    }
+
     /// OpenMetrics text.
     pub fn encode(&self) -> String {
         let mut s = String::new();

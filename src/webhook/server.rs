@@ -19,6 +19,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{apply, bad_review, response};
 use crate::cluster::Snapshot;
+use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
 use crate::decide::review::{parse_review, AdmissionRequest, ReviewOut};
 use crate::decide::{decide, Config, Decision, RequestKind};
@@ -37,13 +38,15 @@ pub struct Live {
     /// Time allowed for recording one charge (conflicts and retries included).
     pub budget: Duration,
     pub synced: Arc<Synced>,
+    /// Where refusal Events go.
+    pub events: Option<Arc<EventSink>>,
 }
 
 /// Shared state of one server process.
 pub struct State {
     pub snapshot: Arc<Mutex<Snapshot>>,
     pub config: Config,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
     /// `None` offline: admitted effects are applied to the snapshot directly.
     pub live: Option<Live>,
@@ -55,7 +58,7 @@ impl State {
         Self {
             snapshot: Arc::new(Mutex::new(snapshot)),
             config,
-            metrics: Metrics::default(),
+            metrics: Arc::new(Metrics::default()),
             ready: AtomicBool::new(false),
             live: None,
         }
@@ -66,7 +69,7 @@ impl State {
         Self {
             snapshot,
             config,
-            metrics: Metrics::default(),
+            metrics: Arc::new(Metrics::default()),
             ready: AtomicBool::new(false),
             live: Some(live),
         }
@@ -169,6 +172,12 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
     }
     if let Some(ev) = &d.event {
         tracing::info!(reason = ev.reason, kind = %ev.regarding.kind, name = %ev.regarding.name, "{}", ev.message);
+        // /mutate and /validate may both refuse the same request: the sink folds
+        // repeats. Dry runs change nothing, so they say nothing.
+        let sink = state.live.as_ref().and_then(|l| l.events.as_ref());
+        if let (Some(sink), false) = (sink, req.is_dry_run()) {
+            sink.publish_in_background((**ev).clone());
+        }
     }
     let kind = RequestKind::of(&req).label();
     let result = if d.allowed { "allowed" } else { "denied" };

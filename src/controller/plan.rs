@@ -1,0 +1,328 @@
+//! What the reconciler should write, computed from the snapshot alone (no I/O): the
+//! usage annotation of each Queue, the Events its state calls for, and the pruned
+//! ledger.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::cards::QueueName;
+use crate::cluster::{QueueRecord, Snapshot};
+use crate::decide::fit::usage_of;
+use crate::ledger::entries::{EntryKey, Ledger, OBSERVED_GRACE_SECONDS, TTL_SECONDS};
+use crate::ledger::overlay::reflected;
+use crate::ledger::Row;
+
+/// Event reason for a queue whose allocated cards exceed its quota.
+pub const EXCEEDED: &str = "CardQuotaExceeded";
+/// Event reason for a queue whose quota annotation does not parse.
+pub const INVALID: &str = crate::decide::messages::INVALID;
+
+/// One queue as the reconciler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueState {
+    pub queue: QueueName,
+    /// Usage rows per model and composite key (the table of `status`).
+    pub rows: BTreeMap<String, Row>,
+    /// The queue object exists (usage of queues without one is not written).
+    pub exists: bool,
+    pub uid: Option<String>,
+    /// The usage annotation as stored.
+    pub stored_usage: Option<String>,
+    /// The quota annotation's problem, when it does not parse.
+    pub invalid: Option<String>,
+}
+
+/// Computes the state of `queue`.
+pub fn queue_state(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> QueueState {
+    let rec = snap.queue(queue);
+    QueueState {
+        queue: queue.clone(),
+        rows: usage_of(snap, queue, now).rows(),
+        exists: rec.is_some(),
+        uid: rec.and_then(|r| r.uid.clone()),
+        stored_usage: rec.and_then(|r| r.usage.clone()),
+        invalid: rec.and_then(|r| match &r.quota {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        }),
+    }
+}
+
+/// The `volcano.sh/card.usage` text: rows per model plus `observedAt`.
+pub fn usage_text(rows: &BTreeMap<String, Row>, observed_at: jiff::Timestamp) -> String {
+    #[derive(serde::Serialize)]
+    struct Doc<'a> {
+        #[serde(flatten)]
+        rows: &'a BTreeMap<String, Row>,
+        #[serde(rename = "observedAt")]
+        observed_at: String,
+    }
+    let doc = Doc {
+        rows,
+        observed_at: observed_at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    };
+    serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string())
+}
+
+/// True when `stored` already says `rows` (its `observedAt` aside).
+pub fn usage_matches(stored: Option<&str>, rows: &BTreeMap<String, Row>) -> bool {
+    let Some(text) = stored else {
+        return false;
+    };
+    let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str::<serde_json::Value>(text)
+    else {
+        return false;
+    };
+    m.remove("observedAt");
+    let Ok(stored_rows) =
+        serde_json::from_value::<BTreeMap<String, Row>>(serde_json::Value::Object(m))
+    else {
+        return false;
+    };
+    &stored_rows == rows
+}
+
+/// The usage annotation to write, or `None` when the stored one is current (no-op
+/// writes would wake every Queue watcher, Volcano's scheduler included).
+pub fn usage_write(s: &QueueState, now: jiff::Timestamp) -> Option<String> {
+    if !s.exists || (s.rows.is_empty() && s.stored_usage.is_none()) {
+        return None;
+    }
+    if usage_matches(s.stored_usage.as_deref(), &s.rows) {
+        return None;
+    }
+    Some(usage_text(&s.rows, now))
+}
+
+/// The `CardQuotaExceeded` message when allocated cards exceed the quota of a model.
+pub fn exceeded_message(s: &QueueState) -> Option<String> {
+    let over: Vec<String> = s
+        .rows
+        .iter()
+        .filter(|(k, r)| !k.contains('|') && r.allocated > r.quota)
+        .map(|(k, r)| format!("{k} allocated {} > quota {}", r.allocated, r.quota))
+        .collect();
+    if over.is_empty() {
+        return None;
+    }
+    let mut msg = format!("queue {} is over its card quota: ", s.queue);
+    let mut shown = 0;
+    for o in &over {
+        // Keep Events short (DESIGN §6: under ~250 characters).
+        if msg.len() + o.len() > 230 {
+            break;
+        }
+        if shown > 0 {
+            msg.push_str("; ");
+        }
+        msg.push_str(o);
+        shown += 1;
+    }
+    if shown < over.len() {
+        msg.push_str(&format!("; and {} more models", over.len() - shown));
+    }
+    Some(msg)
+}
+
+/// The `InvalidCardQuota` message for a quota annotation that does not parse.
+pub fn invalid_message(s: &QueueState) -> Option<String> {
+    s.invalid
+        .as_ref()
+        .map(|e| format!("{e}; the queue has quota 0 for every model until it is fixed"))
+}
+
+/// Remembers the last condition reported per queue and reason, so Events are sent
+/// when a condition appears or changes, not on every resync.
+#[derive(Debug, Default)]
+pub struct EventMemory {
+    last: HashMap<(QueueName, &'static str), String>,
+}
+
+impl EventMemory {
+    /// The message to publish now, if any. `None` clears the condition.
+    pub fn note(
+        &mut self,
+        queue: &QueueName,
+        reason: &'static str,
+        message: Option<String>,
+    ) -> Option<String> {
+        let key = (queue.clone(), reason);
+        match message {
+            None => {
+                self.last.remove(&key);
+                None
+            }
+            Some(m) if self.last.get(&key) == Some(&m) => None,
+            Some(m) => {
+                self.last.insert(key, m.clone());
+                Some(m)
+            }
+        }
+    }
+
+    /// Forgets a condition whose Event could not be published, so it is tried again.
+    pub fn forget(&mut self, queue: &QueueName, reason: &'static str) {
+        self.last.remove(&(queue.clone(), reason));
+    }
+}
+
+/// A ledger write that drops entries no longer needed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerPrune {
+    pub queue: QueueName,
+    pub resource_version: String,
+    pub ledger: Ledger,
+    pub dropped: usize,
+}
+
+/// Entries to drop from a Queue's ledger: expired ones (the object never appeared),
+/// ones the cache has reflected for longer than the grace period, ones whose pod is
+/// terminal, and ones whose object was seen and is gone. `seen` remembers, across
+/// calls, entries whose object the cache has shown.
+pub fn ledger_prune(
+    rec: &QueueRecord,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+    seen: &mut HashSet<(QueueName, EntryKey)>,
+) -> Option<LedgerPrune> {
+    if rec.ledger.is_empty() {
+        seen.retain(|(q, _)| q != &rec.name);
+        return None;
+    }
+    let t = now.as_second();
+    let mut ledger = rec.ledger.clone();
+    let dropped = ledger.retain(|k, e| {
+        let age = t - e.at;
+        if age > TTL_SECONDS {
+            return false;
+        }
+        let present = match k {
+            EntryKey::Pod(p) => match snap.pod(p) {
+                Some(pod) if !pod.is_active(now) => return false,
+                Some(_) => true,
+                None => snap.is_known_cardless_pod(p),
+            },
+            EntryKey::Group(g) => snap.group(g).is_some(),
+        };
+        let key = (rec.name.clone(), k.clone());
+        if !present {
+            return !seen.contains(&key);
+        }
+        if reflected(snap, k, e) {
+            seen.insert(key);
+            return age <= OBSERVED_GRACE_SECONDS;
+        }
+        true
+    });
+    seen.retain(|(q, k)| q != &rec.name || ledger.get(k).is_some());
+    if dropped == 0 {
+        return None;
+    }
+    Some(LedgerPrune {
+        queue: rec.name.clone(),
+        resource_version: rec.resource_version.clone()?,
+        ledger,
+        dropped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::load::load;
+
+    const SNAP: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: h1, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, uid: u-q, resourceVersion: "5", annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}'}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: bad, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":-1}'}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "2"}}}]}
+"#;
+
+    fn now() -> jiff::Timestamp {
+        "2026-11-22T10:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn usage_is_written_once_and_not_again_when_unchanged() {
+        let (snap, _) = load(SNAP).unwrap();
+        let s = queue_state(&snap, &QueueName::new("q"), now());
+        let text = usage_write(&s, now()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"NVIDIA-H200":{"quota":1,"allocated":2,"pending":0,"reserved":0},"observedAt":"2026-11-22T10:00:00Z"}"#
+        );
+        let mut again = s.clone();
+        again.stored_usage = Some(text);
+        assert_eq!(usage_write(&again, now()), None);
+    }
+
+    #[test]
+    fn an_over_quota_queue_and_a_broken_quota_get_their_messages_once() {
+        let (snap, _) = load(SNAP).unwrap();
+        let s = queue_state(&snap, &QueueName::new("q"), now());
+        let over = exceeded_message(&s).unwrap();
+        assert_eq!(
+            over,
+            "queue q is over its card quota: NVIDIA-H200 allocated 2 > quota 1"
+        );
+        let bad = queue_state(&snap, &QueueName::new("bad"), now());
+        assert!(invalid_message(&bad)
+            .unwrap()
+            .starts_with("invalid volcano.sh/card.quota on queue bad: "));
+        let mut mem = EventMemory::default();
+        let q = QueueName::new("q");
+        assert!(mem.note(&q, EXCEEDED, Some(over.clone())).is_some());
+        assert!(mem.note(&q, EXCEEDED, Some(over.clone())).is_none());
+        assert!(mem.note(&q, EXCEEDED, None).is_none());
+        assert!(mem.note(&q, EXCEEDED, Some(over)).is_some());
+    }
+
+    #[test]
+    fn ledger_entries_are_pruned_when_reflected_gone_terminal_or_expired() {
+        let (mut snap, _) = load(SNAP).unwrap();
+        let t = now().as_second();
+        let entry = |name: &str, at: i64| {
+            format!(
+                r#""pod:ml/{name}":{{"at":{at},"resources":{{"nvidia.com/gpu":1}},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"}}"#
+            )
+        };
+        let ledger = format!(
+            "{{{}}}",
+            [
+                entry("a", t - 5),   // reflected, within grace: kept
+                entry("b", t - 5),   // not in cache yet: kept
+                entry("c", t - 200), // expired: dropped
+            ]
+            .join(",")
+        );
+        let mut rec = snap.queue(&QueueName::new("q")).unwrap().clone();
+        rec.ledger = Ledger::parse(&rec.name, &ledger).unwrap();
+        let mut seen = HashSet::new();
+        let p = ledger_prune(&rec, &snap, now(), &mut seen).unwrap();
+        assert_eq!(p.dropped, 1);
+        assert_eq!(p.resource_version, "5");
+        let keys: Vec<String> = p.ledger.iter().map(|(k, _)| k.to_string()).collect();
+        assert_eq!(keys, vec!["pod:ml/a", "pod:ml/b"]);
+        // Pod a is deleted after it was seen: its entry goes at once.
+        snap.remove_pod(&crate::cards::ObjectKey::new("ml", "a"));
+        rec.ledger = p.ledger;
+        let p = ledger_prune(&rec, &snap, now(), &mut seen).unwrap();
+        let keys: Vec<String> = p.ledger.iter().map(|(k, _)| k.to_string()).collect();
+        assert_eq!(keys, vec!["pod:ml/b"]);
+        // Nothing left to drop: no write.
+        rec.ledger = p.ledger;
+        assert_eq!(ledger_prune(&rec, &snap, now(), &mut seen), None);
+    }
+}

@@ -1,0 +1,287 @@
+//! The reconciler's shell: each pass plans from the snapshot (pure, under the lock),
+//! publishes gauges, and — only while this replica holds the Lease — applies the
+//! usage annotations (server-side apply, field manager `card-quota`), raises Events
+//! and writes pruned ledgers (compare-and-swap).
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::Client;
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::cards::annotations::USAGE;
+use crate::cards::QueueName;
+use crate::cluster::records::queue_record;
+use crate::cluster::{Dirty, Snapshot};
+use crate::decide::{EventIntent, ObjectRef};
+use crate::ledger::EntryKey;
+use crate::live::caches::Synced;
+use crate::live::charge::remember;
+use crate::live::queues::queue_resource;
+use crate::live::{QueueApi, WriteError};
+use crate::webhook::metrics::{Metrics, ModeLabel, ResultLabel};
+
+use super::events::EventSink;
+use super::plan::{
+    exceeded_message, invalid_message, ledger_prune, queue_state, usage_write, EventMemory,
+    QueueState, EXCEEDED, INVALID,
+};
+
+/// The field manager of card-quota's server-side applies.
+pub const FIELD_MANAGER: &str = "card-quota";
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pass {
+    pub queues: usize,
+    pub usage_written: usize,
+    pub events: usize,
+    pub ledger_entries_pruned: usize,
+    pub errors: usize,
+    pub leader: bool,
+}
+
+/// The reconciler of one process.
+pub struct Reconciler {
+    snapshot: Arc<Mutex<Snapshot>>,
+    api: Api<DynamicObject>,
+    queues: QueueApi,
+    events: Arc<EventSink>,
+    metrics: Arc<Metrics>,
+    leader: watch::Receiver<bool>,
+    memory: EventMemory,
+    seen: HashSet<(QueueName, EntryKey)>,
+}
+
+fn queue_ref(s: &QueueState) -> ObjectRef {
+    ObjectRef {
+        api_version: "scheduling.volcano.sh/v1beta1".into(),
+        kind: "Queue".into(),
+        namespace: None,
+        name: s.queue.to_string(),
+        uid: s.uid.clone(),
+    }
+}
+
+impl Reconciler {
+    pub fn new(
+        client: Client,
+        snapshot: Arc<Mutex<Snapshot>>,
+        events: Arc<EventSink>,
+        metrics: Arc<Metrics>,
+        leader: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            snapshot,
+            api: Api::all_with(client.clone(), &queue_resource()),
+            queues: QueueApi::new(client),
+            events,
+            metrics,
+            leader,
+            memory: EventMemory::default(),
+            seen: HashSet::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Snapshot> {
+        self.snapshot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn apply_usage(&self, queue: &QueueName, text: &str) -> Result<(), String> {
+        let patch = json!({
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "Queue",
+            "metadata": { "name": queue.as_str(), "annotations": { USAGE: text } },
+        });
+        let o = self
+            .api
+            .patch(
+                queue.as_str(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut v = serde_json::to_value(&o).map_err(|e| e.to_string())?;
+        v["kind"] = json!("Queue");
+        let rec = queue_record(&v).map_err(|e| e.to_string())?;
+        remember(&mut self.lock(), rec);
+        Ok(())
+    }
+
+    async fn event(
+        &mut self,
+        s: &QueueState,
+        reason: &'static str,
+        message: Option<String>,
+    ) -> bool {
+        let Some(message) = self.memory.note(&s.queue, reason, message) else {
+            return false;
+        };
+        let intent = EventIntent {
+            regarding: queue_ref(s),
+            reason,
+            message,
+            warning: true,
+        };
+        match self.events.publish(&intent, "Reconcile").await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("could not publish {reason} on queue {}: {e}", s.queue);
+                self.memory.forget(&s.queue, reason);
+                false
+            }
+        }
+    }
+
+    /// One pass: every queue when `full`, else the queues whose objects changed.
+    pub async fn pass(&mut self, full: bool) -> Pass {
+        let start = Instant::now();
+        let now = jiff::Timestamp::now();
+        let leader = *self.leader.borrow();
+        let (states, prunes) = {
+            let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            let dirty = snap.take_dirty();
+            let names: BTreeSet<QueueName> = match (full, dirty) {
+                (true, _) | (_, Dirty::All) => {
+                    let mut all = snap.queue_names();
+                    all.extend(
+                        self.metrics
+                            .published_queues()
+                            .into_iter()
+                            .map(QueueName::new),
+                    );
+                    all
+                }
+                (false, Dirty::Queues(s)) => s,
+                (false, Dirty::None) => BTreeSet::new(),
+            };
+            let states: Vec<QueueState> =
+                names.iter().map(|q| queue_state(&snap, q, now)).collect();
+            let prunes: Vec<_> = if leader {
+                let recs: Vec<_> = snap.queues().cloned().collect();
+                recs.iter()
+                    .filter_map(|r| ledger_prune(r, &snap, now, &mut self.seen))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            (states, prunes)
+        };
+        let mut pass = Pass {
+            queues: states.len(),
+            leader,
+            ..Default::default()
+        };
+        for s in &states {
+            let keep = s.exists || !s.rows.is_empty();
+            self.metrics
+                .publish_queue(s.queue.as_str(), keep.then_some(&s.rows));
+        }
+        if leader {
+            for s in &states {
+                if let Some(text) = usage_write(s, now) {
+                    let result = match self.apply_usage(&s.queue, &text).await {
+                        Ok(()) => {
+                            pass.usage_written += 1;
+                            "applied"
+                        }
+                        Err(e) => {
+                            tracing::warn!("could not apply usage of queue {}: {e}", s.queue);
+                            self.lock().mark_dirty(&s.queue);
+                            pass.errors += 1;
+                            "error"
+                        }
+                    };
+                    self.metrics
+                        .usage_writes
+                        .get_or_create(&ResultLabel {
+                            result: result.into(),
+                        })
+                        .inc();
+                }
+                if !s.exists {
+                    continue;
+                }
+                if self.event(s, EXCEEDED, exceeded_message(s)).await {
+                    pass.events += 1;
+                }
+                if self.event(s, INVALID, invalid_message(s)).await {
+                    pass.events += 1;
+                }
+            }
+            for p in prunes {
+                match self
+                    .queues
+                    .write_ledger(&p.queue, &p.resource_version, &p.ledger.render())
+                    .await
+                {
+                    Ok(rec) => {
+                        remember(&mut self.lock(), rec);
+                        pass.ledger_entries_pruned += p.dropped;
+                        self.metrics.ledger_pruned.inc_by(p.dropped as u64);
+                    }
+                    // A webhook wrote first; the next pass prunes from its version.
+                    Err(WriteError::Conflict(_)) => {}
+                    Err(e) => {
+                        tracing::warn!("could not prune ledger: {e}");
+                        pass.errors += 1;
+                    }
+                }
+            }
+        }
+        let mode = ModeLabel {
+            mode: if full { "full" } else { "incremental" }.into(),
+        };
+        self.metrics.reconciles.get_or_create(&mode).inc();
+        self.metrics
+            .reconcile_duration
+            .get_or_create(&mode)
+            .observe(start.elapsed().as_secs_f64());
+        pass
+    }
+
+    /// Runs passes every `every` (a full recount every `full_every`, and whenever this
+    /// replica becomes leader) until `shutdown`. Waits for the caches first: usage
+    /// written from half-synced caches would be wrong.
+    pub async fn run(
+        mut self,
+        synced: Arc<Synced>,
+        every: Duration,
+        full_every: Duration,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            _ = synced.wait() => {}
+            _ = shutdown.changed() => return,
+        }
+        let mut last_full: Option<Instant> = None;
+        let mut was_leader = false;
+        let mut lease_open = true;
+        loop {
+            let is_leader = *self.leader.borrow();
+            let full =
+                last_full.is_none_or(|t| t.elapsed() >= full_every) || (is_leader && !was_leader);
+            was_leader = is_leader;
+            let p = self.pass(full).await;
+            if full {
+                last_full = Some(Instant::now());
+            }
+            if p.usage_written + p.events + p.ledger_entries_pruned + p.errors > 0 {
+                tracing::info!(?p, "reconciled");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                changed = self.leader.changed(), if lease_open => {
+                    if changed.is_err() {
+                        lease_open = false;
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! The reconciler against a scripted API server (tower-test): what it writes, with
+//! which field manager, and when it must write nothing.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use card_quota::cluster::load::load;
+use card_quota::controller::events::EventSink;
+use card_quota::controller::reconciler::Reconciler;
+use card_quota::webhook::metrics::Metrics;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use serde_json::{json, Value};
+
+const OBJECTS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: h1, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: good, uid: u-good, resourceVersion: "7", annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":3}'}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: bad, uid: u-bad, resourceVersion: "3", annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":"3"}'}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: good, volcano.sh/card.charged: NVIDIA-H200}}
+spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "2"}}}]}
+"#;
+
+/// One request the reconciler made.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    uri: String,
+    content_type: String,
+    body: Value,
+}
+
+/// Answers every request as the API server would, recording it: Queue patches are
+/// merged into the Queues of `objects`.
+fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
+    let mut queues: std::collections::HashMap<String, Value> =
+        card_quota::cluster::load::documents(objects)
+            .unwrap()
+            .into_iter()
+            .filter(|d| d["kind"] == "Queue")
+            .map(|d| (d["metadata"]["name"].as_str().unwrap().to_string(), d))
+            .collect();
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let method = req.method().to_string();
+            let uri = req.uri().to_string();
+            let content_type = req
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_string())
+                .unwrap_or_default();
+            let bytes = req.into_body().collect().await.unwrap().to_bytes();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            log.lock().unwrap().push(Seen {
+                method: method.clone(),
+                uri: uri.clone(),
+                content_type,
+                body: body.clone(),
+            });
+            let reply = if uri.contains("/queues/") {
+                let name = uri
+                    .split("/queues/")
+                    .nth(1)
+                    .unwrap()
+                    .split('?')
+                    .next()
+                    .unwrap();
+                let q = queues.get_mut(name).unwrap();
+                for (k, v) in body["metadata"]["annotations"].as_object().unwrap() {
+                    q["metadata"]["annotations"][k] = v.clone();
+                }
+                let rv: u64 = q["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                q["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+                q.clone()
+            } else {
+                body
+            };
+            send.send_response(
+                Response::builder()
+                    .status(if method == "POST" { 201 } else { 200 })
+                    .header("content-type", "application/json")
+                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    (kube::Client::new(svc, "default"), seen)
+}
+
+type Harness = (
+    Reconciler,
+    Arc<Mutex<Vec<Seen>>>,
+    Arc<Metrics>,
+    tokio::sync::watch::Sender<bool>,
+    Arc<Mutex<card_quota::cluster::Snapshot>>,
+);
+
+fn reconciler(text: &str, leader: bool) -> Harness {
+    let (client, seen) = api(text);
+    let (snap, skipped) = load(text).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = tokio::sync::watch::channel(leader);
+    let events = Arc::new(EventSink::new(client.clone(), Some("test".into())));
+    let snap = Arc::new(Mutex::new(snap));
+    let r = Reconciler::new(client, snap.clone(), events, metrics.clone(), rx);
+    (r, seen, metrics, tx, snap)
+}
+
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+#[tokio::test]
+async fn usage_is_server_side_applied_with_only_our_annotation_and_not_rewritten_when_unchanged() {
+    let (mut r, seen, _, _tx, _) = reconciler(OBJECTS, true);
+    let first = r.pass(true).await;
+    settle().await;
+    let log = seen.lock().unwrap().clone();
+    let applies: Vec<&Seen> = log.iter().filter(|s| s.method == "PATCH").collect();
+    assert_eq!(applies.len(), 1, "{log:#?}");
+    let a = applies[0];
+    assert!(
+        a.uri
+            .starts_with("/apis/scheduling.volcano.sh/v1beta1/queues/good?"),
+        "{}",
+        a.uri
+    );
+    assert!(a.uri.contains("fieldManager=card-quota"), "{}", a.uri);
+    assert!(a.uri.contains("force=true"), "{}", a.uri);
+    assert_eq!(a.content_type, "application/apply-patch+yaml");
+    // Only our annotation: no spec, no status, no other annotation.
+    let mut body = a.body.clone();
+    let usage = body["metadata"]["annotations"]["volcano.sh/card.usage"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    body["metadata"]["annotations"]["volcano.sh/card.usage"] = json!("<usage>");
+    assert_eq!(
+        body,
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+               "metadata": {"name": "good", "annotations": {"volcano.sh/card.usage": "<usage>"}}})
+    );
+    let usage: Value = serde_json::from_str(&usage).unwrap();
+    assert_eq!(
+        usage["NVIDIA-H200"],
+        json!({"quota": 3, "allocated": 2, "pending": 0, "reserved": 0})
+    );
+    assert!(usage["observedAt"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(first.usage_written, 1);
+
+    // A second full recount finds nothing to change and writes nothing.
+    let before = seen.lock().unwrap().len();
+    let second = r.pass(true).await;
+    settle().await;
+    assert_eq!(second.usage_written, 0);
+    let after = seen.lock().unwrap().clone();
+    assert_eq!(after.len(), before, "{:#?}", &after[before..]);
+}
+
+#[tokio::test]
+async fn a_broken_quota_gets_one_event_and_the_other_queues_are_still_written() {
+    let (mut r, seen, _, _tx, _) = reconciler(OBJECTS, true);
+    r.pass(true).await;
+    r.pass(true).await;
+    settle().await;
+    let log = seen.lock().unwrap().clone();
+    let events: Vec<&Seen> = log
+        .iter()
+        .filter(|s| s.method == "POST" && s.uri.contains("/apis/events.k8s.io/v1/"))
+        .collect();
+    assert_eq!(events.len(), 1, "deduplicated across passes: {log:#?}");
+    let e = &events[0].body;
+    assert_eq!(e["reason"], "InvalidCardQuota");
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["regarding"]["kind"], "Queue");
+    assert_eq!(e["regarding"]["name"], "bad");
+    assert_eq!(e["regarding"]["uid"], "u-bad");
+    assert_eq!(e["reportingController"], "card-quota");
+    assert!(e["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("invalid volcano.sh/card.quota on queue bad: "));
+    assert!(log
+        .iter()
+        .any(|s| s.method == "PATCH" && s.uri.contains("/queues/good?")));
+}
+
+#[tokio::test]
+async fn a_queue_over_its_quota_raises_card_quota_exceeded_once() {
+    let text = OBJECTS.replace(r#"'{"NVIDIA-H200":3}'"#, r#"'{"NVIDIA-H200":1}'"#);
+    let (mut r, seen, _, _tx, _) = reconciler(&text, true);
+    r.pass(true).await;
+    r.pass(true).await;
+    settle().await;
+    let log = seen.lock().unwrap().clone();
+    let exceeded: Vec<&Value> = log
+        .iter()
+        .filter(|s| s.method == "POST")
+        .map(|s| &s.body)
+        .filter(|b| b["reason"] == "CardQuotaExceeded")
+        .collect();
+    assert_eq!(exceeded.len(), 1, "{log:#?}");
+    assert_eq!(
+        exceeded[0]["note"],
+        "queue good is over its card quota: NVIDIA-H200 allocated 2 > quota 1"
+    );
+}
+
+#[tokio::test]
+async fn ledger_entries_are_pruned_with_a_compare_and_swap_write() {
+    let now = jiff::Timestamp::now().as_second();
+    let ledger = format!(
+        r#"{{"pod:ml/a":{{"at":{},"resources":{{"nvidia.com/gpu":2}},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"}},"pod:ml/never":{{"at":{},"resources":{{"nvidia.com/gpu":1}},"card":"NVIDIA-H200"}},"pod:ml/fresh":{{"at":{now},"resources":{{"nvidia.com/gpu":1}},"card":"NVIDIA-H200"}}}}"#,
+        now - 45,
+        now - 500
+    );
+    let text = OBJECTS.replace(
+        r#"resourceVersion: "7", annotations: {"#,
+        &format!(r#"resourceVersion: "7", annotations: {{volcano.sh/card.ledger: '{ledger}', "#),
+    );
+    let (mut r, seen, metrics, _tx, _) = reconciler(&text, true);
+    let p = r.pass(true).await;
+    settle().await;
+    assert_eq!(p.ledger_entries_pruned, 2);
+    let log = seen.lock().unwrap().clone();
+    let cas: Vec<&Seen> = log
+        .iter()
+        .filter(|s| s.method == "PATCH" && s.content_type == "application/merge-patch+json")
+        .collect();
+    assert_eq!(cas.len(), 1, "{log:#?}");
+    assert_eq!(cas[0].body["metadata"]["resourceVersion"], "7");
+    let written: Value = serde_json::from_str(
+        cas[0].body["metadata"]["annotations"]["volcano.sh/card.ledger"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let keys: Vec<&String> = written.as_object().unwrap().keys().collect();
+    assert_eq!(keys, vec!["pod:ml/fresh"]);
+    assert!(metrics
+        .encode()
+        .contains("card_quota_ledger_pruned_entries_total 2"));
+}
+
+#[tokio::test]
+async fn a_replica_without_the_lease_writes_nothing_but_still_exports_gauges() {
+    let (mut r, seen, metrics, tx, snap) = reconciler(OBJECTS, false);
+    let p = r.pass(true).await;
+    settle().await;
+    assert!(!p.leader);
+    assert!(seen.lock().unwrap().is_empty());
+    let text = metrics.encode();
+    assert!(
+        text.contains(
+            r#"volcano_queue_card_allocated{queue_name="good",card_name="NVIDIA-H200"} 2"#
+        ),
+        "{text}"
+    );
+    assert!(text
+        .contains(r#"volcano_queue_card_capacity{queue_name="good",card_name="NVIDIA-H200"} 3"#));
+    // Gaining the Lease starts the writes; losing it stops them again.
+    tx.send(true).unwrap();
+    assert_eq!(r.pass(true).await.usage_written, 1);
+    tx.send(false).unwrap();
+    let before = seen.lock().unwrap().len();
+    // The pod goes away: usage changes, but a replica without the Lease stays silent.
+    snap.lock()
+        .unwrap()
+        .remove_pod(&card_quota::cards::ObjectKey::new("ml", "a"));
+    r.pass(true).await;
+    settle().await;
+    assert_eq!(seen.lock().unwrap().len(), before);
+    assert!(metrics
+        .encode()
+        .contains(r#"volcano_queue_card_allocated{queue_name="good",card_name="NVIDIA-H200"} 0"#));
+}
+
+#[tokio::test]
+async fn gauges_of_a_deleted_queue_are_removed() {
+    let (mut r, _seen, metrics, _tx, snap) = reconciler(OBJECTS, false);
+    r.pass(true).await;
+    assert!(metrics.encode().contains(r#"queue_name="good""#));
+    {
+        let mut s = snap.lock().unwrap();
+        s.remove_pod(&card_quota::cards::ObjectKey::new("ml", "a"));
+        s.remove_queue(&card_quota::cards::QueueName::new("good"));
+    }
+    r.pass(false).await;
+    let text = metrics.encode();
+    assert!(!text.contains(r#"queue_name="good""#), "{text}");
+}
