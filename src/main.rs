@@ -64,6 +64,12 @@ enum Command {
         /// Leave out matchConditions (API servers before Kubernetes 1.30).
         #[arg(long)]
         without_match_conditions: bool,
+        /// Name of the webhook configurations.
+        #[arg(long)]
+        name: Option<String>,
+        /// Only namespaces with this label (key=value) reach the webhooks (opt-in).
+        #[arg(long, value_parser = parse_label)]
+        namespace_label: Option<(String, String)>,
     },
     /// Serve the admission webhook over HTTPS.
     Serve {
@@ -116,6 +122,7 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -152,6 +159,8 @@ fn main() -> anyhow::Result<()> {
             cert_dir,
             url,
             without_match_conditions,
+            name,
+            namespace_label,
         } => {
             print!(
                 "{}",
@@ -159,6 +168,10 @@ fn main() -> anyhow::Result<()> {
                     cert_dir: &cert_dir,
                     url: url.as_deref(),
                     without_match_conditions,
+                    name: name.as_deref(),
+                    namespace_label: namespace_label
+                        .as_ref()
+                        .map(|(k, v)| (k.as_str(), v.as_str())),
                 })?
             );
         }
@@ -243,6 +256,13 @@ struct ServeOptions {
     lease_name: String,
     reconcile_every: std::time::Duration,
     full_every: std::time::Duration,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected key=value, got {s:?}")),
+    }
 }
 
 /// This replica's name in the Lease: the pod name in a cluster, else host and pid.

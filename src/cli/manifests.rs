@@ -47,6 +47,10 @@ pub struct Options<'a> {
     pub url: Option<&'a str>,
     /// Drop `matchConditions` (API servers before 1.30 reject them).
     pub without_match_conditions: bool,
+    /// Name of the webhook configurations (default `card-quota`).
+    pub name: Option<&'a str>,
+    /// Only namespaces carrying this label (`key=value`) reach the webhooks.
+    pub namespace_label: Option<(&'a str, &'a str)>,
 }
 
 fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ManifestError> {
@@ -106,6 +110,15 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
                     m.remove("matchConditions");
                 }
             }
+            if let (Some((k, v)), Some(sel)) = (
+                opts.namespace_label,
+                hook.get_mut("namespaceSelector").and_then(Value::as_object_mut),
+            ) {
+                sel.insert("matchLabels".into(), json!({ k: v }));
+            }
+        }
+        if let Some(name) = opts.name {
+            o["metadata"]["name"] = json!(name);
         }
     }
     if opts.url.is_none() {
@@ -167,6 +180,8 @@ mod tests {
             cert_dir: &d.0,
             url: None,
             without_match_conditions: false,
+            name: None,
+            namespace_label: None,
         })
         .unwrap();
         let docs = documents(&text).unwrap();
@@ -196,6 +211,8 @@ mod tests {
             cert_dir: &d.0,
             url: Some("https://127.0.0.1:9443/"),
             without_match_conditions: true,
+            name: Some("e2e"),
+            namespace_label: Some(("card-quota-e2e", "x1")),
         })
         .unwrap();
         let docs = documents(&text).unwrap();
@@ -208,5 +225,16 @@ mod tests {
         assert!(urls.contains(&"https://127.0.0.1:9443/mutate"));
         assert!(urls.contains(&"https://127.0.0.1:9443/validate"));
         assert!(!text.contains("matchConditions"));
+        for o in &docs {
+            assert_eq!(o["metadata"]["name"], "e2e");
+            for h in o["webhooks"].as_array().unwrap() {
+                if h["rules"][0]["scope"] != "Cluster" {
+                    assert_eq!(
+                        h["namespaceSelector"]["matchLabels"],
+                        json!({"card-quota-e2e": "x1"})
+                    );
+                }
+            }
+        }
     }
 }
