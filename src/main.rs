@@ -313,6 +313,7 @@ async fn serve(
                     budget: opts.ledger_budget,
                     synced: synced.clone(),
                     events: Some(events.clone()),
+                    locks: Default::default(),
                 },
             ));
             let lease =

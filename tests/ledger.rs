@@ -74,6 +74,7 @@ fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
             budget,
             synced: Arc::new(Synced::already()),
             events: None,
+            locks: Default::default(),
         },
     ))
 }

@@ -112,7 +112,8 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
             }
             if let (Some((k, v)), Some(sel)) = (
                 opts.namespace_label,
-                hook.get_mut("namespaceSelector").and_then(Value::as_object_mut),
+                hook.get_mut("namespaceSelector")
+                    .and_then(Value::as_object_mut),
             ) {
                 sel.insert("matchLabels".into(), json!({ k: v }));
             }

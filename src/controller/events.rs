@@ -18,6 +18,8 @@ pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
 /// Where Events go.
 pub struct EventSink {
     recorder: Recorder,
+    client: Client,
+    instance: Option<String>,
     recent: Mutex<HashMap<String, Instant>>,
 }
 
@@ -51,14 +53,44 @@ impl EventSink {
     pub fn new(client: Client, instance: Option<String>) -> Self {
         Self {
             recorder: Recorder::new(
-                client,
+                client.clone(),
                 Reporter {
                     controller: "card-quota".into(),
-                    instance,
+                    instance: instance.clone(),
                 },
             ),
+            client,
+            instance,
             recent: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// API servers before 1.22 accept `events.k8s.io/v1` Events about cluster-scoped
+    /// objects (Queues) only in kube-system; the Recorder writes them to default.
+    async fn publish_in_kube_system(&self, ev: &Event, e: &EventIntent) -> Result<(), kube::Error> {
+        use k8s_openapi::api::events::v1::Event as K8sEvent;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+        let now = jiff::Timestamp::now();
+        let event = K8sEvent {
+            action: Some(ev.action.clone()),
+            reason: Some(ev.reason.clone()),
+            note: ev.note.clone(),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(reference(&e.regarding)),
+            metadata: ObjectMeta {
+                namespace: Some("kube-system".into()),
+                name: Some(format!("{}.{:x}", e.regarding.name, now.as_nanosecond())),
+                ..Default::default()
+            },
+            reporting_controller: Some("card-quota".into()),
+            reporting_instance: Some(self.instance.clone().unwrap_or_else(|| "card-quota".into())),
+            type_: Some(if e.warning { "Warning" } else { "Normal" }.into()),
+            ..Default::default()
+        };
+        kube::Api::<K8sEvent>::namespaced(self.client.clone(), "kube-system")
+            .create(&kube::api::PostParams::default(), &event)
+            .await
+            .map(|_| ())
     }
 
     /// Publishes one Event now.
@@ -74,7 +106,12 @@ impl EventSink {
             action: action.to_string(),
             secondary: None,
         };
-        self.recorder.publish(&ev, &reference(&e.regarding)).await
+        match self.recorder.publish(&ev, &reference(&e.regarding)).await {
+            Err(kube::Error::Api(s)) if s.code == 422 && e.regarding.namespace.is_none() => {
+                self.publish_in_kube_system(&ev, e).await
+            }
+            other => other,
+        }
     }
 
     /// Publishes a webhook decision's Event without delaying the answer; repeats

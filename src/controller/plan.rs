@@ -176,7 +176,8 @@ pub struct LedgerPrune {
 
 /// Entries to drop from a Queue's ledger: expired ones (the object never appeared),
 /// ones the cache has reflected for longer than the grace period, ones whose pod is
-/// terminal, and ones whose object was seen and is gone. `seen` remembers, across
+/// terminal, ones whose object was seen and is gone, and bindings whose pod is still
+/// unbound after the grace period. `seen` remembers, across
 /// calls, entries whose object the cache has shown.
 pub fn ledger_prune(
     rec: &QueueRecord,
@@ -211,7 +212,10 @@ pub fn ledger_prune(
             seen.insert(key);
             return age <= OBSERVED_GRACE_SECONDS;
         }
-        true
+        // The pod is cached but still unbound long after its binding was admitted: the
+        // bind failed after us (another webhook refused it, or the pod was bound
+        // elsewhere), so the charge is a phantom.
+        !(e.node.is_some() && age > OBSERVED_GRACE_SECONDS)
     });
     seen.retain(|(q, k)| q != &rec.name || ledger.get(k).is_some());
     if dropped == 0 {
@@ -304,14 +308,31 @@ spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidi
                 entry("a", t - 5),   // reflected, within grace: kept
                 entry("b", t - 5),   // not in cache yet: kept
                 entry("c", t - 200), // expired: dropped
+                entry("u", t - 40),  // cached but never bound: dropped
             ]
             .join(",")
         );
         let mut rec = snap.queue(&QueueName::new("q")).unwrap().clone();
         rec.ledger = Ledger::parse(&rec.name, &ledger).unwrap();
         let mut seen = HashSet::new();
+        let unbound = crate::cluster::load::load(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: u, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+"#,
+        )
+        .unwrap()
+        .0;
+        snap.upsert_pod(
+            unbound
+                .pod(&crate::cards::ObjectKey::new("ml", "u"))
+                .unwrap()
+                .clone(),
+        );
         let p = ledger_prune(&rec, &snap, now(), &mut seen).unwrap();
-        assert_eq!(p.dropped, 1);
+        assert_eq!(p.dropped, 2);
         assert_eq!(p.resource_version, "5");
         let keys: Vec<String> = p.ledger.iter().map(|(k, _)| k.to_string()).collect();
         assert_eq!(keys, vec!["pod:ml/a", "pod:ml/b"]);

@@ -3,7 +3,8 @@
 //! scheme). On conflict the Queue is read again and the request decided again: an old
 //! answer is never reused.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cards::QueueName;
@@ -182,26 +183,69 @@ pub fn remember(snap: &mut Snapshot, rec: QueueRecord) {
     snap.upsert_queue(rec);
 }
 
+/// One lock per Queue: a replica writes one ledger at a time per queue, so its own
+/// requests never conflict with each other (only with other replicas and admins).
+#[derive(Default)]
+pub struct QueueLocks {
+    locks: Mutex<HashMap<QueueName, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl QueueLocks {
+    fn of(&self, q: &QueueName) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(q.clone()).or_default().clone()
+    }
+}
+
+/// A pause before retrying after a conflict, spread so racing replicas do not collide
+/// again in lockstep.
+fn jitter(attempt: u32) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let cap = 5u64 << attempt.min(4);
+    Duration::from_millis(u64::from(nanos) % cap)
+}
+
 /// Decides `req` and, when it charges and `record` is set, records the charge before
 /// answering, deciding again after every conflict. A charge that cannot be recorded
 /// within `budget` is refused with "try again".
+#[allow(clippy::too_many_arguments)]
 pub async fn decide_and_record(
     snapshot: &Mutex<Snapshot>,
     cfg: &Config,
     queues: &QueueApi,
+    locks: &QueueLocks,
     req: &AdmissionRequest,
     record: bool,
     budget: Duration,
     mut on_write: impl FnMut(WriteOutcome),
 ) -> Decision {
     let deadline = Instant::now() + budget;
+    let decide_now = |snapshot: &Mutex<Snapshot>| {
+        let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        prepare(&mut snap, req, cfg, jiff::Timestamp::now(), record)
+    };
+    let first = decide_now(snapshot);
+    let Some(queue) = first.write.as_ref().map(|w| w.queue.clone()) else {
+        if first.ledger_full {
+            on_write(WriteOutcome::Full);
+        }
+        return first.decision;
+    };
+    // Serialize this replica's writes to the queue; decide again once it is our turn,
+    // from the ledger our previous write left in the cache.
+    let lock = locks.of(&queue);
+    let Ok(_turn) = tokio::time::timeout_at(deadline.into(), lock.lock()).await else {
+        on_write(WriteOutcome::Timeout);
+        return gave_up(&queue, budget, "too many charges for this queue at once");
+    };
     let mut backoff = Duration::from_millis(20);
     let mut last_error = String::from("no attempt finished");
+    let mut attempt = 0u32;
     loop {
-        let prepared = {
-            let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
-            prepare(&mut snap, req, cfg, jiff::Timestamp::now(), record)
-        };
+        let prepared = decide_now(snapshot);
         let Some(w) = prepared.write else {
             if prepared.ledger_full {
                 on_write(WriteOutcome::Full);
@@ -228,6 +272,11 @@ pub async fn decide_and_record(
             Ok(Err(WriteError::Conflict(_))) => {
                 on_write(WriteOutcome::Conflict);
                 last_error = "the queue kept changing".into();
+                attempt += 1;
+                tokio::time::sleep(
+                    jitter(attempt).min(deadline.saturating_duration_since(Instant::now())),
+                )
+                .await;
             }
             Ok(Err(WriteError::NotFound(q))) => {
                 on_write(WriteOutcome::Error);

@@ -24,7 +24,7 @@ use crate::decide::messages::RETRY;
 use crate::decide::review::{parse_review, AdmissionRequest, ReviewOut};
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
-use crate::live::charge::decide_and_record;
+use crate::live::charge::{decide_and_record, QueueLocks};
 use crate::live::QueueApi;
 
 use super::metrics::{AdmissionLabels, KindLabel, Metrics, ResultLabel};
@@ -40,6 +40,8 @@ pub struct Live {
     pub synced: Arc<Synced>,
     /// Where refusal Events go.
     pub events: Option<Arc<EventSink>>,
+    /// Serializes this replica's ledger writes per queue.
+    pub locks: QueueLocks,
 }
 
 /// Shared state of one server process.
@@ -126,6 +128,7 @@ async fn decide_live(state: &State, live: &Live, req: &AdmissionRequest, mutate:
         &state.snapshot,
         &state.config,
         &live.queues,
+        &live.locks,
         req,
         !mutate,
         live.budget,

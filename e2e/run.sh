@@ -1,0 +1,299 @@
+#!/usr/bin/env bash
+# End-to-end scenarios of card-quota against a real API server.
+#
+#   KUBECONFIG=<kubeconfig> e2e/run.sh [path/to/card-quota]
+#
+# Needs: kubectl, curl, jq, openssl-free (certs come from `card-quota certs`), and an API
+# server that can reach https://127.0.0.1:<port> (the webhooks run on this machine).
+# Everything it creates is named cq-e2e-<run> and removed at the end; webhooks only see
+# namespaces labelled card-quota-e2e=<run>. Volcano's Queue and PodGroup CRDs must be
+# installed (a cluster with Volcano has them). Exit status: number of failed scenarios.
+set -uo pipefail
+
+BIN=${1:-${CARD_QUOTA:-target/release/card-quota}}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+: "${KUBECONFIG:?set KUBECONFIG to the cluster to test against}"
+export KUBECONFIG
+RUN=${E2E_RUN:-$(date +%s | tail -c 6)$RANDOM}
+NS=cq-e2e-$RUN
+NS2=cq-e2e-$RUN-b
+SYS=cq-e2e-$RUN-system
+Q=cq-e2e-$RUN
+PORT_A=${E2E_PORT_A:-19443}
+PORT_B=${E2E_PORT_B:-19444}
+PORT_D=${E2E_PORT_D:-19445}
+WORK=$(mktemp -d /tmp/cq-e2e.XXXXXX)
+START=$(date +%s)
+PASSED=0
+FAILED=0
+RESULTS=()
+PIDS=()
+
+log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
+pass() { PASSED=$((PASSED + 1)); RESULTS+=("PASS  $1"); log "PASS: $1"; }
+fail() { FAILED=$((FAILED + 1)); RESULTS+=("FAIL  $1"); log "FAIL: $1"; shift; for l in "$@"; do echo "      $l"; done; }
+k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
+# check NAME CONDITION-COMMAND... : a scenario step that passes when the command succeeds
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; }
+contains() { grep -qF -- "$2" <<<"$1"; }
+# waits up to $1 seconds for command "${@:2}" to succeed
+wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  k delete mutatingwebhookconfiguration "$Q" "$Q-b" --ignore-not-found >/dev/null 2>&1
+  k delete validatingwebhookconfiguration "$Q" "$Q-b" --ignore-not-found >/dev/null 2>&1
+  k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
+  k delete namespace "$NS" "$NS2" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
+  k delete node -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
+  if [ "${E2E_KEEP:-}" = "" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
+}
+trap cleanup EXIT
+
+# ---- API access for the binding bursts (curl, as a scheduler would post them) -----------
+SERVER=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/api-ca.crt"
+TOKEN=$(k config view --raw --minify -o jsonpath='{.users[0].user.token}')
+CURL_AUTH=()
+if [ -n "$TOKEN" ]; then
+  CURL_AUTH=(-H "Authorization: Bearer $TOKEN")
+else
+  k config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$WORK/client.crt"
+  k config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/client.key"
+  CURL_AUTH=(--cert "$WORK/client.crt" --key "$WORK/client.key")
+fi
+api_bind() { # ns pod node -> prints the HTTP status
+  curl -s -o "$WORK/binds/$2.out" -w '%{http_code}' --cacert "$WORK/api-ca.crt" "${CURL_AUTH[@]}" \
+    -H 'Content-Type: application/json' -X POST "$SERVER/api/v1/namespaces/$1/pods/$2/binding" \
+    -d "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$2\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$3\"}}"
+}
+bind() { # ns pod node : as the Volcano scheduler does, through kubectl
+  echo "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$2\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$3\"}}" > "$WORK/b.json"
+  k create --raw "/api/v1/namespaces/$1/pods/$2/binding" -f "$WORK/b.json" 2>&1
+}
+
+usage() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}'; }
+usage_field() { usage "$1" | jq -r --arg m "$2" --arg f "$3" '.[$m][$f] // 0'; }
+usage_is() { [ "$(usage_field "$1" "$2" "$3")" = "$4" ]; }
+ledger_len() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.ledger}' | jq 'length' 2>/dev/null || echo 0; }
+
+export NS Q WORK RUN
+export -f k usage usage_field usage_is ledger_len
+
+queue() { # name quota-json
+  cat <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: $1
+  labels: {card-quota-e2e: "$RUN"}
+  annotations:
+    volcano.sh/card.quota: '$2'
+spec: {weight: 1}
+EOF
+}
+
+card_pod() { # name queue card-name resource count [namespace]
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: ${6:-$NS}
+  labels: {card-quota-e2e: "$RUN"}
+  annotations: {scheduling.volcano.sh/queue-name: $2, volcano.sh/card.name: "$3"}
+spec:
+  schedulerName: volcano
+  containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {$4: "$5"}}}]
+---
+EOF
+}
+
+node() { # name product gpus extra-labels-json extra-allocatable-json
+  k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"card-quota-e2e":"$RUN","nvidia.com/gpu.product":"$2"$4}}}
+EOF
+  k get --raw "/api/v1/nodes/$1" | jq --arg g "$3" --argjson extra "{${5#,}}" \
+    '.status = {capacity: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra), allocatable: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra)}' \
+    > "$WORK/node-$1.json"
+  k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null
+}
+
+serve() { # name port metrics-port policy
+  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
+    --scale-policy "$4" --lease-namespace "$SYS" --lease-name card-quota-e2e \
+    --reconcile-seconds 0.5 > "$WORK/$1.log" 2>&1 &
+  PIDS+=($!)
+  eval "PID_$1=$!"
+  wait_for 30 curl -sf "http://127.0.0.1:$3/readyz" || { echo "replica $1 never became ready"; cat "$WORK/$1.log"; exit 100; }
+}
+
+# ---- setup ---------------------------------------------------------------------------
+log "run $RUN against $SERVER with $BIN"
+k get crd queues.scheduling.volcano.sh podgroups.scheduling.volcano.sh >/dev/null || { echo "Volcano's Queue/PodGroup CRDs are not installed"; exit 100; }
+k create namespace "$NS" >/dev/null && k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
+k create namespace "$NS2" >/dev/null && k label namespace "$NS2" "card-quota-e2e=$RUN-b" >/dev/null
+k create namespace "$SYS" >/dev/null; mkdir -p "$WORK/binds"
+"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+CA=$(base64 -w0 < "$WORK/certs/ca.crt")
+
+node "$Q-h200" NVIDIA-H200 8 ',"nvidia.com/gpu.memory":"143771","nvidia.com/gpu.replicas":"2"' ',"nvidia.com/mig-1g.18gb":"7","nvidia.com/gpu.shared":"4"'
+node "$Q-rtx" RTX-4090 4 '' ''
+node "$Q-a100" NVIDIA-A100 8 '' ''
+
+serve A "$PORT_A" $((PORT_A + 1000)) clamp
+serve B "$PORT_B" $((PORT_B + 1000)) clamp
+# The API server calls one URL per webhook, so the two replicas split the work by
+# namespace: A serves $NS, B serves $NS2. Pods of both namespaces share the queues,
+# so both replicas record charges in the same Queue ledgers and race for real.
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --without-match-conditions \
+  --name "$Q" --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --without-match-conditions \
+  --name "$Q-b" --namespace-label "card-quota-e2e=$RUN-b" | k apply -f - >/dev/null
+# Queues are cluster-scoped: one replica validating them is enough (and B is killed later).
+k get validatingwebhookconfiguration "$Q-b" -o json |
+  jq 'del(.webhooks[] | select(.name == "queues.card-quota.volcano.sh"))' | k replace -f - >/dev/null
+sleep 1
+
+# ---- 1. Queue quotas ------------------------------------------------------------------
+out=$(queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4' | k apply -f - 2>&1)
+check "malformed card.quota is refused with the exact problem" \
+  contains "$out" "invalid volcano.sh/card.quota on queue $Q-research: not valid JSON (EOF while parsing an object at line 1 column 50)"
+out=$(queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"NVIDIA-H200/mps-140g*1/2":2,"RTX-4090":2,"NVIDIA-A100":0}' | k apply -f - 2>&1)
+check "a valid quota is admitted" contains "$out" "queue.scheduling.volcano.sh/$Q-research created"
+check "whole, MIG and MPS models are discovered from node labels (no 'no node offers' warning)" \
+  bash -c '! grep -q "no node offers" <<<"$1"' _ "$out"
+out=$(queue "$Q-typo" '{"NVIDIA-H100":1}' | k apply -f - 2>&1)
+check "a quota naming a model no node has is admitted with a warning" \
+  contains "$out" "Warning: queue $Q-typo: no node offers card model NVIDIA-H100"
+
+# ---- 2. PodGroups ---------------------------------------------------------------------
+pg() { cat <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: PodGroup
+metadata: {name: $1, namespace: $NS, annotations: {volcano.sh/card.request: '$2'}}
+spec: {queue: $Q-research, minMember: 1}
+EOF
+}
+out=$(pg job-big '{"NVIDIA-H200":4}' | k apply -f - 2>&1)
+check "a PodGroup whose card.request exceeds the quota is refused with the DESIGN message" \
+  contains "$out" "queue $Q-research has insufficient NVIDIA-H200 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 3"
+out=$(pg job-mig '{"NVIDIA-H200/mig-1g.18gb-mixed":4}' | k apply -f - 2>&1)
+check "a PodGroup within quota is admitted" contains "$out" "podgroup.scheduling.volcano.sh/job-mig created"
+check "the reservation shows in the Queue's usage" wait_for 20 usage_is "$Q-research" "NVIDIA-H200/mig-1g.18gb-mixed" reserved 4
+
+# ---- 3. Deployments, scale, bindings --------------------------------------------------
+cat <<EOF | k apply -f - >/dev/null
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: infer, namespace: $NS}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: infer}}
+  template:
+    metadata:
+      labels: {app: infer}
+      annotations: {scheduling.volcano.sh/queue-name: $Q-research, volcano.sh/card.name: NVIDIA-H200}
+    spec:
+      schedulerName: volcano
+      containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+EOF
+pods_of() { k -n "$NS" get pods -l app=infer -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
+count_pods() { [ "$(pods_of | grep -c .)" = "$1" ]; }
+export -f pods_of count_pods
+check "the Deployment's pod is created by the real controllers" wait_for 30 count_pods 1
+out=$(k -n "$NS" scale deployment/infer --replicas=5 2>&1)
+check "kubectl scale beyond the quota is clamped with a warning" \
+  contains "$out" "Warning: deployment $NS/infer scale-up from 1 to 5 replicas clamped to 3: queue $Q-research has insufficient NVIDIA-H200 quota: requested 4, in use 1 (allocated 0, pending 1, reserved 0), quota 3"
+check "spec.replicas is clamped to what fits" bash -c "[ \"\$(kubectl -n $NS get deploy infer -o jsonpath='{.spec.replicas}' 2>/dev/null)\" = 3 ]"
+check "the clamp is recorded as an Event on the Deployment" wait_for 20 bash -c \
+  "kubectl -n $NS get events -o jsonpath='{range .items[*]}{.reason} {.involvedObject.kind} {.message}{\"\\n\"}{end}' 2>/dev/null | grep -q 'InsufficientCardQuota Deployment deployment $NS/infer scale-up from 1 to 5 replicas clamped to 3'"
+check "the 3 pods are created and charged as pending" wait_for 30 bash -c "count_pods 3 && usage_is $Q-research NVIDIA-H200 pending 3"
+serve D "$PORT_D" $((PORT_D + 1000)) deny
+k get mutatingwebhookconfiguration "$Q" -o json | jq --arg u "https://127.0.0.1:$PORT_D/mutate" \
+  '(.webhooks[] | select(.name == "scale.card-quota.volcano.sh") | .clientConfig.url) = $u' | k replace -f - >/dev/null
+out=$(k -n "$NS" scale deployment/infer --replicas=4 2>&1)
+check "under --scale-policy deny a scale-up past the quota is refused with the DESIGN message" \
+  contains "$out" "queue $Q-research has insufficient NVIDIA-H200 quota: requested 1, in use 3 (allocated 0, pending 3, reserved 0), quota 3"
+k get mutatingwebhookconfiguration "$Q" -o json | jq --arg u "https://127.0.0.1:$PORT_A/mutate" \
+  '(.webhooks[] | select(.name == "scale.card-quota.volcano.sh") | .clientConfig.url) = $u' | k replace -f - >/dev/null
+kill "$PID_D" 2>/dev/null
+P1=$(pods_of | head -1)
+out=$(bind "$NS" "$P1" "$Q-h200")
+check "binding a pod within quota succeeds" contains "$out" '"status":"Success"'
+check "the binding stamps volcano.sh/card.charged on the pod" bash -c \
+  "[ \"\$(kubectl -n $NS get pod $P1 -o jsonpath='{.metadata.annotations.volcano\.sh/card\.charged}' 2>/dev/null)\" = NVIDIA-H200 ]"
+check "the bound pod is charged as allocated" wait_for 20 bash -c "usage_is $Q-research NVIDIA-H200 allocated 1 && usage_is $Q-research NVIDIA-H200 pending 2"
+k -n "$NS" scale deployment/infer --replicas=1 >/dev/null 2>&1
+check "scaling down gives the quota back (usage annotation drops)" wait_for 30 bash -c "count_pods 1 && usage_is $Q-research NVIDIA-H200 pending 0 && usage_is $Q-research NVIDIA-H200 allocated 1"
+
+# ---- 4. Multi-model pods --------------------------------------------------------------
+card_pod multi-1 "$Q-research" "NVIDIA-A100|RTX-4090" nvidia.com/gpu 1 > "$WORK/multi.yaml"
+card_pod multi-2 "$Q-research" "NVIDIA-A100|RTX-4090" nvidia.com/gpu 1 >> "$WORK/multi.yaml"
+out=$(k apply -f "$WORK/multi.yaml" 2>&1)
+check "multi-model pods are admitted as pending A100|RTX-4090" contains "$out" "pod/multi-2 created"
+out=$(bind "$NS" multi-1 "$Q-rtx")
+check "a multi-model pod bound to an RTX-4090 node is charged RTX-4090" bash -c \
+  "grep -q Success <<<'$out' && [ \"\$(kubectl -n $NS get pod multi-1 -o jsonpath='{.metadata.annotations.volcano\.sh/card\.charged}' 2>/dev/null)\" = RTX-4090 ]"
+out=$(bind "$NS" multi-2 "$Q-h200")
+check "a multi-model pod bound to a model it does not accept is refused" \
+  contains "$out" "pod $NS/multi-2 accepts NVIDIA-A100|RTX-4090 but node $Q-h200 has NVIDIA-H200"
+
+# ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
+ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }
+burst_queue() { # name pods : half the pods in each replica's namespace
+  queue "$1" '{"RTX-4090":500}' | k apply -f - >/dev/null
+  : > "$WORK/$1.yaml"
+  for i in $(seq -w 1 "$2"); do card_pod "$1-p$i" "$1" RTX-4090 nvidia.com/gpu 1 "$(ns_of "$i")" >> "$WORK/$1.yaml"; done
+  k apply -f "$WORK/$1.yaml" >/dev/null
+  # Cut the quota after the pods exist: the binding is the hard line left to hold it.
+  queue "$1" '{"RTX-4090":10}' | k apply -f - >/dev/null 2>&1
+}
+bound_in() { k get pods -A -l "card-quota-e2e=$RUN" -o json 2>/dev/null | jq --arg q "$1" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q and (.spec.nodeName // "") != "")] | length'; }
+export -f bound_in
+burst() { # queue pods -> codes file
+  for i in $(seq -w 1 "$2"); do echo "$(ns_of "$i") $1-p$i"; done |
+    xargs -P 64 -L 1 bash -c "$(declare -f api_bind); WORK=$WORK; SERVER=$SERVER; CURL_AUTH=(${CURL_AUTH[*]@Q}); echo \$(api_bind \$0 \$1 $Q-rtx)" > "$WORK/$1.codes"
+}
+burst_queue "$Q-burst" 200
+check "200 pods were admitted while the quota was large" bash -c "[ \"\$(kubectl get pods -A -l card-quota-e2e=$RUN -o name 2>/dev/null | grep -c $Q-burst-p)\" = 200 ]"
+t0=$(date +%s%N)
+burst "$Q-burst" 200
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+ok=$(grep -c '^201$' "$WORK/$Q-burst.codes"); refused=$(grep -vc '^201$' "$WORK/$Q-burst.codes")
+log "burst: 200 bindings in ${ms} ms: $ok bound, $refused refused"
+check "two replicas, 200 concurrent bindings, 10 free cards: exactly 10 bind" bash -c "[ $ok = 10 ] && [ \"\$(bound_in $Q-burst)\" = 10 ]"
+check "the Queue's usage says 10 allocated" wait_for 20 usage_is "$Q-burst" RTX-4090 allocated 10
+check "both replicas recorded charges in the same ledger" bash -c \
+  "curl -s http://127.0.0.1:$((PORT_A + 1000))/metrics | grep -q 'card_quota_ledger_writes_total{result=\"written\"}' && curl -s http://127.0.0.1:$((PORT_B + 1000))/metrics | grep -q 'card_quota_ledger_writes_total{result=\"written\"}'"
+check "the ledger converges (entries pruned once the caches show them)" wait_for 60 bash -c "[ \"\$(ledger_len $Q-burst)\" = 0 ]"
+
+burst_queue "$Q-kill" 100
+( sleep 0.4; kill -9 "$PID_B" 2>/dev/null ) &
+burst "$Q-kill" 100
+ok=$(grep -c '^201$' "$WORK/$Q-kill.codes")
+log "kill burst: $ok of 100 bound; replica B killed mid-burst ($(grep -c '^201$' "$WORK/$Q-kill.codes") created, $(grep -c '^500$' "$WORK/$Q-kill.codes") failed closed)"
+check "a replica killed mid-burst never lets more than the quota bind" bash -c "[ $ok -le 10 ] && [ \"\$(bound_in $Q-kill)\" -le 10 ]"
+
+# ---- 6. The reconciler's usage annotation ----------------------------------------------
+check "usage is written by server-side apply under field manager card-quota" bash -c \
+  "kubectl get queue $Q-research -o json --show-managed-fields 2>/dev/null | jq -e '.metadata.managedFields[] | select(.manager == \"card-quota\" and .operation == \"Apply\") | .fieldsV1[\"f:metadata\"][\"f:annotations\"][\"f:volcano.sh/card.usage\"]' >/dev/null"
+queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"NVIDIA-H200/mps-140g*1/2":2,"RTX-4090":2,"NVIDIA-A100":0}' |
+  sed 's/weight: 1/weight: 2/' | k apply -f - >/dev/null 2>&1
+check "an admin's later kubectl apply of the Queue keeps the usage annotation" bash -c \
+  "[ \"\$(kubectl get queue $Q-research -o jsonpath='{.spec.weight}' 2>/dev/null)\" = 2 ] && [ -n \"\$(usage $Q-research)\" ]"
+out=$(queue "$Q-burst" '{"RTX-4090":4}' | k apply -f - 2>&1)
+check "a quota cut below usage is admitted with a Warning" \
+  contains "$out" "Warning: queue $Q-burst: quota for RTX-4090 (4) is below current usage"
+check "a quota cut below usage raises CardQuotaExceeded" wait_for 20 bash -c \
+  "kubectl get events -A -o jsonpath='{range .items[*]}{.reason} {.message}{\"\\n\"}{end}' 2>/dev/null | grep -q 'CardQuotaExceeded queue $Q-burst is over its card quota: RTX-4090 allocated 10 > quota 4'"
+
+# ---- summary ----------------------------------------------------------------------------
+echo
+echo "card-quota e2e ($((PASSED + FAILED)) scenarios, $(( $(date +%s) - START )) s):"
+printf '  %s\n' "${RESULTS[@]}"
+if [ "$FAILED" -gt 0 ]; then
+  for f in "$WORK"/*.log; do echo "--- $f (last 15 lines)"; tail -15 "$f" | cut -c1-300; done
+fi
+exit "$FAILED"
