@@ -278,7 +278,7 @@ check "a replica killed mid-burst never lets more than the quota bind" bash -c "
 
 # ---- 6. The reconciler's usage annotation ----------------------------------------------
 check "usage is written by server-side apply under field manager card-quota" bash -c \
-  "kubectl get queue $Q-research -o json --show-managed-fields 2>/dev/null | jq -e '.metadata.managedFields[] | select(.manager == \"card-quota\" and .operation == \"Apply\") | .fieldsV1[\"f:metadata\"][\"f:annotations\"][\"f:volcano.sh/card.usage\"]' >/dev/null"
+  "{ kubectl get queue $Q-research -o json --show-managed-fields 2>/dev/null || kubectl get queue $Q-research -o json; } | jq -e '.metadata.managedFields[] | select(.manager == \"card-quota\" and .operation == \"Apply\") | .fieldsV1[\"f:metadata\"][\"f:annotations\"][\"f:volcano.sh/card.usage\"]' >/dev/null"
 queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"NVIDIA-H200/mps-140g*1/2":2,"RTX-4090":2,"NVIDIA-A100":0}' |
   sed 's/weight: 1/weight: 2/' | k apply -f - >/dev/null 2>&1
 check "an admin's later kubectl apply of the Queue keeps the usage annotation" bash -c \
