@@ -227,15 +227,18 @@ fn main() -> anyhow::Result<()> {
             queue,
             output,
         } => {
-            let Some(path) = objects else {
-                anyhow::bail!("status without --objects reads the live cluster: not built yet (see issue 4); pass --objects <snapshot.yaml>");
+            let snap = match objects {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    let (snap, skipped) = card_quota::cluster::load::load(&text)?;
+                    for s in skipped {
+                        tracing::warn!("{}: {s}", path.display());
+                    }
+                    snap
+                }
+                None => tokio::runtime::Runtime::new()?.block_on(live_snapshot())?,
             };
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let (snap, skipped) = card_quota::cluster::load::load(&text)?;
-            for s in skipped {
-                tracing::warn!("{}: {s}", path.display());
-            }
             print!(
                 "{}",
                 status::render(&snap, queue.as_deref(), output, jiff::Timestamp::now())?
@@ -243,6 +246,23 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The cluster as the webhook sees it: the same informer caches, synced once.
+async fn live_snapshot() -> anyhow::Result<card_quota::cluster::Snapshot> {
+    use card_quota::live::caches;
+    use std::sync::{Arc, Mutex};
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+    let snapshot = Arc::new(Mutex::new(card_quota::cluster::Snapshot::new()));
+    let synced = Arc::new(caches::Synced::default());
+    tokio::spawn(caches::start(client, snapshot.clone(), synced.clone()));
+    tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
+        .await
+        .context("listing Nodes, Queues, PodGroups, Pods and workloads took over 60s")?;
+    let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(snap)
 }
 
 struct ServeOptions {
