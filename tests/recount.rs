@@ -1,0 +1,174 @@
+//! Incremental usage (recompute only the queues the snapshot marked dirty) agrees with a
+//! full recount after any sequence of pod, node, queue and PodGroup events.
+
+use std::collections::BTreeMap;
+
+use card_quota::cards::QueueName;
+use card_quota::cluster::load::{remove, upsert};
+use card_quota::cluster::{Dirty, Snapshot};
+use card_quota::controller::plan::queue_state;
+use card_quota::ledger::Row;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+const QUEUES: &[&str] = &["q1", "q2", "q3"];
+const PRODUCTS: &[&str] = &["A", "B", "C"];
+const ALTS: &[&str] = &["A", "B", "C", "A|B", "C|A"];
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Pod {
+        pod: usize,
+        queue: usize,
+        alts: usize,
+        cards: u32,
+        node: Option<usize>,
+        group: bool,
+    },
+    DeletePod {
+        pod: usize,
+    },
+    Node {
+        node: usize,
+        product: usize,
+        gpus: u32,
+    },
+    DeleteNode {
+        node: usize,
+    },
+    Quota {
+        queue: usize,
+        a: u32,
+        b: u32,
+    },
+    DeleteQueue {
+        queue: usize,
+    },
+    Group {
+        group: usize,
+        queue: usize,
+        alts: usize,
+        cards: u32,
+    },
+    DeleteGroup {
+        group: usize,
+    },
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    prop_oneof![
+        4 => (0..12usize, 0..3usize, 0..5usize, 1..4u32, proptest::option::of(0..4usize), any::<bool>())
+            .prop_map(|(pod, queue, alts, cards, node, group)| Ev::Pod { pod, queue, alts, cards, node, group }),
+        1 => (0..12usize).prop_map(|pod| Ev::DeletePod { pod }),
+        1 => (0..4usize, 0..3usize, 0..9u32).prop_map(|(node, product, gpus)| Ev::Node { node, product, gpus }),
+        1 => (0..4usize).prop_map(|node| Ev::DeleteNode { node }),
+        1 => (0..3usize, 0..5u32, 0..5u32).prop_map(|(queue, a, b)| Ev::Quota { queue, a, b }),
+        1 => (0..3usize).prop_map(|queue| Ev::DeleteQueue { queue }),
+        1 => (0..3usize, 0..3usize, 0..5usize, 1..6u32)
+            .prop_map(|(group, queue, alts, cards)| Ev::Group { group, queue, alts, cards }),
+        1 => (0..3usize).prop_map(|group| Ev::DeleteGroup { group }),
+    ]
+}
+
+fn apply(s: &mut Snapshot, e: &Ev) {
+    let obj: Option<Value> = match e {
+        Ev::Pod {
+            pod,
+            queue,
+            alts,
+            cards,
+            node,
+            group,
+        } => {
+            let mut anns = json!({"volcano.sh/card.name": ALTS[*alts]});
+            if *group {
+                anns["scheduling.k8s.io/group-name"] = json!(format!("g{}", pod % 3));
+            } else {
+                anns["scheduling.volcano.sh/queue-name"] = json!(QUEUES[*queue]);
+            }
+            let mut spec = json!({"containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]});
+            if let Some(n) = node {
+                spec["nodeName"] = json!(format!("n{n}"));
+            }
+            Some(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("p{pod}"), "namespace": "ml", "annotations": anns},
+                "spec": spec}))
+        }
+        Ev::DeletePod { pod } => {
+            remove(s, "Pod", "ml", &format!("p{pod}"));
+            None
+        }
+        Ev::Node {
+            node,
+            product,
+            gpus,
+        } => Some(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("n{node}"), "labels": {"nvidia.com/gpu.product": PRODUCTS[*product]}},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus.to_string()}}})),
+        Ev::DeleteNode { node } => {
+            remove(s, "Node", "", &format!("n{node}"));
+            None
+        }
+        Ev::Quota { queue, a, b } => Some(
+            json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": QUEUES[*queue], "annotations":
+                {"volcano.sh/card.quota": format!(r#"{{"A":{a},"B":{b}}}"#)}}}),
+        ),
+        Ev::DeleteQueue { queue } => {
+            remove(s, "Queue", "", QUEUES[*queue]);
+            None
+        }
+        Ev::Group {
+            group,
+            queue,
+            alts,
+            cards,
+        } => Some(json!({"apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": format!("g{group}"), "namespace": "ml",
+                "annotations": {"volcano.sh/card.request": format!(r#"{{"{}":{cards}}}"#, ALTS[*alts])}},
+            "spec": {"queue": QUEUES[*queue]}})),
+        Ev::DeleteGroup { group } => {
+            remove(s, "PodGroup", "ml", &format!("g{group}"));
+            None
+        }
+    };
+    if let Some(o) = obj {
+        upsert(s, &o).unwrap();
+    }
+}
+
+fn full(s: &Snapshot, now: jiff::Timestamp) -> BTreeMap<QueueName, BTreeMap<String, Row>> {
+    s.queue_names()
+        .into_iter()
+        .map(|q| {
+            let rows = queue_state(s, &q, now).rows;
+            (q, rows)
+        })
+        .filter(|(_, rows)| !rows.is_empty())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn incremental_usage_equals_a_fresh_recount(events in proptest::collection::vec(ev(), 1..60)) {
+        let now = jiff::Timestamp::now();
+        let mut s = Snapshot::new();
+        let mut kept: BTreeMap<QueueName, BTreeMap<String, Row>> = BTreeMap::new();
+        for e in &events {
+            apply(&mut s, e);
+            let dirty: Vec<QueueName> = match s.take_dirty() {
+                Dirty::None => Vec::new(),
+                Dirty::Queues(q) => q.into_iter().collect(),
+                Dirty::All => s.queue_names().into_iter().chain(kept.keys().cloned()).collect(),
+            };
+            for q in dirty {
+                let rows = queue_state(&s, &q, now).rows;
+                if rows.is_empty() { kept.remove(&q); } else { kept.insert(q, rows); }
+            }
+            prop_assert_eq!(&kept, &full(&s, now), "after {:?}", e);
+        }
+    }
+}
