@@ -82,6 +82,29 @@ pub enum ReviewError {
 
 /// Parses one AdmissionReview document (already decoded into JSON).
 pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
+    check_envelope(v)?;
+    let req = v
+        .get("request")
+        .filter(|r| !r.is_null())
+        .ok_or(ReviewError::NoRequest)?;
+    validate(
+        serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))?,
+    )
+}
+
+/// [`parse_review`] taking the document, so the objects are moved, not copied (the
+/// webhook's hot path).
+pub fn parse_review_owned(mut v: Value) -> Result<AdmissionRequest, ReviewError> {
+    check_envelope(&v)?;
+    let req = v
+        .get_mut("request")
+        .map(Value::take)
+        .filter(|r| !r.is_null())
+        .ok_or(ReviewError::NoRequest)?;
+    validate(serde_json::from_value(req).map_err(|e| ReviewError::BadRequest(e.to_string()))?)
+}
+
+fn check_envelope(v: &Value) -> Result<(), ReviewError> {
     let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
     if kind != "AdmissionReview" || !api.starts_with("admission.k8s.io/") {
@@ -89,12 +112,10 @@ pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
             "apiVersion {api:?} kind {kind:?}"
         )));
     }
-    let req = v
-        .get("request")
-        .filter(|r| !r.is_null())
-        .ok_or(ReviewError::NoRequest)?;
-    let r: AdmissionRequest =
-        serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))?;
+    Ok(())
+}
+
+fn validate(r: AdmissionRequest) -> Result<AdmissionRequest, ReviewError> {
     if !matches!(
         r.operation.as_str(),
         "CREATE" | "UPDATE" | "DELETE" | "CONNECT"

@@ -21,7 +21,7 @@ use crate::admission::{apply, bad_review, response};
 use crate::cluster::Snapshot;
 use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
-use crate::decide::review::{parse_review, AdmissionRequest, ReviewOut};
+use crate::decide::review::{parse_review_owned, AdmissionRequest, ReviewOut};
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
 use crate::live::charge::{decide_and_record, QueueLocks};
@@ -155,14 +155,15 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         return Err("body is not an admission.k8s.io/v1 AdmissionReview with a request".into());
     }
     let start = Instant::now();
-    let req = match parse_review(&doc) {
+    let uid = doc
+        .pointer("/request/uid")
+        .and_then(|u| u.as_str())
+        .unwrap_or("")
+        .to_string();
+    let req = match parse_review_owned(doc) {
         Ok(r) => r,
         Err(e) => {
-            let uid = doc
-                .pointer("/request/uid")
-                .and_then(|u| u.as_str())
-                .unwrap_or("");
-            let out = ReviewOut::new(bad_review(uid, e.to_string()));
+            let out = ReviewOut::new(bad_review(&uid, e.to_string()));
             return serde_json::to_vec(&out).map_err(|e| e.to_string());
         }
     };

@@ -1,0 +1,225 @@
+//! Load benchmark of the HTTPS webhook: real AdmissionReview POSTs over TLS from 64
+//! concurrent connections against `serve --offline` (the decision core on a snapshot),
+//! next to the same harness against a floor server that only parses the review and
+//! allows it. Prints requests/s, p50 and p99 of both and their ratio.
+//!
+//! `cargo bench --bench load` (LOAD_SECONDS, LOAD_CONNECTIONS override the defaults).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use card_quota::cluster::load::load;
+use card_quota::decide::review::ReviewBuilder as R;
+use card_quota::decide::Config;
+use card_quota::webhook::{server, tls};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{json, Value};
+
+const OBJECTS: &str = include_str!("../src/cli/demo/snapshot.yaml");
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The floor: parse the review, allow it.
+async fn floor(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let uid = v.pointer("/request/uid").cloned().unwrap_or(json!(""));
+    let out = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": true}});
+    Ok(Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(&out).unwrap_or_default(),
+    ))))
+}
+
+async fn serve_floor(listener: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(tls),
+                        hyper::service::service_fn(floor),
+                    )
+                    .await;
+        });
+    }
+}
+
+struct Result_ {
+    rps: f64,
+    p50: Duration,
+    p99: Duration,
+    errors: usize,
+}
+
+async fn drive(
+    port: u16,
+    client: Arc<rustls::ClientConfig>,
+    body: Bytes,
+    conns: usize,
+    secs: u64,
+) -> Result_ {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let client = client.clone();
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            tcp.set_nodelay(true).unwrap();
+            let tls = tokio_rustls::TlsConnector::from(client)
+                .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+                .await
+                .unwrap();
+            let (mut send, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            while Instant::now() < deadline {
+                let req = Request::post("/mutate")
+                    .header("content-type", "application/json")
+                    .header("host", "card-quota.card-quota.svc")
+                    .body(Full::new(body.clone()))
+                    .unwrap();
+                let t = Instant::now();
+                match send.send_request(req).await {
+                    Ok(resp) if resp.status() == 200 => {
+                        let ok = resp.into_body().collect().await.is_ok();
+                        if ok {
+                            lat.push(t.elapsed());
+                        } else {
+                            errors += 1;
+                        }
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        all.extend(l);
+        errors += e;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Result_ {
+        rps: all.len() as f64 / elapsed,
+        p50: pct(0.50),
+        p99: pct(0.99),
+        errors,
+    }
+}
+
+fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let secs = env_or("LOAD_SECONDS", 5);
+    let conns = env_or("LOAD_CONNECTIONS", 64) as usize;
+    let dir = std::env::temp_dir().join(format!("card-quota-load-{}", std::process::id()));
+    tls::generate(
+        "card-quota",
+        "card-quota",
+        &[],
+        &["127.0.0.1".parse().unwrap()],
+        &dir,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let resolver = Arc::new(tls::Reloading::new(dir.clone()).unwrap());
+        let server_cfg = tls::server_config(resolver).unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(dir.join("ca.crt")).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let client = Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        // A card pod the demo's serving queue admits (the same name each time, so the
+        // offline snapshot does not grow).
+        let review = R::pod(
+            "CREATE",
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "load-0", "namespace": "serving",
+                    "annotations": {"scheduling.volcano.sh/queue-name": "serving", "volcano.sh/card.name": "NVIDIA-GeForce-RTX-4090"}},
+                "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+        )
+        .uid("load")
+        .build();
+        let body = Bytes::from(serde_json::to_vec(&review).unwrap());
+
+        let (snap, _) = load(OBJECTS).unwrap();
+        let state = Arc::new(server::State::new(snap, Config::default()));
+        let out = server::handle_review(&state, &body, true).await.unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["response"]["allowed"], true, "the load request must be admitted: {v}");
+        let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+        let l1 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let p1 = l1.local_addr().unwrap().port();
+        tokio::spawn(server::serve_tls(l1, server_cfg.clone(), state, stop_rx));
+        let l2 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let p2 = l2.local_addr().unwrap().port();
+        tokio::spawn(serve_floor(l2, server_cfg));
+
+        let f = drive(p2, client.clone(), body.clone(), conns, secs).await;
+        let w = drive(p1, client, body, conns, secs).await;
+        let show = |name: &str, r: &Result_| {
+            println!(
+                "{name:<28} {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
+                r.rps,
+                r.p50.as_secs_f64() * 1e3,
+                r.p99.as_secs_f64() * 1e3,
+                r.errors
+            );
+        };
+        println!("load: {conns} connections, {secs} s each, AdmissionReview POST /mutate over TLS");
+        show("floor (parse + allow)", &f);
+        show("card-quota serve --offline", &w);
+        println!("ratio card-quota / floor: {:.2} of the requests/s", w.rps / f.rps);
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
