@@ -209,15 +209,7 @@ fn main() -> anyhow::Result<()> {
                 return rt.block_on(serve(opts, None));
             }
             let snap = match objects {
-                Some(path) => {
-                    let text = std::fs::read_to_string(&path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    let (snap, skipped) = card_quota::cluster::load::load(&text)?;
-                    for s in skipped {
-                        tracing::warn!("{}: {s}", path.display());
-                    }
-                    snap
-                }
+                Some(path) => snapshot_file(&path)?,
                 None => card_quota::cluster::Snapshot::new(),
             };
             rt.block_on(serve(opts, Some(snap)))?;
@@ -228,15 +220,7 @@ fn main() -> anyhow::Result<()> {
             output,
         } => {
             let snap = match objects {
-                Some(path) => {
-                    let text = std::fs::read_to_string(&path)
-                        .with_context(|| format!("reading {}", path.display()))?;
-                    let (snap, skipped) = card_quota::cluster::load::load(&text)?;
-                    for s in skipped {
-                        tracing::warn!("{}: {s}", path.display());
-                    }
-                    snap
-                }
+                Some(path) => snapshot_file(&path)?,
                 None => tokio::runtime::Runtime::new()?.block_on(live_snapshot())?,
             };
             print!(
@@ -246,6 +230,17 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A snapshot from a YAML/JSON stream of objects; objects it cannot read are logged.
+fn snapshot_file(path: &std::path::Path) -> anyhow::Result<card_quota::cluster::Snapshot> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (snap, skipped) = card_quota::cluster::load::load(&text)?;
+    for s in skipped {
+        tracing::warn!("{}: {s}", path.display());
+    }
+    Ok(snap)
 }
 
 /// The cluster as the webhook sees it: the same informer caches, synced once.
