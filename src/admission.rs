@@ -185,7 +185,7 @@ fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(),
     pod.node = Some(node);
     let anns: BTreeMap<String, String> = b
         .pointer("/metadata/annotations")
-        .and_then(|a| serde_json::from_value(a.clone()).ok())
+        .and_then(|a| serde::Deserialize::deserialize(a).ok())
         .unwrap_or_default();
     if let Some(c) = anns.get(crate::cards::annotations::CHARGED) {
         pod.charged = crate::cards::CardName::parse(c).ok();

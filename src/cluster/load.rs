@@ -58,7 +58,7 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
     match kind {
         "Node" => {
             let n: Node =
-                serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode {
+                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
                     kind: "Node",
                     source,
                 })?;
@@ -79,7 +79,7 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
         }
         "Pod" => {
             let p: Pod =
-                serde_json::from_value(v.clone()).map_err(|source| RecordError::Decode {
+                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
                     kind: "Pod",
                     source,
                 })?;

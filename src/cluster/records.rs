@@ -275,7 +275,7 @@ pub fn node_record(node: &Node) -> Result<(String, NodeCards), RecordError> {
 }
 
 fn meta_of(v: &Value, kind: &'static str) -> Result<ObjectMeta, RecordError> {
-    serde_json::from_value(v.get("metadata").cloned().unwrap_or(Value::Null))
+    serde::Deserialize::deserialize(v.get("metadata").unwrap_or(&Value::Null))
         .map_err(|source| RecordError::Decode { kind, source })
 }
 
@@ -375,17 +375,17 @@ pub fn workload_record(
     };
     let (meta, replicas, template) = match kind {
         WorkloadKind::Deployment => {
-            let d: Deployment = serde_json::from_value(v.clone()).map_err(decode)?;
+            let d: Deployment = serde::Deserialize::deserialize(v).map_err(decode)?;
             let s = d.spec.unwrap_or_default();
             (d.metadata, s.replicas, Some(s.template))
         }
         WorkloadKind::ReplicaSet => {
-            let d: ReplicaSet = serde_json::from_value(v.clone()).map_err(decode)?;
+            let d: ReplicaSet = serde::Deserialize::deserialize(v).map_err(decode)?;
             let s = d.spec.unwrap_or_default();
             (d.metadata, s.replicas, s.template)
         }
         WorkloadKind::StatefulSet => {
-            let d: StatefulSet = serde_json::from_value(v.clone()).map_err(decode)?;
+            let d: StatefulSet = serde::Deserialize::deserialize(v).map_err(decode)?;
             let s = d.spec.unwrap_or_default();
             (d.metadata, s.replicas, Some(s.template))
         }

@@ -40,7 +40,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
 
 /// Parses a pod from a request object.
 pub fn parse_pod(v: &Value, what: &str) -> Result<Pod, Decision> {
-    serde_json::from_value(v.clone())
+    serde::Deserialize::deserialize(v)
         .map_err(|e| Decision::deny("BadRequest", format!("{what} is not a valid Pod: {e}")))
 }
 

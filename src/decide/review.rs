@@ -88,7 +88,7 @@ pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
         .filter(|r| !r.is_null())
         .ok_or(ReviewError::NoRequest)?;
     validate(
-        serde_json::from_value(req.clone()).map_err(|e| ReviewError::BadRequest(e.to_string()))?,
+        serde::Deserialize::deserialize(req).map_err(|e| ReviewError::BadRequest(e.to_string()))?,
     )
 }
 
