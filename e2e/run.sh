@@ -114,10 +114,16 @@ node() { # name product gpus extra-labels-json extra-allocatable-json
   k create -f - >/dev/null <<EOF
 {"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"card-quota-e2e":"$RUN","nvidia.com/gpu.product":"$2"$4}}}
 EOF
-  k get --raw "/api/v1/nodes/$1" | jq --arg g "$3" --argjson extra "{${5#,}}" \
-    '.status = {capacity: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra), allocatable: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra)}' \
-    > "$WORK/node-$1.json"
-  k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null
+  # The node lifecycle controller also writes new nodes: retry on a resourceVersion conflict.
+  local try
+  for try in 1 2 3 4 5 6 7 8; do
+    k get --raw "/api/v1/nodes/$1" | jq --arg g "$3" --argjson extra "{${5#,}}" \
+      '.status = {capacity: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra), allocatable: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra)}' \
+      > "$WORK/node-$1.json"
+    k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null 2>&1 && return 0
+    sleep 0.3
+  done
+  echo "could not set the status of node $1"; exit 100
 }
 
 serve() { # name port metrics-port policy
