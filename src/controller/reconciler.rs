@@ -204,6 +204,9 @@ impl Reconciler {
                         .inc();
                 }
                 if !s.exists {
+                    // A deleted queue's conditions end with it.
+                    self.memory.note(&s.queue, EXCEEDED, None);
+                    self.memory.note(&s.queue, INVALID, None);
                     continue;
                 }
                 if self.event(s, EXCEEDED, exceeded_message(s)).await {
