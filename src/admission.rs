@@ -237,7 +237,7 @@ pub fn usage_report(
         }
         let rows = u.rows();
         let annotated = snap.queue(&q).map(|r| r.quota.is_some()).unwrap_or(false);
-        if annotated || rows.values().any(|r| r.in_use() > 0) {
+        if annotated || rows.values().any(|r| !r.in_use().is_zero()) {
             out.insert(q.to_string(), rows);
         }
     }

@@ -196,7 +196,10 @@ fn a_missing_card_name_is_inferred_from_a_pinning_node_selector() {
     assert!(r.allowed, "{}", message(&r));
     assert_eq!(
         patch(&r),
-        json!([{"op": "add", "path": "/metadata/annotations/volcano.sh~1card.name", "value": "RTX-4090"}])
+        json!([
+            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.queue", "value": "q"},
+            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.name", "value": "RTX-4090"}
+        ])
     );
     assert_eq!(w.usage("q", "RTX-4090")["pending"], 1);
 }
@@ -294,7 +297,10 @@ fn a_pod_created_with_node_name_is_an_allocation() {
     p["spec"]["nodeName"] = json!("rtx-1");
     let r = w.send(R::pod("CREATE", p.clone()).build());
     assert!(r.allowed);
-    assert_eq!(patch(&r)[0]["value"], "RTX-4090");
+    assert_eq!(
+        patch(&r)[1],
+        json!({"op": "add", "path": "/metadata/annotations/volcano.sh~1card.charged", "value": "RTX-4090"})
+    );
     assert_eq!(w.usage("q", "RTX-4090")["allocated"], 2);
     p["metadata"]["name"] = json!("static-2");
     assert!(!w.send(R::pod("CREATE", p).build()).allowed);
@@ -313,18 +319,21 @@ fn a_pod_update_that_only_adds_the_group_name_is_not_a_new_charge() {
 }
 
 #[test]
-fn a_pod_update_that_raises_demand_is_checked_again() {
+fn a_pod_update_that_changes_its_card_name_is_refused() {
+    // DESIGN §2: "Pod UPDATEs that change card.queue, card.charged or card.name of a pod
+    // with card demand are refused".
     let mut w = World::new();
     let old = pod("a", "q", Some("RTX-4090"), "2");
     assert!(w.send(R::pod("CREATE", old.clone()).build()).allowed);
     let mut new = old.clone();
     new["metadata"]["annotations"]["volcano.sh/card.name"] = json!("NVIDIA-H200");
-    assert!(
-        w.send(R::pod("UPDATE", new.clone()).old(old.clone()).build())
-            .allowed
+    let r = w.send(R::pod("UPDATE", new.clone()).old(old.clone()).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        r#"pod ml/a has card demand: volcano.sh/card.name cannot be changed (was "RTX-4090", now "NVIDIA-H200")"#
     );
-    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
-    assert_eq!(w.usage("q", "RTX-4090")["pending"], 0);
+    assert_eq!(w.usage("q", "RTX-4090")["pending"], 2);
 }
 
 fn pg(name: &str, queue: &str, request: &str) -> Value {

@@ -6,6 +6,7 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use super::names::{Alternatives, CardName, NameError, QueueName};
+use super::quantity::Cards;
 
 /// Queue annotation holding the per-model quota.
 pub const QUOTA: &str = "volcano.sh/card.quota";
@@ -21,6 +22,12 @@ pub const USAGE: &str = "volcano.sh/card.usage";
 pub const LEDGER: &str = "volcano.sh/card.ledger";
 /// Pod annotation naming the queue of a pod without a PodGroup.
 pub const QUEUE_NAME: &str = "scheduling.volcano.sh/queue-name";
+/// Pod label (and annotation) naming a pod's queue; Volcano reads it before
+/// [`QUEUE_NAME`].
+pub const VOLCANO_QUEUE: &str = "volcano.sh/queue-name";
+/// Pod annotation card-quota stamps at CREATE: the queue the pod was admitted to and
+/// is charged to from then on.
+pub const CARD_QUEUE: &str = "volcano.sh/card.queue";
 /// Pod annotation naming the pod's PodGroup.
 pub const GROUP_NAME: &str = "scheduling.k8s.io/group-name";
 
@@ -61,21 +68,21 @@ pub struct AnnotationError {
 
 /// A queue's quota: model -> whole cards. Absent models have quota 0.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Quota(pub BTreeMap<CardName, u64>);
+pub struct Quota(pub BTreeMap<CardName, Cards>);
 
 impl Quota {
-    pub fn get(&self, m: &CardName) -> u64 {
-        self.0.get(m).copied().unwrap_or(0)
+    pub fn get(&self, m: &CardName) -> Cards {
+        self.0.get(m).copied().unwrap_or(Cards::ZERO)
     }
 }
 
 /// A job's card request: `A` or `A|B` -> positive cards. Entries keep annotation order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CardRequest(pub Vec<(Alternatives, u64)>);
+pub struct CardRequest(pub Vec<(Alternatives, Cards)>);
 
 impl CardRequest {
-    pub fn total(&self) -> u64 {
-        self.0.iter().map(|(_, n)| n).sum()
+    pub fn total(&self) -> Cards {
+        self.0.iter().map(|(_, n)| *n).sum()
     }
 }
 
@@ -148,7 +155,7 @@ fn parse_entries(
             return Err(Problem::DuplicateKey(k));
         }
         let n = match v {
-            Raw::Int(i) if i >= min && i <= i128::from(u64::MAX) => i as u64,
+            Raw::Int(i) if i >= min && u64::try_from(i).is_ok() => u64::try_from(i).unwrap_or(0),
             Raw::Int(i) => {
                 return Err(Problem::BadCount {
                     key: k,
@@ -187,7 +194,7 @@ pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
         }
         let name = CardName::parse(&k)
             .map_err(|source| err(object, QUOTA, Problem::BadKey { key: k, source }))?;
-        q.insert(name, n);
+        q.insert(name, Cards::new(n));
     }
     Ok(Quota(q))
 }
@@ -198,11 +205,11 @@ pub fn parse_request(object: &str, raw: &str) -> Result<CardRequest, AnnotationE
     if entries.is_empty() {
         return Err(err(object, REQUEST, Problem::Empty));
     }
-    let mut out: Vec<(Alternatives, u64)> = Vec::new();
+    let mut out: Vec<(Alternatives, Cards)> = Vec::new();
     for (k, n) in entries {
         let alts = Alternatives::parse(&k)
             .map_err(|source| err(object, REQUEST, Problem::BadKey { key: k, source }))?;
-        out.push((alts, n));
+        out.push((alts, Cards::new(n)));
     }
     Ok(CardRequest(out))
 }
@@ -217,12 +224,22 @@ pub fn parse_charged(object: &str, raw: &str) -> Result<CardName, AnnotationErro
     CardName::parse(raw).map_err(|e| err(object, CHARGED, Problem::BadName(e)))
 }
 
-/// The queue named by a pod's annotations, if any (DESIGN §2).
-pub fn queue_annotation(annotations: &BTreeMap<String, String>) -> Option<QueueName> {
-    annotations
-        .get(QUEUE_NAME)
-        .filter(|q| !q.is_empty())
-        .map(|q| QueueName::new(q.clone()))
+/// The queue a pod names itself, in Volcano's order: label `volcano.sh/queue-name`,
+/// then annotation `volcano.sh/queue-name`, then annotation
+/// `scheduling.volcano.sh/queue-name`. (Its PodGroup's queue comes before all three.)
+pub fn named_queue(
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<QueueName> {
+    [
+        labels.get(VOLCANO_QUEUE),
+        annotations.get(VOLCANO_QUEUE),
+        annotations.get(QUEUE_NAME),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|q| !q.is_empty())
+    .map(|q| QueueName::new(q.clone()))
 }
 
 #[cfg(test)]
@@ -240,12 +257,15 @@ mod tests {
             r#"{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"X":0}"#,
         )
         .unwrap();
-        assert_eq!(q.get(&CardName::parse("NVIDIA-H200").unwrap()), 3);
+        assert_eq!(
+            q.get(&CardName::parse("NVIDIA-H200").unwrap()),
+            Cards::new(3)
+        );
         assert_eq!(
             q.get(&CardName::parse("NVIDIA-H200/mig-1g.18gb-mixed").unwrap()),
-            4
+            Cards::new(4)
         );
-        assert_eq!(q.get(&CardName::parse("absent").unwrap()), 0);
+        assert_eq!(q.get(&CardName::parse("absent").unwrap()), Cards::ZERO);
         assert_eq!(q.0.len(), 3);
     }
 
@@ -285,7 +305,7 @@ mod tests {
     fn a_request_keeps_alternatives_and_refuses_zero() {
         let r = parse_request("podgroup ml/j", r#"{"A|B":6,"C":1}"#).unwrap();
         assert_eq!(r.0[0].0.to_string(), "A|B");
-        assert_eq!(r.total(), 7);
+        assert_eq!(r.total(), Cards::new(7));
         let e = parse_request("podgroup ml/j", r#"{"A":0}"#)
             .unwrap_err()
             .to_string();

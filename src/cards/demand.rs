@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-use super::quantity::parse_whole;
+use super::quantity::{parse_whole, Cards};
 
 /// Whole cards per card resource that a pod needs.
-pub type ResourceDemand = BTreeMap<String, u64>;
+pub type ResourceDemand = BTreeMap<String, Cards>;
 
-fn container_request(c: &Container, resource: &str) -> Result<u64, String> {
+fn container_request(c: &Container, resource: &str) -> Result<Cards, String> {
     let Some(res) = &c.resources else {
-        return Ok(0);
+        return Ok(Cards::ZERO);
     };
     let q = res
         .requests
@@ -20,8 +20,10 @@ fn container_request(c: &Container, resource: &str) -> Result<u64, String> {
         .and_then(|r| r.get(resource))
         .or_else(|| res.limits.as_ref().and_then(|l| l.get(resource)));
     match q {
-        Some(q) => parse_whole(&q.0).map_err(|e| format!("container {}: {resource}: {e}", c.name)),
-        None => Ok(0),
+        Some(q) => parse_whole(&q.0)
+            .map(Cards::new)
+            .map_err(|e| format!("container {}: {resource}: {e}", c.name)),
+        None => Ok(Cards::ZERO),
     }
 }
 
@@ -51,8 +53,8 @@ pub fn pod_demand(
     names.dedup();
     let mut out = ResourceDemand::new();
     for r in names.into_iter().filter(|r| is_card(r)) {
-        let mut sidecars = 0u64;
-        let mut init_peak = 0u64;
+        let mut sidecars = Cards::ZERO;
+        let mut init_peak = Cards::ZERO;
         for c in spec.init_containers.iter().flatten() {
             let n = container_request(c, &r)?;
             if c.restart_policy.as_deref() == Some("Always") {
@@ -67,7 +69,7 @@ pub fn pod_demand(
             app += container_request(c, &r)?;
         }
         let n = app.max(init_peak);
-        if n > 0 {
+        if !n.is_zero() {
             out.insert(r, n);
         }
     }
@@ -152,7 +154,7 @@ mod tests {
         }));
         assert_eq!(
             pod_demand(&s, gpu).unwrap(),
-            BTreeMap::from([("nvidia.com/gpu".to_string(), 3)])
+            BTreeMap::from([("nvidia.com/gpu".to_string(), Cards::new(3))])
         );
     }
 
@@ -166,7 +168,10 @@ mod tests {
             "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
         }));
         // init peak = 1 (sidecar) + 2 = 3; app = 1 + 1 = 2
-        assert_eq!(pod_demand(&s, gpu).unwrap()["nvidia.com/gpu"], 3);
+        assert_eq!(
+            pod_demand(&s, gpu).unwrap()["nvidia.com/gpu"],
+            Cards::new(3)
+        );
     }
 
     #[test]

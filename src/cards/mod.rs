@@ -9,3 +9,4 @@ pub mod quantity;
 pub use annotations::{AnnotationError, CardRequest, Quota};
 pub use names::{Alternatives, CardName, NameError, ObjectKey, QueueName};
 pub use nodes::NodeCards;
+pub use quantity::Cards;

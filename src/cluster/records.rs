@@ -9,11 +9,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cards::annotations::{
-    self, AnnotationError, CARD_NAME, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST, USAGE,
+    self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST,
+    USAGE,
 };
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource};
-use crate::cards::{Alternatives, CardName, CardRequest, NodeCards, ObjectKey, QueueName, Quota};
+use crate::cards::{
+    Alternatives, CardName, CardRequest, Cards, NodeCards, ObjectKey, QueueName, Quota,
+};
 use crate::ledger::{Ledger, LedgerError};
 
 /// A Queue as card-quota sees it.
@@ -77,10 +80,17 @@ impl PodGroupRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodRecord {
     pub key: ObjectKey,
-    pub queue_annotation: Option<QueueName>,
+    /// `volcano.sh/card.queue`: the queue the pod was admitted to (stamped at CREATE);
+    /// its queue for charging from then on.
+    pub stamped_queue: Option<QueueName>,
+    /// The queue the pod names by label or annotation (Volcano's order).
+    pub named_queue: Option<QueueName>,
     pub group: Option<String>,
     /// Card resources requested (effective request), or why they could not be read.
     pub demand: Result<ResourceDemand, String>,
+    /// Extended resources under vendor prefixes no node announces as cards (yet):
+    /// they become card demand when a node brings the prefix.
+    pub latent: ResourceDemand,
     pub card_name: Option<Result<Alternatives, AnnotationError>>,
     pub charged: Option<CardName>,
     pub node: Option<String>,
@@ -113,8 +123,41 @@ impl PodRecord {
     }
 
     /// Total cards over all card resources (0 when unreadable).
-    pub fn cards(&self) -> u64 {
-        self.demand.as_ref().map(|d| d.values().sum()).unwrap_or(0)
+    pub fn cards(&self) -> Cards {
+        self.demand
+            .as_ref()
+            .map(|d| d.values().sum())
+            .unwrap_or_default()
+    }
+
+    /// Moves requested resources between card demand and latent demand so that
+    /// exactly those `is_card` accepts are card demand. True when anything moved.
+    pub fn reclassify(&mut self, is_card: impl Fn(&str) -> bool) -> bool {
+        let Ok(demand) = &mut self.demand else {
+            return false;
+        };
+        let to_card: Vec<String> = self.latent.keys().filter(|r| is_card(r)).cloned().collect();
+        let to_latent: Vec<String> = demand.keys().filter(|r| !is_card(r)).cloned().collect();
+        for r in &to_card {
+            if let Some(n) = self.latent.remove(r) {
+                demand.insert(r.clone(), n);
+            }
+        }
+        for r in &to_latent {
+            if let Some(n) = demand.remove(r) {
+                self.latent.insert(r.clone(), n);
+            }
+        }
+        !(to_card.is_empty() && to_latent.is_empty())
+    }
+
+    /// Vendor prefixes of the extended resources this pod requests.
+    pub fn resource_prefixes(&self) -> impl Iterator<Item = &str> {
+        self.demand
+            .iter()
+            .flat_map(|d| d.keys())
+            .chain(self.latent.keys())
+            .filter_map(|r| r.split_once('/').map(|(p, _)| p))
     }
 
     /// True when the pod involves cards at all.
@@ -229,15 +272,33 @@ fn record_from_parts(
     seq: u64,
 ) -> PodRecord {
     let a = anns(meta);
+    let labels = meta.labels.clone().unwrap_or_default();
     let object = format!("pod {key}");
     let is_card = |r: &str| is_card_resource(r, card_prefixes.iter().map(String::as_str));
-    let demand = match spec {
-        Some(s) => pod_demand(s, is_card).map_err(|e| format!("pod {key}: {e}")),
+    // Every extended resource is read; those under no known card prefix wait as latent
+    // demand for a node to announce their vendor.
+    let mut demand = match spec {
+        Some(s) => pod_demand(s, |r| r.contains('/')).map_err(|e| format!("pod {key}: {e}")),
         None => Ok(ResourceDemand::new()),
     };
+    let mut latent = ResourceDemand::new();
+    if let Ok(d) = &mut demand {
+        d.retain(|r, n| {
+            let card = is_card(r);
+            if !card {
+                latent.insert(r.clone(), *n);
+            }
+            card
+        });
+    }
     PodRecord {
         key: key.clone(),
-        queue_annotation: annotations::queue_annotation(&a),
+        stamped_queue: a
+            .get(CARD_QUEUE)
+            .filter(|q| !q.is_empty())
+            .map(|q| QueueName::new(q.clone())),
+        named_queue: annotations::named_queue(&labels, &a),
+        latent,
         group: a.get(GROUP_NAME).filter(|g| !g.is_empty()).cloned(),
         demand,
         card_name: a

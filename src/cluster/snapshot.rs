@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_PREFIXES};
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName};
 
 use super::records::{PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord};
@@ -24,6 +25,9 @@ pub struct Snapshot {
     groups: HashMap<ObjectKey, PodGroupRecord>,
     pods: HashMap<ObjectKey, PodRecord>,
     other_pods: HashSet<ObjectKey>,
+    /// Cardless pods that request extended resources under a vendor prefix no node
+    /// announces yet, kept whole so a node bringing the prefix can make them card pods.
+    latent_pods: HashMap<ObjectKey, PodRecord>,
     workloads: HashMap<(WorkloadKind, ObjectKey), WorkloadRecord>,
     pods_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
     pod_queue: HashMap<ObjectKey, QueueName>,
@@ -80,8 +84,13 @@ impl Snapshot {
         }
         self.remove_node(&name);
         self.dirty = Dirty::All;
+        let mut new_prefixes = Vec::new();
         for p in &cards.prefixes {
-            *self.prefix_counts.entry(p.clone()).or_default() += 1;
+            let c = self.prefix_counts.entry(p.clone()).or_default();
+            *c += 1;
+            if *c == 1 {
+                new_prefixes.push(p.clone());
+            }
         }
         for (res, (m, _)) in &cards.resources {
             *self
@@ -92,6 +101,7 @@ impl Snapshot {
                 .or_default() += 1;
         }
         self.nodes.insert(name, cards);
+        self.reclassify_pods(&new_prefixes);
     }
 
     pub fn remove_node(&mut self, name: &str) {
@@ -99,11 +109,13 @@ impl Snapshot {
             return;
         };
         self.dirty = Dirty::All;
+        let mut gone_prefixes = Vec::new();
         for p in &old.prefixes {
             if let Some(c) = self.prefix_counts.get_mut(p) {
                 *c -= 1;
                 if *c == 0 {
                     self.prefix_counts.remove(p);
+                    gone_prefixes.push(p.clone());
                 }
             }
         }
@@ -118,6 +130,36 @@ impl Snapshot {
                 if by_res.is_empty() {
                     self.model_resources.remove(m);
                 }
+            }
+        }
+        self.reclassify_pods(&gone_prefixes);
+    }
+
+    /// Re-derives the card demand of pods requesting resources under `prefixes`, whose
+    /// status as card vendors just changed (DESIGN §3: any prefix a node announces).
+    fn reclassify_pods(&mut self, prefixes: &[String]) {
+        let prefixes: Vec<&String> = prefixes
+            .iter()
+            .filter(|p| !DEFAULT_CARD_PREFIXES.contains(&p.as_str()))
+            .collect();
+        if prefixes.is_empty() {
+            return;
+        }
+        let touches = |p: &PodRecord| {
+            p.resource_prefixes()
+                .any(|x| prefixes.iter().any(|q| *q == x))
+        };
+        let affected: Vec<PodRecord> = self
+            .pods
+            .values()
+            .chain(self.latent_pods.values())
+            .filter(|p| touches(p))
+            .cloned()
+            .collect();
+        let known = self.card_prefixes();
+        for mut p in affected {
+            if p.reclassify(|r| is_card_resource(r, known.iter().map(String::as_str))) {
+                self.upsert_pod(p);
             }
         }
     }
@@ -270,6 +312,15 @@ impl Snapshot {
         self.groups.get(key)
     }
 
+    /// Card pods that name the PodGroup `group` (whatever queue they are charged to).
+    pub fn group_pods(&self, group: &ObjectKey) -> impl Iterator<Item = &PodRecord> {
+        self.pods_by_group
+            .get(group)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.pods.get(k))
+    }
+
     fn reindex_group_pods(&mut self, group: &ObjectKey) {
         let members: Vec<ObjectKey> = self
             .pods_by_group
@@ -278,34 +329,49 @@ impl Snapshot {
             .unwrap_or_default();
         for k in members {
             if let Some(p) = self.pods.get(&k).cloned() {
-                self.index_pod(&p);
+                let previous = self.pod_queue.get(&k).cloned();
+                self.index_pod(&p, previous);
             }
         }
     }
 
-    /// A pod's queue: its annotation, else its PodGroup's queue, else `default`.
-    /// `Err(group)` when it names a PodGroup this snapshot does not hold.
+    /// A pod's queue for charging: the queue stamped on it at admission, else the
+    /// queue Volcano would schedule it in ([`Snapshot::volcano_queue`]).
+    /// `Err(group)` when that depends on a PodGroup this snapshot does not hold.
     pub fn resolve_queue(&self, pod: &PodRecord) -> Result<QueueName, String> {
-        if let Some(q) = &pod.queue_annotation {
-            return Ok(q.clone());
+        match &pod.stamped_queue {
+            Some(q) => Ok(q.clone()),
+            None => self.volcano_queue(pod),
         }
-        match &pod.group {
-            Some(g) => self
+    }
+
+    /// The queue Volcano schedules a pod in (DESIGN §2): its PodGroup's queue, else
+    /// the queue its label or annotations name, else `default`.
+    pub fn volcano_queue(&self, pod: &PodRecord) -> Result<QueueName, String> {
+        if let Some(g) = &pod.group {
+            return self
                 .groups
                 .get(&ObjectKey::new(pod.key.namespace.clone(), g.clone()))
                 .map(|g| g.queue.clone())
-                .ok_or_else(|| g.clone()),
-            None => Ok(QueueName::default_queue()),
+                .ok_or_else(|| g.clone());
         }
+        Ok(pod
+            .named_queue
+            .clone()
+            .unwrap_or_else(QueueName::default_queue))
     }
 
     // ---- pods --------------------------------------------------------------------
 
-    fn index_pod(&mut self, p: &PodRecord) {
+    fn index_pod(&mut self, p: &PodRecord, previous: Option<QueueName>) {
         self.unindex_pod(&p.key);
-        let q = self
-            .resolve_queue(p)
-            .unwrap_or_else(|_| QueueName::default_queue());
+        // A PodGroup that is gone (or not cached yet) does not move a pod's cards: it
+        // stays where it was, or goes where it names itself.
+        let q = self.resolve_queue(p).unwrap_or_else(|_| {
+            previous
+                .or_else(|| p.named_queue.clone())
+                .unwrap_or_else(QueueName::default_queue)
+        });
         self.pods_by_queue
             .entry(q.clone())
             .or_default()
@@ -326,12 +392,21 @@ impl Snapshot {
     /// Adds or replaces a pod; pods without cards are only remembered by key. A
     /// replaced pod keeps its place in the queue (its `seq`).
     pub fn upsert_pod(&mut self, mut p: PodRecord) {
-        if let Some(old) = self.pods.get(&p.key) {
+        if let Some(old) = self
+            .pods
+            .get(&p.key)
+            .or_else(|| self.latent_pods.get(&p.key))
+        {
             p.seq = old.seq;
         }
+        let previous = self.pod_queue.get(&p.key).cloned();
         self.remove_pod(&p.key);
         if !p.is_card_pod() {
-            self.other_pods.insert(p.key.clone());
+            if p.latent.is_empty() {
+                self.other_pods.insert(p.key.clone());
+            } else {
+                self.latent_pods.insert(p.key.clone(), p);
+            }
             return;
         }
         if let Some(g) = &p.group {
@@ -340,12 +415,13 @@ impl Snapshot {
                 .or_default()
                 .insert(p.key.clone());
         }
-        self.index_pod(&p);
+        self.index_pod(&p, previous);
         self.pods.insert(p.key.clone(), p);
     }
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.other_pods.remove(key);
+        self.latent_pods.remove(key);
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
             if let Some(g) = &old.group {
@@ -366,7 +442,7 @@ impl Snapshot {
 
     /// True when the pod is known and requests no cards.
     pub fn is_known_cardless_pod(&self, key: &ObjectKey) -> bool {
-        self.other_pods.contains(key)
+        self.other_pods.contains(key) || self.latent_pods.contains_key(key)
     }
 
     /// Keys of every pod held, card pods or not.
@@ -374,12 +450,13 @@ impl Snapshot {
         self.pods
             .keys()
             .chain(self.other_pods.iter())
+            .chain(self.latent_pods.keys())
             .cloned()
             .collect()
     }
 
     pub fn pod_count(&self) -> usize {
-        self.pods.len() + self.other_pods.len()
+        self.pods.len() + self.other_pods.len() + self.latent_pods.len()
     }
 
     /// Card pods charged to `queue`.

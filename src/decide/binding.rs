@@ -7,7 +7,7 @@ use crate::cards::ObjectKey;
 use crate::cluster::Snapshot;
 use crate::ledger::Effect;
 
-use super::messages::{gate, RETRY};
+use super::messages::{gate, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;
 use super::pod::{allocate, card_demand};
 use super::review::AdmissionRequest;
@@ -57,23 +57,30 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if matches!(rec.card_name, Some(Err(_))) {
         rec.card_name = None;
     }
-    let resource = match card_demand(&rec, snap, Some(&queue)) {
-        Ok(Some(d)) => d.resource,
-        Ok(None) => return Decision::allow(),
-        Err(d) if rec.card_name.is_none() && rec.cards() > 0 => {
-            // No name and no pin: the node decides the model.
-            match rec
-                .demand
-                .as_ref()
-                .ok()
-                .and_then(|m| m.keys().next().cloned())
-            {
-                Some(r) => r,
-                None => return d,
-            }
-        }
-        Err(d) => return d,
+    let resources = match &rec.demand {
+        Ok(d) => d.len(),
+        Err(e) => return Decision::deny(INVALID_DEMAND, e.clone()),
     };
+    if resources == 0 && rec.card_name.is_none() {
+        return Decision::allow();
+    }
+    if resources <= 1 {
+        match card_demand(&rec, snap, Some(&queue)) {
+            Ok(Some(d)) => {
+                if d.inferred {
+                    rec.card_name = Some(Ok(d.alternatives));
+                }
+            }
+            Ok(None) => return Decision::allow(),
+            // No name and no pin: the node decides the model.
+            Err(_) if rec.card_name.is_none() => {}
+            Err(d) => return d,
+        }
+    } else {
+        // Several card resources (stored while card-quota was not gating pods): every
+        // one of them is charged by its model on the node; a name cannot cover them all.
+        rec.card_name = None;
+    }
     let regarding = ObjectRef {
         api_version: "v1".into(),
         kind: "Pod".into(),
@@ -84,15 +91,16 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if let Err(d) = gate(snap, &queue) {
         return d.with_event(Some(regarding));
     }
-    match allocate(snap, &queue, &rec, &resource, node, now) {
-        Ok(model) => {
+    match allocate(snap, &queue, &rec, node, now) {
+        Ok(charges) => {
             let mut d = Decision::allow();
-            d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
             let mut bound = rec;
             bound.node = Some(node.to_string());
-            bound.charged = Some(model);
-            d = d.charging(queue, Effect::Pod(Box::new(bound)));
-            d
+            if let ([(model, _)], 1) = (charges.as_slice(), resources) {
+                d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
+                bound.charged = Some(model.clone());
+            }
+            d.charging(queue, Effect::Pod(Box::new(bound)))
         }
         Err(d) => d.with_event(Some(regarding)),
     }

@@ -14,7 +14,7 @@ pub struct Change {
     pub add_pods: Vec<PodRecord>,
     pub remove_groups: Vec<ObjectKey>,
     pub add_groups: Vec<PodGroupRecord>,
-    /// Demands with no object yet (replicas a scale-up would add).
+    /// Demands with no object yet (replicas a scale-up would add, counted).
     pub extra: Vec<Demand>,
 }
 
@@ -82,7 +82,7 @@ pub fn usage_after(
         .chain(change.add_groups.iter());
     let mut u = queue_usage(quota, pods, groups, snap, now);
     for d in &change.extra {
-        *u.pending.entry(d.models.clone()).or_default() += d.cards;
+        *u.pending.entry(d.models.clone()).or_default() += d.total();
         u.demands
             .push((crate::ledger::Source::Planned, u64::MAX, d.clone()));
     }

@@ -1,6 +1,6 @@
 //! The texts users read in kubectl and Events: short, complete, every number.
 
-use crate::cards::{Alternatives, QueueName};
+use crate::cards::{Alternatives, Cards, QueueName};
 use crate::cluster::{QueueRecord, Snapshot};
 use crate::ledger::QueueUsage;
 
@@ -18,13 +18,15 @@ pub const RETRY: &str = "TryAgain";
 pub const INVALID_DEMAND: &str = "InvalidCardDemand";
 /// Reason for a binding to a model the pod does not accept.
 pub const NOT_ACCEPTED: &str = "CardModelNotAccepted";
+/// Reason for a change to an annotation only card-quota (or the pod's creator) writes.
+pub const IMMUTABLE: &str = "CardAnnotationImmutable";
 
 /// `queue <q> has insufficient <model> quota: requested <n>, in use <u> (allocated <a>,
 /// pending <p>, reserved <r>), quota <c>` (DESIGN §4), from the usage before the request.
 pub fn insufficient(
     queue: &QueueName,
     key: &Alternatives,
-    requested: u64,
+    requested: Cards,
     before: &QueueUsage,
 ) -> String {
     let r = before.competing(key);

@@ -29,6 +29,37 @@ pub fn set_annotation(obj: &Value, key: &str, value: &str) -> PatchOperation {
     }
 }
 
+/// Adds (or overwrites) several annotations on `obj` in one patch.
+pub fn set_annotations(obj: &Value, pairs: &[(&str, String)]) -> Vec<PatchOperation> {
+    let has_anns = obj
+        .pointer("/metadata/annotations")
+        .map(Value::is_object)
+        .unwrap_or(false);
+    if has_anns {
+        return pairs
+            .iter()
+            .map(|(k, v)| set_annotation(obj, k, v))
+            .collect();
+    }
+    let map: serde_json::Map<String, Value> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+        .collect();
+    if pairs.is_empty() {
+        Vec::new()
+    } else if obj.get("metadata").map(Value::is_object).unwrap_or(false) {
+        vec![PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["metadata", "annotations"]),
+            value: Value::Object(map),
+        })]
+    } else {
+        vec![PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["metadata"]),
+            value: json!({ "annotations": map }),
+        })]
+    }
+}
+
 /// Sets `spec.replicas`.
 pub fn set_replicas(replicas: i32) -> PatchOperation {
     PatchOperation::Replace(ReplaceOperation {
@@ -53,6 +84,20 @@ mod tests {
             s,
             r#"{"op":"add","path":"/metadata/annotations/volcano.sh~1card.charged","value":"A"}"#
         );
+    }
+
+    #[test]
+    fn several_annotations_land_together_when_the_map_is_missing() {
+        for mut doc in [
+            json!({"metadata": {"name": "x"}}),
+            json!({}),
+            json!({"metadata": {"annotations": {"a": "b"}}}),
+        ] {
+            let ops = set_annotations(&doc, &[("k1", "v1".into()), ("k2", "v2".into())]);
+            json_patch::patch(&mut doc, &ops).unwrap();
+            assert_eq!(doc["metadata"]["annotations"]["k1"], "v1");
+            assert_eq!(doc["metadata"]["annotations"]["k2"], "v2");
+        }
     }
 
     #[test]

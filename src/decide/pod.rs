@@ -5,18 +5,18 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
-use crate::cards::annotations::{CARD_NAME, CHARGED};
+use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED};
 use crate::cards::nodes::resource_fits_model_shape;
-use crate::cards::{Alternatives, CardName, QueueName};
+use crate::cards::{Alternatives, CardName, Cards, QueueName};
 use crate::cluster::records::pod_record;
 use crate::cluster::{PodRecord, Snapshot};
 use crate::ledger::{Effect, Verdict};
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{
-    gate, insufficient, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+    gate, insufficient, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
 };
-use super::patch::set_annotation;
+use super::patch::set_annotations;
 use super::review::AdmissionRequest;
 use super::{object_of, Decision, ObjectRef};
 
@@ -24,7 +24,7 @@ use super::{object_of, Decision, ObjectRef};
 #[derive(Debug, Clone)]
 pub struct CardDemand {
     pub resource: String,
-    pub cards: u64,
+    pub cards: Cards,
     pub alternatives: Alternatives,
     /// The alternatives were inferred from node affinity (the mutating webhook adds them).
     pub inferred: bool,
@@ -222,7 +222,7 @@ pub fn card_demand(
 fn undecided(
     queue: &QueueName,
     key: &Alternatives,
-    n: u64,
+    n: Cards,
     before: &crate::ledger::QueueUsage,
 ) -> Decision {
     let mut d = Decision::deny(
@@ -233,32 +233,45 @@ fn undecided(
     d
 }
 
-/// Allocating `cards` of `rec` on `node`: the node's model must be one of the pod's
-/// alternatives, allocated must stay within quota, and the other pending demand must stay
-/// feasible. Returns the charged model.
+/// Allocating `rec` on `node`: for every card resource the pod requests, the node's
+/// model must be one the pod accepts (a pod naming `card.name` requests one resource),
+/// allocated must stay within quota on each model, and the other pending demand must
+/// stay feasible. Returns the charged model per resource.
 pub fn allocate(
     snap: &Snapshot,
     queue: &QueueName,
     rec: &PodRecord,
-    resource: &str,
     node: &str,
     now: jiff::Timestamp,
-) -> Result<CardName, Decision> {
-    let cards = rec.cards();
+) -> Result<Vec<(CardName, Cards)>, Decision> {
     let Some(n) = snap.node(node) else {
         return Err(Decision::deny(
             RETRY,
             format!("node {node} is not in card-quota's cache yet; try again"),
         ));
     };
-    let Some(model) = n.model_for(resource).cloned() else {
-        return Err(Decision::deny(
-            INVALID_DEMAND,
-            format!("node {node} offers no card model for {resource} (no <prefix>/<type>.product label, or no such allocatable resource)"),
-        ));
-    };
-    if let Some(a) = rec.alternatives() {
-        if !a.contains(&model) {
+    let demand = rec
+        .demand
+        .as_ref()
+        .map_err(|e| Decision::deny(INVALID_DEMAND, e.clone()))?;
+    let mut charges: Vec<(CardName, Cards)> = Vec::new();
+    for (resource, cards) in demand {
+        let Some(model) = n.model_for(resource).cloned() else {
+            return Err(Decision::deny(
+                INVALID_DEMAND,
+                format!("node {node} offers no card model for {resource} (no <prefix>/<type>.product label, or no such allocatable resource)"),
+            ));
+        };
+        match charges.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, total)) => *total += *cards,
+            None => charges.push((model, *cards)),
+        }
+    }
+    if charges.is_empty() {
+        return Ok(charges);
+    }
+    if let (Some(a), [(model, _)]) = (rec.alternatives(), charges.as_slice()) {
+        if !a.contains(model) {
             return Err(Decision::deny(
                 NOT_ACCEPTED,
                 format!("pod {} accepts {a} but node {node} has {model}", rec.key),
@@ -267,7 +280,12 @@ pub fn allocate(
     }
     let mut bound = rec.clone();
     bound.node = Some(node.to_string());
-    bound.charged = Some(model.clone());
+    // One model is recorded on the pod; a pod of several resources is charged by its
+    // node's models.
+    bound.charged = match charges.as_slice() {
+        [(m, _)] if demand.len() == 1 => Some(m.clone()),
+        _ => None,
+    };
     let change = Change {
         add_pods: vec![bound],
         ..Default::default()
@@ -276,20 +294,29 @@ pub fn allocate(
         .alternatives()
         .map(|a| models_of([a]))
         .unwrap_or_default();
-    touched.insert(model.clone());
+    touched.extend(charges.iter().map(|(m, _)| m.clone()));
     let f = fit(snap, queue, &change, &touched, now);
-    let single = Alternatives::single(model.clone());
-    let allocated = f.after.allocated.get(&model).copied().unwrap_or(0);
-    if allocated > f.after.quota.get(&model) {
-        return Err(Decision::deny(
-            INSUFFICIENT,
-            insufficient(queue, &single, cards, &f.before()),
-        ));
+    for (model, cards) in &charges {
+        let allocated = f.after.allocated.get(model).copied().unwrap_or_default();
+        if allocated > f.after.quota.get(model) {
+            return Err(Decision::deny(
+                INSUFFICIENT,
+                insufficient(
+                    queue,
+                    &Alternatives::single(model.clone()),
+                    *cards,
+                    &f.before(),
+                ),
+            ));
+        }
     }
+    // The model named in a refusal: the pod's first charge (there is at least one).
+    let (model, cards) = charges[0].clone();
+    let single = Alternatives::single(model);
     match f.verdict {
-        Verdict::Feasible => Ok(model),
+        Verdict::Feasible => Ok(charges),
         // Binding never makes a broken queue worse than the hard line allows.
-        _ if feasible(&f.before(), &touched) != Verdict::Feasible => Ok(model),
+        _ if feasible(&f.before(), &touched) != Verdict::Feasible => Ok(charges),
         Verdict::Undecided => Err(undecided(queue, &single, cards, &f.before())),
         Verdict::Infeasible => Err(Decision::deny(
             INSUFFICIENT,
@@ -298,52 +325,56 @@ pub fn allocate(
     }
 }
 
-/// Decides a new (or changed) card pod: pending, or allocated when it names its node.
-fn admit(obj: &Value, mut rec: PodRecord, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+fn raw_annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    obj.pointer("/metadata/annotations")
+        .and_then(|a| a.get(key))
+        .and_then(Value::as_str)
+}
+
+/// Decides a card pod that is new to `queue` (CREATE, or an UPDATE that changes its
+/// demand): pending, or allocated when it names its node. `stamp` adds the queue stamp.
+fn admit(
+    obj: &Value,
+    mut rec: PodRecord,
+    queue: QueueName,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+    stamp: bool,
+) -> Decision {
     let owner = owner_ref(obj, &rec.key.namespace);
-    let queue = snap.resolve_queue(&rec);
-    let demand = match card_demand(&rec, snap, queue.as_ref().ok()) {
+    let demand = match card_demand(&rec, snap, Some(&queue)) {
         Ok(Some(d)) => d,
         Ok(None) => return Decision::allow(),
         Err(d) => return d.with_event(owner),
     };
-    let queue = match queue {
-        Ok(q) => q,
-        Err(g) => {
-            return Decision::deny(
-                RETRY,
-                format!(
-                "pod {} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again",
-                rec.key, rec.key.namespace
-            ),
-            )
-        }
-    };
     if let Err(d) = gate(snap, &queue) {
         return d.with_event(owner);
     }
-    let mut patch = Vec::new();
+    let mut annotations: Vec<(&str, String)> = Vec::new();
+    if stamp {
+        annotations.push((CARD_QUEUE, queue.to_string()));
+        rec.stamped_queue = Some(queue.clone());
+    }
     if demand.inferred {
-        patch.push(set_annotation(
-            obj,
-            CARD_NAME,
-            &demand.alternatives.to_string(),
-        ));
+        annotations.push((CARD_NAME, demand.alternatives.to_string()));
         rec.card_name = Some(Ok(demand.alternatives.clone()));
     }
     if let Some(node) = rec.node.clone() {
-        return match allocate(snap, &queue, &rec, &demand.resource, &node, now) {
-            Ok(model) => {
-                patch.push(set_annotation(obj, CHARGED, model.as_str()));
+        return match allocate(snap, &queue, &rec, &node, now) {
+            Ok(charges) => {
                 let mut bound = rec.clone();
-                bound.charged = Some(model);
+                if let [(model, _)] = charges.as_slice() {
+                    annotations.push((CHARGED, model.to_string()));
+                    bound.charged = Some(model.clone());
+                }
                 let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(bound)));
-                d.patch = patch;
+                d.patch = set_annotations(obj, &annotations);
                 d
             }
             Err(d) => d.with_event(owner),
         };
     }
+    let patch = set_annotations(obj, &annotations);
     let touched = models_of([&demand.alternatives]);
     let change = Change {
         add_pods: vec![rec.clone()],
@@ -377,8 +408,63 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     if !rec.is_card_pod() {
         return Decision::allow();
     }
-    admit(obj, rec, snap, now)
+    let key = rec.key.clone();
+    // DESIGN §2: the queue Volcano will schedule the pod in is the queue it is charged
+    // to, stamped on it now so that nothing done to its PodGroup or labels later moves
+    // its cards.
+    let queue = match snap.volcano_queue(&rec) {
+        Ok(q) => q,
+        Err(g) => {
+            return Decision::deny(
+                RETRY,
+                format!(
+                    "pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again",
+                    key.namespace
+                ),
+            )
+        }
+    };
+    if let Some(stamped) = raw_annotation(obj, CARD_QUEUE) {
+        if stamped != queue.as_str() {
+            return Decision::deny(
+                IMMUTABLE,
+                format!(
+                    "pod {key} sets {CARD_QUEUE}={stamped:?} but its queue is {queue}; card-quota writes that annotation, remove it"
+                ),
+            );
+        }
+    }
+    if let Some(charged) = raw_annotation(obj, CHARGED) {
+        if rec.node.is_none() {
+            return Decision::deny(
+                IMMUTABLE,
+                format!(
+                    "pod {key} sets {CHARGED}={charged:?}; card-quota writes that annotation when the pod is bound, remove it"
+                ),
+            );
+        }
+    }
+    let d = admit(obj, rec, queue, snap, now, true);
+    // A pod created on its node is charged its node's model, whatever it claims.
+    if let (true, Some(claimed)) = (d.allowed, raw_annotation(obj, CHARGED)) {
+        if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
+            if p.charged.as_ref().map(CardName::as_str) != Some(claimed) {
+                return Decision::deny(
+                    IMMUTABLE,
+                    format!(
+                        "pod {key} sets {CHARGED}={claimed:?} but is charged {}; card-quota writes that annotation, remove it",
+                        p.charged.as_ref().map(CardName::as_str).unwrap_or("by its node's models")
+                    ),
+                );
+            }
+        }
+    }
+    d
 }
+
+/// Annotations that only card-quota (or the pod's creator, for `card.name`) writes and
+/// that no UPDATE may change on a pod with card demand (DESIGN §2).
+const IMMUTABLE_ANNOTATIONS: [&str; 3] = [CARD_QUEUE, CHARGED, CARD_NAME];
 
 fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
     let obj = match object_of(req) {
@@ -390,30 +476,74 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         Err(d) => return d,
     };
     let Some(old_obj) = req.old_object.as_ref().filter(|o| !o.is_null()) else {
-        return admit(obj, new, snap, now);
+        return Decision::deny(
+            "BadRequest",
+            format!("UPDATE of pod {} has no oldObject", new.key),
+        );
     };
     let old = match record(req, old_obj, snap, u64::MAX) {
         Ok(r) => r,
         Err(d) => return d,
     };
+    if old.is_card_pod() || new.is_card_pod() {
+        for a in IMMUTABLE_ANNOTATIONS {
+            let (was, now_) = (raw_annotation(old_obj, a), raw_annotation(obj, a));
+            if was != now_ {
+                let show = |v: Option<&str>| v.map_or("unset".to_string(), |v| format!("{v:?}"));
+                return Decision::deny(
+                    IMMUTABLE,
+                    format!(
+                        "pod {} has card demand: {a} cannot be changed (was {}, now {})",
+                        new.key,
+                        show(was),
+                        show(now_)
+                    ),
+                );
+            }
+        }
+    }
     if !new.is_card_pod() {
         return Decision::allow();
     }
     let same_demand = new.demand == old.demand && new.card_name == old.card_name;
-    // A group name added by Volcano's PodGroup controller is not a new charge; when the
-    // group is not cached yet, the old queue stands until the reconciler sees it.
-    let same_queue = match (snap.resolve_queue(&old), snap.resolve_queue(&new)) {
-        (Ok(a), Ok(b)) => a == b,
-        (_, Err(_)) => true,
-        (Err(_), Ok(_)) => true,
+    let queue = match &old.stamped_queue {
+        // Stamped: its queue is fixed; only a changed demand is a new charge.
+        Some(q) => {
+            if same_demand {
+                return Decision::allow();
+            }
+            q.clone()
+        }
+        // Admitted before card-quota stamped pods: Volcano's queue, as it resolves now.
+        None => {
+            // A group name added by Volcano's PodGroup controller is not a new charge;
+            // when the group is not cached yet, the old queue stands.
+            let (before, after) = (snap.volcano_queue(&old), snap.volcano_queue(&new));
+            let same_queue = match (&before, &after) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => true,
+            };
+            if same_demand && same_queue {
+                return Decision::allow();
+            }
+            match after.or(before) {
+                Ok(q) => q,
+                Err(g) => {
+                    return Decision::deny(
+                        RETRY,
+                        format!(
+                            "pod {} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again",
+                            new.key, new.key.namespace
+                        ),
+                    )
+                }
+            }
+        }
     };
-    if same_demand && same_queue {
-        return Decision::allow();
-    }
     // Keep the stored pod's place (age) in the queue and its node.
     let mut changed = new;
     if let Some(stored) = snap.pod(&changed.key) {
         changed.seq = stored.seq;
     }
-    admit(obj, changed, snap, now)
+    admit(obj, changed, queue, snap, now, false)
 }

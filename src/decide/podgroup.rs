@@ -1,9 +1,11 @@
 //! PodGroup CREATE / UPDATE with `volcano.sh/card.request` (job level; becomes reserved).
 
-use crate::cards::CardRequest;
+use std::collections::BTreeSet;
+
+use crate::cards::{Alternatives, CardRequest, Cards};
 use crate::cluster::records::podgroup_record;
-use crate::cluster::{PodGroupRecord, Snapshot};
-use crate::ledger::{Effect, Verdict};
+use crate::cluster::{PodGroupRecord, PodRecord, Snapshot};
+use crate::ledger::{bound_charges, Effect, Verdict};
 
 use super::fit::{fit, models_of, Change};
 use super::messages::{gate, insufficient, INSUFFICIENT, INVALID};
@@ -49,6 +51,12 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     } else {
         owner_ref(obj, &rec.key.namespace)
     };
+    if let Some(old) = old.as_ref().filter(|o| o.queue != rec.queue) {
+        if let Some(Err(e)) = &rec.request {
+            return Decision::deny(INVALID, e.to_string()).with_event(regarding);
+        }
+        return moved(old, rec, snap, now).with_event(regarding);
+    }
     let request: CardRequest = match &rec.request {
         None => return Decision::allow(),
         Some(Err(e)) => return Decision::deny(INVALID, e.to_string()).with_event(regarding),
@@ -88,4 +96,104 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
     d.undecided = f.verdict == Verdict::Undecided;
     d.with_event(regarding)
+}
+
+/// A PodGroup whose `spec.queue` changes: checked like a new charge, in the new queue,
+/// of its request and of every active pod of the group (DESIGN §2). Pods keep the
+/// queue stamped on them; the check keeps a move from carrying more than the new
+/// queue could have admitted.
+fn moved(
+    old: &PodGroupRecord,
+    mut rec: PodGroupRecord,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
+    let queue = rec.queue.clone();
+    if let Err(d) = gate(snap, &queue) {
+        return d;
+    }
+    if let Some(stored) = snap.group(&rec.key) {
+        rec.seq = stored.seq;
+    }
+    let members: Vec<PodRecord> = snap
+        .group_pods(&rec.key)
+        .filter(|p| p.is_active(now))
+        .cloned()
+        .map(|mut p| {
+            p.stamped_queue = Some(queue.clone());
+            p
+        })
+        .collect();
+    // What the move adds to the new queue, item by item, so a refusal can name the
+    // first one that does not fit.
+    let mut items: Vec<(Alternatives, Cards, Change)> = Vec::new();
+    let mut so_far = Change::default();
+    let mut touched = BTreeSet::new();
+    for p in &members {
+        let key = match (&p.node, p.alternatives()) {
+            (Some(_), _) => match bound_charges(p, snap) {
+                Ok(c) => c.into_iter().map(|(m, _)| m).collect::<Vec<_>>(),
+                Err(_) => continue,
+            },
+            (None, Some(a)) => a.models().to_vec(),
+            (None, None) => continue,
+        };
+        let Some(key) = Alternatives::from_models(key) else {
+            continue;
+        };
+        touched.extend(key.models().iter().cloned());
+        so_far.add_pods.push(p.clone());
+        items.push((key, p.cards(), so_far.clone()));
+    }
+    if let Some(req) = rec.live_request() {
+        let mut partial = rec.clone();
+        for (i, (k, n)) in req.0.iter().enumerate() {
+            touched.extend(k.models().iter().cloned());
+            partial.request = Some(Ok(CardRequest(req.0[..=i].to_vec())));
+            let mut c = so_far.clone();
+            c.add_groups = vec![partial.clone()];
+            items.push((k.clone(), *n, c));
+        }
+    }
+    let Some((_, _, full)) = items.last() else {
+        // Nothing with cards moves.
+        return Decision::allow();
+    };
+    let fits = |c: &Change| {
+        let f = fit(snap, &queue, c, &touched, now);
+        let within = f
+            .after
+            .allocated
+            .iter()
+            .all(|(m, a)| *a <= f.after.quota.get(m) || f.before().allocated.get(m) >= Some(a));
+        (f.verdict, within, f)
+    };
+    let (verdict, within, f) = fits(full);
+    if verdict == Verdict::Feasible && within {
+        // The pods stay charged where they are stamped; a request moves with its group.
+        return if rec.live_request().is_some() {
+            Decision::allow().charging(queue, Effect::Group(Box::new(rec)))
+        } else {
+            Decision::allow()
+        };
+    }
+    let (key, n) = items
+        .iter()
+        .find(|(_, _, c)| {
+            let (v, w, _) = fits(c);
+            v != Verdict::Feasible || !w
+        })
+        .map(|(k, n, _)| (k.clone(), *n))
+        .unwrap_or_else(|| (items[0].0.clone(), items[0].1));
+    let mut d = Decision::deny(
+        INSUFFICIENT,
+        format!(
+            "podgroup {} cannot move from queue {} to {queue}: {}",
+            rec.key,
+            old.queue,
+            insufficient(&queue, &key, n, &f.before())
+        ),
+    );
+    d.undecided = verdict == Verdict::Undecided;
+    d
 }

@@ -47,9 +47,9 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let usage = usage_of(snap, &rec.name, now);
     for (m, c) in &quota.0 {
         let key = crate::cards::Alternatives::single(m.clone());
-        let a = usage.allocated.get(m).copied().unwrap_or(0);
-        let p = usage.pending.get(&key).copied().unwrap_or(0);
-        let r = usage.reserved.get(&key).copied().unwrap_or(0);
+        let a = usage.allocated.get(m).copied().unwrap_or_default();
+        let p = usage.pending.get(&key).copied().unwrap_or_default();
+        let r = usage.reserved.get(&key).copied().unwrap_or_default();
         if *c < a + p + r {
             d.warnings.push(format!(
                 "queue {}: quota for {m} ({c}) is below current usage {} (allocated {a}, pending {p}, reserved {r})",

@@ -157,16 +157,11 @@ fn resize(
     if let Err(d) = gate(snap, &queue) {
         return event(d);
     }
-    let added = (r1 - r0) as u64;
+    // r1 > r0 here, so the difference is positive and at most 2^32.
+    let added = u64::try_from(i64::from(r1) - i64::from(r0)).unwrap_or(0);
     let touched = models_of([&demand.alternatives]);
     let pods = |k: u64| Change {
-        extra: (0..k)
-            .map(|_| Demand {
-                models: demand.alternatives.clone(),
-                cards: demand.cards,
-                divisible: false,
-            })
-            .collect(),
+        extra: vec![Demand::pods(demand.alternatives.clone(), demand.cards, k)],
         ..Default::default()
     };
     let full = fit(snap, &queue, &pods(added), &touched, now);
@@ -176,7 +171,7 @@ fn resize(
     let message = insufficient(
         &queue,
         &demand.alternatives,
-        added * demand.cards,
+        demand.cards.times(added),
         &full.before(),
     );
     if cfg.scale_policy == ScalePolicy::Deny {
@@ -194,7 +189,7 @@ fn resize(
             hi = mid;
         }
     }
-    let to = r0 + lo as i32;
+    let to = r0.saturating_add(i32::try_from(lo).unwrap_or(i32::MAX));
     let text = format!(
         "{} {}/{} scale-up from {r0} to {r1} replicas clamped to {to}: {message}",
         kind.lower(),

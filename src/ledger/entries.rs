@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cards::{Alternatives, AnnotationError, CardName, CardRequest, ObjectKey, QueueName};
+use crate::cards::{
+    Alternatives, AnnotationError, CardName, CardRequest, Cards, ObjectKey, QueueName,
+};
 use crate::cluster::{PodGroupRecord, PodRecord};
 
 /// How many entries one Queue's ledger may hold (each is ~150 bytes; all annotations
@@ -33,7 +35,7 @@ pub struct Entry {
     pub group: Option<String>,
     /// Card resources of a pod (whole cards).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub resources: BTreeMap<String, u64>,
+    pub resources: BTreeMap<String, Cards>,
     /// The pod's `card.name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub card: Option<String>,
@@ -48,7 +50,7 @@ pub struct Entry {
     pub pinned: BTreeMap<String, Vec<String>>,
     /// A PodGroup's `card.request`, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub request: Vec<(String, u64)>,
+    pub request: Vec<(String, Cards)>,
 }
 
 /// What an entry is about.
@@ -232,9 +234,11 @@ pub fn pod_of(key: &ObjectKey, queue: &QueueName, e: &Entry, seq: u64) -> PodRec
     let object = format!("pod {key}");
     PodRecord {
         key: key.clone(),
-        queue_annotation: Some(queue.clone()),
+        stamped_queue: Some(queue.clone()),
+        named_queue: None,
         group: e.group.clone(),
         demand: Ok(e.resources.clone()),
+        latent: BTreeMap::new(),
         card_name: e
             .card
             .as_ref()
@@ -281,9 +285,14 @@ mod tests {
     fn pod(name: &str, node: Option<&str>) -> PodRecord {
         PodRecord {
             key: ObjectKey::new("ml", name),
-            queue_annotation: Some(QueueName::new("q")),
+            stamped_queue: Some(QueueName::new("q")),
+            named_queue: None,
             group: Some("pg".into()),
-            demand: Ok(BTreeMap::from([("nvidia.com/gpu".to_string(), 2)])),
+            demand: Ok(BTreeMap::from([(
+                "nvidia.com/gpu".to_string(),
+                Cards::new(2),
+            )])),
+            latent: BTreeMap::new(),
             card_name: Some(Ok(Alternatives::parse("A|B").unwrap())),
             charged: node.map(|_| CardName::parse("B").unwrap()),
             node: node.map(str::to_string),

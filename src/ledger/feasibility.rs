@@ -1,18 +1,62 @@
 //! The exact feasibility check of DESIGN §4: can every demand be assigned to one of
 //! its models within each model's room? Whole pods are indivisible (an assignment
 //! search with a budget); job-level requests are divisible (a max-flow).
+//!
+//! Identical pods are counted, not listed: a scale-up to 2^31 replicas is one demand
+//! with a count, and both the greedy pass and the search place pods in bulk, so time
+//! and memory depend on the number of distinct demands and models only.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::cards::{Alternatives, CardName};
+use crate::cards::{Alternatives, CardName, Cards};
 
-/// One demand on a queue.
+use super::flow::{Network, UNLIMITED};
+
+/// One demand on a queue: `count` identical pods (or one job-level request).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Demand {
     pub models: Alternatives,
-    pub cards: u64,
+    /// Cards of one of the `count` identical demands.
+    pub cards: Cards,
     /// A pod's cards must all land on one model; a job-level request may split.
     pub divisible: bool,
+    /// How many identical demands this stands for.
+    pub count: u64,
+}
+
+impl Demand {
+    /// One pod of `cards` cards.
+    pub fn pod(models: Alternatives, cards: Cards) -> Self {
+        Self {
+            models,
+            cards,
+            divisible: false,
+            count: 1,
+        }
+    }
+
+    /// A job-level request of `cards` cards that may split across models.
+    pub fn job(models: Alternatives, cards: Cards) -> Self {
+        Self {
+            models,
+            cards,
+            divisible: true,
+            count: 1,
+        }
+    }
+
+    /// `count` identical pods (replicas a scale-up would add).
+    pub fn pods(models: Alternatives, cards: Cards, count: u64) -> Self {
+        Self {
+            count,
+            ..Self::pod(models, cards)
+        }
+    }
+
+    /// Cards of all `count` demands together.
+    pub fn total(&self) -> Cards {
+        self.cards.times(self.count)
+    }
 }
 
 /// The answer of a feasibility check.
@@ -32,16 +76,16 @@ pub const DEFAULT_BUDGET: u64 = 200_000;
 #[derive(Debug, Clone)]
 struct Group {
     models: Vec<usize>,
-    size: u64,
-    count: u64,
+    size: u128,
+    count: u128,
 }
 
 /// Checks whether `demands` fit in `rooms` (quota minus allocated, per model; may be
 /// negative after a quota cut). A model absent from `rooms` has room 0.
-pub fn check(rooms: &BTreeMap<CardName, i64>, demands: &[Demand], budget: u64) -> Verdict {
+pub fn check(rooms: &BTreeMap<CardName, i128>, demands: &[Demand], budget: u64) -> Verdict {
     // Index the models the demands touch.
     let mut index: HashMap<&CardName, usize> = HashMap::new();
-    let mut room: Vec<i64> = Vec::new();
+    let mut room: Vec<i128> = Vec::new();
     for d in demands {
         for m in d.models.models() {
             index.entry(m).or_insert_with(|| {
@@ -51,21 +95,25 @@ pub fn check(rooms: &BTreeMap<CardName, i64>, demands: &[Demand], budget: u64) -
         }
     }
     let mut single = vec![false; room.len()];
-    let mut wholes: HashMap<(Vec<usize>, u64), u64> = HashMap::new();
-    let mut divisibles: HashMap<Vec<usize>, u64> = HashMap::new();
+    let mut wholes: HashMap<(Vec<usize>, u128), u128> = HashMap::new();
+    let mut divisibles: HashMap<Vec<usize>, u128> = HashMap::new();
     for d in demands {
-        if d.cards == 0 {
+        let total = d.total().get();
+        if total == 0 {
             continue;
         }
         let idx: Vec<usize> = d.models.models().iter().map(|m| index[m]).collect();
         if idx.len() == 1 {
-            room[idx[0]] -= d.cards as i64;
+            let r = &mut room[idx[0]];
+            *r = r.saturating_sub(i128::try_from(total).unwrap_or(i128::MAX));
             single[idx[0]] = true;
-        } else if d.divisible || d.cards == 1 {
+        } else if d.divisible || d.cards.get() == 1 {
             // A one-card pod is as divisible as a unit of a job request.
-            *divisibles.entry(idx).or_default() += d.cards;
+            let e = divisibles.entry(idx).or_default();
+            *e = e.saturating_add(total);
         } else {
-            *wholes.entry((idx, d.cards)).or_default() += 1;
+            let e = wholes.entry((idx, d.cards.get())).or_default();
+            *e = e.saturating_add(u128::from(d.count));
         }
     }
     // Over quota (a quota cut) only matters where a demand is pinned to the model;
@@ -73,11 +121,14 @@ pub fn check(rooms: &BTreeMap<CardName, i64>, demands: &[Demand], budget: u64) -
     if room.iter().zip(&single).any(|(r, s)| *s && *r < 0) {
         return Verdict::Infeasible;
     }
-    let room: Vec<u64> = room.into_iter().map(|r| r.max(0) as u64).collect();
+    let room: Vec<u128> = room
+        .into_iter()
+        .map(|r| u128::try_from(r.max(0)).unwrap_or(0))
+        .collect();
     if wholes.is_empty() && divisibles.is_empty() {
         return Verdict::Feasible;
     }
-    let divisibles: Vec<(Vec<usize>, u64)> = {
+    let divisibles: Vec<(Vec<usize>, u128)> = {
         let mut v: Vec<_> = divisibles.into_iter().collect();
         v.sort();
         v
@@ -96,7 +147,11 @@ pub fn check(rooms: &BTreeMap<CardName, i64>, demands: &[Demand], budget: u64) -
     // Relaxation: treat whole pods as divisible. If even that fails, Hall's condition
     // is violated somewhere and no assignment exists.
     let mut relaxed = divisibles.clone();
-    relaxed.extend(groups.iter().map(|g| (g.models.clone(), g.size * g.count)));
+    relaxed.extend(
+        groups
+            .iter()
+            .map(|g| (g.models.clone(), g.size.saturating_mul(g.count))),
+    );
     if !flow_fits(&room, &relaxed) {
         return Verdict::Infeasible;
     }
@@ -121,21 +176,25 @@ pub fn check(rooms: &BTreeMap<CardName, i64>, demands: &[Demand], budget: u64) -
     }
 }
 
-fn greedy(room: &[u64], groups: &[Group], divisibles: &[(Vec<usize>, u64)]) -> bool {
+fn greedy(room: &[u128], groups: &[Group], divisibles: &[(Vec<usize>, u128)]) -> bool {
     let mut r = room.to_vec();
     for g in groups {
-        for _ in 0..g.count {
-            // Best fit: the alternative with the least room that still fits.
+        let mut left = g.count;
+        while left > 0 {
+            // Best fit: the alternative with the least room that still fits, filled
+            // with as many pods as it holds.
             let pick = g
                 .models
                 .iter()
                 .copied()
                 .filter(|m| r[*m] >= g.size)
                 .min_by_key(|m| r[*m]);
-            match pick {
-                Some(m) => r[m] -= g.size,
-                None => return false,
-            }
+            let Some(m) = pick else {
+                return false;
+            };
+            let k = left.min(r[m] / g.size);
+            r[m] -= k * g.size;
+            left -= k;
         }
     }
     flow_fits(&r, divisibles)
@@ -143,16 +202,17 @@ fn greedy(room: &[u64], groups: &[Group], divisibles: &[(Vec<usize>, u64)]) -> b
 
 struct Search<'a> {
     groups: &'a [Group],
-    divisibles: &'a [(Vec<usize>, u64)],
-    failed: HashSet<(usize, u64, usize, Vec<u64>)>,
+    divisibles: &'a [(Vec<usize>, u128)],
+    failed: HashSet<(usize, u128, usize, Vec<u128>)>,
     budget: u64,
 }
 
 impl Search<'_> {
-    /// Places the remaining `left` pods of group `g`, each on a model at position >= `from`
-    /// (pods of a group are interchangeable, so only non-decreasing positions are tried).
-    /// `None` when the budget runs out.
-    fn place(&mut self, g: usize, left: u64, from: usize, room: &mut Vec<u64>) -> Option<bool> {
+    /// Places the remaining `left` pods of group `g` on its models at positions >=
+    /// `from`, choosing how many go on each model (pods of a group are
+    /// interchangeable). The depth is the number of models, not of pods. `None` when
+    /// the budget runs out.
+    fn place(&mut self, g: usize, left: u128, from: usize, room: &mut Vec<u128>) -> Option<bool> {
         if self.budget == 0 {
             return None;
         }
@@ -165,25 +225,36 @@ impl Search<'_> {
                 self.place(g + 1, next, 0, room)
             };
         }
+        let group = &self.groups[g];
+        if from >= group.models.len() {
+            return Some(false);
+        }
         let key = (g, left, from, room.clone());
         if self.failed.contains(&key) {
             return Some(false);
         }
-        let group = &self.groups[g];
         let size = group.size;
-        for pos in from..group.models.len() {
-            let m = group.models[pos];
-            if room[m] < size {
-                continue;
-            }
-            room[m] -= size;
-            let r = self.place(g, left - 1, pos, room);
-            room[m] += size;
+        let m = group.models[from];
+        // Pods the later models can hold at most: this model must take the rest.
+        let rest: u128 = group.models[from + 1..]
+            .iter()
+            .fold(0u128, |a, r| a.saturating_add(room[*r] / size));
+        let most = left.min(room[m] / size);
+        let fewest = left.saturating_sub(rest);
+        let mut k = most;
+        while k >= fewest && fewest <= most {
+            room[m] -= k * size;
+            let r = self.place(g, left - k, from + 1, room);
+            room[m] += k * size;
             match r {
                 Some(true) => return Some(true),
                 Some(false) => {}
                 None => return None,
             }
+            if k == 0 {
+                break;
+            }
+            k -= 1;
         }
         self.failed.insert(key);
         Some(false)
@@ -191,66 +262,29 @@ impl Search<'_> {
 }
 
 /// Max-flow: can every divisible demand be split over its models within `room`?
-fn flow_fits(room: &[u64], items: &[(Vec<usize>, u64)]) -> bool {
+fn flow_fits(room: &[u128], items: &[(Vec<usize>, u128)]) -> bool {
     if items.is_empty() {
         return true;
     }
-    let need: u64 = items.iter().map(|(_, n)| n).sum();
-    let have: u64 = room.iter().sum();
+    let need = items.iter().fold(0u128, |a, (_, n)| a.saturating_add(*n));
+    let have = room.iter().fold(0u128, |a, r| a.saturating_add(*r));
     if need > have {
         return false;
     }
     // Nodes: 0 = source, 1..=items, then models, then sink.
     let n_items = items.len();
-    let n = 2 + n_items + room.len();
-    let sink = n - 1;
-    let mut cap = vec![vec![0u64; n]; n];
+    let sink = 1 + n_items + room.len();
+    let mut net = Network::new(sink + 1);
     for (i, (models, amount)) in items.iter().enumerate() {
-        cap[0][1 + i] = *amount;
+        net.add(0, 1 + i, *amount);
         for m in models {
-            cap[1 + i][1 + n_items + m] = u64::MAX / 4;
+            net.add(1 + i, 1 + n_items + m, UNLIMITED);
         }
     }
     for (m, r) in room.iter().enumerate() {
-        cap[1 + n_items + m][sink] = *r;
+        net.add(1 + n_items + m, sink, *r);
     }
-    let mut flow = 0u64;
-    loop {
-        // BFS for an augmenting path (Edmonds-Karp; graphs here are tiny).
-        let mut prev = vec![usize::MAX; n];
-        prev[0] = 0;
-        let mut queue = std::collections::VecDeque::from([0usize]);
-        while let Some(u) = queue.pop_front() {
-            for v in 0..n {
-                if prev[v] == usize::MAX && cap[u][v] > 0 {
-                    prev[v] = u;
-                    queue.push_back(v);
-                }
-            }
-        }
-        if prev[sink] == usize::MAX {
-            break;
-        }
-        let mut push = u64::MAX;
-        let mut v = sink;
-        while v != 0 {
-            let u = prev[v];
-            push = push.min(cap[u][v]);
-            v = u;
-        }
-        let mut v = sink;
-        while v != 0 {
-            let u = prev[v];
-            cap[u][v] -= push;
-            cap[v][u] = cap[v][u].saturating_add(push);
-            v = u;
-        }
-        flow += push;
-        if flow >= need {
-            return true;
-        }
-    }
-    flow >= need
+    net.push(0, sink, need, |_, _| true) >= need
 }
 
 #[cfg(test)]
@@ -262,24 +296,38 @@ mod tests {
         CardName::parse(s).unwrap()
     }
 
-    fn rooms(kv: &[(&str, i64)]) -> BTreeMap<CardName, i64> {
+    fn rooms(kv: &[(&str, i128)]) -> BTreeMap<CardName, i128> {
         kv.iter().map(|(k, v)| (name(k), *v)).collect()
     }
 
     fn pod(models: &str, cards: u64) -> Demand {
-        Demand {
-            models: Alternatives::parse(models).unwrap(),
-            cards,
-            divisible: false,
-        }
+        Demand::pod(Alternatives::parse(models).unwrap(), Cards::new(cards))
     }
 
     fn job(models: &str, cards: u64) -> Demand {
-        Demand {
-            models: Alternatives::parse(models).unwrap(),
-            cards,
-            divisible: true,
-        }
+        Demand::job(Alternatives::parse(models).unwrap(), Cards::new(cards))
+    }
+
+    #[test]
+    fn two_billion_identical_pods_are_decided_at_once() {
+        let many = |n: u64| Demand::pods(Alternatives::parse("A|B").unwrap(), Cards::new(2), n);
+        let r = rooms(&[("A", 3_000_000_001), ("B", 1_294_967_295)]);
+        // 2^31 - 1 pods of 2 cards need 4_294_967_294 cards; A holds 1.5e9 pods, B the rest.
+        assert_eq!(
+            check(&r, &[many(2_147_483_647)], DEFAULT_BUDGET),
+            Verdict::Feasible
+        );
+        assert_eq!(
+            check(&r, &[many(2_147_483_648)], DEFAULT_BUDGET),
+            Verdict::Infeasible
+        );
+        let huge = rooms(&[("A", i128::from(u64::MAX)), ("B", 0)]);
+        let max = Demand::pods(
+            Alternatives::parse("A|B").unwrap(),
+            Cards::new(u64::MAX),
+            u64::MAX,
+        );
+        assert_eq!(check(&huge, &[max], DEFAULT_BUDGET), Verdict::Infeasible);
     }
 
     #[test]
@@ -344,15 +392,15 @@ mod tests {
     }
 
     /// Brute force: try every assignment of every pod (divisible demands become unit pods).
-    fn brute(room: &[i64], items: &[(Vec<usize>, u64)]) -> bool {
-        fn go(room: &mut Vec<i64>, items: &[(Vec<usize>, u64)]) -> bool {
+    fn brute(room: &[i128], items: &[(Vec<usize>, u64)]) -> bool {
+        fn go(room: &mut Vec<i128>, items: &[(Vec<usize>, u64)]) -> bool {
             let Some(((models, size), rest)) = items.split_first() else {
                 return room.iter().all(|r| *r >= 0);
             };
             for &m in models {
-                room[m] -= *size as i64;
+                room[m] -= i128::from(*size);
                 let ok = room[m] >= 0 && go(room, rest);
-                room[m] += *size as i64;
+                room[m] += i128::from(*size);
                 if ok {
                     return true;
                 }
@@ -366,22 +414,24 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(400))]
         #[test]
         fn feasibility_agrees_with_brute_force_on_small_instances(
-            room in proptest::collection::vec(0i64..6, 1..5),
-            raw in proptest::collection::vec((1u8..16, 1u64..4, any::<bool>()), 0..6),
+            room in proptest::collection::vec(0i128..6, 1..5),
+            raw in proptest::collection::vec((1u8..16, 1u64..4, any::<bool>(), 1u64..3), 0..6),
         ) {
             let names: Vec<CardName> = (0..room.len()).map(|i| name(&format!("M{i}"))).collect();
-            let rooms: BTreeMap<CardName, i64> = names.iter().cloned().zip(room.iter().copied()).collect();
+            let rooms: BTreeMap<CardName, i128> = names.iter().cloned().zip(room.iter().copied()).collect();
             let mut demands = Vec::new();
             let mut brute_items = Vec::new();
-            for (mask, cards, divisible) in raw {
+            for (mask, cards, divisible, count) in raw {
                 let idx: Vec<usize> = (0..room.len()).filter(|i| mask & (1 << i) != 0).collect();
                 if idx.is_empty() { continue; }
                 let models = Alternatives::from_models(idx.iter().map(|i| names[*i].clone()).collect()).unwrap();
-                demands.push(Demand { models, cards, divisible });
-                if divisible {
-                    for _ in 0..cards { brute_items.push((idx.clone(), 1)); }
-                } else {
-                    brute_items.push((idx.clone(), cards));
+                demands.push(Demand { models, cards: Cards::new(cards), divisible, count });
+                for _ in 0..count {
+                    if divisible {
+                        for _ in 0..cards { brute_items.push((idx.clone(), 1)); }
+                    } else {
+                        brute_items.push((idx.clone(), cards));
+                    }
                 }
             }
             let want = brute(&room, &brute_items);

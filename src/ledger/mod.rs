@@ -1,6 +1,7 @@
 //! Usage per queue and model, and the exact feasibility check.
 
 pub mod feasibility;
+pub mod flow;
 pub mod usage;
 
 pub use feasibility::{check, Demand, Verdict, DEFAULT_BUDGET};

@@ -15,7 +15,7 @@ pub fn reflected(snap: &Snapshot, key: &EntryKey, e: &Entry) -> bool {
             None => snap.is_known_cardless_pod(k),
         },
         EntryKey::Group(k) => snap.group(k).is_some_and(|g| {
-            let rendered: Vec<(String, u64)> = g
+            let rendered: Vec<(String, crate::cards::Cards)> = g
                 .live_request()
                 .map(|r| r.0.iter().map(|(a, n)| (a.to_string(), *n)).collect())
                 .unwrap_or_default();

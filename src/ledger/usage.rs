@@ -5,10 +5,12 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::cards::{Alternatives, CardName, ObjectKey, Quota};
+use crate::cards::quantity::Cards;
+use crate::cards::{Alternatives, CardName, CardRequest, ObjectKey, Quota};
 use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
 
 use super::feasibility::Demand;
+use super::flow::{Network, UNLIMITED};
 
 /// Who a demand belongs to, so a decision can replace it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,9 +25,9 @@ pub enum Source {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueUsage {
     pub quota: Quota,
-    pub allocated: BTreeMap<CardName, u64>,
-    pub pending: BTreeMap<Alternatives, u64>,
-    pub reserved: BTreeMap<Alternatives, u64>,
+    pub allocated: BTreeMap<CardName, Cards>,
+    pub pending: BTreeMap<Alternatives, Cards>,
+    pub reserved: BTreeMap<Alternatives, Cards>,
     /// Pending pods (indivisible) and reservations (divisible), oldest first.
     pub demands: Vec<(Source, u64, Demand)>,
     /// Things that could not be charged, for logs.
@@ -35,33 +37,34 @@ pub struct QueueUsage {
 /// One row of the usage table (also the JSON of `volcano.sh/card.usage`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Row {
-    pub quota: u64,
-    pub allocated: u64,
-    pub pending: u64,
-    pub reserved: u64,
+    pub quota: Cards,
+    pub allocated: Cards,
+    pub pending: Cards,
+    pub reserved: Cards,
 }
 
 impl Row {
-    pub fn in_use(&self) -> u64 {
+    pub fn in_use(&self) -> Cards {
         self.allocated + self.pending + self.reserved
     }
     /// Room left; negative when over quota.
-    pub fn free(&self) -> i64 {
-        self.quota as i64 - self.in_use() as i64
+    pub fn free(&self) -> i128 {
+        self.quota.signed_minus(self.in_use())
     }
 }
 
 impl QueueUsage {
     /// Room per model: quota minus allocated (may be negative after a quota cut).
-    pub fn rooms(&self) -> BTreeMap<CardName, i64> {
-        let mut r: BTreeMap<CardName, i64> = self
+    pub fn rooms(&self) -> BTreeMap<CardName, i128> {
+        let mut r: BTreeMap<CardName, i128> = self
             .quota
             .0
             .iter()
-            .map(|(m, q)| (m.clone(), *q as i64))
+            .map(|(m, q)| (m.clone(), q.signed_minus(Cards::ZERO)))
             .collect();
         for (m, a) in &self.allocated {
-            *r.entry(m.clone()).or_default() -= *a as i64;
+            let room = r.entry(m.clone()).or_default();
+            *room = room.saturating_sub(a.signed_minus(Cards::ZERO));
         }
         r
     }
@@ -73,17 +76,17 @@ impl QueueUsage {
             out.entry(m.to_string()).or_default().quota = *q;
         }
         for (m, a) in &self.allocated {
-            if *a > 0 {
+            if !a.is_zero() {
                 out.entry(m.to_string()).or_default().allocated = *a;
             }
         }
         for (k, p) in &self.pending {
-            if *p > 0 {
+            if !p.is_zero() {
                 out.entry(k.to_string()).or_default().pending = *p;
             }
         }
         for (k, r) in &self.reserved {
-            if *r > 0 {
+            if !r.is_zero() {
                 out.entry(k.to_string()).or_default().reserved = *r;
             }
         }
@@ -98,19 +101,19 @@ impl QueueUsage {
             allocated: key
                 .models()
                 .iter()
-                .map(|m| self.allocated.get(m).copied().unwrap_or(0))
+                .map(|m| self.allocated.get(m).copied().unwrap_or_default())
                 .sum(),
             pending: self
                 .pending
                 .iter()
                 .filter(|(k, _)| overlaps(k))
-                .map(|(_, n)| n)
+                .map(|(_, n)| *n)
                 .sum(),
             reserved: self
                 .reserved
                 .iter()
                 .filter(|(k, _)| overlaps(k))
-                .map(|(_, n)| n)
+                .map(|(_, n)| *n)
                 .sum(),
         }
     }
@@ -121,7 +124,7 @@ impl QueueUsage {
 pub fn bound_charges(
     pod: &PodRecord,
     nodes: &impl NodeModels,
-) -> Result<Vec<(CardName, u64)>, String> {
+) -> Result<Vec<(CardName, Cards)>, String> {
     let Some(node) = &pod.node else {
         return Ok(Vec::new());
     };
@@ -146,9 +149,6 @@ pub fn bound_charges(
     Ok(out)
 }
 
-/// A group member's cards: its bound model or its pending alternatives.
-type MemberCards = (Option<CardName>, Option<Alternatives>, u64);
-
 /// Computes the usage of one queue from its pods and PodGroups.
 pub fn queue_usage<'a>(
     quota: Quota,
@@ -161,8 +161,8 @@ pub fn queue_usage<'a>(
         quota,
         ..Default::default()
     };
-    // Cards of each group's pods, as (bound model | pending alternatives, cards).
-    let mut group_pods: BTreeMap<(String, String), Vec<MemberCards>> = BTreeMap::new();
+    // Cards of each group's pods: the models each member may be on, and its cards.
+    let mut group_pods: BTreeMap<(String, String), Vec<(Alternatives, Cards)>> = BTreeMap::new();
     let mut pending_pods: Vec<(u64, ObjectKey, Demand)> = Vec::new();
     for p in pods {
         if !p.is_active(now) {
@@ -181,7 +181,7 @@ pub fn queue_usage<'a>(
                             group_pods
                                 .entry(g.clone())
                                 .or_default()
-                                .push((Some(m), None, n));
+                                .push((Alternatives::single(m), n));
                         }
                     }
                 }
@@ -190,7 +190,7 @@ pub fn queue_usage<'a>(
             continue;
         }
         let cards = p.cards();
-        if cards == 0 {
+        if cards.is_zero() {
             continue;
         }
         match p.alternatives() {
@@ -200,17 +200,9 @@ pub fn queue_usage<'a>(
                     group_pods
                         .entry(g.clone())
                         .or_default()
-                        .push((None, Some(a.clone()), cards));
+                        .push((a.clone(), cards));
                 }
-                pending_pods.push((
-                    p.seq,
-                    p.key.clone(),
-                    Demand {
-                        models: a.clone(),
-                        cards,
-                        divisible: false,
-                    },
-                ));
+                pending_pods.push((p.seq, p.key.clone(), Demand::pod(a.clone(), cards)));
             }
             None => u.problems.push(format!(
                 "pending pod {} names no valid card model; it is charged when bound",
@@ -223,30 +215,14 @@ pub fn queue_usage<'a>(
         let Some(req) = g.live_request() else {
             continue;
         };
-        let mut left: Vec<u64> = req.0.iter().map(|(_, n)| *n).collect();
-        let members = group_pods.get(&(g.key.namespace.clone(), g.key.name.clone()));
-        for (model, alts, n) in members.into_iter().flatten() {
-            let entry = req.0.iter().position(|(k, _)| match (model, alts) {
-                (Some(m), _) => k.contains(m),
-                (None, Some(a)) => a.is_subset_of(k),
-                _ => false,
-            });
-            if let Some(i) = entry {
-                left[i] = left[i].saturating_sub(*n);
-            }
-        }
-        for ((k, _), l) in req.0.iter().zip(left) {
-            if l > 0 {
-                *u.reserved.entry(k.clone()).or_default() += l;
-                reservations.push((
-                    g.seq,
-                    g.key.clone(),
-                    Demand {
-                        models: k.clone(),
-                        cards: l,
-                        divisible: true,
-                    },
-                ));
+        let members = group_pods
+            .get(&(g.key.namespace.clone(), g.key.name.clone()))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        for ((k, _), left) in req.0.iter().zip(uncovered(req, members)) {
+            if !left.is_zero() {
+                *u.reserved.entry(k.clone()).or_default() += left;
+                reservations.push((g.seq, g.key.clone(), Demand::job(k.clone(), left)));
             }
         }
     }
@@ -262,4 +238,52 @@ pub fn queue_usage<'a>(
         )
         .collect();
     u
+}
+
+/// What is left of each entry of a PodGroup's request once its own pods have drawn on
+/// it (DESIGN §1: reserved = request minus the group's pods). A member draws on every
+/// entry that shares a model with it, as much as a max-flow allows: first on entries
+/// that name all of its models, then on entries that name some of them.
+pub fn uncovered(req: &CardRequest, members: &[(Alternatives, Cards)]) -> Vec<Cards> {
+    // Members with the same models are one node.
+    let mut kinds: Vec<(&Alternatives, Cards)> = Vec::new();
+    for (a, n) in members {
+        match kinds.iter_mut().find(|(k, _)| *k == a) {
+            Some((_, total)) => *total += *n,
+            None => kinds.push((a, *n)),
+        }
+    }
+    let entries = &req.0;
+    if kinds.is_empty() {
+        return entries.iter().map(|(_, n)| *n).collect();
+    }
+    // 0 = source, 1..=kinds, then entries, then the sink.
+    let entry_node = |i: usize| 1 + kinds.len() + i;
+    let sink = 1 + kinds.len() + entries.len();
+    let mut net = Network::new(sink + 1);
+    for (j, (a, n)) in kinds.iter().enumerate() {
+        net.add(0, 1 + j, n.get());
+        for (i, (k, _)) in entries.iter().enumerate() {
+            if a.models().iter().any(|m| k.contains(m)) {
+                net.add(1 + j, entry_node(i), UNLIMITED);
+            }
+        }
+    }
+    for (i, (_, n)) in entries.iter().enumerate() {
+        net.add(entry_node(i), sink, n.get());
+    }
+    let contains_all = |u: usize, v: usize| {
+        if u == 0 || v == sink || u > kinds.len() {
+            return true;
+        }
+        let i = v - 1 - kinds.len();
+        kinds[u - 1].0.is_subset_of(&entries[i].0)
+    };
+    net.push(0, sink, u128::MAX, contains_all);
+    net.push(0, sink, u128::MAX, |_, _| true);
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, (_, n))| Cards::from_u128(n.get().saturating_sub(net.flow(entry_node(i), sink))))
+        .collect()
 }

@@ -200,7 +200,7 @@ impl Metrics {
         }
         for (card, r) in rows.into_iter().flatten() {
             let l = labels(card);
-            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            let gauge = |v: crate::cards::Cards| v.as_i64_saturating();
             if !card.contains('|') {
                 self.capacity.get_or_create(&l).set(gauge(r.quota));
                 self.allocated.get_or_create(&l).set(gauge(r.allocated));
