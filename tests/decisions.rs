@@ -567,3 +567,524 @@ fn a_review_without_operation_or_resource_is_a_bad_request_not_an_allow() {
     assert_eq!(r.uid, "x");
     assert!(message(&r).contains("request.operation"), "{}", message(&r));
 }
+
+// ---- Hostile edits, arithmetic, reservations, huge scale-ups, late vendors ----------
+
+const MORE_QUEUES: &str = r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q2, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}'}}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: default, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":10,"RTX-4090":10}'}}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: unlimited, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":18446744073709551615}'}}
+status: {state: Open}
+"#;
+
+fn world() -> World {
+    World::with(&format!("{CLUSTER}{MORE_QUEUES}"))
+}
+
+/// The pod as the API server stores it after the mutating webhook: `extra` annotations added.
+fn stored(mut p: Value, extra: &[(&str, &str)]) -> Value {
+    for (k, v) in extra {
+        p["metadata"]["annotations"][*k] = json!(v);
+    }
+    p
+}
+
+#[test]
+fn a_pod_create_is_stamped_with_the_queue_it_is_charged_to() {
+    // DESIGN §2: "The queue a pod was admitted to is stamped on it at CREATE by the
+    // mutating webhook (annotation volcano.sh/card.queue)".
+    let mut w = world();
+    let r = w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "1")).build());
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "add", "path": "/metadata/annotations/volcano.sh~1card.queue", "value": "q"}])
+    );
+}
+
+#[test]
+fn a_forged_card_queue_at_create_is_refused() {
+    let mut w = world();
+    let p = stored(
+        pod("a", "q", Some("NVIDIA-H200"), "1"),
+        &[("volcano.sh/card.queue", "default")],
+    );
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        r#"pod ml/a sets volcano.sh/card.queue="default" but its queue is q; card-quota writes that annotation, remove it"#
+    );
+    let p = stored(
+        pod("b", "q", Some("NVIDIA-H200"), "1"),
+        &[("volcano.sh/card.charged", "Bogus")],
+    );
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("card-quota writes that annotation when the pod is bound"),
+        "{}",
+        message(&r)
+    );
+}
+
+#[test]
+fn rewriting_card_charged_on_a_bound_pod_is_refused_and_the_card_still_counts() {
+    // DESIGN §2: "Pod UPDATEs that change card.queue, card.charged or card.name of a pod
+    // with card demand are refused (only card-quota writes the first two)."
+    let mut w = world();
+    let p = pod("a", "q", Some("NVIDIA-H200"), "3");
+    assert!(w.send(R::pod("CREATE", p.clone()).build()).allowed);
+    assert!(w.send(R::binding("ml", "a", "h200-1").build()).allowed);
+    let mut old = stored(
+        p,
+        &[
+            ("volcano.sh/card.queue", "q"),
+            ("volcano.sh/card.charged", "NVIDIA-H200"),
+        ],
+    );
+    old["spec"]["nodeName"] = json!("h200-1");
+    for (key, forged) in [
+        ("volcano.sh/card.charged", json!("Bogus")),
+        ("volcano.sh/card.queue", json!("default")),
+    ] {
+        let mut new = old.clone();
+        new["metadata"]["annotations"][key] = forged;
+        let r = w.send(R::pod("UPDATE", new).old(old.clone()).build());
+        assert!(!r.allowed, "{key}");
+        assert!(
+            message(&r).starts_with(&format!(
+                "pod ml/a has card demand: {key} cannot be changed"
+            )),
+            "{}",
+            message(&r)
+        );
+    }
+    let mut new = old.clone();
+    new["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("volcano.sh/card.charged");
+    assert!(
+        !w.send(R::pod("UPDATE", new).old(old.clone()).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 3);
+    assert!(
+        !w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+}
+
+#[test]
+fn relabelling_a_bound_pod_into_another_group_does_not_move_its_cards() {
+    // DESIGN §2: "editing the pod's labels or annotations never moves its cards".
+    let mut w = world();
+    assert!(
+        w.send(R::podgroup("CREATE", pg("elsewhere", "default", r#"{"RTX-4090":1}"#)).build())
+            .allowed
+    );
+    let p = pod("a", "q", Some("NVIDIA-H200"), "3");
+    assert!(w.send(R::pod("CREATE", p.clone()).build()).allowed);
+    assert!(w.send(R::binding("ml", "a", "h200-1").build()).allowed);
+    let mut old = stored(
+        p,
+        &[
+            ("volcano.sh/card.queue", "q"),
+            ("volcano.sh/card.charged", "NVIDIA-H200"),
+        ],
+    );
+    old["spec"]["nodeName"] = json!("h200-1");
+    let mut new = old.clone();
+    let anns = new["metadata"]["annotations"].as_object_mut().unwrap();
+    anns.remove("scheduling.volcano.sh/queue-name");
+    anns.insert("scheduling.k8s.io/group-name".into(), json!("elsewhere"));
+    assert!(w.send(R::pod("UPDATE", new).old(old).build()).allowed);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 3);
+    assert_eq!(w.usage("default", "NVIDIA-H200")["allocated"], 0);
+    assert!(
+        !w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+}
+
+#[test]
+fn a_pod_labelled_only_with_volcano_queue_name_is_charged_to_that_queue() {
+    // DESIGN §2: a pod's queue is "its own label volcano.sh/queue-name, else annotation
+    // volcano.sh/queue-name, else annotation scheduling.volcano.sh/queue-name".
+    let mut w = world();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q2", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+    let labelled = |name: &str| {
+        let mut p = pod(name, "x", Some("NVIDIA-H200"), "1");
+        p["metadata"]["annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove("scheduling.volcano.sh/queue-name");
+        p["metadata"]["labels"] = json!({"volcano.sh/queue-name": "q2"});
+        p
+    };
+    let r = w.send(R::pod("CREATE", labelled("b")).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue q2 has insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
+    // The label wins over the annotations, and the PodGroup over all of them.
+    let mut p = labelled("c");
+    p["metadata"]["annotations"]["volcano.sh/queue-name"] = json!("default");
+    p["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] = json!("default");
+    assert!(!w.send(R::pod("CREATE", p.clone()).build()).allowed);
+    assert!(
+        w.send(R::podgroup("CREATE", pg("job", "default", r#"{"NVIDIA-H200":1}"#)).build())
+            .allowed
+    );
+    p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("job");
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(patch(&r)[0]["value"], "default");
+}
+
+#[test]
+fn moving_a_podgroup_into_a_full_queue_is_checked_like_a_new_charge() {
+    // DESIGN §2: "Changing a PodGroup's spec.queue is checked like a new charge of all
+    // its pods' cards in the new queue."
+    let mut w = world();
+    let group = pg("job", "q", r#"{"NVIDIA-H200":2}"#);
+    assert!(w.send(R::podgroup("CREATE", group.clone()).build()).allowed);
+    for name in ["p1", "p2"] {
+        let mut p = pod(name, "q", Some("NVIDIA-H200"), "1");
+        p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("job");
+        assert!(w.send(R::pod("CREATE", p).build()).allowed);
+        assert!(w.send(R::binding("ml", name, "h200-1").build()).allowed);
+    }
+    let mut moved = group.clone();
+    moved["spec"]["queue"] = json!("q2");
+    let r = w.send(
+        R::podgroup("UPDATE", moved.clone())
+            .old(group.clone())
+            .build(),
+    );
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("podgroup ml/job cannot move from queue q to q2: queue q2 has insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
+    // Without a request the pods alone are checked, and still do not fit.
+    let mut bare = group.clone();
+    bare["metadata"]["annotations"] = json!({});
+    let mut bare_moved = bare.clone();
+    bare_moved["spec"]["queue"] = json!("q2");
+    assert!(
+        !w.send(R::podgroup("UPDATE", bare_moved).old(bare).build())
+            .allowed
+    );
+    // Into a queue with room it goes.
+    moved["spec"]["queue"] = json!("default");
+    assert!(
+        w.send(R::podgroup("UPDATE", moved).old(group).build())
+            .allowed
+    );
+    // The stamped pods stay charged to q.
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2);
+}
+
+const TERMINATING: &str = r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: PodGroup
+metadata: {name: job, namespace: ml}
+spec: {queue: q2}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: stamped
+  namespace: ml
+  deletionTimestamp: "2999-01-01T00:00:00Z"
+  annotations: {scheduling.k8s.io/group-name: job, volcano.sh/card.name: NVIDIA-H200, volcano.sh/card.queue: q2, volcano.sh/card.charged: NVIDIA-H200}
+spec: {nodeName: h200-1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+"#;
+
+#[test]
+fn deleting_a_podgroup_keeps_its_terminating_pods_charged_to_their_queue() {
+    // DESIGN §2: "deleting its PodGroup ... never moves its cards"; §1: "A terminating
+    // pod inside its grace period still holds its card."
+    for stamp in [true, false] {
+        let yaml = format!("{CLUSTER}{MORE_QUEUES}{TERMINATING}");
+        let yaml = if stamp {
+            yaml
+        } else {
+            yaml.replace(", volcano.sh/card.queue: q2", "")
+        };
+        let mut w = World::with(&yaml);
+        assert_eq!(
+            w.usage("q2", "NVIDIA-H200")["allocated"],
+            1,
+            "stamp={stamp}"
+        );
+        let del = R::podgroup("DELETE", Value::Null)
+            .named("ml", "job")
+            .build();
+        assert!(w.send(del).allowed);
+        assert_eq!(
+            w.usage("q2", "NVIDIA-H200")["allocated"],
+            1,
+            "stamp={stamp}"
+        );
+        assert_eq!(
+            w.usage("default", "NVIDIA-H200")["allocated"],
+            0,
+            "stamp={stamp}"
+        );
+        assert!(
+            !w.send(R::pod("CREATE", pod("next", "q2", Some("NVIDIA-H200"), "1")).build())
+                .allowed
+        );
+    }
+}
+
+#[test]
+fn a_pod_of_u64_max_cards_on_its_node_cannot_wrap_allocated_back() {
+    let mut w = world();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q2", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+    assert!(w.send(R::binding("ml", "a", "h200-1").build()).allowed);
+    let mut huge = pod("huge", "q2", Some("NVIDIA-H200"), "18446744073709551615");
+    huge["spec"]["nodeName"] = json!("h200-1");
+    let r = w.send(R::pod("CREATE", huge).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q2 has insufficient NVIDIA-H200 quota: requested 18446744073709551615, in use 1 (allocated 1, pending 0, reserved 0), quota 1"
+    );
+    let mut next = pod("next", "q2", Some("NVIDIA-H200"), "1");
+    next["spec"]["nodeName"] = json!("h200-1");
+    assert!(!w.send(R::pod("CREATE", next).build()).allowed);
+    // A quantity past u64::MAX is a clear error, in any spelling.
+    let r = w.send(R::pod("CREATE", pod("over", "q2", Some("NVIDIA-H200"), "16Ei")).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains(r#"quantity "16Ei" is larger than 18446744073709551615 cards"#),
+        "{}",
+        message(&r)
+    );
+}
+
+#[test]
+fn a_request_near_u64_max_is_not_extra_room() {
+    let mut w = world();
+    let r = w.send(
+        R::podgroup(
+            "CREATE",
+            pg("big", "q", r#"{"NVIDIA-H200":18446744073709551613}"#),
+        )
+        .build(),
+    );
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with(
+            "queue q has insufficient NVIDIA-H200 quota: requested 18446744073709551613"
+        ),
+        "{}",
+        message(&r)
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 0);
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
+            .allowed
+    );
+    assert!(
+        !w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+}
+
+#[test]
+fn a_quota_of_u64_max_is_valid_and_admits() {
+    let mut w = world();
+    for (name, n) in [("a", "18446744073709551615"), ("b", "1")] {
+        let r = w.send(R::pod("CREATE", pod(name, "unlimited", Some("NVIDIA-H200"), n)).build());
+        assert_eq!(r.allowed, name == "a", "{name}: {}", message(&r));
+    }
+    assert_eq!(
+        w.usage("unlimited", "NVIDIA-H200"),
+        json!({"quota": 18446744073709551615u64, "allocated": 0, "pending": 18446744073709551615u64, "reserved": 0})
+    );
+    let r = w.send(R::queue("UPDATE", json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "unlimited", "annotations": {"volcano.sh/card.quota": r#"{"NVIDIA-H200":18446744073709551615}"#}}})).build());
+    assert!(r.allowed);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn a_binding_checks_every_card_resource_of_a_stored_pod() {
+    // DESIGN §3: "The model a bound pod uses = the model that its requested card resource
+    // maps to on its node" - for each resource it requests.
+    let yaml = format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mig-user, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: NVIDIA-H200/mig-1g.18gb-mixed}}
+spec: {nodeName: h200-1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/mig-1g.18gb: "2"}}}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: mixed, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1", nvidia.com/mig-1g.18gb: "3"}}}]}
+"#
+    );
+    let mut w = World::with(&yaml);
+    let r = w.send(R::binding("ml", "mixed", "h200-1").build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200/mig-1g.18gb-mixed quota: requested 3, in use 2 (allocated 2, pending 0, reserved 0), quota 4"
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 0);
+}
+
+#[test]
+fn a_pod_draws_on_every_entry_of_its_groups_request_that_shares_a_model() {
+    // DESIGN §1: reserved = max(0, request - cards of its pending and allocated pods).
+    let yaml = format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: two, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2,"RTX-4090":2}'}}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: four, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":4,"RTX-4090":2}'}}
+status: {state: Open}
+"#
+    );
+    let member = |name: &str, card: &str, group: &str| {
+        let queue = if group == "j1" { "two" } else { "four" };
+        let mut p = pod(name, queue, Some(card), "2");
+        p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!(group);
+        p
+    };
+    // {H200:2, 4090:2} with its own H200|4090 pod of 2.
+    let mut w = World::with(&yaml);
+    assert!(
+        w.send(
+            R::podgroup(
+                "CREATE",
+                pg("j1", "two", r#"{"NVIDIA-H200":2,"RTX-4090":2}"#)
+            )
+            .build()
+        )
+        .allowed
+    );
+    let r = w.send(R::pod("CREATE", member("a", "NVIDIA-H200|RTX-4090", "j1")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let reserved: u64 = ["NVIDIA-H200", "RTX-4090"]
+        .iter()
+        .map(|m| w.usage("two", m)["reserved"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(reserved, 2);
+    // {"H200|4090":2, "H200":2} and two H200 pods of 2 (H200 quota 4).
+    let mut w = World::with(&yaml);
+    assert!(
+        w.send(
+            R::podgroup(
+                "CREATE",
+                pg(
+                    "j2",
+                    "four",
+                    r#"{"NVIDIA-H200|RTX-4090":2,"NVIDIA-H200":2}"#
+                )
+            )
+            .build()
+        )
+        .allowed
+    );
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", member(name, "NVIDIA-H200", "j2")).build());
+        assert!(r.allowed, "{name}: {}", message(&r));
+        assert!(w.send(R::binding("ml", name, "h200-1").build()).allowed);
+    }
+    assert_eq!(
+        w.usage("four", "NVIDIA-H200|RTX-4090")["reserved"],
+        Value::Null
+    );
+    assert_eq!(w.usage("four", "NVIDIA-H200")["reserved"], 0);
+    assert_eq!(w.usage("four", "NVIDIA-H200")["allocated"], 4);
+}
+
+#[test]
+fn a_scale_to_two_billion_replicas_is_clamped_without_listing_them() {
+    let mut w = world();
+    let r = w.send(R::scale("deployments", "ml", "web", 1, i32::MAX).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "replace", "path": "/spec/replicas", "value": 3}])
+    );
+    assert!(
+        r.warnings[0].contains("scale-up from 1 to 2147483647 replicas clamped to 3"),
+        "{:?}",
+        r.warnings
+    );
+    let mut w = world();
+    w.cfg.scale_policy = ScalePolicy::Deny;
+    let r = w.send(R::scale("deployments", "ml", "web", 1, i32::MAX).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("requested 2147483646"),
+        "{}",
+        message(&r)
+    );
+}
+
+#[test]
+fn a_pod_seen_before_its_vendor_announces_cards_is_charged_once_a_node_does() {
+    let yaml = r#"
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: npu, annotations: {volcano.sh/card.quota: '{"X-NPU":1}'}}
+status: {state: Open}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: early, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: npu}}
+spec: {nodeName: npu-1, containers: [{name: c, image: x, resources: {limits: {example.com/npu: "1"}}}]}
+"#;
+    let mut w = World::with(yaml);
+    assert_eq!(w.usage("npu", "X-NPU")["allocated"], 0);
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
+        "status": {"allocatable": {"example.com/npu": "8"}}});
+    card_quota::cluster::load::upsert(&mut w.snap, &node).unwrap();
+    assert_eq!(w.usage("npu", "X-NPU")["allocated"], 1);
+    let late = pod_res("late", "npu", Some("X-NPU"), "example.com/npu", "1");
+    let r = w.send(R::pod("CREATE", late).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue npu has insufficient X-NPU quota: requested 1, in use 1"),
+        "{}",
+        message(&r)
+    );
+}

@@ -243,7 +243,8 @@ pub fn queue_usage<'a>(
 /// What is left of each entry of a PodGroup's request once its own pods have drawn on
 /// it (DESIGN §1: reserved = request minus the group's pods). A member draws on every
 /// entry that shares a model with it, as much as a max-flow allows: first on entries
-/// that name all of its models, then on entries that name some of them.
+/// that name all of its models, then on entries that name some of them; narrow entries
+/// before broad ones.
 pub fn uncovered(req: &CardRequest, members: &[(Alternatives, Cards)]) -> Vec<Cards> {
     // Members with the same models are one node.
     let mut kinds: Vec<(&Alternatives, Cards)> = Vec::new();
@@ -272,15 +273,27 @@ pub fn uncovered(req: &CardRequest, members: &[(Alternatives, Cards)]) -> Vec<Ca
     for (i, (_, n)) in entries.iter().enumerate() {
         net.add(entry_node(i), sink, n.get());
     }
-    let contains_all = |u: usize, v: usize| {
-        if u == 0 || v == sink || u > kinds.len() {
-            return true;
+    // Draw on the narrowest entries first: a broad entry (`A|B`) left over can still go
+    // where a narrow one could not. Within that, entries naming all of a member's models
+    // come before entries naming only some.
+    let widest = entries
+        .iter()
+        .map(|(k, _)| k.models().len())
+        .max()
+        .unwrap_or(1);
+    for all_models in [true, false] {
+        for width in 1..=widest {
+            let usable = |u: usize, v: usize| {
+                if u == 0 || v == sink || u > kinds.len() {
+                    return true;
+                }
+                let (key, _) = &entries[v - 1 - kinds.len()];
+                let member = kinds[u - 1].0;
+                key.models().len() <= width && (!all_models || member.is_subset_of(key))
+            };
+            net.push(0, sink, u128::MAX, usable);
         }
-        let i = v - 1 - kinds.len();
-        kinds[u - 1].0.is_subset_of(&entries[i].0)
-    };
-    net.push(0, sink, u128::MAX, contains_all);
-    net.push(0, sink, u128::MAX, |_, _| true);
+    }
     entries
         .iter()
         .enumerate()
