@@ -231,6 +231,17 @@ fn a_pod_without_cards_is_never_charged() {
     let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "ml"},
         "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"cpu": "1", "rdma/hca": "1"}}}]}});
     let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed);
+    // rdma/hca is a vendor no node announces: the pod is only stamped with its queue, in
+    // case a node announces that vendor's cards later.
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "add", "path": "/metadata/annotations", "value": {"volcano.sh/card.queue": "default"}}])
+    );
+    assert!(!usage_report(&w.snap, jiff::Timestamp::now()).contains_key("default"));
+    let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu", "namespace": "ml"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"cpu": "1"}}}]}});
+    let r = w.send(R::pod("CREATE", p).build());
     assert!(r.allowed && r.patch.is_none());
 }
 

@@ -440,6 +440,11 @@ impl Snapshot {
         self.pods.get(key)
     }
 
+    /// A cardless pod that requests resources of a vendor no node announces yet.
+    pub fn latent_pod(&self, key: &ObjectKey) -> Option<&PodRecord> {
+        self.latent_pods.get(key)
+    }
+
     /// True when the pod is known and requests no cards.
     pub fn is_known_cardless_pod(&self, key: &ObjectKey) -> bool {
         self.other_pods.contains(key) || self.latent_pods.contains_key(key)

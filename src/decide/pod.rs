@@ -405,8 +405,16 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         Ok(r) => r,
         Err(d) => return d,
     };
-    if !rec.is_card_pod() {
+    // Pods requesting resources of a vendor no node announces yet may hold cards later:
+    // they get the same stamp and protection as card pods.
+    let latent_only = !rec.is_card_pod();
+    if latent_only && rec.latent.is_empty() {
         return Decision::allow();
+    }
+    if let (true, Some(n)) = (latent_only, &rec.node) {
+        if snap.node(n).is_none() {
+            return super::binding::unseen_node(&rec.key, n);
+        }
     }
     let key = rec.key.clone();
     // DESIGN §2: the queue Volcano will schedule the pod in is the queue it is charged
@@ -435,7 +443,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         }
     }
     if let Some(charged) = raw_annotation(obj, CHARGED) {
-        if rec.node.is_none() {
+        if rec.node.is_none() || latent_only {
             return Decision::deny(
                 IMMUTABLE,
                 format!(
@@ -443,6 +451,11 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
                 ),
             );
         }
+    }
+    if latent_only {
+        let mut d = Decision::allow();
+        d.patch = set_annotations(obj, &[(CARD_QUEUE, queue.to_string())]);
+        return d;
     }
     let d = admit(obj, rec, queue, snap, now, true);
     // A pod created on its node is charged its node's model, whatever it claims.
@@ -485,7 +498,8 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         Ok(r) => r,
         Err(d) => return d,
     };
-    if old.is_card_pod() || new.is_card_pod() {
+    let may_hold_cards = |p: &PodRecord| p.is_card_pod() || !p.latent.is_empty();
+    if may_hold_cards(&old) || may_hold_cards(&new) {
         for a in IMMUTABLE_ANNOTATIONS {
             let (was, now_) = (raw_annotation(old_obj, a), raw_annotation(obj, a));
             if was != now_ {
