@@ -48,7 +48,7 @@ const NAMES: &[Option<&str>] = &[
     None,
 ];
 const NODES: &[&str] = &["a1", "b1", "n1"];
-const PODS: usize = 10;
+const PODS: usize = 6;
 const GROUPS: usize = 3;
 
 fn quota() -> BTreeMap<(&'static str, &'static str), u128> {
@@ -182,7 +182,7 @@ const REQUEST_KEYS: &[&str] = &["A", "B", "A|B", "B|A"];
 fn quantity() -> impl Strategy<Value = u64> {
     prop_oneof![
         8 => 0u64..4,
-        1 => Just(u64::MAX),
+        2 => Just(u64::MAX),
         1 => Just(u64::MAX - 1),
         1 => Just(1u64 << 63),
         1 => Just((1u64 << 63) + 1),
@@ -213,7 +213,7 @@ fn op() -> impl Strategy<Value = Op> {
         proptest::option::weighted(0.3, 0..GROUPS),
         0..NAMES.len(),
         proptest::collection::vec((0..RESOURCES.len(), quantity(), any::<u8>()), 0..3),
-        proptest::option::weighted(0.2, 0..NODES.len()),
+        proptest::option::weighted(0.3, 0..NODES.len()),
         proptest::option::weighted(0.1, (0..3usize, 0..EDIT_VALUES.len())),
     )
         .prop_map(
@@ -231,7 +231,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => create,
         5 => (0..PODS, 0..NODES.len()).prop_map(|(pod, node)| Op::Bind { pod, node }),
-        3 => (0..PODS, 0..EDIT_KEYS.len(), proptest::option::weighted(0.8, 0..EDIT_VALUES.len()))
+        4 => (0..PODS, 0..EDIT_KEYS.len(), proptest::option::weighted(0.8, 0..EDIT_VALUES.len()))
             .prop_map(|(pod, key, value)| Op::EditPod { pod, key, value }),
         1 => (0..PODS, any::<bool>()).prop_map(|(pod, graceful)| Op::DeletePod { pod, graceful }),
         2 => (0..GROUPS, 0..QUEUES.len(), proptest::collection::vec((0..REQUEST_KEYS.len(), quantity()), 0..3))
@@ -397,13 +397,20 @@ impl Cluster {
                 }
             }
             Op::Bind { pod, node } => {
-                let pname = format!("p{pod}");
-                let Some(stored) = self.pods.get(&pname) else {
+                // The pod-th unbound pod, so that most binds hit one.
+                let unbound: Vec<&String> = self
+                    .pods
+                    .iter()
+                    .filter(|(_, p)| p.pointer("/spec/nodeName").is_none())
+                    .map(|(n, _)| n)
+                    .collect();
+                let Some(pname) = unbound
+                    .get(pod % unbound.len().max(1))
+                    .map(|n| n.to_string())
+                else {
                     return;
                 };
-                if stored.pointer("/spec/nodeName").is_some() {
-                    return;
-                }
+                let stored = &self.pods[&pname];
                 let doc = R::binding(NS, &pname, NODES[*node]).build();
                 if let Some(binding) = self.admit(doc) {
                     let mut p = stored.clone();
@@ -425,10 +432,20 @@ impl Cluster {
                 }
             }
             Op::EditPod { pod, key, value } => {
-                let pname = format!("p{pod}");
-                let Some(old) = self.pods.get(&pname).cloned() else {
+                // The pod-th pod that exists, bound ones first.
+                let mut names: Vec<(&String, bool)> = self
+                    .pods
+                    .iter()
+                    .map(|(n, p)| (n, p.pointer("/spec/nodeName").is_none()))
+                    .collect();
+                names.sort_by_key(|(_, unbound)| *unbound);
+                let Some(pname) = names
+                    .get(pod % names.len().max(1))
+                    .map(|(n, _)| n.to_string())
+                else {
                     return;
                 };
+                let old = self.pods[&pname].clone();
                 let mut new = old.clone();
                 let (map, k) = match EDIT_KEYS[*key].strip_prefix("label:") {
                     Some(k) => ("labels", k),
