@@ -246,6 +246,75 @@ out=$(bind "$NS" multi-2 "$Q-h200")
 check "a multi-model pod bound to a model it does not accept is refused" \
   contains "$out" "pod $NS/multi-2 accepts NVIDIA-A100|RTX-4090 but node $Q-h200 has NVIDIA-H200"
 
+# ---- 4b. Hostile edits, Volcano's queue order, huge numbers -----------------------------
+queue "$Q-label" '{"NVIDIA-H200":1}' | k apply -f - >/dev/null 2>&1
+labelled_pod() { # name queue-label
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: $NS
+  labels: {card-quota-e2e: "$RUN", volcano.sh/queue-name: $2}
+  annotations: {volcano.sh/card.name: NVIDIA-H200}
+spec:
+  schedulerName: volcano
+  containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+EOF
+}
+labelled_pod lab-1 "$Q-label" | k apply -f - >/dev/null 2>&1
+check "a pod labelled only volcano.sh/queue-name is stamped with that queue" bash -c \
+  "[ \"\$(kubectl -n $NS get pod lab-1 -o jsonpath='{.metadata.annotations.volcano\.sh/card\.queue}' 2>/dev/null)\" = $Q-label ]"
+check "... and charged to it" wait_for 20 usage_is "$Q-label" NVIDIA-H200 pending 1
+out=$(labelled_pod lab-2 "$Q-label" | k apply -f - 2>&1)
+check "the next labelled pod is refused by that queue's quota" \
+  contains "$out" "queue $Q-label has insufficient NVIDIA-H200 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
+bind "$NS" lab-1 "$Q-h200" >/dev/null
+out=$(k -n "$NS" annotate pod lab-1 volcano.sh/card.charged=x --overwrite 2>&1)
+check "kubectl annotate card.charged on a bound pod is refused with a clear message" \
+  contains "$out" "pod $NS/lab-1 has card demand: volcano.sh/card.charged cannot be changed (was \"NVIDIA-H200\", now \"x\")"
+out=$(k -n "$NS" annotate pod lab-1 volcano.sh/card.queue=elsewhere --overwrite 2>&1)
+check "kubectl annotate card.queue is refused too" contains "$out" "volcano.sh/card.queue cannot be changed"
+
+queue "$Q-pg" '{"NVIDIA-H200":1}' | k apply -f - >/dev/null 2>&1
+k apply -f - >/dev/null 2>&1 <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: PodGroup
+metadata: {name: pgdel, namespace: $NS}
+spec: {queue: $Q-pg, minMember: 1}
+EOF
+sleep 1
+cat <<EOF | k apply -f - >/dev/null 2>&1
+apiVersion: v1
+kind: Pod
+metadata:
+  name: term-1
+  namespace: $NS
+  labels: {card-quota-e2e: "$RUN"}
+  annotations: {scheduling.k8s.io/group-name: pgdel, volcano.sh/card.name: NVIDIA-H200}
+spec:
+  schedulerName: volcano
+  containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+EOF
+bind "$NS" term-1 "$Q-h200" >/dev/null
+k -n "$NS" delete pod term-1 --grace-period=600 --wait=false >/dev/null 2>&1
+k -n "$NS" delete podgroup pgdel --wait=false >/dev/null 2>&1
+sleep 3
+check "deleting a PodGroup whose pod is terminating keeps the queue's usage" wait_for 20 bash -c \
+  "[ -n \"\$(kubectl -n $NS get pod term-1 -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null)\" ] && ! kubectl -n $NS get podgroup pgdel >/dev/null 2>&1 && usage_is $Q-pg NVIDIA-H200 allocated 1"
+out=$(card_pod term-2 "$Q-pg" NVIDIA-H200 nvidia.com/gpu 1 | k apply -f - 2>&1)
+check "... and the terminating pod's card still refuses the next pod" contains "$out" "queue $Q-pg has insufficient NVIDIA-H200 quota"
+k -n "$NS" delete pod term-1 --grace-period=0 --force >/dev/null 2>&1
+
+t0=$(date +%s%N)
+out=$(k -n "$NS" scale deployment/infer --replicas=2147483647 2>&1)
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+log "kubectl scale --replicas=2147483647 answered in ${ms} ms"
+check "kubectl scale --replicas=2147483647 is answered (clamped)" contains "$out" "scale-up from 1 to 2147483647 replicas clamped to"
+check "... and the webhook keeps serving" bash -c \
+  "curl -sf http://127.0.0.1:$((PORT_A + 1000))/readyz >/dev/null && kubectl -n $NS scale deployment/infer --replicas=1 >/dev/null 2>&1"
+wait_for 30 count_pods 1
+
 # ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
 ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }
 burst_queue() { # name pods : half the pods in each replica's namespace
