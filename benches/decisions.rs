@@ -73,6 +73,22 @@ fn decisions(c: &mut Criterion) {
     c.bench_function("binding, 1000 pending pods, 20 models", |b| {
         b.iter(|| review(&bind, &snap, &cfg, now, true))
     });
+    // Identical replicas are one counted demand: a scale to 2^31 - 1 costs what a scale
+    // to 2 does (it once listed every replica and aborted on a 68 GB allocation).
+    let mut snap = snap;
+    upsert(&mut snap, &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "bench"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}}, "template": {
+            "metadata": {"annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "MODEL-3|MODEL-7"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}}))
+    .unwrap();
+    let scale = R::scale("deployments", "bench", "web", 1, i32::MAX).build();
+    let answer = review(&scale, &snap, &cfg, now, true).out.response;
+    assert!(answer.allowed && answer.patch.is_some(), "clamped");
+    c.bench_function(
+        "scale-up to 2147483647 replicas, 1000 pending pods, 20 models",
+        |b| b.iter(|| review(&scale, &snap, &cfg, now, true)),
+    );
 }
 
 /// Resident set size of this process, in bytes (Linux).

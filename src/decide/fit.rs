@@ -82,11 +82,16 @@ pub fn usage_after(
         .chain(change.add_groups.iter());
     let mut u = queue_usage(quota, pods, groups, snap, now);
     for d in &change.extra {
-        *u.pending.entry(d.models.clone()).or_default() += d.total();
-        u.demands
-            .push((crate::ledger::Source::Planned, u64::MAX, d.clone()));
+        add_planned(&mut u, d);
     }
     u
+}
+
+/// Adds a demand with no object yet (replicas a scale-up would add) to a usage.
+pub fn add_planned(u: &mut QueueUsage, d: &Demand) {
+    *u.pending.entry(d.models.clone()).or_default() += d.total();
+    u.demands
+        .push((crate::ledger::Source::Planned, u64::MAX, d.clone()));
 }
 
 /// Demands of `u` in the component of models reachable from `touched`.

@@ -8,7 +8,7 @@ use crate::cluster::records::workload_record;
 use crate::cluster::{PodRecord, Snapshot, WorkloadKind};
 use crate::ledger::{Demand, Verdict};
 
-use super::fit::{fit, models_of, Change};
+use super::fit::{add_planned, feasible, models_of, usage_of};
 use super::messages::{gate, insufficient, INSUFFICIENT, RETRY};
 use super::patch::set_replicas;
 use super::pod::card_demand;
@@ -160,30 +160,36 @@ fn resize(
     // r1 > r0 here, so the difference is positive and at most 2^32.
     let added = u64::try_from(i64::from(r1) - i64::from(r0)).unwrap_or(0);
     let touched = models_of([&demand.alternatives]);
-    let pods = |k: u64| Change {
-        extra: vec![Demand::pods(demand.alternatives.clone(), demand.cards, k)],
-        ..Default::default()
+    // The queue's usage is computed once; only the count of added replicas varies.
+    let before = usage_of(snap, &queue, now);
+    let fits = |k: u64| {
+        let mut u = before.clone();
+        add_planned(
+            &mut u,
+            &Demand::pods(demand.alternatives.clone(), demand.cards, k),
+        );
+        feasible(&u, &touched)
     };
-    let full = fit(snap, &queue, &pods(added), &touched, now);
-    if full.verdict == Verdict::Feasible {
+    let full = fits(added);
+    if full == Verdict::Feasible {
         return Decision::allow();
     }
     let message = insufficient(
         &queue,
         &demand.alternatives,
         demand.cards.times(added),
-        &full.before(),
+        &before,
     );
     if cfg.scale_policy == ScalePolicy::Deny {
         let mut d = Decision::deny(INSUFFICIENT, message);
-        d.undecided = full.verdict == Verdict::Undecided;
+        d.undecided = full == Verdict::Undecided;
         return event(d);
     }
     // Largest k that fits: fitting is monotone in k, so bisect.
     let (mut lo, mut hi) = (0u64, added);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
-        if fit(snap, &queue, &pods(mid), &touched, now).verdict == Verdict::Feasible {
+        if fits(mid) == Verdict::Feasible {
             lo = mid;
         } else {
             hi = mid;
