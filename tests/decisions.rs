@@ -1090,6 +1090,11 @@ spec: {nodeName: npu-1, containers: [{name: c, image: x, resources: {limits: {ex
         "status": {"allocatable": {"example.com/npu": "8"}}});
     card_quota::cluster::load::upsert(&mut w.snap, &node).unwrap();
     assert_eq!(w.usage("npu", "X-NPU")["allocated"], 1);
+    // A status change of the vendor's only node keeps the pod charged.
+    let mut changed = node.clone();
+    changed["status"]["allocatable"]["example.com/npu"] = json!("7");
+    card_quota::cluster::load::upsert(&mut w.snap, &changed).unwrap();
+    assert_eq!(w.usage("npu", "X-NPU")["allocated"], 1);
     let late = pod_res("late", "npu", Some("X-NPU"), "example.com/npu", "1");
     let r = w.send(R::pod("CREATE", late).build());
     assert!(!r.allowed);

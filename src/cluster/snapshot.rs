@@ -82,16 +82,21 @@ impl Snapshot {
         if self.nodes.get(&name) == Some(&cards) {
             return;
         }
-        self.remove_node(&name);
+        let gone = self.detach_node(&name);
         self.dirty = Dirty::All;
-        let mut new_prefixes = Vec::new();
+        let mut changed: Vec<String> = Vec::new();
         for p in &cards.prefixes {
             let c = self.prefix_counts.entry(p.clone()).or_default();
             *c += 1;
-            if *c == 1 {
-                new_prefixes.push(p.clone());
+            if *c == 1 && !gone.contains(p) {
+                changed.push(p.clone());
             }
         }
+        // A prefix this node kept is no change; one it dropped is.
+        changed.extend(
+            gone.into_iter()
+                .filter(|p| !self.prefix_counts.contains_key(p)),
+        );
         for (res, (m, _)) in &cards.resources {
             *self
                 .model_resources
@@ -101,12 +106,19 @@ impl Snapshot {
                 .or_default() += 1;
         }
         self.nodes.insert(name, cards);
-        self.reclassify_pods(&new_prefixes);
+        self.reclassify_pods(&changed);
     }
 
     pub fn remove_node(&mut self, name: &str) {
+        let gone = self.detach_node(name);
+        self.reclassify_pods(&gone);
+    }
+
+    /// Takes a node out of the indexes; returns the vendor prefixes no node announces
+    /// any more.
+    fn detach_node(&mut self, name: &str) -> Vec<String> {
         let Some(old) = self.nodes.remove(name) else {
-            return;
+            return Vec::new();
         };
         self.dirty = Dirty::All;
         let mut gone_prefixes = Vec::new();
@@ -132,7 +144,7 @@ impl Snapshot {
                 }
             }
         }
-        self.reclassify_pods(&gone_prefixes);
+        gone_prefixes
     }
 
     /// Re-derives the card demand of pods requesting resources under `prefixes`, whose
