@@ -16,6 +16,7 @@ impl Cards {
     pub const ZERO: Cards = Cards(0);
 
     pub const fn new(n: u64) -> Self {
+        // Widening: every u64 fits (a const fn cannot call From).
         Self(n as u128)
     }
 
@@ -174,7 +175,7 @@ pub fn parse_whole(q: &str) -> Result<u64, QuantityError> {
         _ => return Err(syntax()),
     };
     let mut digits: String = format!("{int_part}{frac_part}");
-    exp10 -= frac_part.len() as i64;
+    exp10 = exp10.saturating_sub(i64::try_from(frac_part.len()).unwrap_or(i64::MAX));
     // Trailing zeros move into the exponent; leading zeros carry nothing.
     while digits.len() > 1 && digits.ends_with('0') {
         digits.pop();
