@@ -170,7 +170,21 @@ fn resize(
         );
         feasible(&u, &touched)
     };
-    let full = fits(added);
+    // No more replicas fit than the room of the models they may use holds: beyond
+    // that the answer is known without a search.
+    let rooms = before.rooms();
+    let room: u128 = demand
+        .alternatives
+        .models()
+        .iter()
+        .map(|m| u128::try_from(rooms.get(m).copied().unwrap_or(0).max(0)).unwrap_or(0))
+        .fold(0, u128::saturating_add);
+    let most = u64::try_from(room / demand.cards.get().max(1)).unwrap_or(u64::MAX);
+    let full = if added > most {
+        Verdict::Infeasible
+    } else {
+        fits(added)
+    };
     if full == Verdict::Feasible {
         return Decision::allow();
     }
@@ -186,7 +200,7 @@ fn resize(
         return event(d);
     }
     // Largest k that fits: fitting is monotone in k, so bisect.
-    let (mut lo, mut hi) = (0u64, added);
+    let (mut lo, mut hi) = (0u64, added.min(most.saturating_add(1)));
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if fits(mid) == Verdict::Feasible {
