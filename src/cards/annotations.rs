@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use super::names::{Alternatives, CardName, NameError, QueueName};
+use super::names::{shown, Alternatives, CardName, NameError, QueueName};
 use super::quantity::Cards;
 
 /// Queue annotation holding the per-model quota.
@@ -152,22 +152,22 @@ fn parse_entries(
     let mut out = Vec::with_capacity(entries.0.len());
     for (k, v) in entries.0 {
         if !seen.insert(k.clone()) {
-            return Err(Problem::DuplicateKey(k));
+            return Err(Problem::DuplicateKey(shown(&k)));
         }
         let n = match v {
             Raw::Int(i) if i >= min && u64::try_from(i).is_ok() => u64::try_from(i).unwrap_or(0),
             Raw::Int(i) => {
                 return Err(Problem::BadCount {
-                    key: k,
+                    key: shown(&k),
                     expected,
                     got: i.to_string(),
                 })
             }
             Raw::Other(s) => {
                 return Err(Problem::BadCount {
-                    key: k,
+                    key: shown(&k),
                     expected,
-                    got: s,
+                    got: shown(&s),
                 })
             }
         };
@@ -190,10 +190,18 @@ pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
     let mut q = BTreeMap::new();
     for (k, n) in entries {
         if k.contains('|') {
-            return Err(err(object, QUOTA, Problem::CompositeQuotaKey(k)));
+            return Err(err(object, QUOTA, Problem::CompositeQuotaKey(shown(&k))));
         }
-        let name = CardName::parse(&k)
-            .map_err(|source| err(object, QUOTA, Problem::BadKey { key: k, source }))?;
+        let name = CardName::parse(&k).map_err(|source| {
+            err(
+                object,
+                QUOTA,
+                Problem::BadKey {
+                    key: shown(&k),
+                    source,
+                },
+            )
+        })?;
         q.insert(name, Cards::new(n));
     }
     Ok(Quota(q))
@@ -207,8 +215,16 @@ pub fn parse_request(object: &str, raw: &str) -> Result<CardRequest, AnnotationE
     }
     let mut out: Vec<(Alternatives, Cards)> = Vec::new();
     for (k, n) in entries {
-        let alts = Alternatives::parse(&k)
-            .map_err(|source| err(object, REQUEST, Problem::BadKey { key: k, source }))?;
+        let alts = Alternatives::parse(&k).map_err(|source| {
+            err(
+                object,
+                REQUEST,
+                Problem::BadKey {
+                    key: shown(&k),
+                    source,
+                },
+            )
+        })?;
         out.push((alts, Cards::new(n)));
     }
     Ok(CardRequest(out))
@@ -315,6 +331,17 @@ mod tests {
             .to_string();
         assert!(e.contains("empty alternative"), "{e}");
         assert!(parse_request("podgroup ml/j", "{}").is_err());
+    }
+
+    #[test]
+    fn a_huge_bad_count_is_not_echoed_whole() {
+        let raw = format!(r#"{{"A":[{}]}}"#, "1,".repeat(5000) + "1");
+        let e = quota_err(&raw);
+        assert!(e.len() < 200, "{} bytes: {e}", e.len());
+        assert!(
+            e.contains("must be a non-negative integer, got [1,1,1"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -22,6 +22,16 @@ pub enum NameError {
     Composite(String),
 }
 
+/// A user-supplied string as messages quote it: at most 64 characters, the rest
+/// summarised, so a hostile value cannot blow up a refusal, a log line or an Event.
+pub fn shown(s: &str) -> String {
+    const MAX: usize = 64;
+    match s.char_indices().nth(MAX) {
+        None => s.to_string(),
+        Some((cut, _)) => format!("{}... ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
 impl CardName {
     /// Parses one model name: non-empty, no whitespace, no `|`.
     pub fn parse(s: &str) -> Result<Self, NameError> {
@@ -29,10 +39,10 @@ impl CardName {
             return Err(NameError::Empty);
         }
         if s.chars().any(char::is_whitespace) {
-            return Err(NameError::Whitespace(s.to_string()));
+            return Err(NameError::Whitespace(shown(s)));
         }
         if s.contains('|') {
-            return Err(NameError::Composite(s.to_string()));
+            return Err(NameError::Composite(shown(s)));
         }
         Ok(Self(Arc::from(s)))
     }
@@ -62,13 +72,13 @@ impl Alternatives {
         let mut out: Vec<CardName> = Vec::new();
         for part in s.split('|') {
             if part.is_empty() {
-                return Err(NameError::EmptyAlternative(s.to_string()));
+                return Err(NameError::EmptyAlternative(shown(s)));
             }
             let name = CardName::parse(part)?;
             if out.contains(&name) {
                 return Err(NameError::DuplicateAlternative {
-                    model: part.to_string(),
-                    list: s.to_string(),
+                    model: shown(part),
+                    list: shown(s),
                 });
             }
             out.push(name);
@@ -192,6 +202,19 @@ mod tests {
         let a = Alternatives::parse("B|A|C").unwrap();
         assert_eq!(a.to_string(), "B|A|C");
         assert_eq!(a.first().as_str(), "B");
+    }
+
+    #[test]
+    fn long_values_are_shortened_in_messages() {
+        let long = format!("A {}", "x".repeat(10_000));
+        let e = Alternatives::parse(&long).unwrap_err().to_string();
+        assert!(e.len() < 120, "{e}");
+        assert!(e.contains("(10002 bytes)"), "{e}");
+        assert_eq!(shown("short"), "short");
+        assert_eq!(
+            shown(&"é".repeat(65)),
+            format!("{}... (130 bytes)", "é".repeat(64))
+        );
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl EventSink {
             .map(|_| ())
     }
 
-    /// Publishes one Event now.
+    /// Publishes one Event now (its note cut to what the API server accepts).
     pub async fn publish(&self, e: &EventIntent, action: &str) -> Result<(), kube::Error> {
         let ev = Event {
             type_: if e.warning {
@@ -102,7 +102,7 @@ impl EventSink {
                 EventType::Normal
             },
             reason: e.reason.to_string(),
-            note: Some(e.message.clone()),
+            note: Some(note(&e.message)),
             action: action.to_string(),
             secondary: None,
         };
@@ -170,5 +170,30 @@ mod tests {
             t0 + Duration::from_secs(61),
             w
         ));
+    }
+}
+
+/// The API server refuses Event notes over 1 KiB; a message quoting user input is cut
+/// at a character boundary rather than lost.
+pub fn note(message: &str) -> String {
+    const MAX: usize = 1024;
+    if message.len() <= MAX {
+        return message.to_string();
+    }
+    let mut cut = MAX - 3;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &message[..cut])
+}
+
+#[cfg(test)]
+mod note_tests {
+    #[test]
+    fn notes_fit_in_one_kib() {
+        let long = "é".repeat(2000);
+        let n = super::note(&long);
+        assert!(n.len() <= 1024 && n.ends_with("..."), "{}", n.len());
+        assert_eq!(super::note("short"), "short");
     }
 }

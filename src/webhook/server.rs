@@ -272,10 +272,14 @@ pub async fn serve_tls(
     let acceptor = TlsAcceptor::from(tls);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = shutdown.clone();
+    let mut backoff = AcceptBackoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((tcp, peer)) = accepted else { continue };
+                let (tcp, peer) = match accepted {
+                    Ok(c) => { backoff.reset(); c }
+                    Err(e) => { backoff.wait(&e).await; continue }
+                };
                 let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let state = state.clone();
@@ -301,16 +305,38 @@ pub async fn serve_tls(
     let _ = tokio::time::timeout(Duration::from_secs(25), graceful.shutdown()).await;
 }
 
+/// A pause after a failed accept (EMFILE, ENFILE...): without it the loop spins on
+/// the error at full speed. Doubles from 10 ms to 1 s; reset by a good accept.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    delay: Duration,
+}
+
+impl AcceptBackoff {
+    async fn wait(&mut self, e: &std::io::Error) {
+        self.delay = (self.delay * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        tracing::warn!("accept failed: {e}; pausing {:?}", self.delay);
+        tokio::time::sleep(self.delay).await;
+    }
+    fn reset(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+}
+
 /// Serves `/healthz`, `/readyz` and `/metrics` over plain HTTP.
 pub async fn serve_health(
     listener: TcpListener,
     state: Arc<State>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    let mut backoff = AcceptBackoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
+                let tcp = match accepted {
+                    Ok((tcp, _)) => { backoff.reset(); tcp }
+                    Err(e) => { backoff.wait(&e).await; continue }
+                };
                 let state = state.clone();
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req| health(state.clone(), req));

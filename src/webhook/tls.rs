@@ -53,6 +53,22 @@ pub fn generate(
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
+    // Valid from today (00:00 UTC, which also covers a little clock skew): the CA for
+    // ten years, the serving certificate for two. Rotate by running `certs` and
+    // `manifests` again; the server reloads the files it serves when they change.
+    let today = jiff::Timestamp::now()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date();
+    let day = |years: i16| {
+        rcgen::date_time_ymd(
+            i32::from(today.year() + years),
+            u8::try_from(today.month()).unwrap_or(1),
+            // Feb 29 does not exist in most target years.
+            u8::try_from(today.day().min(28)).unwrap_or(1),
+        )
+    };
+    ca.not_before = day(0);
+    ca.not_after = day(10);
     let ca_cert = ca.self_signed(&ca_key)?;
     let mut names = vec![
         service.to_string(),
@@ -72,16 +88,28 @@ pub fn generate(
         KeyUsagePurpose::KeyEncipherment,
     ];
     leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.not_before = day(0);
+    leaf.not_after = day(2);
     let leaf_key = KeyPair::generate()?;
     let issuer = Issuer::new(ca, ca_key);
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
-    let write = |name: &str, text: String| {
+    let write = |name: &str, text: String, mode: u32| {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let p = out.join(name);
-        std::fs::write(&p, text).map_err(io(&p))
+        // Created with its mode: the key is never readable by others, not even briefly.
+        let _ = std::fs::remove_file(&p);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&p)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .map_err(io(&p))
     };
-    write("ca.crt", ca_cert.pem())?;
-    write("tls.crt", leaf_cert.pem())?;
-    write("tls.key", leaf_key.serialize_pem())?;
+    write("ca.crt", ca_cert.pem(), 0o644)?;
+    write("tls.crt", leaf_cert.pem(), 0o644)?;
+    write("tls.key", leaf_key.serialize_pem(), 0o600)?;
     Ok(ca_cert.pem())
 }
 
@@ -170,4 +198,24 @@ pub fn server_config(resolver: Arc<Reloading>) -> Result<Arc<rustls::ServerConfi
         .with_cert_resolver(resolver);
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(cfg))
+}
+
+#[cfg(test)]
+mod key_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_private_key_is_readable_by_its_owner_only_and_the_files_load() {
+        let dir = std::env::temp_dir().join(format!("cq-certs-{}", std::process::id()));
+        for _ in 0..2 {
+            // Twice: regenerating over existing files keeps the modes.
+            super::generate("card-quota", "card-quota", &[], &[], &dir).unwrap();
+            let mode =
+                |f: &str| std::fs::metadata(dir.join(f)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode("tls.key"), 0o600);
+            assert_eq!(mode("tls.crt"), 0o644);
+            assert!(super::load(&dir).is_ok());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
