@@ -11,7 +11,7 @@ use card_quota::decide::{Config, ScalePolicy};
 #[derive(Parser)]
 #[command(
     name = "card-quota",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CARD_QUOTA_COMMIT"), ")"),
     about = "Hard per-card-model quotas for Volcano queues"
 )]
 struct Cli {

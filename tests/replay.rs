@@ -108,3 +108,15 @@ fn the_demo_runs_without_a_cluster_and_shows_refusals_and_the_table() {
     assert!(text.contains("clamped to 2"), "{text}");
     assert!(text.contains("QUEUE"), "{text}");
 }
+
+#[test]
+fn version_names_the_crate_version_and_the_commit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let want = format!("card-quota {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(text.starts_with(&want), "{text}");
+    assert!(text.trim_end().ends_with(')'), "{text}");
+}
