@@ -292,6 +292,37 @@ async fn under_the_deny_policy_a_scale_up_over_quota_is_refused_with_the_design_
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_without_a_uid_is_refused_before_any_decision() {
+    let tmp = tempdir("nouid");
+    certs(&tmp);
+    let server = Server::start(&tmp, &[]);
+    let r = server
+        .review(
+            "/validate",
+            R::pod("CREATE", pod("a", "NVIDIA-H200", "1"))
+                .uid("")
+                .build(),
+        )
+        .await;
+    assert_eq!(r["response"]["allowed"], false);
+    assert_eq!(r["response"]["status"]["code"], 400);
+    assert_eq!(
+        r["response"]["status"]["message"],
+        "AdmissionReview request.uid is empty; refused before any decision"
+    );
+    // The same pod with a uid is admitted: nothing was charged by the first request.
+    let ok = server
+        .review(
+            "/validate",
+            R::pod("CREATE", pod("a", "NVIDIA-H200", "4"))
+                .uid("u")
+                .build(),
+        )
+        .await;
+    assert_eq!(ok["response"]["allowed"], true, "{ok}");
+}
+
 fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("card-quota-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);

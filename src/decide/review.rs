@@ -194,12 +194,16 @@ pub struct ReviewBuilder {
 
 impl ReviewBuilder {
     fn new(operation: &str, group: &str, version: &str, resource: &str, kind: &str) -> Self {
+        // Every review the API server sends has a uid; so does every one built here.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let uid = format!("00000000-0000-4000-8000-{n:012}");
         Self {
             value: serde_json::json!({
                 "apiVersion": "admission.k8s.io/v1",
                 "kind": "AdmissionReview",
                 "request": {
-                    "uid": "",
+                    "uid": uid,
                     "kind": {"group": group, "version": version, "kind": kind},
                     "resource": {"group": group, "version": version, "resource": resource},
                     "operation": operation,

@@ -161,6 +161,15 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         .unwrap_or("")
         .to_string();
     let req = match parse_review_owned(doc) {
+        // The API server always sends a uid: a review without one is not from it, and is
+        // refused before anything is decided or charged.
+        Ok(r) if r.uid.is_empty() => {
+            let out = ReviewOut::new(bad_review(
+                "",
+                "AdmissionReview request.uid is empty; refused before any decision".into(),
+            ));
+            return serde_json::to_vec(&out).map_err(|e| e.to_string());
+        }
         Ok(r) => r,
         Err(e) => {
             let out = ReviewOut::new(bad_review(&uid, e.to_string()));
@@ -175,7 +184,8 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         state.metrics.budget_exhausted.inc();
     }
     if let Some(ev) = &d.event {
-        tracing::info!(reason = ev.reason, kind = %ev.regarding.kind, name = %ev.regarding.name, "{}", ev.message);
+        // Debug formatting escapes newlines a hostile name could carry into the log.
+        tracing::info!(reason = ev.reason, kind = %ev.regarding.kind, name = ?ev.regarding.name, "{:?}", ev.message);
         // /mutate and /validate may both refuse the same request: the sink folds
         // repeats. Dry runs change nothing, so they say nothing.
         let sink = state.live.as_ref().and_then(|l| l.events.as_ref());
