@@ -193,7 +193,20 @@ pub struct QueueLocks {
 impl QueueLocks {
     fn of(&self, q: &QueueName) -> Arc<tokio::sync::Mutex<()>> {
         let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() > 64 {
+            // Locks no request holds or waits for (queues deleted, or idle) go.
+            m.retain(|_, l| Arc::strong_count(l) > 1);
+        }
         m.entry(q.clone()).or_default().clone()
+    }
+
+    /// How many queues have a lock now.
+    pub fn len(&self) -> usize {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -314,5 +327,22 @@ pub async fn decide_and_record(
                 return gave_up(&w.queue, budget, "the API server did not answer in time");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn idle_queue_locks_are_dropped_once_there_are_many() {
+        let locks = QueueLocks::default();
+        let held = locks.of(&QueueName::new("busy"));
+        for i in 0..200 {
+            drop(locks.of(&QueueName::new(format!("q{i}"))));
+        }
+        assert!(locks.len() <= 66, "{}", locks.len());
+        // A held lock survives pruning: the same lock is handed out again.
+        assert!(Arc::ptr_eq(&held, &locks.of(&QueueName::new("busy"))));
     }
 }
