@@ -34,6 +34,10 @@ enum Command {
         output: replay::Output,
         #[arg(long, value_enum, default_value = "clamp")]
         scale_policy: ScalePolicy,
+        /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
+        /// that already place pods by card model).
+        #[arg(long)]
+        no_pin: bool,
     },
     /// A narrated scenario on an embedded snapshot; needs no cluster.
     Demo,
@@ -85,6 +89,10 @@ enum Command {
         cert_reload_seconds: f64,
         #[arg(long, value_enum, default_value = "clamp")]
         scale_policy: ScalePolicy,
+        /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
+        /// that already place pods by card model).
+        #[arg(long)]
+        no_pin: bool,
         /// Decide from a static snapshot with an in-memory ledger (no API server).
         #[arg(long)]
         offline: bool,
@@ -136,8 +144,12 @@ fn main() -> anyhow::Result<()> {
             requests,
             output,
             scale_policy,
+            no_pin,
         } => {
-            let cfg = Config { scale_policy };
+            let cfg = Config {
+                scale_policy,
+                pin: !no_pin,
+            };
             let stdout = std::io::stdout();
             let mut lock = stdout.lock();
             replay::run(&objects, &requests, output, &cfg, &mut lock)?;
@@ -181,6 +193,7 @@ fn main() -> anyhow::Result<()> {
             cert_dir,
             cert_reload_seconds,
             scale_policy,
+            no_pin,
             offline,
             objects,
             ledger_budget_seconds,
@@ -194,7 +207,10 @@ fn main() -> anyhow::Result<()> {
                 metrics_listen,
                 cert_dir,
                 reload_seconds: cert_reload_seconds,
-                config: Config { scale_policy },
+                config: Config {
+                    scale_policy,
+                    pin: !no_pin,
+                },
                 ledger_budget: std::time::Duration::from_secs_f64(ledger_budget_seconds.max(0.1)),
                 lease_namespace,
                 lease_name,

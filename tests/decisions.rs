@@ -198,7 +198,8 @@ fn a_missing_card_name_is_inferred_from_a_pinning_node_selector() {
         patch(&r),
         json!([
             {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.queue", "value": "q"},
-            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.name", "value": "RTX-4090"}
+            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.name", "value": "RTX-4090"},
+            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.pinned", "value": "RTX-4090: the first of RTX-4090 with room in queue q"}
         ])
     );
     assert_eq!(w.usage("q", "RTX-4090")["pending"], 1);
@@ -248,6 +249,8 @@ fn a_pod_without_cards_is_never_charged() {
 #[test]
 fn binding_charges_the_node_model_and_stamps_card_charged() {
     let mut w = World::new();
+    // Unpinned (serve --no-pin), so that the pending pod shows under both models.
+    w.cfg.pin = false;
     assert!(
         w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200|RTX-4090"), "2")).build())
             .allowed
@@ -616,6 +619,7 @@ fn a_pod_create_is_stamped_with_the_queue_it_is_charged_to() {
     // DESIGN §2: "The queue a pod was admitted to is stamped on it at CREATE by the
     // mutating webhook (annotation volcano.sh/card.queue)".
     let mut w = world();
+    w.cfg.pin = false;
     let r = w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "1")).build());
     assert_eq!(
         patch(&r),
@@ -1103,4 +1107,188 @@ spec: {nodeName: npu-1, containers: [{name: c, image: x, resources: {limits: {ex
         "{}",
         message(&r)
     );
+}
+
+// ---- Steering: pods pinned to the model they were admitted for ------------------------
+
+/// The `spec.nodeSelector` a CREATE's patch leaves on the pod, and its pin annotation.
+fn pinned_by(r: &AdmissionResponse, pod: &Value) -> (Value, Value) {
+    let mut p = pod.clone();
+    if r.patch.is_some() {
+        let ops: json_patch::Patch = serde_json::from_value(patch(r)).unwrap();
+        json_patch::patch(&mut p, &ops).unwrap();
+    }
+    (
+        p["spec"]["nodeSelector"].clone(),
+        p["metadata"]["annotations"]["volcano.sh/card.pinned"].clone(),
+    )
+}
+
+fn two_queue_world() -> World {
+    World::with(&format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: mixed, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2,"RTX-4090":6,"NVIDIA-H200/mig-1g.18gb-mixed":2,"NVIDIA-H200/mps-140g*1/2":2}'}}
+status: {state: Open}
+"#
+    ))
+}
+
+#[test]
+fn a_pod_without_constraints_is_pinned_to_its_first_model_with_room_then_the_next() {
+    // DESIGN §4 Steering: "the first of its usable alternatives, in card.name order, that
+    // has room once every pending pod is counted on its own pin".
+    let mut w = two_queue_world();
+    let mut seen = Vec::new();
+    for i in 0..4 {
+        let p = pod(&format!("p{i}"), "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+        let r = w.send(R::pod("CREATE", p.clone()).build());
+        assert!(r.allowed, "{}", message(&r));
+        let (sel, why) = pinned_by(&r, &p);
+        seen.push(sel["nvidia.com/gpu.product"].as_str().unwrap().to_string());
+        assert!(
+            why.as_str()
+                .unwrap()
+                .contains("the first of NVIDIA-H200|RTX-4090 with room in queue mixed"),
+            "{why}"
+        );
+    }
+    assert_eq!(seen, ["NVIDIA-H200", "NVIDIA-H200", "RTX-4090", "RTX-4090"]);
+    assert_eq!(w.usage("mixed", "NVIDIA-H200")["pending"], 2);
+    assert_eq!(w.usage("mixed", "RTX-4090")["pending"], 2);
+    assert_eq!(w.usage("mixed", "NVIDIA-H200|RTX-4090"), Value::Null);
+}
+
+#[test]
+fn an_agreeing_node_selector_is_kept_and_a_conflicting_one_is_refused() {
+    let mut w = two_queue_world();
+    let mut p = pod("agree", "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+    p["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "RTX-4090", "zone": "a"});
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        pinned_by(&r, &p).0,
+        json!({"nvidia.com/gpu.product": "RTX-4090", "zone": "a"})
+    );
+    let mut p = pod("clash", "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+    p["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "NVIDIA-A100"});
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/clash accepts NVIDIA-H200|RTX-4090 but its node constraints require nvidia.com/gpu.product in [NVIDIA-A100]"
+    );
+}
+
+#[test]
+fn required_terms_on_other_keys_keep_their_own_selector_and_gain_the_pin() {
+    let mut w = two_queue_world();
+    let mut p = pod("zoned", "mixed", Some("RTX-4090"), "1");
+    p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}});
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    // A nodeSelector is ANDed with every term: no term needs rewriting, no empty In list.
+    assert_eq!(
+        pinned_by(&r, &p).0,
+        json!({"nvidia.com/gpu.product": "RTX-4090"})
+    );
+}
+
+#[test]
+fn daemonset_pods_pods_with_a_node_and_updates_are_left_alone() {
+    let mut w = two_queue_world();
+    let mut ds = pod("ds", "mixed", Some("RTX-4090"), "1");
+    ds["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]);
+    let r = w.send(R::pod("CREATE", ds.clone()).build());
+    assert!(r.allowed);
+    assert_eq!(pinned_by(&r, &ds).0, Value::Null);
+    let mut named = pod("named", "mixed", Some("RTX-4090"), "1");
+    named["spec"]["nodeName"] = json!("rtx-1");
+    let r = w.send(R::pod("CREATE", named.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(pinned_by(&r, &named).0, Value::Null);
+    let mut fields = pod("fields", "mixed", Some("RTX-4090"), "1");
+    fields["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["rtx-1"]}]}]}}});
+    let r = w.send(R::pod("CREATE", fields.clone()).build());
+    assert_eq!(pinned_by(&r, &fields).0, Value::Null);
+    let mut upd = stored(
+        pod("ds", "mixed", Some("RTX-4090"), "1"),
+        &[("volcano.sh/card.queue", "mixed")],
+    );
+    upd["metadata"]["ownerReferences"] = ds["metadata"]["ownerReferences"].clone();
+    let mut new = upd.clone();
+    new["metadata"]["labels"] = json!({"x": "y"});
+    let r = w.send(R::pod("UPDATE", new).old(upd).build());
+    assert!(r.allowed && r.patch.is_none());
+}
+
+#[test]
+fn mig_and_mps_pods_are_pinned_by_the_product_label() {
+    let mut w = two_queue_world();
+    let mig = pod_res(
+        "mig",
+        "mixed",
+        Some("NVIDIA-H200/mig-1g.18gb-mixed"),
+        "nvidia.com/mig-1g.18gb",
+        "1",
+    );
+    let r = w.send(R::pod("CREATE", mig.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        pinned_by(&r, &mig).0,
+        json!({"nvidia.com/gpu.product": "NVIDIA-H200"})
+    );
+    // An alternative whose resource the pod does not request is dropped, not refused.
+    let mps = pod_res(
+        "mps",
+        "mixed",
+        Some("RTX-4090|NVIDIA-H200/mps-140g*1/2"),
+        "nvidia.com/gpu.shared",
+        "1",
+    );
+    let r = w.send(R::pod("CREATE", mps.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    let (sel, why) = pinned_by(&r, &mps);
+    assert_eq!(sel, json!({"nvidia.com/gpu.product": "NVIDIA-H200"}));
+    assert!(
+        why.as_str().unwrap().starts_with(
+            "NVIDIA-H200/mps-140g*1/2: the first of NVIDIA-H200/mps-140g*1/2 with room"
+        ),
+        "{why}"
+    );
+    assert_eq!(w.usage("mixed", "NVIDIA-H200/mps-140g*1/2")["pending"], 1);
+}
+
+#[test]
+fn a_pod_drawing_on_its_groups_reservation_is_pinned_where_the_reservation_has_room() {
+    let mut w = two_queue_world();
+    let mut group = pg("job", "mixed", r#"{"RTX-4090":2}"#);
+    group["spec"]["queue"] = json!("mixed");
+    assert!(w.send(R::podgroup("CREATE", group).build()).allowed);
+    let mut p = pod("member", "mixed", Some("NVIDIA-H200|RTX-4090"), "2");
+    p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("job");
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        pinned_by(&r, &p).0,
+        json!({"nvidia.com/gpu.product": "RTX-4090"})
+    );
+    assert_eq!(w.usage("mixed", "RTX-4090")["reserved"], 0);
+    assert_eq!(w.usage("mixed", "NVIDIA-H200")["pending"], 0);
+}
+
+#[test]
+fn with_pinning_off_no_pod_is_pinned() {
+    let mut w = two_queue_world();
+    w.cfg.pin = false;
+    let p = pod("free", "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert_eq!(pinned_by(&r, &p), (Value::Null, Value::Null));
+    assert_eq!(w.usage("mixed", "NVIDIA-H200|RTX-4090")["pending"], 1);
 }

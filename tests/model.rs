@@ -635,6 +635,13 @@ impl Cluster {
                             let name = self.pods[pname]
                                 .pointer("/metadata/annotations/volcano.sh~1card.name")
                                 .and_then(Value::as_str);
+                            // A pod pinned by a nodeSelector on a product label can only
+                            // be on models of that product.
+                            let pin = self.pods[pname]
+                                .pointer("/spec/nodeSelector")
+                                .and_then(Value::as_object)
+                                .and_then(|m| m.iter().find(|(k, _)| k.ends_with(".product")))
+                                .and_then(|(_, v)| v.as_str());
                             let cards: u128 = t
                                 .resources
                                 .iter()
@@ -644,8 +651,14 @@ impl Cluster {
                                 .map(|(_, c)| *c)
                                 .sum();
                             if let (Some(name), true) = (name, cards > 0) {
-                                members
-                                    .push((name.split('|').map(str::to_string).collect(), cards));
+                                let all: BTreeSet<String> =
+                                    name.split('|').map(str::to_string).collect();
+                                let pinned: BTreeSet<String> = all
+                                    .iter()
+                                    .filter(|m| pin.is_none_or(|p| m.split('/').next() == Some(p)))
+                                    .cloned()
+                                    .collect();
+                                members.push((if pinned.is_empty() { all } else { pinned }, cards));
                             }
                         }
                     }

@@ -25,6 +25,8 @@ pub const QUEUE_NAME: &str = "scheduling.volcano.sh/queue-name";
 /// Pod label (and annotation) naming a pod's queue; Volcano reads it before
 /// [`QUEUE_NAME`].
 pub const VOLCANO_QUEUE: &str = "volcano.sh/queue-name";
+/// Pod annotation card-quota writes when it pins a pod to a model: which and why.
+pub const PINNED: &str = "volcano.sh/card.pinned";
 /// Pod annotation card-quota stamps at CREATE: the queue the pod was admitted to and
 /// is charged to from then on.
 pub const CARD_QUEUE: &str = "volcano.sh/card.queue";

@@ -25,6 +25,9 @@ pub struct NodeCards {
     pub prefixes: Vec<String>,
     /// Products named by `<prefix>/<type>.product` labels.
     pub products: Vec<String>,
+    /// resource -> the product label its model was discovered from (key, value): what
+    /// a pod's nodeSelector names to be placed on this model.
+    pub pins: BTreeMap<String, (String, String)>,
     /// Things that could not be mapped, for logs and warnings.
     pub problems: Vec<String>,
 }
@@ -118,11 +121,24 @@ pub fn discover(
         match CardName::parse(&model) {
             Ok(m) => {
                 out.resources.insert(resource.clone(), (m, count));
+                out.pins.insert(
+                    resource.clone(),
+                    (
+                        format!("{}/{}.product", p.prefix, p.kind),
+                        p.product.clone(),
+                    ),
+                );
             }
             Err(e) => out.problems.push(format!("node {node}: {resource}: {e}")),
         }
     }
     out
+}
+
+/// The product part of a model name (`NVIDIA-H200` of `NVIDIA-H200/mig-1g.18gb-mixed`):
+/// the value of the product label that places a pod on that model.
+pub fn product_of(model: &CardName) -> &str {
+    model.as_str().split('/').next().unwrap_or_default()
 }
 
 /// True when `resource` is an extended resource under a card vendor prefix.

@@ -46,6 +46,7 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
     }
     let clamp = Config::default();
     let deny = Config {
+        pin: true,
         scale_policy: ScalePolicy::Deny,
     };
     writeln!(out, "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090), queues research and serving.\n")?;

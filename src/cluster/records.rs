@@ -13,7 +13,7 @@ use crate::cards::annotations::{
     USAGE,
 };
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
-use crate::cards::nodes::{discover, is_card_resource};
+use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
 use crate::cards::{
     Alternatives, CardName, CardRequest, Cards, NodeCards, ObjectKey, QueueName, Quota,
 };
@@ -119,6 +119,51 @@ impl PodRecord {
         match &self.card_name {
             Some(Ok(a)) => Some(a),
             _ => None,
+        }
+    }
+
+    /// The models this pod can end up on: its alternatives, narrowed by its own
+    /// required product pins (a pod pinned by card-quota's steering counts on its pin).
+    pub fn effective_alternatives(&self) -> Option<Alternatives> {
+        let a = self.alternatives()?;
+        let Ok(demand) = &self.demand else {
+            return Some(a.clone());
+        };
+        // Models whose resource the pod does not request cannot be used (an MPS model
+        // for a pod requesting whole cards).
+        let usable: Vec<CardName> = a
+            .models()
+            .iter()
+            .filter(|m| demand.keys().all(|r| resource_fits_model_shape(r, m)))
+            .cloned()
+            .collect();
+        let a = &match Alternatives::from_models(usable) {
+            Some(u) if u.models().len() < a.models().len() => u,
+            _ => a.clone(),
+        };
+        let prefixes: Vec<&str> = demand
+            .keys()
+            .filter_map(|r| r.split_once('/').map(|(p, _)| p))
+            .collect();
+        let pins: Vec<&Vec<String>> = self
+            .pinned
+            .iter()
+            .filter(|(label, _)| prefixes.contains(&label.split('/').next().unwrap_or_default()))
+            .map(|(_, v)| v)
+            .collect();
+        if pins.is_empty() {
+            return Some(a.clone());
+        }
+        let allowed: Vec<CardName> = a
+            .models()
+            .iter()
+            .filter(|m| pins.iter().all(|v| v.iter().any(|p| p == product_of(m))))
+            .cloned()
+            .collect();
+        match Alternatives::from_models(allowed) {
+            Some(narrow) if narrow.models().len() < a.models().len() => Some(narrow),
+            // Nothing narrower (or a conflict, refused at admission): as named.
+            _ => Some(a.clone()),
         }
     }
 

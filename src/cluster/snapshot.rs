@@ -21,6 +21,8 @@ pub struct Snapshot {
     nodes: HashMap<String, NodeCards>,
     prefix_counts: BTreeMap<String, usize>,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
+    /// model -> the node label (key, value) that places a pod on it.
+    model_pins: BTreeMap<CardName, (String, String)>,
     queues: BTreeMap<QueueName, QueueRecord>,
     groups: HashMap<ObjectKey, PodGroupRecord>,
     pods: HashMap<ObjectKey, PodRecord>,
@@ -104,6 +106,11 @@ impl Snapshot {
                 .or_default()
                 .entry(res.clone())
                 .or_default() += 1;
+            if let Some(pin) = cards.pins.get(res) {
+                self.model_pins
+                    .entry(m.clone())
+                    .or_insert_with(|| pin.clone());
+            }
         }
         self.nodes.insert(name, cards);
         self.reclassify_pods(&changed);
@@ -141,6 +148,7 @@ impl Snapshot {
                 }
                 if by_res.is_empty() {
                     self.model_resources.remove(m);
+                    self.model_pins.remove(m);
                 }
             }
         }
@@ -197,6 +205,11 @@ impl Snapshot {
     /// Resources that request `model` on some node.
     pub fn resources_of(&self, model: &CardName) -> Option<&BTreeMap<String, usize>> {
         self.model_resources.get(model)
+    }
+
+    /// The node label (key, value) that places a pod on `model`, when a node offers it.
+    pub fn pin_of(&self, model: &CardName) -> Option<&(String, String)> {
+        self.model_pins.get(model)
     }
 
     /// Every model some node offers.

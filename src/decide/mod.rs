@@ -27,9 +27,21 @@ pub enum ScalePolicy {
 }
 
 /// Settings of the decisions.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct Config {
     pub scale_policy: ScalePolicy,
+    /// Pin each admitted pod to the model it was admitted for (a nodeSelector on the
+    /// model's product label), so that any scheduler places it there.
+    pub pin: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            scale_policy: ScalePolicy::default(),
+            pin: true,
+        }
+    }
 }
 
 /// An object an Event should be attached to.
@@ -173,7 +185,7 @@ pub fn decide(
     match RequestKind::of(req) {
         RequestKind::Queue => queue::decide(req, snap, now),
         RequestKind::PodGroup => podgroup::decide(req, snap, now),
-        RequestKind::Pod => pod::decide(req, snap, now),
+        RequestKind::Pod => pod::decide(req, snap, cfg, now),
         RequestKind::Binding => binding::decide(req, snap, now),
         RequestKind::Scale(k) => scale::decide_scale(req, k, snap, cfg, now),
         RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),

@@ -60,6 +60,21 @@ pub fn set_annotations(obj: &Value, pairs: &[(&str, String)]) -> Vec<PatchOperat
     }
 }
 
+/// Adds `label: value` to the pod's `spec.nodeSelector` (nothing when it is there).
+pub fn set_node_selector(obj: &Value, label: &str, value: &str) -> Vec<PatchOperation> {
+    match obj.pointer("/spec/nodeSelector") {
+        Some(Value::Object(m)) if m.get(label).and_then(Value::as_str) == Some(value) => Vec::new(),
+        Some(Value::Object(_)) => vec![PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["spec", "nodeSelector", label]),
+            value: Value::String(value.to_string()),
+        })],
+        _ => vec![PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["spec", "nodeSelector"]),
+            value: json!({ label: value }),
+        })],
+    }
+}
+
 /// Sets `spec.replicas`.
 pub fn set_replicas(replicas: i32) -> PatchOperation {
     PatchOperation::Replace(ReplaceOperation {

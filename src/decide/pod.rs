@@ -5,20 +5,21 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
-use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED};
+use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED};
+use crate::cards::nodes::product_of;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
 use crate::cluster::records::pod_record;
 use crate::cluster::{PodRecord, Snapshot};
-use crate::ledger::{Effect, Verdict};
+use crate::ledger::{Effect, Source, Verdict};
 
-use super::fit::{feasible, fit, models_of, Change};
+use super::fit::{feasible, fit, models_of, usage_of, Change};
 use super::messages::{
     gate, insufficient, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
 };
-use super::patch::set_annotations;
+use super::patch::{set_annotations, set_node_selector};
 use super::review::AdmissionRequest;
-use super::{object_of, Decision, ObjectRef};
+use super::{object_of, Config, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
 #[derive(Debug, Clone)]
@@ -30,9 +31,14 @@ pub struct CardDemand {
     pub inferred: bool,
 }
 
-pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+pub fn decide(
+    req: &AdmissionRequest,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     match req.operation.as_str() {
-        "CREATE" => create(req, snap, now),
+        "CREATE" => create(req, snap, cfg, now),
         "UPDATE" => update(req, snap, now),
         _ => Decision::allow(),
     }
@@ -175,27 +181,29 @@ pub fn card_demand(
         }
     };
     if let Some(a) = named {
-        for m in a.models() {
-            let ok = match snap.resources_of(m) {
-                Some(r) => r.contains_key(&resource),
-                None => resource_fits_model_shape(&resource, m),
-            };
-            if !ok {
-                return Err(Decision::deny(
-                    INVALID_DEMAND,
-                    format!(
-                        "pod {key} names {m} but requests no {}",
-                        resource_name_of(m)
-                    ),
-                ));
-            }
-        }
-        return Ok(Some(CardDemand {
-            resource,
-            cards,
-            alternatives: a,
-            inferred: false,
-        }));
+        // Alternatives whose card resource the pod does not request are dropped; only
+        // when none is left is the pod refused.
+        let fits = |m: &CardName| match snap.resources_of(m) {
+            Some(r) => r.contains_key(&resource),
+            None => resource_fits_model_shape(&resource, m),
+        };
+        let usable: Vec<CardName> = a.models().iter().filter(|m| fits(m)).cloned().collect();
+        return match Alternatives::from_models(usable) {
+            Some(alternatives) => Ok(Some(CardDemand {
+                resource,
+                cards,
+                alternatives,
+                inferred: false,
+            })),
+            None => Err(Decision::deny(
+                INVALID_DEMAND,
+                format!(
+                    "pod {key} names {} but requests no {}",
+                    a.first(),
+                    resource_name_of(a.first())
+                ),
+            )),
+        };
     }
     if let Some(a) = infer(rec, &resource, snap) {
         return Ok(Some(CardDemand {
@@ -332,7 +340,8 @@ fn raw_annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 /// Decides a card pod that is new to `queue` (CREATE, or an UPDATE that changes its
-/// demand): pending, or allocated when it names its node. `stamp` adds the queue stamp.
+/// demand): pending, or allocated when it names its node. `stamp` adds the queue stamp;
+/// `steer` pins a pending pod to the model it is admitted for.
 fn admit(
     obj: &Value,
     mut rec: PodRecord,
@@ -340,6 +349,7 @@ fn admit(
     snap: &Snapshot,
     now: jiff::Timestamp,
     stamp: bool,
+    steer: bool,
 ) -> Decision {
     let owner = owner_ref(obj, &rec.key.namespace);
     let demand = match card_demand(&rec, snap, Some(&queue)) {
@@ -374,7 +384,28 @@ fn admit(
             Err(d) => d.with_event(owner),
         };
     }
-    let patch = set_annotations(obj, &annotations);
+    let mut node_selector = None;
+    if steer {
+        match choose_pin(&rec, &demand, &queue, snap, now) {
+            Err(d) => return d.with_event(owner),
+            Ok(Some((model, (label, product)))) => {
+                annotations.push((
+                    PINNED,
+                    format!(
+                        "{model}: the first of {} with room in queue {queue}",
+                        demand.alternatives
+                    ),
+                ));
+                rec.pinned.insert(label.clone(), vec![product.clone()]);
+                node_selector = Some((label, product));
+            }
+            Ok(None) => {}
+        }
+    }
+    let mut patch = set_annotations(obj, &annotations);
+    if let Some((label, product)) = node_selector {
+        patch.extend(set_node_selector(obj, &label, &product));
+    }
     let touched = models_of([&demand.alternatives]);
     let change = Change {
         add_pods: vec![rec.clone()],
@@ -396,7 +427,7 @@ fn admit(
     d.with_event(owner)
 }
 
-fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
     let obj = match object_of(req) {
         Ok(o) => o,
         Err(d) => return d,
@@ -457,7 +488,8 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         d.patch = set_annotations(obj, &[(CARD_QUEUE, queue.to_string())]);
         return d;
     }
-    let d = admit(obj, rec, queue, snap, now, true);
+    let steer = cfg.pin && rec.node.is_none() && !names_its_node(obj) && !owned_by_daemonset(obj);
+    let d = admit(obj, rec, queue, snap, now, true, steer);
     // A pod created on its node is charged its node's model, whatever it claims.
     if let (true, Some(claimed)) = (d.allowed, raw_annotation(obj, CHARGED)) {
         if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
@@ -559,5 +591,107 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     if let Some(stored) = snap.pod(&changed.key) {
         changed.seq = stored.seq;
     }
-    admit(obj, changed, queue, snap, now, false)
+    admit(obj, changed, queue, snap, now, false, false)
+}
+
+/// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`
+/// term) is placed there whatever a pin says: it is left alone.
+fn names_its_node(obj: &Value) -> bool {
+    let terms = obj
+        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .and_then(Value::as_array);
+    terms.into_iter().flatten().any(|t| {
+        t.get("matchFields")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|f| f.get("key").and_then(Value::as_str) == Some("metadata.name"))
+    })
+}
+
+/// DaemonSet pods go to every node of their selector; pinning them is not ours to do.
+fn owned_by_daemonset(obj: &Value) -> bool {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|o| o.get("kind").and_then(Value::as_str) == Some("DaemonSet"))
+}
+
+/// A chosen model and the node label (key, value) that places a pod on it.
+type Pin = (CardName, (String, String));
+
+/// The model a pending pod is pinned to: the first of its usable alternatives, in
+/// `card.name` order, that some node offers and that still has room once every pending
+/// pod counts on its own pin (Kueue's flavor assignment). `None` when none has room on
+/// its own (the pod is then decided unpinned). A pod whose own node constraints allow
+/// none of its models is refused, naming both.
+fn choose_pin(
+    rec: &PodRecord,
+    demand: &CardDemand,
+    queue: &QueueName,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Result<Option<Pin>, Decision> {
+    let mut named = rec.clone();
+    named.card_name = Some(Ok(demand.alternatives.clone()));
+    let prefix = demand.resource.split('/').next().unwrap_or_default();
+    for (label, values) in &rec.pinned {
+        if label.split('/').next() != Some(prefix) {
+            continue;
+        }
+        let agrees = demand
+            .alternatives
+            .models()
+            .iter()
+            .any(|m| values.iter().any(|v| v == product_of(m)));
+        if !agrees {
+            return Err(Decision::deny(
+                INVALID_DEMAND,
+                format!(
+                    "pod {} accepts {} but its node constraints require {label} in [{}]",
+                    rec.key,
+                    demand.alternatives,
+                    values.join(", ")
+                ),
+            ));
+        }
+    }
+    let Some(candidates) = named.effective_alternatives() else {
+        return Ok(None);
+    };
+    let touched = models_of([&demand.alternatives]);
+    // A pod of a PodGroup with a card.request goes first to the models its group's
+    // reservation still holds room on: it then draws on the reservation.
+    let reserved: BTreeSet<CardName> = match &rec.group {
+        Some(g) => {
+            let key = crate::cards::ObjectKey::new(rec.key.namespace.clone(), g.clone());
+            usage_of(snap, queue, now)
+                .demands
+                .iter()
+                .filter(|(src, _, _)| *src == Source::Group(key.clone()))
+                .flat_map(|(_, _, d)| d.models.models().to_vec())
+                .collect()
+        }
+        None => BTreeSet::new(),
+    };
+    let (first, rest): (Vec<&CardName>, Vec<&CardName>) = candidates
+        .models()
+        .iter()
+        .partition(|m| reserved.contains(*m));
+    for m in first.into_iter().chain(rest) {
+        let Some(pin) = snap.pin_of(m) else {
+            continue;
+        };
+        let mut pinned = named.clone();
+        pinned.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
+        let change = Change {
+            add_pods: vec![pinned],
+            ..Default::default()
+        };
+        if fit(snap, queue, &change, &touched, now).verdict == Verdict::Feasible {
+            return Ok(Some((m.clone(), pin.clone())));
+        }
+    }
+    Ok(None)
 }

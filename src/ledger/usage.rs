@@ -193,7 +193,7 @@ pub fn queue_usage<'a>(
         if cards.is_zero() {
             continue;
         }
-        match p.alternatives() {
+        match p.effective_alternatives() {
             Some(a) => {
                 *u.pending.entry(a.clone()).or_default() += cards;
                 if let Some(g) = &gkey {
