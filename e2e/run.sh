@@ -118,7 +118,7 @@ EOF
   local try
   for try in 1 2 3 4 5 6 7 8; do
     k get --raw "/api/v1/nodes/$1" | jq --arg g "$3" --argjson extra "{${5#,}}" \
-      '.status = {capacity: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra), allocatable: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra)}' \
+      '.status = {capacity: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra), allocatable: ({cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": $g} + $extra), conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
       > "$WORK/node-$1.json"
     k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null 2>&1 && return 0
     sleep 0.3
@@ -314,6 +314,115 @@ check "kubectl scale --replicas=2147483647 is answered (clamped)" contains "$out
 check "... and the webhook keeps serving" bash -c \
   "curl -sf http://127.0.0.1:$((PORT_A + 1000))/readyz >/dev/null && kubectl -n $NS scale deployment/infer --replicas=1 >/dev/null 2>&1"
 wait_for 30 count_pods 1
+
+# ---- 4c. Steering kube-scheduler: pods pinned to the model they were admitted for ------
+# The pods below use schedulerName default-scheduler: the real kube-scheduler places and
+# binds them, through card-quota's binding gate, as user system:kube-scheduler.
+denied_binds() {
+  curl -s "http://127.0.0.1:$((PORT_A + 1000))/metrics" |
+    awk '/^card_quota_admission_requests_total\{/ && /kind="binding"/ && /result="denied"/ {s += $NF} END {print s + 0}'
+}
+steer_pod() { # name queue card-name [extra spec yaml]
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: $NS
+  labels: {card-quota-e2e: "$RUN", steer: "$2"}
+  annotations: {scheduling.volcano.sh/queue-name: $2, volcano.sh/card.name: "$3"}
+spec:
+  containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+---
+EOF
+}
+bound_count() { k -n "$NS" get pods -l "steer=$1" -o json 2>/dev/null | jq '[.items[] | select((.spec.nodeName // "") != "")] | length'; }
+# Every bound pod sits on a node whose product is one of the models it names.
+on_named_models() {
+  k -n "$NS" get pods -l "steer=$1" -o json | jq -r '.items[] | "\(.spec.nodeName) \(.metadata.annotations["volcano.sh/card.name"])"' |
+    while read -r node names; do
+      product=$(k get node "$node" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.product}')
+      grep -qE "(^|\|)$product(\||$)" <<<"$names" || { echo "$node ($product) not in $names"; return 1; }
+    done
+}
+export -f bound_count on_named_models
+steer_run() { # label expected-pods -> logs ms and refused bindings, sets STEER_OK
+  local t0 d0 ms refused
+  t0=$(date +%s%N); d0=$(denied_binds)
+  k apply -f "$WORK/$1.yaml" >/dev/null 2>&1
+  if wait_for 10 bash -c "[ \"\$(bound_count $1)\" = $2 ]"; then STEER_OK=1; else STEER_OK=0; fi
+  ms=$(( ($(date +%s%N) - t0) / 1000000 )); refused=$(( $(denied_binds) - d0 ))
+  log "steer $1: $(bound_count "$1")/$2 bound in ${ms} ms, $refused refused bindings"
+  STEER_REFUSED=$refused
+}
+for i in 1 2; do
+  node "$Q-s-h200-$i" NVIDIA-H200 8 ',"cq-e2e-pool":"steer"' ''
+  node "$Q-s-rtx-$i" RTX-4090 8 ',"cq-e2e-pool":"steer"' ''
+done
+sleep 1
+queue "$Q-steer" '{"NVIDIA-H200":6,"RTX-4090":6}' | k apply -f - >/dev/null 2>&1
+: > "$WORK/$Q-steer.yaml"
+for i in $(seq 1 6); do
+  steer_pod "s12-h-$i" "$Q-steer" NVIDIA-H200 >> "$WORK/$Q-steer.yaml"
+  steer_pod "s12-r-$i" "$Q-steer" RTX-4090 >> "$WORK/$Q-steer.yaml"
+done
+steer_run "$Q-steer" 12
+check "kube-scheduler: 12 single-model pods all bound within 10 s with 0 refused bindings" \
+  bash -c "[ $STEER_OK = 1 ] && [ $STEER_REFUSED = 0 ]"
+check "... each on a model it named, within quota" wait_for 20 bash -c \
+  "on_named_models $Q-steer && usage_is $Q-steer NVIDIA-H200 allocated 6 && usage_is $Q-steer RTX-4090 allocated 6"
+
+queue "$Q-steer2" '{"NVIDIA-H200":2,"RTX-4090":6}' | k apply -f - >/dev/null 2>&1
+: > "$WORK/$Q-steer2.yaml"
+for i in $(seq 1 8); do steer_pod "s8-$i" "$Q-steer2" "NVIDIA-H200|RTX-4090" >> "$WORK/$Q-steer2.yaml"; done
+steer_run "$Q-steer2" 8
+check "kube-scheduler: 8 NVIDIA-H200|RTX-4090 pods in H200=2,RTX=6 bound within 10 s, 0 refused" \
+  bash -c "[ $STEER_OK = 1 ] && [ $STEER_REFUSED = 0 ]"
+check "... 2 on H200 and 6 on RTX-4090 (the usage says so)" wait_for 20 bash -c \
+  "on_named_models $Q-steer2 && usage_is $Q-steer2 NVIDIA-H200 allocated 2 && usage_is $Q-steer2 RTX-4090 allocated 6"
+out=$(steer_pod s8-9 "$Q-steer2" "NVIDIA-H200|RTX-4090" | k apply -f - 2>&1)
+check "a 9th pod over quota is still refused at CREATE" contains "$out" "queue $Q-steer2 has insufficient NVIDIA-H200|RTX-4090 quota"
+
+queue "$Q-steer3" '{"NVIDIA-H200":2,"RTX-4090":6}' | k apply -f - >/dev/null 2>&1
+cat > "$WORK/$Q-steer3.yaml" <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: steered, namespace: $NS}
+spec:
+  replicas: 4
+  selector: {matchLabels: {steer: $Q-steer3}}
+  template:
+    metadata:
+      labels: {steer: $Q-steer3, card-quota-e2e: "$RUN"}
+      annotations: {scheduling.volcano.sh/queue-name: $Q-steer3, volcano.sh/card.name: "NVIDIA-H200|RTX-4090"}
+    spec:
+      nodeSelector: {cq-e2e-pool: steer}
+      containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+EOF
+steer_run "$Q-steer3" 4
+check "kube-scheduler: a Deployment of 4 such pods with an unrelated nodeSelector is bound within 10 s, 0 refused" \
+  bash -c "[ $STEER_OK = 1 ] && [ $STEER_REFUSED = 0 ]"
+check "... its pods keep their own selector next to the pin, and the template is not patched" bash -c \
+  "on_named_models $Q-steer3 && [ \"\$(kubectl -n $NS get pods -l steer=$Q-steer3 -o json | jq '[.items[] | select(.spec.nodeSelector[\"cq-e2e-pool\"] == \"steer\" and .spec.nodeSelector[\"nvidia.com/gpu.product\"] != null)] | length')\" = 4 ] && [ \"\$(kubectl -n $NS get deploy steered -o jsonpath='{.spec.template.spec.nodeSelector}')\" = '{\"cq-e2e-pool\":\"steer\"}' ]"
+k -n "$NS" delete deploy steered --wait=false >/dev/null 2>&1
+
+node "$Q-b-h200" NVIDIA-H200 100 ',"cq-e2e-pool":"big"' ''
+node "$Q-b-rtx" RTX-4090 100 ',"cq-e2e-pool":"big"' ''
+sleep 1
+queue "$Q-steer4" '{"NVIDIA-H200":100,"RTX-4090":100}' | k apply -f - >/dev/null 2>&1
+: > "$WORK/$Q-steer4.yaml"
+for i in $(seq 1 200); do
+  steer_pod "s200-$i" "$Q-steer4" "NVIDIA-H200|RTX-4090" | sed 's/^spec:$/spec:\n  nodeSelector: {cq-e2e-pool: big}/' >> "$WORK/$Q-steer4.yaml"
+done
+t0=$(date +%s%N); d0=$(denied_binds)
+k apply -f "$WORK/$Q-steer4.yaml" >/dev/null 2>&1
+wait_for 90 bash -c "[ \"\$(bound_count $Q-steer4)\" = 200 ]"
+ms=$(( ($(date +%s%N) - t0) / 1000000 )); refused=$(( $(denied_binds) - d0 ))
+log "steer 200: $(bound_count "$Q-steer4")/200 bound ${ms} ms after the first create (creates included), $refused refused bindings"
+check "kube-scheduler: 200 NVIDIA-H200|RTX-4090 pods all bound with 0 refused bindings" bash -c \
+  "[ \"\$(bound_count $Q-steer4)\" = 200 ] && [ $refused = 0 ]"
+check "... 100 on each model, each on a model it named" wait_for 30 bash -c \
+  "on_named_models $Q-steer4 && usage_is $Q-steer4 NVIDIA-H200 allocated 100 && usage_is $Q-steer4 RTX-4090 allocated 100"
 
 # ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
 ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }

@@ -183,6 +183,44 @@ pub fn remember(snap: &mut Snapshot, rec: QueueRecord) {
     snap.upsert_queue(rec);
 }
 
+/// A scheduler binds a pod moments after it is created, often before the watch has
+/// delivered the pod (or a new node) to the cache. Waiting a little for them beats
+/// refusing with "try again": a refused binding sends the pod into the scheduler's
+/// backoff. Returns at `until` at the latest; the decision then says what is missing.
+async fn await_binding_objects(snapshot: &Mutex<Snapshot>, req: &AdmissionRequest, until: Instant) {
+    if crate::decide::RequestKind::of(req) != crate::decide::RequestKind::Binding
+        || req.operation != "CREATE"
+    {
+        return;
+    }
+    let Some(obj) = req.object.as_ref() else {
+        return;
+    };
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(serde_json::Value::as_str)
+        .filter(|n| !n.is_empty())
+        .unwrap_or(req.ns());
+    let key = crate::cards::ObjectKey::new(namespace, req.object_name(obj));
+    let node = obj
+        .pointer("/target/name")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default();
+    loop {
+        {
+            let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            let pod_known = snap.pod(&key).is_some() || snap.is_known_cardless_pod(&key);
+            if pod_known && (node.is_empty() || snap.node(node).is_some()) {
+                return;
+            }
+        }
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// One lock per Queue: a replica writes one ledger at a time per queue, so its own
 /// requests never conflict with each other (only with other replicas and admins).
 #[derive(Default)]
@@ -236,6 +274,7 @@ pub async fn decide_and_record(
     mut on_write: impl FnMut(WriteOutcome),
 ) -> Decision {
     let deadline = Instant::now() + budget;
+    await_binding_objects(snapshot, req, Instant::now() + budget / 2).await;
     let decide_now = |snapshot: &Mutex<Snapshot>| {
         let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
         prepare(&mut snap, req, cfg, jiff::Timestamp::now(), record)
