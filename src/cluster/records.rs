@@ -129,26 +129,32 @@ impl PodRecord {
         let Ok(demand) = &self.demand else {
             return Some(a.clone());
         };
+        let fits_shape = |m: &CardName| demand.keys().all(|r| resource_fits_model_shape(r, m));
+        let prefix_pinned = |label: &String| {
+            let lp = label.split('/').next().unwrap_or_default();
+            demand.keys().any(|r| r.split('/').next() == Some(lp))
+        };
+        // The common case (every model usable, no pin on the resource's vendor) costs no
+        // allocation: usage is recomputed over every pending pod of a queue.
+        if a.models().iter().all(fits_shape) && !self.pinned.keys().any(prefix_pinned) {
+            return Some(a.clone());
+        }
         // Models whose resource the pod does not request cannot be used (an MPS model
         // for a pod requesting whole cards).
         let usable: Vec<CardName> = a
             .models()
             .iter()
-            .filter(|m| demand.keys().all(|r| resource_fits_model_shape(r, m)))
+            .filter(|m| fits_shape(m))
             .cloned()
             .collect();
         let a = &match Alternatives::from_models(usable) {
             Some(u) if u.models().len() < a.models().len() => u,
             _ => a.clone(),
         };
-        let prefixes: Vec<&str> = demand
-            .keys()
-            .filter_map(|r| r.split_once('/').map(|(p, _)| p))
-            .collect();
         let pins: Vec<&Vec<String>> = self
             .pinned
             .iter()
-            .filter(|(label, _)| prefixes.contains(&label.split('/').next().unwrap_or_default()))
+            .filter(|(label, _)| prefix_pinned(label))
             .map(|(_, v)| v)
             .collect();
         if pins.is_empty() {

@@ -385,6 +385,7 @@ fn admit(
         };
     }
     let mut node_selector = None;
+    let mut fits_pinned = false;
     if steer {
         match choose_pin(&rec, &demand, &queue, snap, now) {
             Err(d) => return d.with_event(owner),
@@ -398,6 +399,8 @@ fn admit(
                 ));
                 rec.pinned.insert(label.clone(), vec![product.clone()]);
                 node_selector = Some((label, product));
+                // choose_pin checked exactly this pod (pinned) against the queue.
+                fits_pinned = true;
             }
             Ok(None) => {}
         }
@@ -405,6 +408,11 @@ fn admit(
     let mut patch = set_annotations(obj, &annotations);
     if let Some((label, product)) = node_selector {
         patch.extend(set_node_selector(obj, &label, &product));
+    }
+    if fits_pinned {
+        let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
+        d.patch = patch;
+        return d;
     }
     let touched = models_of([&demand.alternatives]);
     let change = Change {
