@@ -13,6 +13,20 @@ use super::pod::{allocate, card_demand};
 use super::review::AdmissionRequest;
 use super::{object_of, Decision, ObjectRef};
 
+/// The pod a Binding binds and the node it names (`None` when it names none).
+pub fn target<'a>(req: &AdmissionRequest, obj: &'a Value) -> (ObjectKey, Option<&'a str>) {
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .unwrap_or(req.ns());
+    let node = obj
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty());
+    (ObjectKey::new(namespace, req.object_name(obj)), node)
+}
+
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
     if req.operation != "CREATE" {
         return Decision::allow();
@@ -21,19 +35,8 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Ok(o) => o,
         Err(d) => return d,
     };
-    let name = req.object_name(obj);
-    let namespace = obj
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .unwrap_or(req.ns())
-        .to_string();
-    let key = ObjectKey::new(namespace, name);
-    let Some(node) = obj
-        .pointer("/target/name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-    else {
+    let (key, node) = target(req, obj);
+    let Some(node) = node else {
         return Decision::deny(
             "BadRequest",
             format!("binding of pod {key} has no target.name"),

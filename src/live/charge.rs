@@ -196,21 +196,12 @@ async fn await_binding_objects(snapshot: &Mutex<Snapshot>, req: &AdmissionReques
     let Some(obj) = req.object.as_ref() else {
         return;
     };
-    let namespace = obj
-        .pointer("/metadata/namespace")
-        .and_then(serde_json::Value::as_str)
-        .filter(|n| !n.is_empty())
-        .unwrap_or(req.ns());
-    let key = crate::cards::ObjectKey::new(namespace, req.object_name(obj));
-    let node = obj
-        .pointer("/target/name")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or_default();
+    let (key, node) = crate::decide::binding::target(req, obj);
     loop {
         {
             let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
             let pod_known = snap.pod(&key).is_some() || snap.is_known_cardless_pod(&key);
-            if pod_known && (node.is_empty() || snap.node(node).is_some()) {
+            if pod_known && node.is_none_or(|n| snap.node(n).is_some()) {
                 return;
             }
         }
