@@ -1292,3 +1292,17 @@ fn with_pinning_off_no_pod_is_pinned() {
     assert_eq!(pinned_by(&r, &p), (Value::Null, Value::Null));
     assert_eq!(w.usage("mixed", "NVIDIA-H200|RTX-4090")["pending"], 1);
 }
+
+#[test]
+fn a_huge_forged_annotation_is_not_echoed_whole() {
+    let mut w = world();
+    let long = "x".repeat(10_000);
+    let p = stored(
+        pod("a", "q", Some("NVIDIA-H200"), "1"),
+        &[("volcano.sh/card.queue", &long)],
+    );
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(!r.allowed);
+    assert!(message(&r).len() < 250, "{} bytes", message(&r).len());
+    assert!(message(&r).contains("(10000 bytes)"), "{}", message(&r));
+}

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED};
+use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
@@ -473,6 +474,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     };
     if let Some(stamped) = raw_annotation(obj, CARD_QUEUE) {
         if stamped != queue.as_str() {
+            let stamped = shown(stamped);
             return Decision::deny(
                 IMMUTABLE,
                 format!(
@@ -483,6 +485,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     }
     if let Some(charged) = raw_annotation(obj, CHARGED) {
         if rec.node.is_none() || latent_only {
+            let charged = shown(charged);
             return Decision::deny(
                 IMMUTABLE,
                 format!(
@@ -502,6 +505,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     if let (true, Some(claimed)) = (d.allowed, raw_annotation(obj, CHARGED)) {
         if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
             if p.charged.as_ref().map(CardName::as_str) != Some(claimed) {
+                let claimed = shown(claimed);
                 return Decision::deny(
                     IMMUTABLE,
                     format!(
@@ -543,7 +547,8 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         for a in IMMUTABLE_ANNOTATIONS {
             let (was, now_) = (raw_annotation(old_obj, a), raw_annotation(obj, a));
             if was != now_ {
-                let show = |v: Option<&str>| v.map_or("unset".to_string(), |v| format!("{v:?}"));
+                let show =
+                    |v: Option<&str>| v.map_or("unset".to_string(), |v| format!("{:?}", shown(v)));
                 return Decision::deny(
                     IMMUTABLE,
                     format!(
