@@ -103,8 +103,14 @@ enum Command {
         /// retries included) before the request is refused with "try again".
         #[arg(long, default_value = "3")]
         ledger_budget_seconds: f64,
-        /// Namespace of the reconciler's Lease (default: $POD_NAMESPACE, else card-quota).
-        #[arg(long, env = "POD_NAMESPACE", default_value = "card-quota")]
+        /// card-quota's own namespace, where the reconciler's Lease and the queues'
+        /// ledgers (ConfigMaps) live (default: $POD_NAMESPACE, else card-quota).
+        #[arg(
+            long,
+            visible_alias = "namespace",
+            env = "POD_NAMESPACE",
+            default_value = "card-quota"
+        )]
         lease_namespace: String,
         #[arg(long, default_value = "card-quota-reconciler")]
         lease_name: String,
@@ -268,7 +274,12 @@ async fn live_snapshot() -> anyhow::Result<card_quota::cluster::Snapshot> {
         .context("connecting to the API server (kubeconfig or in-cluster config)")?;
     let snapshot = Arc::new(Mutex::new(card_quota::cluster::Snapshot::new()));
     let synced = Arc::new(caches::Synced::default());
-    tokio::spawn(caches::start(client, snapshot.clone(), synced.clone()));
+    tokio::spawn(caches::start(
+        client,
+        None,
+        snapshot.clone(),
+        synced.clone(),
+    ));
     tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
         .await
         .context("listing Nodes, Queues, PodGroups, Pods and workloads took over 60s")?;
@@ -313,7 +324,7 @@ async fn serve(
 ) -> anyhow::Result<()> {
     use card_quota::controller::events::EventSink;
     use card_quota::controller::reconciler::Reconciler;
-    use card_quota::live::{caches, QueueApi};
+    use card_quota::live::{caches, Committer, LedgerApi};
     use card_quota::webhook::{server, tls};
     use std::sync::{Arc, Mutex};
     let resolver = Arc::new(tls::Reloading::new(opts.cert_dir)?);
@@ -331,8 +342,13 @@ async fn serve(
             let synced = Arc::new(caches::Synced::default());
             tokio::spawn(caches::start(
                 client.clone(),
+                Some(opts.lease_namespace.clone()),
                 snapshot.clone(),
                 synced.clone(),
+            ));
+            let committer = Arc::new(Committer::new(
+                LedgerApi::new(client.clone(), &opts.lease_namespace),
+                opts.ledger_budget,
             ));
             let me = identity();
             let events = Arc::new(EventSink::new(client.clone(), Some(me.clone())));
@@ -340,11 +356,9 @@ async fn serve(
                 snapshot.clone(),
                 opts.config,
                 server::Live {
-                    queues: QueueApi::new(client.clone()),
-                    budget: opts.ledger_budget,
+                    committer: committer.clone(),
                     synced: synced.clone(),
                     events: Some(events.clone()),
-                    locks: Default::default(),
                 },
             ));
             let lease =
@@ -361,8 +375,14 @@ async fn serve(
                     })?;
             let (leader, task) = lease.watch().await;
             lease_task = Some(task);
-            let reconciler =
-                Reconciler::new(client, snapshot, events, state.metrics.clone(), leader);
+            let reconciler = Reconciler::new(
+                client,
+                snapshot,
+                events,
+                state.metrics.clone(),
+                leader,
+                committer,
+            );
             background.push(tokio::spawn(reconciler.run(
                 synced,
                 opts.reconcile_every,

@@ -1,29 +1,33 @@
 //! The consistency ledger against a mock API server: scripted (tower-test) for
 //! conflicts, a full ledger and an API outage; an in-process fake with real
-//! compare-and-swap semantics for races between replicas.
+//! compare-and-swap semantics for races between replicas, group commit, and watches
+//! that lag differently on each replica.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use card_quota::cluster::load::load;
+use card_quota::cards::QueueName;
+use card_quota::cluster::load::{load, upsert};
+use card_quota::cluster::records::ledger_record;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
+use card_quota::ledger::entries::Watermark;
 use card_quota::live::caches::Synced;
-use card_quota::live::QueueApi;
+use card_quota::live::charge::CommitMetrics;
+use card_quota::live::{Committer, LedgerApi};
 use card_quota::webhook::server::{handle_review, Live, State};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use kube::client::Body;
 use serde_json::{json, Value};
 
-const QUEUE_PATH: &str = "/apis/scheduling.volcano.sh/v1beta1/queues/q";
+const NS: &str = "card-quota";
+const CM: &str = "card-quota-ledger.q";
+const CM_PATH: &str = "/api/v1/namespaces/card-quota/configmaps/card-quota-ledger.q";
+const CM_POST: &str = "/api/v1/namespaces/card-quota/configmaps";
 
-fn objects(quota: u64, pods: usize, ledger: Option<&str>) -> String {
-    let mut anns = format!(r#"volcano.sh/card.quota: '{{"RTX-4090":{quota}}}'"#);
-    if let Some(l) = ledger {
-        anns.push_str(&format!(", volcano.sh/card.ledger: '{l}'"));
-    }
+fn objects(quota: u64, pods: usize) -> String {
     let mut s = format!(
         r#"
 apiVersion: v1
@@ -33,34 +37,40 @@ status: {{allocatable: {{nvidia.com/gpu: "1000"}}}}
 ---
 apiVersion: scheduling.volcano.sh/v1beta1
 kind: Queue
-metadata: {{name: q, resourceVersion: "1", annotations: {{{anns}}}}}
+metadata: {{name: q, resourceVersion: "1", annotations: {{volcano.sh/card.quota: '{{"RTX-4090":{quota}}}'}}}}
 status: {{state: Open}}
 "#
     );
     for i in 0..pods {
-        s.push_str(&format!(
-            r#"---
-apiVersion: v1
-kind: Pod
-metadata: {{name: p{i:03}, namespace: ml, annotations: {{scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}}}
-spec: {{schedulerName: volcano, containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: "1"}}}}}}]}}
-"#
-        ));
+        s.push_str(&format!("---\n{}\n", pod_json(&format!("p{i:03}"), "10")));
     }
     s
 }
 
-fn queue_json(quota: u64, rv: u64, ledger: Option<&str>) -> Value {
-    let mut anns = json!({"volcano.sh/card.quota": format!(r#"{{"RTX-4090":{quota}}}"#)});
-    if let Some(l) = ledger {
-        anns["volcano.sh/card.ledger"] = json!(l);
-    }
-    json!({
-        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
-        "metadata": {"name": "q", "resourceVersion": rv.to_string(), "annotations": anns},
-        "spec": {"weight": 1},
-        "status": {"state": "Open"}
-    })
+/// A stored pod, as a watch delivers it.
+fn pod_json(name: &str, rv: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"), "resourceVersion": rv,
+            "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+}
+
+/// A pod CREATE as `/validate` sees it (the API server has set its uid).
+fn create(name: &str) -> Value {
+    let mut p = pod_json(name, "");
+    p["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    R::pod("CREATE", p).uid(&format!("review-{name}")).build()
+}
+
+fn configmap(rv: u64, ledger: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CM, "namespace": NS, "resourceVersion": rv.to_string(),
+            "labels": {"app.kubernetes.io/name": "card-quota", "app.kubernetes.io/component": "ledger"}},
+        "data": {"queue": "q", "ledger": ledger}})
 }
 
 fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
@@ -70,11 +80,9 @@ fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
         Arc::new(Mutex::new(snap)),
         Config::default(),
         Live {
-            queues: QueueApi::new(client),
-            budget,
+            committer: Arc::new(Committer::new(LedgerApi::new(client, NS), budget)),
             synced: Arc::new(Synced::already()),
             events: None,
-            locks: Default::default(),
         },
     ))
 }
@@ -109,40 +117,43 @@ async fn body_json(req: Request<Body>) -> Value {
     serde_json::from_slice(&bytes).unwrap()
 }
 
+fn entries_of(ledger: &str) -> serde_json::Map<String, Value> {
+    let v: Value = serde_json::from_str(ledger).unwrap();
+    v["entries"].as_object().cloned().unwrap_or_default()
+}
+
 // ---- scripted API (tower-test) ----------------------------------------------------
 
 #[tokio::test]
-async fn a_conflict_makes_the_webhook_read_the_queue_again_and_decide_again() {
+async fn a_conflict_makes_the_webhook_read_the_ledger_again_and_decide_again() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
-    let st = state(&objects(1, 2, None), client, Duration::from_secs(3));
+    let st = state(&objects(1, 2), client, Duration::from_secs(3));
     let api = tokio::spawn(async move {
-        // 1. Our write, based on resourceVersion 1, loses to another replica.
+        // 1. No ledger exists yet: ours is created, and another replica was first.
         let (req, send) = handle.next_request().await.unwrap();
-        assert_eq!(req.method(), "PATCH");
-        assert_eq!(req.uri().path(), QUEUE_PATH);
-        let patch = body_json(req).await;
-        assert_eq!(patch["metadata"]["resourceVersion"], "1");
-        assert!(patch["metadata"]["annotations"]["volcano.sh/card.ledger"]
-            .as_str()
-            .unwrap()
-            .contains("pod:ml/p001"));
+        assert_eq!(req.method(), "POST");
+        assert_eq!(req.uri().path(), CM_POST);
+        let cm = body_json(req).await;
+        assert_eq!(cm["metadata"]["name"], CM);
+        assert_eq!(cm["data"]["queue"], "q");
+        let entries = entries_of(cm["data"]["ledger"].as_str().unwrap());
+        assert_eq!(entries["uid-p001"]["of"], "pod:ml/p001");
+        assert_eq!(entries["uid-p001"]["node"], "rtx-1");
         send.send_response(json_response(
             StatusCode::CONFLICT,
-            &status(409, "Conflict", "the object has been modified"),
+            &status(
+                409,
+                "AlreadyExists",
+                "configmaps \"card-quota-ledger.q\" already exists",
+            ),
         ));
         // 2. The re-read shows the other replica's charge of the last card.
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), "GET");
-        assert_eq!(req.uri().path(), QUEUE_PATH);
-        let now = jiff::Timestamp::now().as_second();
-        let other = format!(
-            r#"{{"pod:ml/p000":{{"at":{now},"resources":{{"nvidia.com/gpu":1}},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}}"#
-        );
-        send.send_response(json_response(
-            StatusCode::OK,
-            &queue_json(1, 2, Some(&other)),
-        ));
+        assert_eq!(req.uri().path(), CM_PATH);
+        let other = r#"{"entries":{"uid-p000":{"of":"pod:ml/p000","resources":{"nvidia.com/gpu":1},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}"#;
+        send.send_response(json_response(StatusCode::OK, &configmap(2, other)));
         // 3. Nothing else: a denial is not written.
         tokio::time::timeout(Duration::from_millis(300), handle.next_request())
             .await
@@ -160,29 +171,26 @@ async fn a_conflict_makes_the_webhook_read_the_queue_again_and_decide_again() {
 }
 
 #[tokio::test]
-async fn a_full_ledger_refuses_with_try_again_and_writes_nothing() {
-    let now = jiff::Timestamp::now().as_second();
-    let entries: Vec<String> = (0..512)
+async fn a_ledger_at_its_cap_refuses_with_try_again_and_writes_nothing() {
+    let entries: Vec<String> = (0..5000)
         .map(|i| {
             format!(
-                r#""pod:other/x{i}":{{"at":{now},"resources":{{"nvidia.com/gpu":1}},"card":"RTX-4090"}}"#
+                r#""x{i}":{{"of":"pod:other/x{i}","resources":{{"nvidia.com/gpu":1}},"card":"RTX-4090"}}"#
             )
         })
         .collect();
-    let ledger = format!("{{{}}}", entries.join(","));
+    let ledger = format!(r#"{{"entries":{{{}}}}}"#, entries.join(","));
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
-    let st = state(
-        &objects(10_000, 1, Some(&ledger)),
-        client,
-        Duration::from_secs(3),
-    );
+    let text = format!("{}---\n{}\n", objects(10_000, 1), configmap(5, &ledger));
+    let st = state(&text, client, Duration::from_secs(3));
     let resp = answer(&st, bind(0), false).await;
     assert_eq!(resp["allowed"], false, "{resp}");
     assert_eq!(
         resp["status"]["message"],
-        "queue q's ledger holds 512 charges that caches do not show yet; try again in a few seconds"
+        "queue q has 5000 charges in flight that card-quota's caches do not show yet; try again in a few seconds"
     );
+    assert_eq!(resp["status"]["reason"], "TryAgain");
     let next = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
     assert!(
         matches!(next, Err(_) | Ok(None)),
@@ -198,7 +206,7 @@ async fn a_full_ledger_refuses_with_try_again_and_writes_nothing() {
 async fn when_the_api_server_is_down_the_charge_is_refused_within_its_budget() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
-    let st = state(&objects(5, 1, None), client, Duration::from_millis(600));
+    let st = state(&objects(5, 1), client, Duration::from_millis(600));
     let calls = Arc::new(Mutex::new(0usize));
     let c2 = calls.clone();
     tokio::spawn(async move {
@@ -228,7 +236,7 @@ async fn when_the_api_server_is_down_the_charge_is_refused_within_its_budget() {
 async fn dry_runs_and_mutate_calls_are_decided_but_write_nothing() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
-    let st = state(&objects(5, 1, None), client, Duration::from_secs(3));
+    let st = state(&objects(5, 1), client, Duration::from_secs(3));
     let dry = R::binding("ml", "p000", "rtx-1").uid("d").dry_run().build();
     assert_eq!(answer(&st, dry, false).await["allowed"], true);
     assert_eq!(answer(&st, bind(0), true).await["allowed"], true);
@@ -238,49 +246,73 @@ async fn dry_runs_and_mutate_calls_are_decided_but_write_nothing() {
 
 // ---- a fake API server with compare-and-swap ----------------------------------------
 
-/// One Queue behind GET and merge-PATCH with the API server's resourceVersion check.
-#[derive(Clone)]
+#[derive(Default)]
+struct Stored {
+    cm: Option<Value>,
+    rv: u64,
+    writes: usize,
+    conflicts: usize,
+}
+
+/// One ledger ConfigMap behind GET, POST and PUT with the API server's
+/// resourceVersion and already-exists checks.
+#[derive(Clone, Default)]
 struct FakeApi {
-    queue: Arc<Mutex<(Value, u64)>>,
-    conflicts: Arc<Mutex<usize>>,
+    stored: Arc<Mutex<Stored>>,
 }
 
 impl FakeApi {
-    fn new(queue: Value) -> Self {
-        Self {
-            queue: Arc::new(Mutex::new((queue, 1))),
-            conflicts: Arc::new(Mutex::new(0)),
-        }
-    }
-
     async fn handle(self, req: Request<Body>) -> Response<Body> {
-        assert_eq!(req.uri().path(), QUEUE_PATH, "unexpected {}", req.uri());
         let method = req.method().clone();
+        let path = req.uri().path().to_string();
         // Let other requests interleave, as a real server would.
-        tokio::time::sleep(Duration::from_micros(200)).await;
-        if method == "GET" {
-            let q = self.queue.lock().unwrap().0.clone();
-            return json_response(StatusCode::OK, &q);
-        }
-        assert_eq!(method, "PATCH");
-        let patch = body_json(req).await;
-        let mut g = self.queue.lock().unwrap();
-        let rv = g.1;
-        if patch["metadata"]["resourceVersion"] != json!(rv.to_string()) {
-            *self.conflicts.lock().unwrap() += 1;
-            return json_response(
+        tokio::time::sleep(Duration::from_micros(300)).await;
+        let conflict = |reason: &str| {
+            json_response(
                 StatusCode::CONFLICT,
-                &status(409, "Conflict", "the object has been modified"),
-            );
+                &status(409, reason, "the object has been modified"),
+            )
+        };
+        if method == "GET" {
+            assert_eq!(path, CM_PATH);
+            let g = self.stored.lock().unwrap();
+            return match &g.cm {
+                Some(cm) => json_response(StatusCode::OK, cm),
+                None => json_response(
+                    StatusCode::NOT_FOUND,
+                    &status(
+                        404,
+                        "NotFound",
+                        "configmaps \"card-quota-ledger.q\" not found",
+                    ),
+                ),
+            };
         }
-        if let Some(anns) = patch["metadata"]["annotations"].as_object() {
-            for (k, v) in anns {
-                g.0["metadata"]["annotations"][k] = v.clone();
+        let mut body = body_json(req).await;
+        let mut g = self.stored.lock().unwrap();
+        match (method.as_str(), path.as_str()) {
+            ("POST", CM_POST) if g.cm.is_some() => {
+                g.conflicts += 1;
+                return conflict("AlreadyExists");
             }
+            ("PUT", CM_PATH) => {
+                let current =
+                    g.cm.as_ref()
+                        .map(|c| c["metadata"]["resourceVersion"].clone());
+                if current != Some(body["metadata"]["resourceVersion"].clone()) {
+                    g.conflicts += 1;
+                    return conflict("Conflict");
+                }
+            }
+            ("POST", CM_POST) => {}
+            other => panic!("unexpected {other:?}"),
         }
-        g.1 += 1;
-        g.0["metadata"]["resourceVersion"] = json!(g.1.to_string());
-        json_response(StatusCode::OK, &g.0)
+        g.rv += 1;
+        g.writes += 1;
+        body["metadata"]["resourceVersion"] = json!(g.rv.to_string());
+        body["metadata"]["namespace"] = json!(NS);
+        g.cm = Some(body.clone());
+        json_response(StatusCode::OK, &body)
     }
 
     fn client(&self) -> kube::Client {
@@ -293,39 +325,41 @@ impl FakeApi {
     }
 
     fn ledger_len(&self) -> usize {
-        let g = self.queue.lock().unwrap();
-        g.0["metadata"]["annotations"]["volcano.sh/card.ledger"]
-            .as_str()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Map<String, Value>>(l)
-                    .unwrap()
-                    .len()
-            })
+        let g = self.stored.lock().unwrap();
+        g.cm.as_ref()
+            .map(|cm| entries_of(cm["data"]["ledger"].as_str().unwrap()).len())
             .unwrap_or(0)
     }
+
+    /// The stored ledger, as a replica's ConfigMap watch delivers it.
+    fn deliver_ledger(&self, st: &State) {
+        let cm = self.stored.lock().unwrap().cm.clone().unwrap();
+        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
+        st.snapshot
+            .lock()
+            .unwrap()
+            .upsert_ledger(ledger_record(&cm).unwrap());
+    }
+}
+
+/// A pod arriving through one replica's pod watch at resourceVersion `rv`.
+fn deliver_pod(st: &State, name: &str, rv: u64) {
+    let mut snap = st.snapshot.lock().unwrap();
+    upsert(&mut snap, &pod_json(name, &rv.to_string())).unwrap();
+    let mut p = snap.progress();
+    p.pods = p.pods.max(rv);
+    snap.set_progress(p);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_requests_racing_for_the_last_card_on_two_replicas_admit_exactly_one() {
     for round in 0..10 {
-        let api = FakeApi::new(queue_json(1, 1, None));
-        let a = state(&objects(1, 0, None), api.client(), Duration::from_secs(10));
-        let b = state(&objects(1, 0, None), api.client(), Duration::from_secs(10));
-        let pod = |n: &str| {
-            R::pod(
-                "CREATE",
-                json!({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": n, "namespace": "ml",
-                        "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
-                    "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
-            )
-            .uid(n)
-            .build()
-        };
+        let api = FakeApi::default();
+        let a = state(&objects(1, 0), api.client(), Duration::from_secs(10));
+        let b = state(&objects(1, 0), api.client(), Duration::from_secs(10));
         let (ra, rb) = tokio::join!(
-            answer(&a, pod("first"), false),
-            answer(&b, pod("second"), false)
+            answer(&a, create("first"), false),
+            answer(&b, create("second"), false)
         );
         let admitted = [&ra, &rb].iter().filter(|r| r["allowed"] == true).count();
         assert_eq!(admitted, 1, "round {round}: {ra} / {rb}");
@@ -335,8 +369,8 @@ async fn two_requests_racing_for_the_last_card_on_two_replicas_admit_exactly_one
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_admit_exactly_ten_of_200_concurrent_binds_for_ten_free_cards() {
-    let api = FakeApi::new(queue_json(10, 1, None));
-    let text = objects(10, 200, None);
+    let api = FakeApi::default();
+    let text = objects(10, 200);
     let replicas = [
         state(&text, api.client(), Duration::from_secs(30)),
         state(&text, api.client(), Duration::from_secs(30)),
@@ -367,11 +401,172 @@ async fn two_replicas_admit_exactly_ten_of_200_concurrent_binds_for_ten_free_car
             );
         }
     }
+    let g = api.stored.lock().unwrap();
     eprintln!(
-        "200 binds on 2 replicas: {admitted} admitted, {retry} try-again, {} conflicts, {:?}",
-        api.conflicts.lock().unwrap(),
+        "200 binds on 2 replicas: {admitted} admitted, {retry} try-again, {} writes, {} conflicts, {:?}",
+        g.writes,
+        g.conflicts,
         t.elapsed()
     );
+    drop(g);
     assert_eq!(admitted, 10);
     assert_eq!(api.ledger_len(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_on_one_replica_is_recorded_in_a_few_group_commits() {
+    let api = FakeApi::default();
+    let st = state(&objects(10_000, 0), api.client(), Duration::from_secs(10));
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let st = st.clone();
+        tasks.push(tokio::spawn(async move {
+            answer(&st, create(&format!("b{i:03}")), false).await
+        }));
+    }
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r["allowed"], true, "{r}");
+    }
+    let writes = api.stored.lock().unwrap().writes;
+    eprintln!("300 concurrent pod creations: {writes} ledger writes");
+    assert_eq!(api.ledger_len(), 300);
+    assert!(writes < 100, "{writes} writes: charges were not grouped");
+    let m = st.metrics.encode();
+    assert!(m.contains("card_quota_ledger_batch_requests_count"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_decides_each_request_on_top_of_the_ones_before_it() {
+    let api = FakeApi::default();
+    let st = state(&objects(5, 0), api.client(), Duration::from_secs(10));
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let st = st.clone();
+        tasks.push(tokio::spawn(async move {
+            answer(&st, create(&format!("c{i:02}")), false).await
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r["allowed"] == true {
+            admitted += 1;
+        } else {
+            assert!(
+                r["status"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("queue q has insufficient RTX-4090 quota: requested 1, in use 5"),
+                "{r}"
+            );
+        }
+    }
+    assert_eq!(admitted, 5);
+    assert_eq!(api.ledger_len(), 5);
+}
+
+/// Replica A's pod watch shows a pod that replica B's does not show yet; A prunes the
+/// pod's entry. B must not decide from the pruned ledger before its cache has caught
+/// up with the watermark, or it would count the pod nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
+    let api = FakeApi::default();
+    let a = state(&objects(2, 0), api.client(), Duration::from_secs(5));
+    let b = state(&objects(2, 0), api.client(), Duration::from_secs(5));
+    assert_eq!(answer(&a, create("p1"), false).await["allowed"], true);
+    // The API server stores p1 at resourceVersion 100; only A's watch has it.
+    deliver_pod(&a, "p1", 100);
+    let metrics: Arc<dyn CommitMetrics> = a.metrics.clone();
+    let committer = a.live.as_ref().unwrap().committer.clone();
+    let pruned = committer
+        .prune(
+            &QueueName::new("q"),
+            &a.snapshot,
+            &Config::default(),
+            &metrics,
+        )
+        .await
+        .unwrap();
+    assert_eq!(pruned, 1);
+    assert_eq!(api.ledger_len(), 0);
+    // B's ConfigMap watch is current; its pod watch is 300 ms behind.
+    api.deliver_ledger(&b);
+    assert_eq!(
+        b.snapshot
+            .lock()
+            .unwrap()
+            .ledger(&QueueName::new("q"))
+            .ledger
+            .watermark(),
+        Watermark {
+            pods: 100,
+            podgroups: 0
+        }
+    );
+    let lagging = b.clone();
+    let watch = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        deliver_pod(&lagging, "p1", 100);
+    });
+    let (r2, r3) = tokio::join!(
+        answer(&b, create("p2"), false),
+        answer(&b, create("p3"), false)
+    );
+    watch.await.unwrap();
+    let admitted = [&r2, &r3].iter().filter(|r| r["allowed"] == true).count();
+    assert_eq!(admitted, 1, "quota 2, p1 holds one card: {r2} / {r3}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_whose_watch_never_catches_up_refuses_with_try_again() {
+    let api = FakeApi::default();
+    let a = state(&objects(2, 0), api.client(), Duration::from_secs(5));
+    let b = state(&objects(2, 0), api.client(), Duration::from_millis(400));
+    assert_eq!(answer(&a, create("p1"), false).await["allowed"], true);
+    deliver_pod(&a, "p1", 100);
+    let metrics: Arc<dyn CommitMetrics> = a.metrics.clone();
+    let committer = a.live.as_ref().unwrap().committer.clone();
+    committer
+        .prune(
+            &QueueName::new("q"),
+            &a.snapshot,
+            &Config::default(),
+            &metrics,
+        )
+        .await
+        .unwrap();
+    api.deliver_ledger(&b);
+    // B's pod watch moves on, but not yet past the watermark.
+    deliver_pod(&b, "other", 50);
+    let r = answer(&b, create("p2"), false).await;
+    assert_eq!(r["allowed"], false, "{r}");
+    assert_eq!(r["status"]["reason"], "TryAgain");
+    assert!(r["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("caches are behind the queue's ledger"));
+    assert!(b
+        .metrics
+        .encode()
+        .contains(r#"card_quota_ledger_writes_total{result="behind"} 1"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pod_recreated_under_the_same_name_is_charged_while_the_cache_shows_the_old_one() {
+    let api = FakeApi::default();
+    // The cache still shows the old p1, finished; the new p1 has another uid.
+    let mut text = objects(1, 0);
+    let mut old = pod_json("p1", "40");
+    old["metadata"]["uid"] = json!("uid-old-p1");
+    old["status"] = json!({"phase": "Succeeded"});
+    text.push_str(&format!("---\n{old}\n"));
+    let st = state(&text, api.client(), Duration::from_secs(5));
+    assert_eq!(answer(&st, create("p1"), false).await["allowed"], true);
+    let r = answer(&st, create("p2"), false).await;
+    assert_eq!(r["allowed"], false, "the new p1 holds the only card: {r}");
+    assert!(r["status"]["message"]
+        .as_str()
+        .unwrap()
+        .starts_with("queue q has insufficient RTX-4090 quota: requested 1, in use 1"));
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use card_quota::cluster::load::load;
 use card_quota::controller::events::EventSink;
 use card_quota::controller::reconciler::Reconciler;
+use card_quota::live::{Committer, LedgerApi};
 use card_quota::webhook::metrics::Metrics;
 use http::{Request, Response};
 use http_body_util::BodyExt;
@@ -29,7 +30,7 @@ metadata: {name: bad, uid: u-bad, resourceVersion: "3", annotations: {volcano.sh
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: a, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: good, volcano.sh/card.charged: NVIDIA-H200}}
+metadata: {name: a, namespace: ml, uid: uid-a, resourceVersion: "41", annotations: {scheduling.volcano.sh/queue-name: good, volcano.sh/card.charged: NVIDIA-H200}}
 spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "2"}}}]}
 "#;
 
@@ -122,7 +123,11 @@ fn reconciler(text: &str, leader: bool) -> Harness {
     let (tx, rx) = tokio::sync::watch::channel(leader);
     let events = Arc::new(EventSink::new(client.clone(), Some("test".into())));
     let snap = Arc::new(Mutex::new(snap));
-    let r = Reconciler::new(client, snap.clone(), events, metrics.clone(), rx);
+    let committer = Arc::new(Committer::new(
+        LedgerApi::new(client.clone(), "card-quota"),
+        Duration::from_secs(3),
+    ));
+    let r = Reconciler::new(client, snap.clone(), events, metrics.clone(), rx, committer);
     (r, seen, metrics, tx, snap)
 }
 
@@ -227,39 +232,68 @@ async fn a_queue_over_its_quota_raises_card_quota_exceeded_once() {
 }
 
 #[tokio::test]
-async fn ledger_entries_are_pruned_with_a_compare_and_swap_write() {
-    let now = jiff::Timestamp::now().as_second();
-    let ledger = format!(
-        r#"{{"pod:ml/a":{{"at":{},"resources":{{"nvidia.com/gpu":2}},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"}},"pod:ml/never":{{"at":{},"resources":{{"nvidia.com/gpu":1}},"card":"NVIDIA-H200"}},"pod:ml/fresh":{{"at":{now},"resources":{{"nvidia.com/gpu":1}},"card":"NVIDIA-H200"}}}}"#,
-        now - 45,
-        now - 500
-    );
-    let text = OBJECTS.replace(
-        r#"resourceVersion: "7", annotations: {"#,
-        &format!(r#"resourceVersion: "7", annotations: {{volcano.sh/card.ledger: '{ledger}', "#),
+async fn ledger_entries_the_cache_shows_are_pruned_with_a_compare_and_swap_write() {
+    let ledger = r#"{"entries":{"uid-a":{"of":"pod:ml/a","resources":{"nvidia.com/gpu":2},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"},"uid-fresh":{"of":"pod:ml/fresh","resources":{"nvidia.com/gpu":1},"card":"NVIDIA-H200"}}}"#;
+    let text = format!(
+        r#"{OBJECTS}---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: card-quota-ledger.good, namespace: card-quota, resourceVersion: "9",
+  labels: {{app.kubernetes.io/name: card-quota, app.kubernetes.io/component: ledger}}}}
+data: {{queue: good, ledger: '{ledger}'}}
+"#
     );
     let (mut r, seen, metrics, _tx, _) = reconciler(&text, true);
     let p = r.pass(true).await;
     settle().await;
-    assert_eq!(p.ledger_entries_pruned, 2);
+    assert_eq!(p.ledger_entries_pruned, 1);
     let log = seen.lock().unwrap().clone();
-    let cas: Vec<&Seen> = log
-        .iter()
-        .filter(|s| s.method == "PATCH" && s.content_type == "application/merge-patch+json")
-        .collect();
+    let cas: Vec<&Seen> = log.iter().filter(|s| s.method == "PUT").collect();
     assert_eq!(cas.len(), 1, "{log:#?}");
-    assert_eq!(cas[0].body["metadata"]["resourceVersion"], "7");
-    let written: Value = serde_json::from_str(
-        cas[0].body["metadata"]["annotations"]["volcano.sh/card.ledger"]
-            .as_str()
-            .unwrap(),
-    )
-    .unwrap();
-    let keys: Vec<&String> = written.as_object().unwrap().keys().collect();
-    assert_eq!(keys, vec!["pod:ml/fresh"]);
+    assert!(cas[0]
+        .uri
+        .starts_with("/api/v1/namespaces/card-quota/configmaps/card-quota-ledger.good"));
+    assert_eq!(cas[0].body["metadata"]["resourceVersion"], "9");
+    let written: Value =
+        serde_json::from_str(cas[0].body["data"]["ledger"].as_str().unwrap()).unwrap();
+    let keys: Vec<&String> = written["entries"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, vec!["uid-fresh"]);
+    // Pod a was pruned because the cache showed it at resourceVersion 41: replicas
+    // decide from this ledger only once their caches have come that far.
+    assert_eq!(written["watermark"]["pods"], 41);
     assert!(metrics
         .encode()
-        .contains("card_quota_ledger_pruned_entries_total 2"));
+        .contains("card_quota_ledger_pruned_entries_total 1"));
+    // No Queue was written for the ledger.
+    assert!(log
+        .iter()
+        .filter(|s| s.uri.contains("/queues/"))
+        .all(|s| s.body["metadata"]["annotations"]
+            .as_object()
+            .is_some_and(|a| a.keys().all(|k| k == "volcano.sh/card.usage"))));
+}
+
+#[tokio::test]
+async fn the_empty_ledger_of_a_deleted_queue_is_deleted() {
+    let text = format!(
+        r#"{OBJECTS}---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: card-quota-ledger.gone, namespace: card-quota, resourceVersion: "12",
+  labels: {{app.kubernetes.io/name: card-quota, app.kubernetes.io/component: ledger}}}}
+data: {{queue: gone, ledger: '{{"entries":{{}}}}'}}
+"#
+    );
+    let (mut r, seen, _, _tx, _) = reconciler(&text, true);
+    r.pass(true).await;
+    settle().await;
+    let log = seen.lock().unwrap().clone();
+    let deletes: Vec<&Seen> = log.iter().filter(|s| s.method == "DELETE").collect();
+    assert_eq!(deletes.len(), 1, "{log:#?}");
+    assert!(deletes[0]
+        .uri
+        .starts_with("/api/v1/namespaces/card-quota/configmaps/card-quota-ledger.gone"));
+    assert_eq!(deletes[0].body["preconditions"]["resourceVersion"], "12");
 }
 
 #[tokio::test]

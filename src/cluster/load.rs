@@ -1,12 +1,13 @@
 //! Filling a snapshot from real Kubernetes objects (YAML/JSON streams, `kind: List`).
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use serde_json::Value;
 
 use crate::cards::{ObjectKey, QueueName};
 
 use super::records::{
-    node_record, pod_record, podgroup_record, queue_record, workload_record, RecordError,
+    is_ledger, ledger_record, node_record, pod_record, podgroup_record, queue_record,
+    workload_record, RecordError,
 };
 use super::{Snapshot, WorkloadKind};
 
@@ -72,6 +73,18 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
         "Queue" => {
             snap.upsert_queue(queue_record(v)?);
             Ok(Some("Queue"))
+        }
+        "ConfigMap" => {
+            let cm: ConfigMap =
+                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
+                    kind: "ConfigMap",
+                    source,
+                })?;
+            if !is_ledger(&cm.metadata) {
+                return Ok(None);
+            }
+            snap.upsert_ledger(ledger_record(&cm)?);
+            Ok(Some("ConfigMap"))
         }
         "PodGroup" => {
             snap.upsert_group(podgroup_record(v, "default", seq)?);

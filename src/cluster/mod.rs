@@ -5,5 +5,7 @@ pub mod load;
 pub mod records;
 pub mod snapshot;
 
-pub use records::{PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord};
+pub use records::{
+    LedgerRecord, PodGroupRecord, PodRecord, QueueRecord, Version, WorkloadKind, WorkloadRecord,
+};
 pub use snapshot::{Dirty, NodeModels, Snapshot};

@@ -9,8 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cards::annotations::{
-    self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, LEDGER, QUOTA, REQUEST,
-    USAGE,
+    self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, QUOTA, REQUEST, USAGE,
 };
 use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
@@ -29,15 +28,89 @@ pub struct QueueRecord {
     pub state: Option<String>,
     /// `metadata.uid`, for Events about the queue.
     pub uid: Option<String>,
-    /// `metadata.resourceVersion`, the precondition of ledger writes.
+    /// `metadata.resourceVersion`.
+    pub resource_version: Option<String>,
+    /// The `volcano.sh/card.usage` annotation as stored (the reconciler's last write).
+    pub usage: Option<String>,
+}
+
+/// A queue's ledger as stored in card-quota's namespace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerRecord {
+    pub queue: QueueName,
+    /// `metadata.resourceVersion` of the stored object, the precondition of the next
+    /// write; `None` when no object exists yet (the next write creates it).
     pub resource_version: Option<String>,
     /// Charges recorded by the webhook that caches may not show yet.
     pub ledger: Ledger,
-    /// The `volcano.sh/card.usage` annotation as stored (the reconciler's last write).
-    pub usage: Option<String>,
-    /// Why the stored ledger could not be read (it is then treated as empty and
-    /// replaced by the next write).
-    pub ledger_problem: Option<LedgerError>,
+    /// Why the stored ledger could not be read. Its charges are then unknown, so the
+    /// queue refuses new charges until an admin deletes the object (see the README).
+    pub problem: Option<LedgerError>,
+}
+
+impl LedgerRecord {
+    /// The ledger of a queue that has none stored yet.
+    pub fn empty(queue: QueueName) -> Self {
+        Self {
+            queue,
+            resource_version: None,
+            ledger: Ledger::default(),
+            problem: None,
+        }
+    }
+
+    /// True when `self` is a newer version of the same object than `other`.
+    pub fn is_newer_than(&self, other: &LedgerRecord) -> bool {
+        match (&self.resource_version, &other.resource_version) {
+            (Some(a), Some(b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(a), Ok(b)) => a > b,
+                _ => a != b,
+            },
+            (Some(_), None) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Labels every ledger object carries.
+pub const LEDGER_LABELS: [(&str, &str); 2] = [
+    ("app.kubernetes.io/name", "card-quota"),
+    ("app.kubernetes.io/component", "ledger"),
+];
+
+/// True for a ConfigMap that holds a ledger.
+pub fn is_ledger(meta: &ObjectMeta) -> bool {
+    let labels = meta.labels.clone().unwrap_or_default();
+    LEDGER_LABELS
+        .iter()
+        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(*v))
+}
+
+/// The ConfigMap data key that holds a ledger, and the one that names its queue.
+pub const LEDGER_KEY: &str = "ledger";
+pub const LEDGER_QUEUE_KEY: &str = "queue";
+
+/// Builds a ledger record from its ConfigMap.
+pub fn ledger_record(
+    cm: &k8s_openapi::api::core::v1::ConfigMap,
+) -> Result<LedgerRecord, RecordError> {
+    let data = cm.data.clone().unwrap_or_default();
+    let queue = data
+        .get(LEDGER_QUEUE_KEY)
+        .filter(|q| !q.is_empty())
+        .map(|q| QueueName::new(q.clone()))
+        .ok_or(RecordError::NoName("ledger (data.queue)"))?;
+    let (ledger, problem) = match data.get(LEDGER_KEY).map(|raw| Ledger::parse(&queue, raw)) {
+        None => (Ledger::default(), None),
+        Some(Ok(l)) => (l, None),
+        Some(Err(e)) => (Ledger::default(), Some(e)),
+    };
+    Ok(LedgerRecord {
+        queue,
+        resource_version: cm.metadata.resource_version.clone(),
+        ledger,
+        problem,
+    })
 }
 
 impl QueueRecord {
@@ -53,6 +126,28 @@ impl QueueRecord {
     }
 }
 
+/// Which incarnation of an object a record shows, and at which resourceVersion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Version {
+    /// `metadata.uid`: a pod deleted and created again under the same name is another
+    /// object.
+    pub uid: Option<String>,
+    /// `metadata.resourceVersion` when it is a number (the API server's etcd revision).
+    pub resource_version: Option<u64>,
+}
+
+impl Version {
+    pub fn of(meta: &ObjectMeta) -> Self {
+        Self {
+            uid: meta.uid.clone().filter(|u| !u.is_empty()),
+            resource_version: meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok()),
+        }
+    }
+}
+
 /// A PodGroup: its queue and admitted card request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodGroupRecord {
@@ -61,6 +156,9 @@ pub struct PodGroupRecord {
     pub request: Option<Result<CardRequest, AnnotationError>>,
     pub phase: Option<String>,
     pub seq: u64,
+    /// `metadata.uid` and `metadata.resourceVersion`: which incarnation of the object
+    /// this is, and how far the cache that holds it has come (ledger pruning).
+    pub version: Version,
 }
 
 impl PodGroupRecord {
@@ -99,6 +197,7 @@ pub struct PodRecord {
     /// Product label -> values the pod's required constraints allow.
     pub pinned: BTreeMap<String, Vec<String>>,
     pub seq: u64,
+    pub version: Version,
 }
 
 impl PodRecord {
@@ -365,6 +464,7 @@ fn record_from_parts(
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
         pinned: spec.map(pinned_products).unwrap_or_default(),
         seq,
+        version: Version::of(meta),
     }
 }
 
@@ -397,18 +497,10 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
     let name = meta.name.clone().ok_or(RecordError::NoName("queue"))?;
     let a = anns(&meta);
     let object = format!("queue {name}");
-    let qname = QueueName::new(name.clone());
-    let (ledger, ledger_problem) = match a.get(LEDGER).map(|raw| Ledger::parse(&qname, raw)) {
-        None => (Ledger::default(), None),
-        Some(Ok(l)) => (l, None),
-        Some(Err(e)) => (Ledger::default(), Some(e)),
-    };
     Ok(QueueRecord {
         resource_version: meta.resource_version.clone(),
         uid: meta.uid.clone(),
         usage: a.get(USAGE).cloned(),
-        ledger,
-        ledger_problem,
         quota: a
             .get(QUOTA)
             .map(|raw| annotations::parse_quota(&object, raw)),
@@ -453,6 +545,7 @@ pub fn podgroup_record(
         queue,
         key,
         seq,
+        version: Version::of(&meta),
     })
 }
 

@@ -3,11 +3,16 @@
 //! watch events in `serve` and by a YAML stream in `replay`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_PREFIXES};
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName};
 
-use super::records::{PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord};
+use crate::ledger::entries::Watermark;
+
+use super::records::{
+    LedgerRecord, PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
+};
 
 /// Where a bound pod's model comes from when it carries no `card.charged`.
 pub trait NodeModels {
@@ -35,6 +40,9 @@ pub struct Snapshot {
     pod_queue: HashMap<ObjectKey, QueueName>,
     groups_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
     pods_by_group: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
+    /// How far the pod and PodGroup watches have come (resourceVersions).
+    progress: Watermark,
     seq: u64,
     dirty: Dirty,
 }
@@ -247,6 +255,24 @@ impl Snapshot {
 
     // ---- queues ------------------------------------------------------------------
 
+    /// Stores a Queue unless the snapshot already holds a newer version of it (a
+    /// write's answer can arrive after the watch delivered a later change).
+    pub fn remember_queue(&mut self, rec: QueueRecord) {
+        let newer = |a: &Option<String>, b: &Option<String>| match (a, b) {
+            (Some(a), Some(b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(a), Ok(b)) => a > b,
+                _ => false,
+            },
+            _ => false,
+        };
+        if let Some(cur) = self.queue(&rec.name) {
+            if newer(&cur.resource_version, &rec.resource_version) {
+                return;
+            }
+        }
+        self.upsert_queue(rec);
+    }
+
     pub fn upsert_queue(&mut self, q: QueueRecord) {
         self.dirty.mark(&q.name);
         self.queues.insert(q.name.clone(), q);
@@ -291,6 +317,43 @@ impl Snapshot {
                 .map(|(q, _)| q.clone()),
         );
         out
+    }
+
+    // ---- ledgers ---------------------------------------------------------------------
+
+    /// Stores a ledger unless the snapshot already holds a newer version of it.
+    pub fn upsert_ledger(&mut self, l: LedgerRecord) {
+        if let Some(cur) = self.ledgers.get(&l.queue) {
+            if cur.is_newer_than(&l) {
+                return;
+            }
+        }
+        self.ledgers.insert(l.queue.clone(), Arc::new(l));
+    }
+
+    pub fn remove_ledger(&mut self, queue: &QueueName) {
+        self.ledgers.remove(queue);
+    }
+
+    /// The queue's stored ledger (empty when none is stored); cheap to hold on to.
+    pub fn ledger(&self, queue: &QueueName) -> Arc<LedgerRecord> {
+        self.ledgers
+            .get(queue)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(LedgerRecord::empty(queue.clone())))
+    }
+
+    pub fn ledgers(&self) -> impl Iterator<Item = &Arc<LedgerRecord>> {
+        self.ledgers.values()
+    }
+
+    /// How far the pod and PodGroup caches have come.
+    pub fn progress(&self) -> Watermark {
+        self.progress
+    }
+
+    pub fn set_progress(&mut self, p: Watermark) {
+        self.progress = p;
     }
 
     // ---- pod groups --------------------------------------------------------------

@@ -1,14 +1,12 @@
 //! What the reconciler should write, computed from the snapshot alone (no I/O): the
-//! usage annotation of each Queue, the Events its state calls for, and the pruned
-//! ledger.
+//! usage annotation of each Queue and the Events its state calls for. (Ledger
+//! pruning is `decide::batch::plan` with no requests.)
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use crate::cards::QueueName;
-use crate::cluster::{QueueRecord, Snapshot};
+use crate::cluster::Snapshot;
 use crate::decide::fit::usage_of;
-use crate::ledger::entries::{EntryKey, Ledger, OBSERVED_GRACE_SECONDS, TTL_SECONDS};
-use crate::ledger::overlay::reflected;
 use crate::ledger::Row;
 
 /// Event reason for a queue whose allocated cards exceed its quota.
@@ -165,70 +163,6 @@ impl EventMemory {
     }
 }
 
-/// A ledger write that drops entries no longer needed.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LedgerPrune {
-    pub queue: QueueName,
-    pub resource_version: String,
-    pub ledger: Ledger,
-    pub dropped: usize,
-}
-
-/// Entries to drop from a Queue's ledger: expired ones (the object never appeared),
-/// ones the cache has reflected for longer than the grace period, ones whose pod is
-/// terminal, ones whose object was seen and is gone, and bindings whose pod is still
-/// unbound after the grace period. `seen` remembers, across
-/// calls, entries whose object the cache has shown.
-pub fn ledger_prune(
-    rec: &QueueRecord,
-    snap: &Snapshot,
-    now: jiff::Timestamp,
-    seen: &mut HashSet<(QueueName, EntryKey)>,
-) -> Option<LedgerPrune> {
-    if rec.ledger.is_empty() {
-        seen.retain(|(q, _)| q != &rec.name);
-        return None;
-    }
-    let t = now.as_second();
-    let mut ledger = rec.ledger.clone();
-    let dropped = ledger.retain(|k, e| {
-        let age = t - e.at;
-        if age > TTL_SECONDS {
-            return false;
-        }
-        let present = match k {
-            EntryKey::Pod(p) => match snap.pod(p) {
-                Some(pod) if !pod.is_active(now) => return false,
-                Some(_) => true,
-                None => snap.is_known_cardless_pod(p),
-            },
-            EntryKey::Group(g) => snap.group(g).is_some(),
-        };
-        let key = (rec.name.clone(), k.clone());
-        if !present {
-            return !seen.contains(&key);
-        }
-        if reflected(snap, k, e) {
-            seen.insert(key);
-            return age <= OBSERVED_GRACE_SECONDS;
-        }
-        // The pod is cached but still unbound long after its binding was admitted: the
-        // bind failed after us (another webhook refused it, or the pod was bound
-        // elsewhere), so the charge is a phantom.
-        !(e.node.is_some() && age > OBSERVED_GRACE_SECONDS)
-    });
-    seen.retain(|(q, k)| q != &rec.name || ledger.get(k).is_some());
-    if dropped == 0 {
-        return None;
-    }
-    Some(LedgerPrune {
-        queue: rec.name.clone(),
-        resource_version: rec.resource_version.clone()?,
-        ledger,
-        dropped,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,59 +225,5 @@ spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidi
         assert!(mem.note(&q, EXCEEDED, Some(over.clone())).is_none());
         assert!(mem.note(&q, EXCEEDED, None).is_none());
         assert!(mem.note(&q, EXCEEDED, Some(over)).is_some());
-    }
-
-    #[test]
-    fn ledger_entries_are_pruned_when_reflected_gone_terminal_or_expired() {
-        let (mut snap, _) = load(SNAP).unwrap();
-        let t = now().as_second();
-        let entry = |name: &str, at: i64| {
-            format!(
-                r#""pod:ml/{name}":{{"at":{at},"resources":{{"nvidia.com/gpu":1}},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"}}"#
-            )
-        };
-        let ledger = format!(
-            "{{{}}}",
-            [
-                entry("a", t - 5),   // reflected, within grace: kept
-                entry("b", t - 5),   // not in cache yet: kept
-                entry("c", t - 200), // expired: dropped
-                entry("u", t - 40),  // cached but never bound: dropped
-            ]
-            .join(",")
-        );
-        let mut rec = snap.queue(&QueueName::new("q")).unwrap().clone();
-        rec.ledger = Ledger::parse(&rec.name, &ledger).unwrap();
-        let mut seen = HashSet::new();
-        let unbound = crate::cluster::load::load(
-            r#"
-apiVersion: v1
-kind: Pod
-metadata: {name: u, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
-spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
-"#,
-        )
-        .unwrap()
-        .0;
-        snap.upsert_pod(
-            unbound
-                .pod(&crate::cards::ObjectKey::new("ml", "u"))
-                .unwrap()
-                .clone(),
-        );
-        let p = ledger_prune(&rec, &snap, now(), &mut seen).unwrap();
-        assert_eq!(p.dropped, 2);
-        assert_eq!(p.resource_version, "5");
-        let keys: Vec<String> = p.ledger.iter().map(|(k, _)| k.to_string()).collect();
-        assert_eq!(keys, vec!["pod:ml/a", "pod:ml/b"]);
-        // Pod a is deleted after it was seen: its entry goes at once.
-        snap.remove_pod(&crate::cards::ObjectKey::new("ml", "a"));
-        rec.ledger = p.ledger;
-        let p = ledger_prune(&rec, &snap, now(), &mut seen).unwrap();
-        let keys: Vec<String> = p.ledger.iter().map(|(k, _)| k.to_string()).collect();
-        assert_eq!(keys, vec!["pod:ml/b"]);
-        // Nothing left to drop: no write.
-        rec.ledger = p.ledger;
-        assert_eq!(ledger_prune(&rec, &snap, now(), &mut seen), None);
     }
 }

@@ -1,9 +1,10 @@
 //! The reconciler's shell: each pass plans from the snapshot (pure, under the lock),
 //! publishes gauges, and — only while this replica holds the Lease — applies the
-//! usage annotations (server-side apply, field manager `card-quota`), raises Events
-//! and writes pruned ledgers (compare-and-swap).
+//! usage annotations (server-side apply, field manager `card-quota`, at most one write
+//! per queue per [`USAGE_EVERY`]), raises Events, prunes quiet ledgers and deletes the
+//! ledgers of deleted queues.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,22 +17,25 @@ use crate::cards::annotations::USAGE;
 use crate::cards::QueueName;
 use crate::cluster::records::queue_record;
 use crate::cluster::{Dirty, Snapshot};
-use crate::decide::{EventIntent, ObjectRef};
-use crate::ledger::EntryKey;
+use crate::decide::{Config, EventIntent, ObjectRef};
 use crate::live::caches::Synced;
-use crate::live::charge::remember;
-use crate::live::queues::queue_resource;
-use crate::live::{QueueApi, WriteError};
+use crate::live::charge::CommitMetrics;
+use crate::live::volcano::queue_resource;
+use crate::live::Committer;
 use crate::webhook::metrics::{Metrics, ModeLabel, ResultLabel};
 
 use super::events::EventSink;
 use super::plan::{
-    exceeded_message, invalid_message, ledger_prune, queue_state, usage_write, EventMemory,
-    QueueState, EXCEEDED, INVALID,
+    exceeded_message, invalid_message, queue_state, usage_write, EventMemory, QueueState, EXCEEDED,
+    INVALID,
 };
 
 /// The field manager of card-quota's server-side applies.
 pub const FIELD_MANAGER: &str = "card-quota";
+
+/// The least time between two usage writes to one Queue: a burst changes usage with
+/// every pod, and every Queue write wakes Volcano's scheduler and controllers.
+pub const USAGE_EVERY: Duration = Duration::from_secs(1);
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -48,12 +52,13 @@ pub struct Pass {
 pub struct Reconciler {
     snapshot: Arc<Mutex<Snapshot>>,
     api: Api<DynamicObject>,
-    queues: QueueApi,
+    committer: Arc<Committer>,
     events: Arc<EventSink>,
     metrics: Arc<Metrics>,
     leader: watch::Receiver<bool>,
     memory: EventMemory,
-    seen: HashSet<(QueueName, EntryKey)>,
+    /// When each queue's usage was last written.
+    written: HashMap<QueueName, Instant>,
 }
 
 fn queue_ref(s: &QueueState) -> ObjectRef {
@@ -73,16 +78,17 @@ impl Reconciler {
         events: Arc<EventSink>,
         metrics: Arc<Metrics>,
         leader: watch::Receiver<bool>,
+        committer: Arc<Committer>,
     ) -> Self {
         Self {
             snapshot,
-            api: Api::all_with(client.clone(), &queue_resource()),
-            queues: QueueApi::new(client),
+            api: Api::all_with(client, &queue_resource()),
+            committer,
             events,
             metrics,
             leader,
             memory: EventMemory::default(),
-            seen: HashSet::new(),
+            written: HashMap::new(),
         }
     }
 
@@ -108,7 +114,7 @@ impl Reconciler {
         let mut v = serde_json::to_value(&o).map_err(|e| e.to_string())?;
         v["kind"] = json!("Queue");
         let rec = queue_record(&v).map_err(|e| e.to_string())?;
-        remember(&mut self.lock(), rec);
+        self.lock().remember_queue(rec);
         Ok(())
     }
 
@@ -142,7 +148,7 @@ impl Reconciler {
         let start = Instant::now();
         let now = jiff::Timestamp::now();
         let leader = *self.leader.borrow();
-        let (states, prunes) = {
+        let (states, ledgers) = {
             let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
             let dirty = snap.take_dirty();
             let names: BTreeSet<QueueName> = match (full, dirty) {
@@ -161,15 +167,19 @@ impl Reconciler {
             };
             let states: Vec<QueueState> =
                 names.iter().map(|q| queue_state(&snap, q, now)).collect();
-            let prunes: Vec<_> = if leader {
-                let recs: Vec<_> = snap.queues().cloned().collect();
-                recs.iter()
-                    .filter_map(|r| ledger_prune(r, &snap, now, &mut self.seen))
+            // Ledgers with entries are pruned; empty ones of deleted queues go.
+            let ledgers: Vec<(QueueName, Option<String>, bool)> = if leader && full {
+                snap.ledgers()
+                    .filter(|l| !l.ledger.is_empty() || snap.queue(&l.queue).is_none())
+                    .map(|l| {
+                        let orphan = l.ledger.is_empty() && snap.queue(&l.queue).is_none();
+                        (l.queue.clone(), l.resource_version.clone(), orphan)
+                    })
                     .collect()
             } else {
                 Vec::new()
             };
-            (states, prunes)
+            (states, ledgers)
         };
         let mut pass = Pass {
             queues: states.len(),
@@ -184,6 +194,16 @@ impl Reconciler {
         if leader {
             for s in &states {
                 if let Some(text) = usage_write(s, now) {
+                    if self
+                        .written
+                        .get(&s.queue)
+                        .is_some_and(|t| t.elapsed() < USAGE_EVERY)
+                    {
+                        // Written a moment ago: the next pass writes the latest.
+                        self.lock().mark_dirty(&s.queue);
+                        continue;
+                    }
+                    self.written.insert(s.queue.clone(), Instant::now());
                     let result = match self.apply_usage(&s.queue, &text).await {
                         Ok(()) => {
                             pass.usage_written += 1;
@@ -216,25 +236,33 @@ impl Reconciler {
                     pass.events += 1;
                 }
             }
-            for p in prunes {
-                match self
-                    .queues
-                    .write_ledger(&p.queue, &p.resource_version, &p.ledger.render())
-                    .await
-                {
-                    Ok(rec) => {
-                        remember(&mut self.lock(), rec);
-                        pass.ledger_entries_pruned += p.dropped;
-                        self.metrics.ledger_pruned.inc_by(p.dropped as u64);
+            let metrics: Arc<dyn CommitMetrics> = self.metrics.clone();
+            for (queue, rv, orphan) in ledgers {
+                let done = match (orphan, rv) {
+                    (true, Some(rv)) => self.committer.delete_orphan(&queue, &rv).await.map(|_| 0),
+                    (true, None) => Ok(0),
+                    (false, _) => {
+                        self.committer
+                            .prune(&queue, &self.snapshot, &Config::default(), &metrics)
+                            .await
+                    }
+                };
+                match done {
+                    Ok(n) => {
+                        pass.ledger_entries_pruned += n;
+                        if n > 0 {
+                            self.metrics.ledger_pruned.inc_by(n as u64);
+                        }
                     }
                     // A webhook wrote first; the next pass prunes from its version.
-                    Err(WriteError::Conflict(_)) => {}
+                    Err(crate::live::WriteError::Conflict(_)) => {}
                     Err(e) => {
                         tracing::warn!("could not prune ledger: {e}");
                         pass.errors += 1;
                     }
                 }
             }
+            self.written.retain(|_, t| t.elapsed() < USAGE_EVERY * 2);
         }
         let mode = ModeLabel {
             mode: if full { "full" } else { "incremental" }.into(),

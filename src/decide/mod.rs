@@ -1,6 +1,7 @@
 //! One pure function per admission kind (DESIGN §4): each reads the snapshot and a
 //! request, and returns allow / deny-with-reason / patch / warnings.
 
+pub mod batch;
 pub mod binding;
 pub mod fit;
 pub mod messages;

@@ -1,35 +1,50 @@
-//! The consistency ledger of DESIGN §5: charges admitted a moment ago that informer
-//! caches may not show yet, stored as the `volcano.sh/card.ledger` annotation of their
-//! Queue and written with a resourceVersion precondition.
+//! The consistency ledger: charges admitted a moment ago that informer caches may not
+//! show yet. Each queue's ledger is one document, stored in card-quota's own namespace
+//! and written with a resourceVersion precondition (see `live::ledgers`).
 //!
-//! Entries are keyed by object (`pod:<ns>/<name>`, `podgroup:<ns>/<name>`) and hold
-//! the record as it looks once admitted, so "cache ∪ ledger" counts each object once:
-//! an entry is skipped as soon as the cache reflects it.
+//! Entries are keyed by the uid of the object they charge, so a pod deleted and created
+//! again under the same name is a new charge, and hold the record as it looks once
+//! admitted, so "cache ∪ ledger" counts each object once: an entry is skipped as soon as
+//! the cache shows that object.
+//!
+//! The watermark makes pruning safe with several replicas: an entry is dropped once the
+//! pruning replica's cache shows its object at resourceVersion `r`, and the ledger then
+//! carries `r`. A replica decides from a ledger only once its own cache has come as far
+//! as the watermark, so whatever was pruned is in its cache instead.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cards::{
     Alternatives, AnnotationError, CardName, CardRequest, Cards, ObjectKey, QueueName,
 };
+use crate::cluster::records::Version;
 use crate::cluster::{PodGroupRecord, PodRecord};
 
-/// How many entries one Queue's ledger may hold (each is ~150 bytes; all annotations
-/// of an object must stay under 256 KiB).
-pub const MAX_ENTRIES: usize = 512;
-/// An entry the cache reflects is kept this long, so replicas whose caches lag a
-/// little behind still count it.
-pub const OBSERVED_GRACE_SECONDS: i64 = 30;
-/// An entry whose object never shows up (the API server refused it after us, or the
-/// client gave up) stops counting after this long.
-pub const TTL_SECONDS: i64 = 120;
+/// How many entries one ledger may hold. Entries live only while caches lag, so the
+/// cap is reached only when caches stop following; it is far above any burst's
+/// in-flight requests (a ConfigMap holds up to 1 MiB).
+pub const MAX_ENTRIES: usize = 5_000;
+/// A rendered ledger must stay under this many bytes (the API server's object limit
+/// is 1 MiB, etcd's request limit 1.5 MiB).
+pub const MAX_BYTES: usize = 900 * 1024;
+/// A binding entry whose pod the cache shows unbound this long after the entry was
+/// first seen is a bind that failed after card-quota admitted it.
+pub const UNBOUND_GRACE: Duration = Duration::from_secs(30);
+/// An entry whose object no cache ever shows stops counting after this long (the API
+/// server refused the object after card-quota admitted it, or the client gave up).
+/// Measured on the pruning replica's monotonic clock from when it first read the
+/// entry: never shorter than the entry's real age, and free of clock skew.
+pub const TTL: Duration = Duration::from_secs(120);
 
 /// One recorded charge.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
-    /// Unix seconds when the charge was admitted.
-    pub at: i64,
+    /// The object charged: `pod:<namespace>/<name>` or `podgroup:<namespace>/<name>`.
+    #[serde(with = "key_text")]
+    pub of: EntryKey,
     /// The pod's PodGroup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
@@ -51,6 +66,23 @@ pub struct Entry {
     /// A PodGroup's `card.request`, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request: Vec<(String, Cards)>,
+}
+
+mod key_text {
+    use super::EntryKey;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(k: &EntryKey, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&k.render())
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EntryKey, D::Error> {
+        let s = String::deserialize(d)?;
+        EntryKey::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{s:?} is not pod:<namespace>/<name> or podgroup:<namespace>/<name>"
+            ))
+        })
+    }
 }
 
 /// What an entry is about.
@@ -88,6 +120,31 @@ impl std::fmt::Display for EntryKey {
     }
 }
 
+/// The identity of an entry: the charged object's uid, or (for objects without one,
+/// as in offline replays) its `pod:<ns>/<name>` key.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EntryId(String);
+
+impl EntryId {
+    fn of(key: &EntryKey, version: &Version) -> Self {
+        Self(version.uid.clone().unwrap_or_else(|| key.render()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    /// False when the id is the object's key (it had no uid); uids have no colon.
+    pub fn is_uid(&self) -> bool {
+        !self.0.contains(':')
+    }
+}
+
+impl std::fmt::Display for EntryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The record an admitted charge adds or changes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
@@ -105,11 +162,20 @@ impl Effect {
         }
     }
 
-    /// The ledger entry recording this effect at `at` (unix seconds).
-    pub fn entry(&self, at: i64) -> Entry {
+    /// The entry's identity: the object's uid when the request carried one.
+    pub fn id(&self) -> EntryId {
+        let version = match self {
+            Self::Pod(p) => &p.version,
+            Self::Group(g) => &g.version,
+        };
+        EntryId::of(&self.key(), version)
+    }
+
+    /// The ledger entry recording this effect.
+    pub fn entry(&self) -> Entry {
         match self {
             Self::Pod(p) => Entry {
-                at,
+                of: self.key(),
                 group: p.group.clone(),
                 resources: p.demand.clone().unwrap_or_default(),
                 card: p.alternatives().map(|a| a.to_string()),
@@ -119,7 +185,7 @@ impl Effect {
                 request: Vec::new(),
             },
             Self::Group(g) => Entry {
-                at,
+                of: self.key(),
                 group: None,
                 resources: BTreeMap::new(),
                 card: None,
@@ -135,46 +201,95 @@ impl Effect {
     }
 }
 
-/// A Queue's ledger.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Ledger {
-    entries: BTreeMap<EntryKey, Entry>,
+/// How far the caches of the replica that last pruned had come: resourceVersions of
+/// the pod and PodGroup streams (see the module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watermark {
+    #[serde(default)]
+    pub pods: u64,
+    #[serde(default)]
+    pub podgroups: u64,
 }
 
-/// Why a ledger annotation could not be read.
+impl Watermark {
+    /// True when caches at `progress` show everything pruned up to this watermark.
+    pub fn reached_by(&self, progress: &Watermark) -> bool {
+        progress.pods >= self.pods && progress.podgroups >= self.podgroups
+    }
+}
+
+/// What pruning does with one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    Keep,
+    /// Dropped because it no longer counts anywhere (expired, terminal, phantom).
+    Drop,
+    /// Dropped because the cache shows the object: readers must catch up to here.
+    Reflected(Stream, u64),
+}
+
+/// The watch stream an object arrives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Pods,
+    PodGroups,
+}
+
+/// A queue's ledger.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ledger {
+    entries: BTreeMap<EntryId, Entry>,
+    watermark: Watermark,
+}
+
+/// The stored form.
+#[derive(Deserialize)]
+struct Stored {
+    #[serde(default)]
+    watermark: Watermark,
+    #[serde(default)]
+    entries: BTreeMap<EntryId, Entry>,
+}
+
+#[derive(Serialize)]
+struct Storing<'a> {
+    watermark: Watermark,
+    entries: &'a BTreeMap<EntryId, Entry>,
+}
+
+/// Why a stored ledger could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid volcano.sh/card.ledger on queue {queue}: {problem}")]
+#[error("invalid card-quota ledger of queue {queue}: {problem}")]
 pub struct LedgerError {
     pub queue: String,
     pub problem: String,
 }
 
 impl Ledger {
-    /// Parses the annotation; every key and entry must be well-formed.
+    /// Parses a stored ledger; every entry must be well-formed.
     pub fn parse(queue: &QueueName, raw: &str) -> Result<Self, LedgerError> {
         let err = |problem: String| LedgerError {
             queue: queue.to_string(),
             problem,
         };
-        let map: BTreeMap<String, Entry> =
-            serde_json::from_str(raw).map_err(|e| err(e.to_string()))?;
-        let mut entries = BTreeMap::new();
-        for (k, v) in map {
-            let key = EntryKey::parse(&k).ok_or_else(|| {
-                err(format!(
-                    "key {k:?} is not pod:<namespace>/<name> or podgroup:<namespace>/<name>"
-                ))
-            })?;
-            entries.insert(key, v);
+        let v: serde_json::Value = serde_json::from_str(raw).map_err(|e| err(e.to_string()))?;
+        if !v.is_object() {
+            return Err(err("expected a JSON object with \"entries\"".into()));
         }
-        Ok(Self { entries })
+        let doc: Stored = serde_json::from_value(v).map_err(|e| err(e.to_string()))?;
+        Ok(Self {
+            entries: doc.entries,
+            watermark: doc.watermark,
+        })
     }
 
-    /// The annotation value (stable order, so unchanged ledgers render identically).
+    /// The stored form (stable order, so unchanged ledgers render identically).
     pub fn render(&self) -> String {
-        let map: BTreeMap<String, &Entry> =
-            self.entries.iter().map(|(k, v)| (k.render(), v)).collect();
-        serde_json::to_string(&map).unwrap_or_else(|_| "{}".to_string())
+        let doc = Storing {
+            watermark: self.watermark,
+            entries: &self.entries,
+        };
+        serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string())
     }
 
     pub fn len(&self) -> usize {
@@ -185,54 +300,69 @@ impl Ledger {
         self.entries.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&EntryKey, &Entry)> {
+    pub fn watermark(&self) -> Watermark {
+        self.watermark
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&EntryId, &Entry)> {
         self.entries.iter()
     }
 
-    pub fn get(&self, key: &EntryKey) -> Option<&Entry> {
-        self.entries.get(key)
+    pub fn get(&self, id: &EntryId) -> Option<&Entry> {
+        self.entries.get(id)
     }
 
-    /// Records (or replaces) the entry of `effect`.
-    pub fn record(&mut self, effect: &Effect, at: i64) {
-        self.entries.insert(effect.key(), effect.entry(at));
+    /// Records (or replaces) the entry of `effect`; returns its id.
+    pub fn record(&mut self, effect: &Effect) -> EntryId {
+        let id = effect.id();
+        self.entries.insert(id.clone(), effect.entry());
+        id
     }
 
-    /// Drops entries that no longer need to count: expired ones, and ones the cache
-    /// has reflected for longer than the grace period. Returns how many were dropped.
-    pub fn prune(&mut self, now: i64, reflected: impl Fn(&EntryKey, &Entry) -> bool) -> usize {
+    /// Applies `fate` to every entry, raising the watermark past what the cache
+    /// shows. Returns how many entries were dropped.
+    pub fn prune(&mut self, mut fate: impl FnMut(&EntryId, &Entry) -> Fate) -> usize {
         let before = self.entries.len();
-        self.entries.retain(|k, e| {
-            let age = now - e.at;
-            !(age > TTL_SECONDS || (age > OBSERVED_GRACE_SECONDS && reflected(k, e)))
+        let mut mark = self.watermark;
+        self.entries.retain(|id, e| match fate(id, e) {
+            Fate::Keep => true,
+            Fate::Drop => false,
+            Fate::Reflected(Stream::Pods, rv) => {
+                mark.pods = mark.pods.max(rv);
+                false
+            }
+            Fate::Reflected(Stream::PodGroups, rv) => {
+                mark.podgroups = mark.podgroups.max(rv);
+                false
+            }
         });
+        self.watermark = mark;
         before - self.entries.len()
     }
 
-    /// Keeps only the entries `keep` accepts; returns how many were dropped.
-    pub fn retain(&mut self, mut keep: impl FnMut(&EntryKey, &Entry) -> bool) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|k, e| keep(k, e));
-        before - self.entries.len()
-    }
-
-    /// Drops one entry (its object is gone or terminal).
-    pub fn forget(&mut self, key: &EntryKey) -> bool {
-        self.entries.remove(key).is_some()
-    }
-
-    /// Entries still counting at `now`.
-    pub fn live(&self, now: i64) -> impl Iterator<Item = (&EntryKey, &Entry)> {
-        self.entries
-            .iter()
-            .filter(move |(_, e)| now - e.at <= TTL_SECONDS)
+    /// Drops one entry.
+    pub fn forget(&mut self, id: &EntryId) -> bool {
+        self.entries.remove(id).is_some()
     }
 }
 
-/// The pod record an entry stands for.
-pub fn pod_of(key: &ObjectKey, queue: &QueueName, e: &Entry, seq: u64) -> PodRecord {
+impl Entry {
+    /// The identity the entry's record carries: its uid (none when the id is the key).
+    fn version(&self, id: &EntryId) -> Version {
+        Version {
+            uid: id.is_uid().then(|| id.0.clone()),
+            resource_version: None,
+        }
+    }
+}
+
+/// The pod record a pod entry stands for (`None` for a PodGroup entry).
+pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<PodRecord> {
+    let EntryKey::Pod(key) = &e.of else {
+        return None;
+    };
     let object = format!("pod {key}");
-    PodRecord {
+    Some(PodRecord {
         key: key.clone(),
         stamped_queue: Some(queue.clone()),
         named_queue: None,
@@ -249,40 +379,49 @@ pub fn pod_of(key: &ObjectKey, queue: &QueueName, e: &Entry, seq: u64) -> PodRec
         deletion: None,
         pinned: e.pinned.clone(),
         seq,
-    }
+        version: e.version(id),
+    })
 }
 
-/// The PodGroup record an entry stands for.
+/// The PodGroup record a PodGroup entry stands for (`None` for a pod entry).
 pub fn group_of(
-    key: &ObjectKey,
+    id: &EntryId,
     queue: &QueueName,
     e: &Entry,
     seq: u64,
-) -> Result<PodGroupRecord, AnnotationError> {
+) -> Option<Result<PodGroupRecord, AnnotationError>> {
+    let EntryKey::Group(key) = &e.of else {
+        return None;
+    };
     let object = format!("podgroup {key}");
     let mut request = Vec::new();
     for (alts, n) in &e.request {
-        let a = Alternatives::parse(alts).map_err(|source| AnnotationError {
-            object: object.clone(),
-            annotation: crate::cards::annotations::REQUEST,
-            problem: crate::cards::annotations::Problem::BadName(source),
-        })?;
-        request.push((a, *n));
+        match Alternatives::parse(alts) {
+            Ok(a) => request.push((a, *n)),
+            Err(source) => {
+                return Some(Err(AnnotationError {
+                    object,
+                    annotation: crate::cards::annotations::REQUEST,
+                    problem: crate::cards::annotations::Problem::BadName(source),
+                }))
+            }
+        }
     }
-    Ok(PodGroupRecord {
+    Some(Ok(PodGroupRecord {
         key: key.clone(),
         queue: queue.clone(),
         request: Some(Ok(CardRequest(request))),
         phase: None,
         seq,
-    })
+        version: e.version(id),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn pod(name: &str, node: Option<&str>) -> PodRecord {
+    fn pod(name: &str, uid: Option<&str>, node: Option<&str>) -> PodRecord {
         PodRecord {
             key: ObjectKey::new("ml", name),
             stamped_queue: Some(QueueName::new("q")),
@@ -300,44 +439,86 @@ mod tests {
             deletion: None,
             pinned: BTreeMap::new(),
             seq: 7,
+            version: Version {
+                uid: uid.map(str::to_string),
+                resource_version: None,
+            },
         }
     }
 
     #[test]
-    fn a_ledger_round_trips_through_its_annotation() {
+    fn a_ledger_round_trips_through_its_stored_form() {
         let q = QueueName::new("q");
         let mut l = Ledger::default();
-        l.record(&Effect::Pod(Box::new(pod("a", None))), 100);
-        l.record(&Effect::Pod(Box::new(pod("b", Some("n1")))), 101);
+        l.record(&Effect::Pod(Box::new(pod("a", Some("uid-a"), None))));
+        let b = l.record(&Effect::Pod(Box::new(pod("b", None, Some("n1")))));
+        assert_eq!(b.as_str(), "pod:ml/b");
         let text = l.render();
         let back = Ledger::parse(&q, &text).unwrap();
         assert_eq!(back, l);
-        let (k, e) = back.iter().nth(1).unwrap();
-        let EntryKey::Pod(key) = k else { panic!("{k}") };
-        let rec = pod_of(key, &q, e, 7);
-        assert_eq!(rec, pod("b", Some("n1")));
+        let e = back.get(&b).unwrap();
+        assert_eq!(pod_of(&b, &q, e, 7).unwrap(), pod("b", None, Some("n1")));
+        let a = EntryId("uid-a".into());
+        let rec = pod_of(&a, &q, back.get(&a).unwrap(), 7).unwrap();
+        assert_eq!(rec, pod("a", Some("uid-a"), None));
+        assert!(group_of(&a, &q, back.get(&a).unwrap(), 7).is_none());
     }
 
     #[test]
-    fn a_broken_ledger_names_the_queue_and_the_key() {
-        let e = Ledger::parse(&QueueName::new("q"), r#"{"pods/x":{"at":1}}"#).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "invalid volcano.sh/card.ledger on queue q: key \"pods/x\" is not pod:<namespace>/<name> or podgroup:<namespace>/<name>"
+    fn a_recreated_pod_is_a_new_entry_beside_the_old_one() {
+        let mut l = Ledger::default();
+        l.record(&Effect::Pod(Box::new(pod("a", Some("first"), None))));
+        l.record(&Effect::Pod(Box::new(pod("a", Some("second"), None))));
+        assert_eq!(l.len(), 2);
+    }
+
+    #[test]
+    fn a_broken_ledger_names_the_queue_and_the_problem() {
+        let e = Ledger::parse(
+            &QueueName::new("q"),
+            r#"{"entries":{"u1":{"of":"pods/x"}}}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "invalid card-quota ledger of queue q: \"pods/x\" is not pod:<namespace>/<name> or podgroup:<namespace>/<name>"
+            ),
+            "{e}"
         );
         assert!(Ledger::parse(&QueueName::new("q"), "[]").is_err());
     }
 
     #[test]
-    fn pruning_keeps_fresh_entries_and_drops_expired_or_long_observed_ones() {
+    fn pruning_raises_the_watermark_to_what_the_cache_showed() {
         let mut l = Ledger::default();
-        l.record(&Effect::Pod(Box::new(pod("fresh-seen", None))), 1000);
-        l.record(&Effect::Pod(Box::new(pod("old-seen", None))), 1000 - 31);
-        l.record(&Effect::Pod(Box::new(pod("old-unseen", None))), 1000 - 60);
-        l.record(&Effect::Pod(Box::new(pod("expired", None))), 1000 - 121);
-        let seen = |k: &EntryKey, _: &Entry| k.to_string().contains("-seen");
-        assert_eq!(l.prune(1000, seen), 2);
-        let left: Vec<String> = l.iter().map(|(k, _)| k.to_string()).collect();
-        assert_eq!(left, vec!["pod:ml/fresh-seen", "pod:ml/old-unseen"]);
+        for (name, uid) in [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")] {
+            l.record(&Effect::Pod(Box::new(pod(name, Some(uid), None))));
+        }
+        let dropped = l.prune(|id, _| match id.as_str() {
+            "1" => Fate::Reflected(Stream::Pods, 40),
+            "2" => Fate::Reflected(Stream::Pods, 30),
+            "3" => Fate::Drop,
+            _ => Fate::Keep,
+        });
+        assert_eq!(dropped, 3);
+        assert_eq!(l.len(), 1);
+        assert_eq!(
+            l.watermark(),
+            Watermark {
+                pods: 40,
+                podgroups: 0
+            }
+        );
+        // The watermark never goes back.
+        l.prune(|_, _| Fate::Reflected(Stream::Pods, 10));
+        assert_eq!(l.watermark().pods, 40);
+        assert!(!l.watermark().reached_by(&Watermark {
+            pods: 39,
+            podgroups: 0
+        }));
+        assert!(l.watermark().reached_by(&Watermark {
+            pods: 40,
+            podgroups: 0
+        }));
     }
 }

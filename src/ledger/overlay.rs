@@ -1,26 +1,77 @@
-//! "Cache ∪ ledger": lays a Queue's ledger entries over the snapshot for the length
-//! of one decision, then takes them off again. Entries the cache already reflects are
-//! skipped, so nothing is counted twice.
+//! "Cache ∪ ledger": lays a queue's ledger entries over the snapshot for the length of
+//! one decision (or one batch of decisions), then takes them off again. Entries the
+//! cache already reflects are skipped, so nothing is counted twice.
+
+use std::time::Duration;
 
 use crate::cards::{ObjectKey, QueueName};
+use crate::cluster::records::Version;
 use crate::cluster::{PodGroupRecord, PodRecord, Snapshot};
 
-use super::entries::{group_of, pod_of, Entry, EntryKey, Ledger};
+use super::entries::{
+    group_of, pod_of, Entry, EntryId, EntryKey, Fate, Ledger, Stream, TTL, UNBOUND_GRACE,
+};
+
+/// True when a cached record is the incarnation the entry charges (by uid when both
+/// know one).
+fn same(v: &Version, id: &EntryId) -> bool {
+    match &v.uid {
+        Some(uid) => !id.is_uid() || uid == id.as_str(),
+        None => true,
+    }
+}
+
+fn cached_pod<'a>(snap: &'a Snapshot, id: &EntryId, k: &ObjectKey) -> Option<&'a PodRecord> {
+    snap.pod(k).filter(|p| same(&p.version, id))
+}
+
+fn cached_group<'a>(snap: &'a Snapshot, id: &EntryId, k: &ObjectKey) -> Option<&'a PodGroupRecord> {
+    snap.group(k).filter(|g| same(&g.version, id))
+}
+
+fn request_of(g: &PodGroupRecord) -> Vec<(String, crate::cards::Cards)> {
+    g.live_request()
+        .map(|r| r.0.iter().map(|(a, n)| (a.to_string(), *n)).collect())
+        .unwrap_or_default()
+}
 
 /// True when the snapshot already shows what the entry records.
-pub fn reflected(snap: &Snapshot, key: &EntryKey, e: &Entry) -> bool {
-    match key {
-        EntryKey::Pod(k) => match snap.pod(k) {
+pub fn reflected(snap: &Snapshot, id: &EntryId, e: &Entry) -> bool {
+    match &e.of {
+        EntryKey::Pod(k) => match cached_pod(snap, id, k) {
             Some(p) => e.node.is_none() || p.node.is_some(),
-            None => snap.is_known_cardless_pod(k),
+            None => snap.pod(k).is_none() && snap.is_known_cardless_pod(k),
         },
-        EntryKey::Group(k) => snap.group(k).is_some_and(|g| {
-            let rendered: Vec<(String, crate::cards::Cards)> = g
-                .live_request()
-                .map(|r| r.0.iter().map(|(a, n)| (a.to_string(), *n)).collect())
-                .unwrap_or_default();
-            rendered == e.request
-        }),
+        EntryKey::Group(k) => cached_group(snap, id, k).is_some_and(|g| request_of(g) == e.request),
+    }
+}
+
+/// What pruning may do with an entry, given this replica's snapshot and how long
+/// this replica has known the entry (its own monotonic clock).
+pub fn fate(snap: &Snapshot, id: &EntryId, e: &Entry, age: Duration, now: jiff::Timestamp) -> Fate {
+    let expired = || if age > TTL { Fate::Drop } else { Fate::Keep };
+    match &e.of {
+        EntryKey::Pod(k) => match cached_pod(snap, id, k) {
+            // A finished pod holds no cards, whether or not another cache shows it.
+            Some(p) if !p.is_active(now) => Fate::Drop,
+            Some(p) if e.node.is_none() || p.node.is_some() => match p.version.resource_version {
+                Some(rv) => Fate::Reflected(Stream::Pods, rv),
+                None => expired(),
+            },
+            // Still unbound long after its binding was admitted: the bind failed after
+            // us (another webhook refused it, or the pod was bound elsewhere).
+            Some(_) if age > UNBOUND_GRACE => Fate::Drop,
+            _ => expired(),
+        },
+        EntryKey::Group(k) => match cached_group(snap, id, k) {
+            // A Completed PodGroup reserves nothing any more.
+            Some(g) if g.live_request().is_none() => Fate::Drop,
+            Some(g) if request_of(g) == e.request => match g.version.resource_version {
+                Some(rv) => Fate::Reflected(Stream::PodGroups, rv),
+                None => expired(),
+            },
+            _ => expired(),
+        },
     }
 }
 
@@ -31,6 +82,7 @@ enum Undo {
 
 /// Entries laid over a snapshot; [`Overlay::remove`] restores the snapshot exactly.
 #[must_use = "an overlay must be removed, or the snapshot keeps phantom objects"]
+#[derive(Default)]
 pub struct Overlay {
     undo: Vec<Undo>,
 }
@@ -52,32 +104,33 @@ impl Overlay {
             }
         }
     }
-}
 
-/// Lays the live entries of `queue`'s ledger over `snap`.
-pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger, now: i64) -> Overlay {
-    let mut undo = Vec::new();
-    for (key, e) in ledger.live(now) {
-        if reflected(snap, key, e) {
-            continue;
+    /// Lays one entry over `snap` unless the snapshot already reflects it.
+    pub fn add(&mut self, snap: &mut Snapshot, queue: &QueueName, id: &EntryId, e: &Entry) {
+        if reflected(snap, id, e) {
+            return;
         }
-        match key {
+        match &e.of {
             EntryKey::Pod(k) => {
                 let prev = snap.pod(k).cloned();
                 let seq = prev
                     .as_ref()
                     .map(|p| p.seq)
                     .unwrap_or_else(|| snap.next_seq());
-                let mut rec = pod_of(k, queue, e, seq);
-                if let Some(p) = &prev {
-                    // The cache's own view of the pod wins except for the binding.
+                let Some(mut rec) = pod_of(id, queue, e, seq) else {
+                    return;
+                };
+                if let Some(p) = prev.as_ref().filter(|p| same(&p.version, id)) {
+                    // The cache's own view of the pod wins except for the binding. (A
+                    // cached pod of another uid is gone: names are unique, so the
+                    // charged incarnation replaces it.)
                     let mut bound = p.clone();
                     bound.node = rec.node.take();
                     bound.charged = rec.charged.take();
                     rec = bound;
                 }
                 snap.upsert_pod(rec);
-                undo.push(Undo::Pod(k.clone(), prev));
+                self.undo.push(Undo::Pod(k.clone(), prev));
             }
             EntryKey::Group(k) => {
                 let prev = snap.group(k).cloned();
@@ -85,18 +138,27 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger, now: i64) 
                     .as_ref()
                     .map(|g| g.seq)
                     .unwrap_or_else(|| snap.next_seq());
-                match group_of(k, queue, e, seq) {
-                    Ok(mut g) => {
-                        if let Some(p) = &prev {
+                match group_of(id, queue, e, seq) {
+                    Some(Ok(mut g)) => {
+                        if let Some(p) = prev.as_ref().filter(|p| same(&p.version, id)) {
                             g.phase = p.phase.clone();
                         }
                         snap.upsert_group(g);
-                        undo.push(Undo::Group(k.clone(), prev));
+                        self.undo.push(Undo::Group(k.clone(), prev));
                     }
-                    Err(err) => tracing::warn!("ledger entry {key} skipped: {err}"),
+                    Some(Err(err)) => tracing::warn!("ledger entry {id} skipped: {err}"),
+                    None => {}
                 }
             }
         }
     }
-    Overlay { undo }
+}
+
+/// Lays every entry of `queue`'s ledger over `snap`.
+pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) -> Overlay {
+    let mut o = Overlay::default();
+    for (id, e) in ledger.iter() {
+        o.add(snap, queue, id, e);
+    }
+    o
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -19,12 +19,13 @@ use serde_json::Value;
 
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::{
-    node_record, pod_record, podgroup_record, queue_record, workload_record,
+    ledger_record, node_record, pod_record, podgroup_record, queue_record, workload_record,
 };
 use crate::cluster::{Snapshot, WorkloadKind};
+use crate::ledger::entries::Stream;
 
-use super::charge::remember;
-use super::queues::{podgroup_resource, queue_resource};
+use super::ledgers::{object_name, selector};
+use super::volcano::{podgroup_resource, queue_resource};
 
 /// How many kinds have listed everything at least once.
 #[derive(Debug, Default)]
@@ -34,7 +35,7 @@ pub struct Synced {
 }
 
 /// The kinds mirrored into the snapshot.
-pub const KINDS: usize = 7;
+pub const KINDS: usize = 8;
 
 impl Synced {
     /// A state that counts as synced (tests and tools that fill the snapshot themselves).
@@ -69,6 +70,31 @@ struct Mirror<K> {
     upsert: fn(&mut Snapshot, &K) -> Result<(), String>,
     keys: fn(&Snapshot) -> Vec<ObjectKey>,
     remove: fn(&mut Snapshot, &ObjectKey),
+    /// The stream whose progress ledger watermarks are compared with.
+    stream: Option<Stream>,
+    /// The object's key as `keys` lists it.
+    key: fn(&K) -> ObjectKey,
+}
+
+fn version_of<K: Resource>(o: &K) -> u64 {
+    o.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Records how far a stream has come. After a relist, the cache holds the list's
+/// state, which is at least as new as the newest object in it.
+fn advance(s: &mut Snapshot, stream: Option<Stream>, rv: u64, relisted: bool) {
+    let Some(stream) = stream else { return };
+    let mut p = s.progress();
+    let slot = match stream {
+        Stream::Pods => &mut p.pods,
+        Stream::PodGroups => &mut p.podgroups,
+    };
+    *slot = if relisted { rv } else { (*slot).max(rv) };
+    s.set_progress(p);
 }
 
 fn key_of<K: Resource>(o: &K) -> ObjectKey {
@@ -102,11 +128,34 @@ fn upsert_pod(s: &mut Snapshot, p: &Pod) -> Result<(), String> {
 
 fn upsert_queue(s: &mut Snapshot, q: &DynamicObject) -> Result<(), String> {
     let rec = queue_record(&as_value(q, "Queue")?).map_err(|e| e.to_string())?;
-    if let Some(p) = &rec.ledger_problem {
-        tracing::warn!("{p}; treating it as empty until the next write replaces it");
-    }
-    remember(s, rec);
+    s.remember_queue(rec);
     Ok(())
+}
+
+fn upsert_ledger(s: &mut Snapshot, cm: &ConfigMap) -> Result<(), String> {
+    let rec = ledger_record(cm).map_err(|e| e.to_string())?;
+    if let Some(p) = &rec.problem {
+        tracing::warn!("{p}; the next write replaces it");
+    }
+    s.upsert_ledger(rec);
+    Ok(())
+}
+
+fn ledger_keys(s: &Snapshot) -> Vec<ObjectKey> {
+    s.ledgers()
+        .map(|l| ObjectKey::new("", object_name(&l.queue)))
+        .collect()
+}
+
+fn remove_ledger(s: &mut Snapshot, k: &ObjectKey) {
+    let gone: Vec<QueueName> = s
+        .ledgers()
+        .filter(|l| object_name(&l.queue) == k.name)
+        .map(|l| l.queue.clone())
+        .collect();
+    for q in gone {
+        s.remove_ledger(&q);
+    }
 }
 
 fn upsert_group(s: &mut Snapshot, g: &DynamicObject) -> Result<(), String> {
@@ -136,14 +185,18 @@ fn cluster_keys(names: Vec<String>) -> Vec<ObjectKey> {
     names.into_iter().map(|n| ObjectKey::new("", n)).collect()
 }
 
-async fn run<K>(api: Api<K>, m: Mirror<K>, snapshot: Arc<Mutex<Snapshot>>, synced: Arc<Synced>)
-where
+async fn run<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    m: Mirror<K>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    synced: Arc<Synced>,
+) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut listed: Option<std::collections::HashSet<ObjectKey>> = None;
+    let mut listed_version = 0u64;
     let mut first = true;
     while let Some(ev) = stream.next().await {
         let ev = match ev {
@@ -155,16 +208,25 @@ where
         };
         let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
         match ev {
-            Event::Init => listed = Some(Default::default()),
+            Event::Init => {
+                listed = Some(Default::default());
+                listed_version = 0;
+            }
             Event::InitApply(o) | Event::Apply(o) => {
                 if let Some(seen) = listed.as_mut() {
-                    seen.insert(key_of(&o));
+                    seen.insert((m.key)(&o));
+                    listed_version = listed_version.max(version_of(&o));
+                } else {
+                    advance(&mut snap, m.stream, version_of(&o), false);
                 }
                 if let Err(e) = (m.upsert)(&mut snap, &o) {
-                    tracing::warn!(kind = m.kind, "{} not cached: {e}", key_of(&o));
+                    tracing::warn!(kind = m.kind, "{} not cached: {e}", (m.key)(&o));
                 }
             }
-            Event::Delete(o) => (m.remove)(&mut snap, &key_of(&o)),
+            Event::Delete(o) => {
+                (m.remove)(&mut snap, &(m.key)(&o));
+                advance(&mut snap, m.stream, version_of(&o), false);
+            }
             Event::InitDone => {
                 // Whatever the relist did not return was deleted while we were away.
                 let seen = listed.take().unwrap_or_default();
@@ -173,6 +235,7 @@ where
                         (m.remove)(&mut snap, &k);
                     }
                 }
+                advance(&mut snap, m.stream, listed_version, true);
                 drop(snap);
                 if first {
                     first = false;
@@ -184,15 +247,25 @@ where
     }
 }
 
-/// Starts the watchers. Nodes sync first so pods see every card vendor prefix.
-pub async fn start(client: Client, snapshot: Arc<Mutex<Snapshot>>, synced: Arc<Synced>) {
+/// Starts the watchers; ledgers are read from `namespace` (`None`: no ledgers, for
+/// read-only tools). Nodes sync first so pods see every card vendor prefix.
+pub async fn start(
+    client: Client,
+    namespace: Option<String>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    synced: Arc<Synced>,
+) {
+    let all = watcher::Config::default;
     let nodes = tokio::spawn(run(
         Api::<Node>::all(client.clone()),
+        all(),
         Mirror {
             kind: "Node",
             upsert: upsert_node,
             keys: |s| cluster_keys(s.node_names()),
             remove: |s, k| s.remove_node(&k.name),
+            stream: None,
+            key: key_of,
         },
         snapshot.clone(),
         synced.clone(),
@@ -204,68 +277,104 @@ pub async fn start(client: Client, snapshot: Arc<Mutex<Snapshot>>, synced: Arc<S
         }
         n.await;
     }
+    match namespace {
+        None => synced.mark(),
+        Some(ns) => drop(tokio::spawn(run(
+            Api::<ConfigMap>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(&selector()),
+            Mirror {
+                kind: "ledger ConfigMap",
+                upsert: upsert_ledger,
+                keys: ledger_keys,
+                remove: remove_ledger,
+                stream: None,
+                // Ledgers are kept by queue; the namespace is always card-quota's own.
+                key: |o| ObjectKey::new("", o.name_any()),
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ))),
+    }
     tokio::spawn(run(
         Api::<DynamicObject>::all_with(client.clone(), &queue_resource()),
+        all(),
         Mirror {
             kind: "Queue",
             upsert: upsert_queue,
             keys: |s| cluster_keys(s.queues().map(|q| q.name.to_string()).collect()),
             remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
+            stream: None,
+            key: key_of,
         },
         snapshot.clone(),
         synced.clone(),
     ));
     tokio::spawn(run(
         Api::<DynamicObject>::all_with(client.clone(), &podgroup_resource()),
+        all(),
         Mirror {
             kind: "PodGroup",
             upsert: upsert_group,
             keys: Snapshot::group_keys,
             remove: |s, k| s.remove_group(k),
+            stream: Some(Stream::PodGroups),
+            key: key_of,
         },
         snapshot.clone(),
         synced.clone(),
     ));
     tokio::spawn(run(
         Api::<Pod>::all(client.clone()),
+        all(),
         Mirror {
             kind: "Pod",
             upsert: upsert_pod,
             keys: Snapshot::pod_keys,
             remove: |s, k| s.remove_pod(k),
+            stream: Some(Stream::Pods),
+            key: key_of,
         },
         snapshot.clone(),
         synced.clone(),
     ));
     tokio::spawn(run(
         Api::<Deployment>::all(client.clone()),
+        all(),
         Mirror {
             kind: "Deployment",
             upsert: |s, o| upsert_workload(WorkloadKind::Deployment, s, o),
             keys: |s| s.workload_keys(WorkloadKind::Deployment),
             remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
+            stream: None,
+            key: key_of,
         },
         snapshot.clone(),
         synced.clone(),
     ));
     tokio::spawn(run(
         Api::<ReplicaSet>::all(client.clone()),
+        all(),
         Mirror {
             kind: "ReplicaSet",
             upsert: |s, o| upsert_workload(WorkloadKind::ReplicaSet, s, o),
             keys: |s| s.workload_keys(WorkloadKind::ReplicaSet),
             remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
+            stream: None,
+            key: key_of,
         },
         snapshot.clone(),
         synced.clone(),
     ));
     tokio::spawn(run(
         Api::<StatefulSet>::all(client),
+        all(),
         Mirror {
             kind: "StatefulSet",
             upsert: |s, o| upsert_workload(WorkloadKind::StatefulSet, s, o),
             keys: |s| s.workload_keys(WorkloadKind::StatefulSet),
             remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
+            stream: None,
+            key: key_of,
         },
         snapshot,
         synced,

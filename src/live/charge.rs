@@ -1,21 +1,26 @@
-//! Deciding a request against "cache ∪ ledger" and recording an admitted charge with
-//! a compare-and-swap write on its Queue (DESIGN §5, the ResourceQuota plugin's
-//! scheme). On conflict the Queue is read again and the request decided again: an old
-//! answer is never reused.
+//! Group commit, the imperative half: a replica's charging requests for one queue wait
+//! in a slot; one task per busy queue takes everything waiting, decides it as one
+//! batch (`decide::batch::plan`), writes the queue's ledger once with a
+//! compare-and-swap, and only then answers. On a conflict it reads the ledger again
+//! and decides again the requests it had admitted; denials stay denials. Requests that
+//! arrive meanwhile form the next batch, so a burst costs one write per round trip,
+//! not one per pod (Kubernetes' ResourceQuota admission works the same way).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::oneshot;
+
 use crate::cards::QueueName;
-use crate::cluster::{QueueRecord, Snapshot};
+use crate::cluster::Snapshot;
+use crate::decide::batch::{behind, decide_with_ledger, plan, Outcome};
 use crate::decide::messages::RETRY;
 use crate::decide::review::AdmissionRequest;
-use crate::decide::{decide, Config, Decision};
-use crate::ledger::entries::MAX_ENTRIES;
-use crate::ledger::overlay;
+use crate::decide::{Config, Decision};
+use crate::ledger::entries::{EntryId, Watermark};
 
-use super::queues::{QueueApi, WriteError};
+use super::ledgers::{LedgerApi, WriteError};
 
 /// What one ledger write attempt came to (a metrics label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +30,8 @@ pub enum WriteOutcome {
     Error,
     Full,
     Timeout,
+    /// The caches had not caught up with the ledger's watermark in time.
+    Behind,
 }
 
 impl WriteOutcome {
@@ -35,125 +42,16 @@ impl WriteOutcome {
             Self::Error => "error",
             Self::Full => "full",
             Self::Timeout => "timeout",
+            Self::Behind => "behind",
         }
     }
 }
 
-/// A decision and, when it must be recorded, the ledger write that records it.
-pub struct Prepared {
-    pub decision: Decision,
-    pub write: Option<PlannedWrite>,
-    /// The charge was refused because the Queue's ledger is full.
-    pub ledger_full: bool,
-}
-
-/// The compare-and-swap write of one charge.
-pub struct PlannedWrite {
-    pub queue: QueueName,
-    pub resource_version: String,
-    pub ledger: String,
-}
-
-fn seconds(now: jiff::Timestamp) -> i64 {
-    now.as_second()
-}
-
-/// Decides `req` against the snapshot with the charged queue's ledger laid over it and,
-/// when `record` is set and the decision charges, plans the ledger write. Pure: the
-/// snapshot is left exactly as it was found.
-pub fn prepare(
-    snap: &mut Snapshot,
-    req: &AdmissionRequest,
-    cfg: &Config,
-    now: jiff::Timestamp,
-    record: bool,
-) -> Prepared {
-    let first = decide(req, snap, cfg, now);
-    let Some(queue) = first.charge.as_ref().map(|c| c.queue.clone()) else {
-        return Prepared {
-            decision: first,
-            write: None,
-            ledger_full: false,
-        };
-    };
-    let Some(rec) = snap.queue(&queue).cloned() else {
-        return Prepared {
-            decision: first,
-            write: None,
-            ledger_full: false,
-        };
-    };
-    let t = seconds(now);
-    let layer = overlay::apply(snap, &queue, &rec.ledger, t);
-    let decision = if layer.applied() == 0 {
-        first
-    } else {
-        decide(req, snap, cfg, now)
-    };
-    layer.remove(snap);
-    let charge = match (&decision.charge, record && !req.is_dry_run()) {
-        (Some(c), true) if decision.allowed => c.clone(),
-        _ => {
-            return Prepared {
-                decision,
-                write: None,
-                ledger_full: false,
-            }
-        }
-    };
-    if charge.queue != queue {
-        // The ledger laid over the cache moved the request to another queue; only a
-        // fresh round can decide it consistently.
-        return Prepared {
-            decision: Decision::deny(
-                RETRY,
-                format!(
-                    "queue of this request changed while it was decided ({queue} -> {}); try again",
-                    charge.queue
-                ),
-            ),
-            write: None,
-            ledger_full: false,
-        };
-    }
-    let Some(rv) = rec.resource_version.clone() else {
-        return Prepared {
-            decision: Decision::deny(
-                RETRY,
-                format!(
-                    "queue {queue} has no resourceVersion in card-quota's cache yet; try again"
-                ),
-            ),
-            write: None,
-            ledger_full: false,
-        };
-    };
-    let mut ledger = rec.ledger.clone();
-    ledger.prune(t, |k, e| overlay::reflected(snap, k, e));
-    ledger.record(&charge.effect, t);
-    if ledger.len() > MAX_ENTRIES {
-        return Prepared {
-            decision: full(&queue),
-            write: None,
-            ledger_full: true,
-        };
-    }
-    Prepared {
-        decision,
-        write: Some(PlannedWrite {
-            queue,
-            resource_version: rv,
-            ledger: ledger.render(),
-        }),
-        ledger_full: false,
-    }
-}
-
-fn full(queue: &QueueName) -> Decision {
-    Decision::deny(
-        RETRY,
-        format!("queue {queue}'s ledger holds {MAX_ENTRIES} charges that caches do not show yet; try again in a few seconds"),
-    )
+/// Where write outcomes and batch sizes are counted.
+pub trait CommitMetrics: Send + Sync + 'static {
+    fn write(&self, outcome: WriteOutcome);
+    fn batch(&self, size: usize);
+    fn pruned(&self, n: usize);
 }
 
 fn gave_up(queue: &QueueName, budget: Duration, why: &str) -> Decision {
@@ -166,22 +64,10 @@ fn gave_up(queue: &QueueName, budget: Duration, why: &str) -> Decision {
     )
 }
 
-/// Stores a Queue read from the API server unless the cache already holds a newer one.
-pub fn remember(snap: &mut Snapshot, rec: QueueRecord) {
-    let newer = |a: &Option<String>, b: &Option<String>| match (a, b) {
-        (Some(a), Some(b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
-            (Ok(a), Ok(b)) => a > b,
-            _ => false,
-        },
-        _ => false,
-    };
-    if let Some(cur) = snap.queue(&rec.name) {
-        if newer(&cur.resource_version, &rec.resource_version) {
-            return;
-        }
-    }
-    snap.upsert_queue(rec);
-}
+/// A watch that delivered nothing for this long while a ledger's watermark is ahead
+/// of it is idle, not behind: a relist can leave a quiet cache short of a watermark
+/// set by an object that was deleted meanwhile.
+const IDLE_CACHE: Duration = Duration::from_secs(30);
 
 /// A scheduler binds a pod moments after it is created, often before the watch has
 /// delivered the pod (or a new node) to the cache. Waiting a little for them beats
@@ -212,34 +98,385 @@ async fn await_binding_objects(snapshot: &Mutex<Snapshot>, req: &AdmissionReques
     }
 }
 
-/// One lock per Queue: a replica writes one ledger at a time per queue, so its own
-/// requests never conflict with each other (only with other replicas and admins).
+struct Waiter {
+    req: Arc<AdmissionRequest>,
+    deadline: Instant,
+    answer: oneshot::Sender<Decision>,
+}
+
+impl Waiter {
+    fn send(self, d: Decision) {
+        // The caller may have gone (the API server timed out); nothing to tell then.
+        let _ = self.answer.send(d);
+    }
+}
+
 #[derive(Default)]
-pub struct QueueLocks {
-    locks: Mutex<HashMap<QueueName, Arc<tokio::sync::Mutex<()>>>>,
+struct Slot {
+    waiting: Vec<Waiter>,
+    running: bool,
 }
 
-impl QueueLocks {
-    fn of(&self, q: &QueueName) -> Arc<tokio::sync::Mutex<()>> {
-        let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
-        if m.len() > 64 {
-            // Locks no request holds or waits for (queues deleted, or idle) go.
-            m.retain(|_, l| Arc::strong_count(l) > 1);
+/// Since when a queue's ledger has been ahead of the caches, and the caches' progress
+/// then.
+struct Behind {
+    since: Instant,
+    progress: Watermark,
+}
+
+/// The group-commit writer of one replica.
+pub struct Committer {
+    api: LedgerApi,
+    budget: Duration,
+    slots: Mutex<HashMap<QueueName, Slot>>,
+    /// When this replica first read each entry: pruning's clock.
+    clock: Mutex<HashMap<(QueueName, EntryId), Instant>>,
+    behind: Mutex<HashMap<QueueName, Behind>>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Committer {
+    /// `budget`: how long one request may take to be recorded before "try again".
+    pub fn new(api: LedgerApi, budget: Duration) -> Self {
+        Self {
+            api,
+            budget,
+            slots: Mutex::default(),
+            clock: Mutex::default(),
+            behind: Mutex::default(),
         }
-        m.entry(q.clone()).or_default().clone()
     }
 
-    /// How many queues have a lock now.
-    pub fn len(&self) -> usize {
-        self.locks.lock().unwrap_or_else(|e| e.into_inner()).len()
+    /// How many queues have requests waiting or being committed.
+    pub fn busy_queues(&self) -> usize {
+        locked(&self.slots).len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    fn age_fn(&self, queue: &QueueName) -> impl Fn(&EntryId) -> Duration + '_ {
+        let now = Instant::now();
+        let q = queue.clone();
+        move |id: &EntryId| {
+            let mut clock = locked(&self.clock);
+            let first = *clock.entry((q.clone(), id.clone())).or_insert(now);
+            now.saturating_duration_since(first)
+        }
+    }
+
+    fn forget_gone(&self, queue: &QueueName, snap: &Snapshot) {
+        let ledger = snap.ledger(queue);
+        locked(&self.clock).retain(|(q, id), _| q != queue || ledger.ledger.get(id).is_some());
+    }
+
+    /// Decides `req` and, when it charges and `record` is set, records the charge in
+    /// its queue's ledger before answering.
+    pub async fn decide_and_record(
+        self: &Arc<Self>,
+        snapshot: &Arc<Mutex<Snapshot>>,
+        cfg: &Config,
+        metrics: &Arc<dyn CommitMetrics>,
+        req: Arc<AdmissionRequest>,
+        record: bool,
+    ) -> Decision {
+        let deadline = Instant::now() + self.budget;
+        await_binding_objects(snapshot, &req, Instant::now() + self.budget / 2).await;
+        let first = {
+            let mut snap = locked(snapshot);
+            decide_with_ledger(&mut snap, &req, cfg, jiff::Timestamp::now())
+        };
+        let queue = match &first.charge {
+            Some(c) if first.allowed && record && !req.is_dry_run() => c.queue.clone(),
+            _ => return first,
+        };
+        let (tx, rx) = oneshot::channel();
+        let start = {
+            let mut slots = locked(&self.slots);
+            let slot = slots.entry(queue.clone()).or_default();
+            slot.waiting.push(Waiter {
+                req,
+                deadline,
+                answer: tx,
+            });
+            !std::mem::replace(&mut slot.running, true)
+        };
+        if start {
+            let me = self.clone();
+            let snapshot = snapshot.clone();
+            let cfg = *cfg;
+            let metrics = metrics.clone();
+            let q = queue.clone();
+            tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
+        }
+        match rx.await {
+            Ok(d) => d,
+            Err(_) => gave_up(&queue, self.budget, "the ledger writer stopped"),
+        }
+    }
+
+    /// Commits batches for `queue` until nothing waits.
+    async fn run(
+        self: Arc<Self>,
+        queue: QueueName,
+        snapshot: Arc<Mutex<Snapshot>>,
+        cfg: Config,
+        metrics: Arc<dyn CommitMetrics>,
+    ) {
+        loop {
+            let batch = {
+                let mut slots = locked(&self.slots);
+                let Some(slot) = slots.get_mut(&queue) else {
+                    return;
+                };
+                if slot.waiting.is_empty() {
+                    slots.remove(&queue);
+                    return;
+                }
+                std::mem::take(&mut slot.waiting)
+            };
+            metrics.batch(batch.len());
+            self.commit(&queue, batch, &snapshot, &cfg, metrics.as_ref())
+                .await;
+        }
+    }
+
+    /// Waits until the caches have reached the ledger's watermark; false at `until`.
+    async fn caught_up(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        queue: &QueueName,
+        until: Instant,
+    ) -> bool {
+        loop {
+            let (mark, progress) = {
+                let snap = locked(snapshot);
+                (behind(&snap, queue), snap.progress())
+            };
+            let Some(mark) = mark else {
+                locked(&self.behind).remove(queue);
+                return true;
+            };
+            {
+                let mut b = locked(&self.behind);
+                let entry = b.entry(queue.clone()).or_insert(Behind {
+                    since: Instant::now(),
+                    progress,
+                });
+                if entry.progress != progress {
+                    entry.progress = progress;
+                    entry.since = Instant::now();
+                } else if entry.since.elapsed() >= IDLE_CACHE {
+                    tracing::warn!(
+                        queue = %queue,
+                        "the ledger's watermark {mark:?} is ahead of caches at {progress:?} that have been idle for {}s; deciding from them",
+                        IDLE_CACHE.as_secs()
+                    );
+                    return true;
+                }
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn commit(
+        &self,
+        queue: &QueueName,
+        mut undecided: Vec<Waiter>,
+        snapshot: &Mutex<Snapshot>,
+        cfg: &Config,
+        metrics: &dyn CommitMetrics,
+    ) {
+        let mut backoff = Duration::from_millis(20);
+        let mut attempt = 0u32;
+        loop {
+            let now = Instant::now();
+            let (live, late): (Vec<_>, Vec<_>) =
+                undecided.into_iter().partition(|w| w.deadline > now);
+            for w in late {
+                metrics.write(WriteOutcome::Timeout);
+                w.send(gave_up(queue, self.budget, "too many attempts"));
+            }
+            undecided = live;
+            let Some(until) = undecided.iter().map(|w| w.deadline).max() else {
+                return;
+            };
+            if !self.caught_up(snapshot, queue, until).await {
+                for w in undecided {
+                    metrics.write(WriteOutcome::Behind);
+                    w.send(gave_up(
+                        queue,
+                        self.budget,
+                        "card-quota's caches are behind the queue's ledger",
+                    ));
+                }
+                return;
+            }
+            let batch = {
+                let reqs: Vec<&AdmissionRequest> =
+                    undecided.iter().map(|w| w.req.as_ref()).collect();
+                let mut snap = locked(snapshot);
+                plan(
+                    &mut snap,
+                    queue,
+                    &reqs,
+                    cfg,
+                    jiff::Timestamp::now(),
+                    self.age_fn(queue),
+                )
+            };
+            for _ in 0..batch.full {
+                metrics.write(WriteOutcome::Full);
+            }
+            let write_needed = !batch.unchanged();
+            let mut admitted = Vec::new();
+            for (w, o) in undecided.into_iter().zip(batch.outcomes) {
+                match o {
+                    Outcome::Answer(d) => w.send(d),
+                    Outcome::Admit(d) => admitted.push((w, d)),
+                }
+            }
+            if !write_needed {
+                return;
+            }
+            let written = tokio::time::timeout_at(
+                until.into(),
+                self.api
+                    .write(queue, batch.resource_version.as_deref(), &batch.text),
+            )
+            .await;
+            let retry: Vec<Waiter> = match written {
+                Ok(Ok(rec)) => {
+                    metrics.write(WriteOutcome::Written);
+                    metrics.pruned(batch.pruned);
+                    {
+                        let mut snap = locked(snapshot);
+                        snap.upsert_ledger(rec);
+                        self.forget_gone(queue, &snap);
+                    }
+                    for (w, d) in admitted {
+                        w.send(d);
+                    }
+                    return;
+                }
+                Ok(Err(WriteError::Conflict(_))) => {
+                    metrics.write(WriteOutcome::Conflict);
+                    attempt += 1;
+                    admitted.into_iter().map(|(w, _)| w).collect()
+                }
+                Ok(Err(e)) => {
+                    metrics.write(WriteOutcome::Error);
+                    tracing::warn!("ledger write failed: {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(400));
+                    admitted.into_iter().map(|(w, _)| w).collect()
+                }
+                Err(_) => {
+                    for (w, _) in admitted {
+                        metrics.write(WriteOutcome::Timeout);
+                        w.send(gave_up(
+                            queue,
+                            self.budget,
+                            "the API server did not answer in time",
+                        ));
+                    }
+                    return;
+                }
+            };
+            undecided = retry;
+            if undecided.is_empty() {
+                // Only pruning was lost; the next batch or pass prunes again.
+                return;
+            }
+            if attempt > 1 {
+                tokio::time::sleep(jitter(attempt)).await;
+            }
+            // Read the ledger itself (not the cache) and decide again.
+            match tokio::time::timeout_at(until.into(), self.api.get(queue)).await {
+                Ok(Ok(rec)) => locked(snapshot).upsert_ledger(rec),
+                Ok(Err(e)) => tracing::warn!("re-reading the ledger of queue {queue} failed: {e}"),
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Prunes `queue`'s ledger when no batch is running for it (the reconciler's
+    /// sweep of quiet queues). Returns the entries dropped.
+    pub async fn prune(
+        self: &Arc<Self>,
+        queue: &QueueName,
+        snapshot: &Arc<Mutex<Snapshot>>,
+        cfg: &Config,
+        metrics: &Arc<dyn CommitMetrics>,
+    ) -> Result<usize, WriteError> {
+        {
+            let mut slots = locked(&self.slots);
+            let slot = slots.entry(queue.clone()).or_default();
+            if slot.running {
+                return Ok(0);
+            }
+            slot.running = true;
+        }
+        let out = async {
+            let batch = {
+                let mut snap = locked(snapshot);
+                if behind(&snap, queue).is_some() {
+                    return Ok(0);
+                }
+                plan(
+                    &mut snap,
+                    queue,
+                    &[],
+                    cfg,
+                    jiff::Timestamp::now(),
+                    self.age_fn(queue),
+                )
+            };
+            if batch.pruned == 0 {
+                return Ok(0);
+            }
+            let rec = self
+                .api
+                .write(queue, batch.resource_version.as_deref(), &batch.text)
+                .await?;
+            let mut snap = locked(snapshot);
+            snap.upsert_ledger(rec);
+            self.forget_gone(queue, &snap);
+            Ok(batch.pruned)
+        }
+        .await;
+        let waiting = {
+            let mut slots = locked(&self.slots);
+            let waiting = slots.get(queue).is_some_and(|s| !s.waiting.is_empty());
+            if !waiting {
+                slots.remove(queue);
+            }
+            waiting
+        };
+        if waiting {
+            // Requests that queued behind the sweep get the writer (still marked running).
+            let me = self.clone();
+            let (q, snapshot, cfg, metrics) =
+                (queue.clone(), snapshot.clone(), *cfg, metrics.clone());
+            tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
+        }
+        out
+    }
+
+    /// Deletes the ledger object of a queue that no longer exists, once it is empty.
+    pub async fn delete_orphan(
+        &self,
+        queue: &QueueName,
+        resource_version: &str,
+    ) -> Result<(), WriteError> {
+        self.api.delete(queue, resource_version).await
     }
 }
 
-/// A pause before retrying after a conflict, spread so racing replicas do not collide
+/// A pause before retrying after conflicts, spread so racing replicas do not collide
 /// again in lockstep.
 fn jitter(attempt: u32) -> Duration {
     let nanos = std::time::SystemTime::now()
@@ -248,131 +485,4 @@ fn jitter(attempt: u32) -> Duration {
         .unwrap_or(0);
     let cap = 5u64 << attempt.min(4);
     Duration::from_millis(u64::from(nanos) % cap)
-}
-
-/// Decides `req` and, when it charges and `record` is set, records the charge before
-/// answering, deciding again after every conflict. A charge that cannot be recorded
-/// within `budget` is refused with "try again".
-#[allow(clippy::too_many_arguments)]
-pub async fn decide_and_record(
-    snapshot: &Mutex<Snapshot>,
-    cfg: &Config,
-    queues: &QueueApi,
-    locks: &QueueLocks,
-    req: &AdmissionRequest,
-    record: bool,
-    budget: Duration,
-    mut on_write: impl FnMut(WriteOutcome),
-) -> Decision {
-    let deadline = Instant::now() + budget;
-    await_binding_objects(snapshot, req, Instant::now() + budget / 2).await;
-    let decide_now = |snapshot: &Mutex<Snapshot>| {
-        let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
-        prepare(&mut snap, req, cfg, jiff::Timestamp::now(), record)
-    };
-    let first = decide_now(snapshot);
-    let Some(queue) = first.write.as_ref().map(|w| w.queue.clone()) else {
-        if first.ledger_full {
-            on_write(WriteOutcome::Full);
-        }
-        return first.decision;
-    };
-    // Serialize this replica's writes to the queue; decide again once it is our turn,
-    // from the ledger our previous write left in the cache.
-    let lock = locks.of(&queue);
-    let Ok(_turn) = tokio::time::timeout_at(deadline.into(), lock.lock()).await else {
-        on_write(WriteOutcome::Timeout);
-        return gave_up(&queue, budget, "too many charges for this queue at once");
-    };
-    let mut backoff = Duration::from_millis(20);
-    let mut last_error = String::from("no attempt finished");
-    let mut attempt = 0u32;
-    loop {
-        let prepared = decide_now(snapshot);
-        let Some(w) = prepared.write else {
-            if prepared.ledger_full {
-                on_write(WriteOutcome::Full);
-            }
-            return prepared.decision;
-        };
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        if remaining.is_zero() {
-            on_write(WriteOutcome::Timeout);
-            return gave_up(&w.queue, budget, &last_error);
-        }
-        let written = tokio::time::timeout(
-            remaining,
-            queues.write_ledger(&w.queue, &w.resource_version, &w.ledger),
-        )
-        .await;
-        match written {
-            Ok(Ok(rec)) => {
-                on_write(WriteOutcome::Written);
-                let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
-                remember(&mut snap, rec);
-                return prepared.decision;
-            }
-            Ok(Err(WriteError::Conflict(_))) => {
-                on_write(WriteOutcome::Conflict);
-                last_error = "the queue kept changing".into();
-                attempt += 1;
-                tokio::time::sleep(
-                    jitter(attempt).min(deadline.saturating_duration_since(Instant::now())),
-                )
-                .await;
-            }
-            Ok(Err(WriteError::NotFound(q))) => {
-                on_write(WriteOutcome::Error);
-                return Decision::deny(
-                    RETRY,
-                    format!("queue {q} no longer exists; the request cannot be charged to it"),
-                );
-            }
-            Ok(Err(e)) => {
-                on_write(WriteOutcome::Error);
-                tracing::warn!("ledger write failed: {e}");
-                last_error = e.to_string();
-                tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())))
-                    .await;
-                backoff = (backoff * 2).min(Duration::from_millis(400));
-            }
-            Err(_) => {
-                on_write(WriteOutcome::Timeout);
-                return gave_up(&w.queue, budget, "the API server did not answer in time");
-            }
-        }
-        // Re-read the Queue itself (not the cache) and decide again.
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, queues.get(&w.queue)).await {
-            Ok(Ok(rec)) => {
-                let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
-                remember(&mut snap, rec);
-            }
-            Ok(Err(e)) => {
-                tracing::warn!("re-reading queue failed: {e}");
-                last_error = e.to_string();
-            }
-            Err(_) => {
-                on_write(WriteOutcome::Timeout);
-                return gave_up(&w.queue, budget, "the API server did not answer in time");
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod lock_tests {
-    use super::*;
-
-    #[test]
-    fn idle_queue_locks_are_dropped_once_there_are_many() {
-        let locks = QueueLocks::default();
-        let held = locks.of(&QueueName::new("busy"));
-        for i in 0..200 {
-            drop(locks.of(&QueueName::new(format!("q{i}"))));
-        }
-        assert!(locks.len() <= 66, "{}", locks.len());
-        // A held lock survives pruning: the same lock is handed out again.
-        assert!(Arc::ptr_eq(&held, &locks.of(&QueueName::new("busy"))));
-    }
 }

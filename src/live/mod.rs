@@ -1,8 +1,10 @@
 //! The imperative shell against a real API server: informer caches feeding the
-//! snapshot, and the Queue ledger's compare-and-swap writes.
+//! snapshot, and the ledgers' compare-and-swap writes.
 
 pub mod caches;
 pub mod charge;
-pub mod queues;
+pub mod ledgers;
+pub mod volcano;
 
-pub use queues::{QueueApi, WriteError};
+pub use charge::Committer;
+pub use ledgers::{LedgerApi, WriteError};

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub reconcile_duration: Family<ModeLabel, Histogram>,
     pub usage_writes: Family<ResultLabel, Counter>,
     pub ledger_pruned: Counter,
+    /// Requests per group commit (one ledger write each).
+    pub ledger_batch: Histogram,
     /// Card names published per queue, so gone queues and models are removed.
     published: Mutex<HashMap<String, BTreeSet<String>>>,
 }
@@ -91,7 +93,7 @@ impl Default for Metrics {
         let ledger_writes = Family::<ResultLabel, Counter>::default();
         registry.register(
             "card_quota_ledger_writes",
-            "Compare-and-swap writes of Queue ledgers by outcome (written, conflict, error, full, timeout)",
+            "Ledger writes and refused charges by outcome (written, conflict, error; full, timeout, behind count requests)",
             ledger_writes.clone(),
         );
         let gauge = |registry: &mut Registry, name: &str, help: &str| {
@@ -147,8 +149,15 @@ impl Default for Metrics {
         let ledger_pruned = Counter::default();
         registry.register(
             "card_quota_ledger_pruned_entries",
-            "Ledger entries dropped by the reconciler",
+            "Ledger entries dropped once caches show them, or expired",
             ledger_pruned.clone(),
+        );
+        let ledger_batch =
+            Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]);
+        registry.register(
+            "card_quota_ledger_batch_requests",
+            "Charging requests decided together and recorded with one ledger write",
+            ledger_batch.clone(),
         );
         Self {
             registry,
@@ -162,6 +171,7 @@ impl Default for Metrics {
             reconcile_duration,
             usage_writes,
             ledger_pruned,
+            ledger_batch,
             published: Mutex::new(HashMap::new()),
             requests,
             latency,
@@ -229,5 +239,21 @@ impl Metrics {
             s.clear();
         }
         s
+    }
+}
+
+impl crate::live::charge::CommitMetrics for Metrics {
+    fn write(&self, outcome: crate::live::charge::WriteOutcome) {
+        self.ledger_writes
+            .get_or_create(&ResultLabel {
+                result: outcome.label().to_string(),
+            })
+            .inc();
+    }
+    fn batch(&self, size: usize) {
+        self.ledger_batch.observe(size as f64);
+    }
+    fn pruned(&self, n: usize) {
+        self.ledger_pruned.inc_by(n as u64);
     }
 }

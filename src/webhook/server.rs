@@ -24,24 +24,21 @@ use crate::decide::messages::RETRY;
 use crate::decide::review::{parse_review_owned, AdmissionRequest, ReviewOut};
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
-use crate::live::charge::{decide_and_record, QueueLocks};
-use crate::live::QueueApi;
+use crate::live::charge::CommitMetrics;
+use crate::live::Committer;
 
-use super::metrics::{AdmissionLabels, KindLabel, Metrics, ResultLabel};
+use super::metrics::{AdmissionLabels, KindLabel, Metrics};
 
 /// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
 
-/// What a live server needs beyond the snapshot: the API server for ledger writes.
+/// What a live server needs beyond the snapshot: the ledger writer.
 pub struct Live {
-    pub queues: QueueApi,
-    /// Time allowed for recording one charge (conflicts and retries included).
-    pub budget: Duration,
+    /// Records admitted charges (group commit per queue).
+    pub committer: Arc<Committer>,
     pub synced: Arc<Synced>,
     /// Where refusal Events go.
     pub events: Option<Arc<EventSink>>,
-    /// Serializes this replica's ledger writes per queue.
-    pub locks: QueueLocks,
 }
 
 /// Shared state of one server process.
@@ -116,32 +113,28 @@ fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decisi
 
 /// Decides live: from the caches with the Queue ledger laid over them; `/validate`
 /// records admitted charges before answering.
-async fn decide_live(state: &State, live: &Live, req: &AdmissionRequest, mutate: bool) -> Decision {
+async fn decide_live(
+    state: &State,
+    live: &Live,
+    req: &Arc<AdmissionRequest>,
+    mutate: bool,
+) -> Decision {
     if !live.synced.all() && req.operation != "DELETE" {
         return Decision::deny(
             RETRY,
             "card-quota's caches are still syncing with the API server; try again",
         );
     }
-    let metrics = &state.metrics;
-    decide_and_record(
-        &state.snapshot,
-        &state.config,
-        &live.queues,
-        &live.locks,
-        req,
-        !mutate,
-        live.budget,
-        |o| {
-            metrics
-                .ledger_writes
-                .get_or_create(&ResultLabel {
-                    result: o.label().to_string(),
-                })
-                .inc();
-        },
-    )
-    .await
+    let metrics: Arc<dyn CommitMetrics> = state.metrics.clone();
+    live.committer
+        .decide_and_record(
+            &state.snapshot,
+            &state.config,
+            &metrics,
+            req.clone(),
+            !mutate,
+        )
+        .await
 }
 
 /// Decides one admission body. `/mutate` answers with patches; `/validate` sees the
@@ -170,7 +163,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
             ));
             return serde_json::to_vec(&out).map_err(|e| e.to_string());
         }
-        Ok(r) => r,
+        Ok(r) => Arc::new(r),
         Err(e) => {
             let out = ReviewOut::new(bad_review(&uid, e.to_string()));
             return serde_json::to_vec(&out).map_err(|e| e.to_string());
