@@ -12,6 +12,7 @@ set -uo pipefail
 
 BIN=${1:-${CARD_QUOTA:-target/release/card-quota}}
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+REPO=$(cd "$(dirname "$0")/.." && pwd)
 : "${KUBECONFIG:?set KUBECONFIG to the cluster to test against}"
 export KUBECONFIG
 RUN=${E2E_RUN:-$(date +%s | tail -c 6)$RANDOM}
@@ -76,9 +77,9 @@ bind() { # ns pod node : as the Volcano scheduler does, through kubectl
 usage() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}'; }
 usage_field() { usage "$1" | jq -r --arg m "$2" --arg f "$3" '.[$m][$f] // 0'; }
 usage_is() { [ "$(usage_field "$1" "$2" "$3")" = "$4" ]; }
-ledger_len() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.ledger}' | jq 'length' 2>/dev/null || echo 0; }
+ledger_len() { k -n "$SYS" get configmap "card-quota-ledger.$1" -o jsonpath='{.data.ledger}' 2>/dev/null | jq '.entries | length' 2>/dev/null || echo 0; }
 
-export NS Q WORK RUN
+export NS Q WORK RUN SYS
 export -f k usage usage_field usage_is ledger_len
 
 queue() { # name quota-json
@@ -459,6 +460,47 @@ burst "$Q-kill" 100
 ok=$(grep -c '^201$' "$WORK/$Q-kill.codes")
 log "kill burst: $ok of 100 bound; replica B killed mid-burst ($(grep -c '^201$' "$WORK/$Q-kill.codes") created, $(grep -c '^500$' "$WORK/$Q-kill.codes") failed closed)"
 check "a replica killed mid-burst never lets more than the quota bind" bash -c "[ $ok -le 10 ] && [ \"\$(bound_in $Q-kill)\" -le 10 ]"
+
+# ---- 5b. Pod bursts through both replicas: group commit, restarts ----------------------
+BURST=(cargo run --quiet --release --manifest-path "$REPO/Cargo.toml" --example burst --)
+serve B "$PORT_B" $((PORT_B + 1000)) clamp   # B was killed above
+pods_in() { k get pods -A -o json 2>/dev/null | jq --arg q "$1" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q)] | length'; }
+export -f pods_in
+queue "$Q-flood" '{"RTX-4090":1500}' | k apply -f - >/dev/null
+t0=$(date +%s%N)
+"${BURST[@]}" --pods 1000 --concurrency 16 --rounds 1 --together --keep --queue "$Q-flood" \
+  --case "a=$NS" --case "b=$NS2" > "$WORK/flood.out" 2>&1
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+log "flood: $(grep TOTAL "$WORK/flood.out") (${ms} ms with cargo)"
+check "2,000 pods into quota 1,500 through two replicas: exactly 1,500 admitted, 500 refused" \
+  grep -q 'TOTAL admitted=1500 refused=500 errors=0' "$WORK/flood.out"
+check "... with the contract's message" grep -q "first refusal: admission webhook \"pods.card-quota.volcano.sh\" denied the request: queue $Q-flood has insufficient RTX-4090 quota: requested 1, in use 1500 (allocated 0, pending 1500, reserved 0), quota 1500" "$WORK/flood.out"
+check "... 1,500 pods exist and the Queue's usage says 1,500 pending" wait_for 30 bash -c \
+  "[ \"\$(pods_in $Q-flood)\" = 1500 ] && usage_is $Q-flood RTX-4090 pending 1500"
+check "... the ledger empties once the caches show the pods" wait_for 60 bash -c "[ \"\$(ledger_len $Q-flood)\" = 0 ]"
+k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
+k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
+
+queue "$Q-restart" '{"RTX-4090":600}' | k apply -f - >/dev/null
+( sleep 1.5; kill -9 "$PID_A" "$PID_B" 2>/dev/null; sleep 1
+  serve A "$PORT_A" $((PORT_A + 1000)) clamp; serve B "$PORT_B" $((PORT_B + 1000)) clamp
+  echo "$PID_A $PID_B" > "$WORK/restarted.pids" ) > "$WORK/restart.log" 2>&1 &
+restarter=$!
+"${BURST[@]}" --pods 500 --concurrency 16 --rounds 1 --together --keep --queue "$Q-restart" \
+  --case "a=$NS" --case "b=$NS2" > "$WORK/restart.out" 2>&1
+wait "$restarter"
+read -r PID_A PID_B < "$WORK/restarted.pids"; PIDS+=("$PID_A" "$PID_B")
+log "restart burst: $(grep TOTAL "$WORK/restart.out"); both replicas killed at 1.5 s"
+# The burst goes on against the restarted replicas, past the quota.
+"${BURST[@]}" --pods 500 --concurrency 16 --rounds 1 --together --keep --append --queue "$Q-restart" \
+  --case "a=$NS" --case "b=$NS2" > "$WORK/restart2.out" 2>&1
+log "after the restart: $(grep TOTAL "$WORK/restart2.out"); $(pods_in "$Q-restart") pods exist"
+check "both replicas killed mid-burst and restarted: the queue fills to exactly its quota of 600" \
+  bash -c "grep -q 'errors=[1-9]' '$WORK/restart.out' && [ \"\$(pods_in $Q-restart)\" = 600 ]"
+check "... and usage equals the pods that exist" wait_for 30 bash -c \
+  "usage_is $Q-restart RTX-4090 pending \"\$(pods_in $Q-restart)\""
+k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
+k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 
 # ---- 6. The reconciler's usage annotation, status ---------------------------------------
 out=$("$BIN" status --queue "$Q-burst" -o json 2>/dev/null)

@@ -168,7 +168,7 @@ impl Reconciler {
             let states: Vec<QueueState> =
                 names.iter().map(|q| queue_state(&snap, q, now)).collect();
             // Ledgers with entries are pruned; empty ones of deleted queues go.
-            let ledgers: Vec<(QueueName, Option<String>, bool)> = if leader && full {
+            let ledgers: Vec<(QueueName, Option<String>, bool)> = if leader {
                 snap.ledgers()
                     .filter(|l| !l.ledger.is_empty() || snap.queue(&l.queue).is_none())
                     .map(|l| {

@@ -52,6 +52,8 @@ pub trait CommitMetrics: Send + Sync + 'static {
     fn write(&self, outcome: WriteOutcome);
     fn batch(&self, size: usize);
     fn pruned(&self, n: usize);
+    /// How long one ledger write took (any outcome).
+    fn write_time(&self, took: Duration);
 }
 
 fn gave_up(queue: &QueueName, budget: Duration, why: &str) -> Decision {
@@ -342,12 +344,14 @@ impl Committer {
             if !write_needed {
                 return;
             }
+            let t = Instant::now();
             let written = tokio::time::timeout_at(
                 until.into(),
                 self.api
                     .write(queue, batch.resource_version.as_deref(), &batch.text),
             )
             .await;
+            metrics.write_time(t.elapsed());
             let retry: Vec<Waiter> = match written {
                 Ok(Ok(rec)) => {
                     metrics.write(WriteOutcome::Written);

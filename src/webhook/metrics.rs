@@ -12,7 +12,7 @@ use crate::ledger::Row;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +61,7 @@ pub struct Metrics {
     pub ledger_pruned: Counter,
     /// Requests per group commit (one ledger write each).
     pub ledger_batch: Histogram,
+    pub ledger_write_seconds: Histogram,
     /// Card names published per queue, so gone queues and models are removed.
     published: Mutex<HashMap<String, BTreeSet<String>>>,
 }
@@ -154,6 +155,12 @@ impl Default for Metrics {
         );
         let ledger_batch =
             Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]);
+        let ledger_write_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 12));
+        registry.register(
+            "card_quota_ledger_write_duration_seconds",
+            "Time of one ledger write (compare-and-swap) through the API server",
+            ledger_write_seconds.clone(),
+        );
         registry.register(
             "card_quota_ledger_batch_requests",
             "Charging requests decided together and recorded with one ledger write",
@@ -172,6 +179,7 @@ impl Default for Metrics {
             usage_writes,
             ledger_pruned,
             ledger_batch,
+            ledger_write_seconds,
             published: Mutex::new(HashMap::new()),
             requests,
             latency,
@@ -255,5 +263,8 @@ impl crate::live::charge::CommitMetrics for Metrics {
     }
     fn pruned(&self, n: usize) {
         self.ledger_pruned.inc_by(n as u64);
+    }
+    fn write_time(&self, took: std::time::Duration) {
+        self.ledger_write_seconds.observe(took.as_secs_f64());
     }
 }

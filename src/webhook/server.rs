@@ -173,6 +173,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         None => decide_offline(state, &req, mutate),
         Some(live) => decide_live(state, live, &req, mutate).await,
     };
+
     if d.undecided {
         state.metrics.budget_exhausted.inc();
     }

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Burst benchmark on a real API server: N pods, C at a time, into three namespaces —
+# one with no admission webhook, one with a Kubernetes ResourceQuota on
+# requests.nvidia.com/gpu, one behind card-quota — interleaved A B C A B C.
+#
+#   KUBECONFIG=<kubeconfig> e2e/burst.sh [path/to/card-quota] [replicas]
+#
+# BURST_PODS (2000), BURST_CONCURRENCY (16), BURST_ROUNDS (2). With 2 replicas the
+# API server reaches them through a per-connection round-robin (e2e/rr-proxy.py), as
+# through a Service. Quotas are ample: every pod should be admitted. Prints pods/s per
+# case and round, the medians, and how many times the Queue object was written.
+set -euo pipefail
+BIN=${1:-target/release/card-quota}
+REPLICAS=${2:-1}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+HERE=$(cd "$(dirname "$0")" && pwd)
+: "${KUBECONFIG:?set KUBECONFIG}"
+PODS=${BURST_PODS:-2000}
+CONC=${BURST_CONCURRENCY:-16}
+ROUNDS=${BURST_ROUNDS:-2}
+RUN=b$(date +%s | tail -c 5)$RANDOM
+Q=cq-burst-$RUN
+SYS=cq-burst-$RUN-system
+PORT=${BURST_PORT:-19543}
+WORK=$(mktemp -d /tmp/cq-burst.XXXXXX)
+PIDS=()
+k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
+  k delete queue "$Q" --ignore-not-found >/dev/null 2>&1 || true
+  k delete namespace "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  [ -n "${BURST_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+for ns in "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$SYS"; do k create namespace "$ns" >/dev/null; done
+k label namespace "$Q-cq" "card-quota-burst=$RUN" >/dev/null
+k label namespace "$Q-nc" "card-quota-burst=$RUN" >/dev/null
+k -n "$Q-rq" create quota gpus --hard=requests.nvidia.com/gpu=1000000 >/dev/null
+k create -f - >/dev/null <<YAML
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: $Q, annotations: {volcano.sh/card.quota: '{"RTX-4090":1000000}'}}
+spec: {weight: 1}
+YAML
+k create -f - >/dev/null <<YAML
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$Q-rtx","labels":{"nvidia.com/gpu.product":"RTX-4090"}}}
+YAML
+for try in 1 2 3 4 5 6 7 8; do
+  k get --raw "/api/v1/nodes/$Q-rtx" | jq '.status = {capacity: {"nvidia.com/gpu": "1000000", pods: "1000000"}, allocatable: {"nvidia.com/gpu": "1000000", pods: "1000000"}}' > "$WORK/node.json"
+  k replace --raw "/api/v1/nodes/$Q-rtx/status" -f "$WORK/node.json" >/dev/null 2>&1 && break
+  sleep 0.3
+done
+trap 'k delete node "$Q-rtx" --ignore-not-found >/dev/null 2>&1 || true; cleanup' EXIT
+
+"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+backends=()
+for i in $(seq 1 "$REPLICAS"); do
+  p=$((PORT + i)); backends+=("$p")
+  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
+    --namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
+  PIDS+=($!)
+done
+if [ "$REPLICAS" = 1 ]; then URL_PORT=${backends[0]}; else
+  python3 "$HERE/rr-proxy.py" "$PORT" "${backends[@]}" & PIDS+=($!); URL_PORT=$PORT
+fi
+for p in "${backends[@]}"; do
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((p + 1000))/readyz" >/dev/null && break; sleep 0.3; done
+done
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$URL_PORT" --without-match-conditions \
+  --name "$Q" --namespace-label "card-quota-burst=$RUN" | k apply -f - >/dev/null
+sleep 2
+rv0=$(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}')
+t0=$(date +%s)
+cargo run --quiet --release --example burst -- --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
+  --case "plain=$Q-plain" --case "resourcequota=$Q-rq" --case "card-quota=$Q-cq" \
+  ${BURST_NO_CARDS:+--case "webhook-no-cards=$Q-nc"} --queue "$Q"
+t1=$(date +%s)
+# Queue writes during the run: resourceVersions are not counters, so count the usage
+# writes card-quota reports and compare with the run's length.
+writes=0
+for p in "${backends[@]}"; do
+  n=$(curl -s "http://127.0.0.1:$((p + 1000))/metrics" | awk '/^card_quota_usage_writes_total\{result="applied"\}/ {print $2}')
+  writes=$((writes + ${n:-0}))
+done
+echo "card-quota replicas: $REPLICAS; Queue writes by card-quota during the run: $writes in $((t1 - t0)) s (queue resourceVersion $rv0 -> $(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}'))"
+for p in "${backends[@]}"; do
+  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|batch_requests_(sum|count))|admission_duration_seconds_(sum|count))' | sed "s/^/  replica :$p  /"
+done

@@ -1,0 +1,222 @@
+//! Burst benchmark: how fast pods are admitted into a namespace with no admission,
+//! one with Kubernetes' ResourceQuota, and one behind card-quota, posted N at a time
+//! the way a Job controller or a script posts them. The cases run interleaved
+//! (A B C A B C) so drift in the machine's load hits all of them alike.
+//!
+//!   cargo run --release --example burst -- --pods 2000 --concurrency 16 --rounds 2 \
+//!     --case plain=ns-a --case resourcequota=ns-b --case card-quota=ns-c --queue q
+//!
+//! Pods request one `nvidia.com/gpu`, name `--card` and the queue, and use the
+//! `volcano` scheduler so that nothing binds them: pending pods count against both
+//! quotas. Every round deletes its pods (and waits until they are gone) before the next.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::{stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// Pods per case and round.
+    #[arg(long, default_value_t = 2000)]
+    pods: usize,
+    /// Creations in flight at once.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// label=namespace, in the order the cases run. The case labelled
+    /// `webhook-no-cards` posts pods without card requests (the webhook's fixed cost).
+    #[arg(long = "case", required = true)]
+    cases: Vec<String>,
+    /// The Volcano queue the pods name.
+    #[arg(long)]
+    queue: String,
+    #[arg(long, default_value = "RTX-4090")]
+    card: String,
+    /// Keep the last round's pods (to inspect usage afterwards).
+    #[arg(long)]
+    keep: bool,
+    /// Run the cases at the same time (one burst split over namespaces), each with
+    /// its own `--pods` and `--concurrency`, instead of one after the other.
+    #[arg(long)]
+    together: bool,
+    /// Leave pods of an earlier run in place (the burst goes on).
+    #[arg(long)]
+    append: bool,
+}
+
+struct Outcome {
+    admitted: usize,
+    refused: usize,
+    errors: usize,
+    first_refusal: Option<String>,
+    seconds: f64,
+}
+
+fn pod(queue: &str, card: &str, cards: bool) -> Pod {
+    let mut p = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "burst-", "labels": {"card-quota-burst": "1"},
+            "annotations": {"scheduling.volcano.sh/queue-name": queue, "volcano.sh/card.name": card}},
+        "spec": {"schedulerName": "volcano", "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    if !cards {
+        // The webhook's own cost: same path, nothing to charge.
+        p["spec"]["containers"][0]["resources"] = json!({});
+        p["metadata"]["annotations"] = json!({"scheduling.volcano.sh/queue-name": queue});
+    }
+    serde_json::from_value(p).expect("a valid Pod")
+}
+
+async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
+    let template = pod(&args.queue, &args.card, cards);
+    let start = Instant::now();
+    let results: Vec<Result<Pod, kube::Error>> = stream::iter(0..args.pods)
+        .map(|_| {
+            let p = template.clone();
+            async move { api.create(&PostParams::default(), &p).await }
+        })
+        .buffer_unordered(args.concurrency)
+        .collect()
+        .await;
+    let seconds = start.elapsed().as_secs_f64();
+    let mut out = Outcome {
+        admitted: 0,
+        refused: 0,
+        errors: 0,
+        first_refusal: None,
+        seconds,
+    };
+    for r in results {
+        match r {
+            Ok(_) => out.admitted += 1,
+            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 400 || s.code == 429 => {
+                out.refused += 1;
+                out.first_refusal.get_or_insert(s.message);
+            }
+            Err(e) => {
+                out.errors += 1;
+                out.first_refusal.get_or_insert(e.to_string());
+            }
+        }
+    }
+    out
+}
+
+async fn clear(api: &Api<Pod>) -> anyhow::Result<()> {
+    let lp = ListParams::default().labels("card-quota-burst=1");
+    api.delete_collection(&DeleteParams::default(), &lp).await?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !api.list_metadata(&lp).await?.items.is_empty() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "burst pods still exist after 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let client = kube::Client::try_default().await?;
+    let cases: Vec<(String, Api<Pod>)> = args
+        .cases
+        .iter()
+        .map(|c| {
+            let (label, ns) = c
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--case {c:?}: expected label=namespace"))?;
+            Ok((label.to_string(), Api::namespaced(client.clone(), ns)))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if !args.append {
+        for (_, api) in &cases {
+            clear(api).await?;
+        }
+    }
+    if args.together {
+        let t = Instant::now();
+        let outs = futures::future::join_all(
+            cases
+                .iter()
+                .map(|(label, api)| burst(api, &args, label != "webhook-no-cards")),
+        )
+        .await;
+        let secs = t.elapsed().as_secs_f64();
+        let (mut admitted, mut refused, mut errors) = (0, 0, 0);
+        for ((label, _), o) in cases.iter().zip(&outs) {
+            println!(
+                "{label}: admitted={} refused={} errors={}",
+                o.admitted, o.refused, o.errors
+            );
+            if let Some(m) = &o.first_refusal {
+                println!("{label}: first refusal: {m}");
+            }
+            admitted += o.admitted;
+            refused += o.refused;
+            errors += o.errors;
+        }
+        println!(
+            "TOTAL admitted={admitted} refused={refused} errors={errors} seconds={secs:.1} pods/s={:.1}",
+            (admitted + refused + errors) as f64 / secs
+        );
+        if !args.keep {
+            for (_, api) in &cases {
+                clear(api).await?;
+            }
+        }
+        return Ok(());
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    println!(
+        "{} pods per case and round, {} at a time, {} rounds",
+        args.pods, args.concurrency, args.rounds
+    );
+    println!("round  case            pods/s  admitted  refused  errors  seconds");
+    for round in 1..=args.rounds {
+        for (i, (label, api)) in cases.iter().enumerate() {
+            let o = burst(api, &args, label != "webhook-no-cards").await;
+            let rate = (o.admitted + o.refused) as f64 / o.seconds;
+            rates[i].push(rate);
+            println!(
+                "{round:>5}  {label:<14} {rate:>7.1}  {:>8}  {:>7}  {:>6}  {:>7.1}",
+                o.admitted, o.refused, o.errors, o.seconds
+            );
+            if let Some(m) = &o.first_refusal {
+                println!("       first refusal: {m}");
+            }
+            if !(args.keep && round == args.rounds) {
+                clear(api).await?;
+            }
+        }
+    }
+    println!("median pods/s:");
+    let base = rates.iter().map(|r| median(r.clone())).collect::<Vec<_>>();
+    for (i, (label, _)) in cases.iter().enumerate() {
+        let ratio = base
+            .iter()
+            .zip(&cases)
+            .find(|(_, (l, _))| l == "resourcequota")
+            .map(|(b, _)| format!("  ({:.2}x resourcequota)", base[i] / b))
+            .unwrap_or_default();
+        println!("  {label:<14} {:>7.1}{ratio}", base[i]);
+    }
+    Ok(())
+}
