@@ -495,8 +495,10 @@ log "restart burst: $(grep TOTAL "$WORK/restart.out"); both replicas killed at 1
 "${BURST[@]}" --pods 500 --concurrency 16 --rounds 1 --together --keep --append --queue "$Q-restart" \
   --case "a=$NS" --case "b=$NS2" > "$WORK/restart2.out" 2>&1
 log "after the restart: $(grep TOTAL "$WORK/restart2.out"); $(pods_in "$Q-restart") pods exist"
-check "both replicas killed mid-burst and restarted: the queue fills to exactly its quota of 600" \
-  bash -c "grep -q 'errors=[1-9]' '$WORK/restart.out' && [ \"\$(pods_in $Q-restart)\" = 600 ]"
+# Charges recorded by a replica killed before it answered stay in the ledger as phantoms
+# until they expire (120 s): the queue may stop a few pods short of 600, never past it.
+check "both replicas killed mid-burst and restarted: the burst stops at the quota of 600, never past it" \
+  bash -c "grep -q 'errors=[1-9]' '$WORK/restart.out' && grep -q 'refused=[1-9]' '$WORK/restart2.out' && n=\$(pods_in $Q-restart) && [ \$n -le 600 ] && [ \$n -ge 560 ]"
 check "... and usage equals the pods that exist" wait_for 30 bash -c \
   "usage_is $Q-restart RTX-4090 pending \"\$(pods_in $Q-restart)\""
 k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
