@@ -60,7 +60,7 @@ backends=()
 for i in $(seq 1 "$REPLICAS"); do
   p=$((PORT + i)); backends+=("$p")
   "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
-    --namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
+    --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
   PIDS+=($!)
 done
 if [ "$REPLICAS" = 1 ]; then URL_PORT=${backends[0]}; else
@@ -87,5 +87,5 @@ for p in "${backends[@]}"; do
 done
 echo "card-quota replicas: $REPLICAS; Queue writes by card-quota during the run: $writes in $((t1 - t0)) s (queue resourceVersion $rv0 -> $(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}'))"
 for p in "${backends[@]}"; do
-  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|batch_requests_(sum|count))|admission_duration_seconds_(sum|count))' | sed "s/^/  replica :$p  /"
+  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count))' | sed "s/^/  replica :$p  /"
 done

@@ -225,17 +225,36 @@ impl Committer {
         cfg: Config,
         metrics: Arc<dyn CommitMetrics>,
     ) {
+        /// Should the writer ever stop early (a panic), its slot is freed so that the
+        /// next request starts a new writer; whoever waited is told to try again.
+        struct Release<'a> {
+            committer: &'a Committer,
+            queue: &'a QueueName,
+            armed: bool,
+        }
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                if self.armed {
+                    locked(&self.committer.slots).remove(self.queue);
+                }
+            }
+        }
+        let mut release = Release {
+            committer: &self,
+            queue: &queue,
+            armed: true,
+        };
         loop {
             let batch = {
                 let mut slots = locked(&self.slots);
-                let Some(slot) = slots.get_mut(&queue) else {
-                    return;
-                };
-                if slot.waiting.is_empty() {
-                    slots.remove(&queue);
-                    return;
+                match slots.get_mut(&queue) {
+                    Some(slot) if !slot.waiting.is_empty() => std::mem::take(&mut slot.waiting),
+                    _ => {
+                        slots.remove(&queue);
+                        release.armed = false;
+                        return;
+                    }
                 }
-                std::mem::take(&mut slot.waiting)
             };
             metrics.batch(batch.len());
             self.commit(&queue, batch, &snapshot, &cfg, metrics.as_ref())
