@@ -162,3 +162,86 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) -> Overlay
     }
     o
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::load::load;
+    use crate::ledger::entries::Effect;
+
+    const SNAP: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {nvidia.com/gpu.product: RTX-4090}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: seen, namespace: ml, uid: u-seen, resourceVersion: "70", annotations: {volcano.sh/card.queue: q, volcano.sh/card.name: RTX-4090}}
+spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: done, namespace: ml, uid: u-done, resourceVersion: "71", annotations: {volcano.sh/card.queue: q, volcano.sh/card.name: RTX-4090}}
+spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+status: {phase: Succeeded}
+"#;
+
+    fn entry(snap: &Snapshot, name: &str, uid: &str, node: Option<&str>) -> (EntryId, Entry) {
+        let key = ObjectKey::new("ml", name);
+        let mut p = snap.pod(&key).cloned().unwrap_or_else(|| {
+            let mut p = snap.pod(&ObjectKey::new("ml", "seen")).unwrap().clone();
+            p.key = key.clone();
+            p
+        });
+        p.version.uid = Some(uid.to_string());
+        p.node = node.map(str::to_string);
+        let effect = Effect::Pod(Box::new(p));
+        (effect.id(), effect.entry())
+    }
+
+    #[test]
+    fn fates_follow_what_this_cache_shows_and_how_long_the_entry_is_known() {
+        let (snap, _) = load(SNAP).unwrap();
+        let now = jiff::Timestamp::now();
+        let young = Duration::from_secs(1);
+        let (id, e) = entry(&snap, "seen", "u-seen", None);
+        assert_eq!(
+            fate(&snap, &id, &e, young, now),
+            Fate::Reflected(Stream::Pods, 70)
+        );
+        // The same name under another uid is another pod: not reflected.
+        let (id, e) = entry(&snap, "seen", "u-new", None);
+        assert!(!reflected(&snap, &id, &e));
+        assert_eq!(fate(&snap, &id, &e, young, now), Fate::Keep);
+        assert_eq!(fate(&snap, &id, &e, TTL + young, now), Fate::Drop);
+        // A binding the cache does not show yet waits, then is a phantom.
+        let (id, e) = entry(&snap, "seen", "u-seen", Some("n1"));
+        assert_eq!(fate(&snap, &id, &e, young, now), Fate::Keep);
+        assert_eq!(fate(&snap, &id, &e, UNBOUND_GRACE + young, now), Fate::Drop);
+        // A finished pod holds nothing.
+        let (id, e) = entry(&snap, "done", "u-done", None);
+        assert_eq!(fate(&snap, &id, &e, young, now), Fate::Drop);
+    }
+
+    #[test]
+    fn an_entry_for_a_recreated_pod_replaces_the_old_incarnation_while_laid_over() {
+        let (mut snap, _) = load(SNAP).unwrap();
+        let before = snap.clone();
+        let mut ledger = Ledger::default();
+        let mut p = snap.pod(&ObjectKey::new("ml", "done")).unwrap().clone();
+        p.version.uid = Some("u-again".into());
+        p.phase = None;
+        ledger.record(&Effect::Pod(Box::new(p)));
+        let layer = apply(&mut snap, &QueueName::new("q"), &ledger);
+        assert_eq!(layer.applied(), 1);
+        let shown = snap.pod(&ObjectKey::new("ml", "done")).unwrap();
+        assert_eq!(shown.version.uid.as_deref(), Some("u-again"));
+        assert!(shown.is_active(jiff::Timestamp::now()));
+        layer.remove(&mut snap);
+        assert_eq!(
+            snap.pod(&ObjectKey::new("ml", "done")),
+            before.pod(&ObjectKey::new("ml", "done"))
+        );
+    }
+}
