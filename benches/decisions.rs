@@ -91,6 +91,33 @@ fn decisions(c: &mut Criterion) {
     );
 }
 
+/// The burst benchmark's queue: one model, 2,000 pending pods already pinned to it.
+fn burst_queue() -> Snapshot {
+    let mut s = Snapshot::new();
+    upsert(&mut s, &node("rtx", "RTX-4090")).unwrap();
+    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": "{\"RTX-4090\":1000000}"}}}))
+    .unwrap();
+    for i in 0..2000 {
+        let mut p = pod(&format!("p{i}"), "q", "RTX-4090", 1, None);
+        p["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "RTX-4090"});
+        upsert(&mut s, &p).unwrap();
+    }
+    s
+}
+
+fn burst(c: &mut Criterion) {
+    let snap = burst_queue();
+    let cfg = Config::default();
+    let create = R::pod("CREATE", pod("new", "q", "RTX-4090", 1, None)).build();
+    let now = jiff::Timestamp::now();
+    assert!(review(&create, &snap, &cfg, now, true).out.response.allowed);
+    c.bench_function(
+        "pod create, 2000 pending pods pinned to one model (a burst)",
+        |b| b.iter(|| review(&create, &snap, &cfg, now, true)),
+    );
+}
+
 /// Resident set size of this process, in bytes (Linux).
 fn rss() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -167,5 +194,5 @@ fn recount(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, decisions, recount);
+criterion_group!(benches, decisions, burst, recount);
 criterion_main!(benches);
