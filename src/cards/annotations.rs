@@ -18,8 +18,6 @@ pub const CARD_NAME: &str = "volcano.sh/card.name";
 pub const CHARGED: &str = "volcano.sh/card.charged";
 /// Queue annotation the reconciler writes with the usage.
 pub const USAGE: &str = "volcano.sh/card.usage";
-/// Queue annotation holding the consistency ledger (charges caches may not show yet).
-pub const LEDGER: &str = "volcano.sh/card.ledger";
 /// Pod annotation naming the queue of a pod without a PodGroup.
 pub const QUEUE_NAME: &str = "scheduling.volcano.sh/queue-name";
 /// Pod label (and annotation) naming a pod's queue; Volcano reads it before

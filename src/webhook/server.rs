@@ -63,7 +63,7 @@ impl State {
         }
     }
 
-    /// A server deciding from informer caches and recording charges in Queue ledgers.
+    /// A server deciding from informer caches and recording charges in the queues' ledgers.
     pub fn live(snapshot: Arc<Mutex<Snapshot>>, config: Config, live: Live) -> Self {
         Self {
             snapshot,
@@ -111,7 +111,7 @@ fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decisi
     d
 }
 
-/// Decides live: from the caches with the Queue ledger laid over them; `/validate`
+/// Decides live: from the caches with the queue's ledger laid over them; `/validate`
 /// records admitted charges before answering.
 async fn decide_live(
     state: &State,
