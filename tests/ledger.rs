@@ -570,3 +570,25 @@ async fn a_pod_recreated_under_the_same_name_is_charged_while_the_cache_shows_th
         .unwrap()
         .starts_with("queue q has insufficient RTX-4090 quota: requested 1, in use 1"));
 }
+
+#[tokio::test]
+async fn a_missing_namespace_is_named_in_the_refusal() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "default");
+    let st = state(&objects(5, 1), client, Duration::from_millis(500));
+    tokio::spawn(async move {
+        while let Some((_, send)) = handle.next_request().await {
+            send.send_response(json_response(
+                StatusCode::NOT_FOUND,
+                &status(404, "NotFound", "namespaces \"card-quota\" not found"),
+            ));
+        }
+    });
+    let resp = answer(&st, bind(0), false).await;
+    assert_eq!(resp["allowed"], false, "{resp}");
+    let msg = resp["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("namespace card-quota (card-quota's --namespace) does not exist"),
+        "{msg}"
+    );
+}

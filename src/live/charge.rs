@@ -313,13 +313,14 @@ impl Committer {
     ) {
         let mut backoff = Duration::from_millis(20);
         let mut attempt = 0u32;
+        let mut last_error = String::from("the ledger kept changing");
         loop {
             let now = Instant::now();
             let (live, late): (Vec<_>, Vec<_>) =
                 undecided.into_iter().partition(|w| w.deadline > now);
             for w in late {
                 metrics.write(WriteOutcome::Timeout);
-                w.send(gave_up(queue, self.budget, "too many attempts"));
+                w.send(gave_up(queue, self.budget, &last_error));
             }
             undecided = live;
             let Some(until) = undecided.iter().map(|w| w.deadline).max() else {
@@ -393,6 +394,7 @@ impl Committer {
                 Ok(Err(e)) => {
                     metrics.write(WriteOutcome::Error);
                     tracing::warn!("ledger write failed: {e}");
+                    last_error = e.to_string();
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(400));
                     admitted.into_iter().map(|(w, _)| w).collect()

@@ -58,12 +58,17 @@ pub enum WriteError {
     },
     #[error("ledger of queue {queue}: the API server returned an unreadable ConfigMap: {message}")]
     Decode { queue: QueueName, message: String },
+    #[error(
+        "ledger of queue {queue}: namespace {namespace} (card-quota's --namespace) does not exist"
+    )]
+    NoNamespace { queue: QueueName, namespace: String },
 }
 
 /// Ledgers through the API server.
 #[derive(Clone)]
 pub struct LedgerApi {
     api: Api<ConfigMap>,
+    namespace: String,
 }
 
 impl LedgerApi {
@@ -71,6 +76,7 @@ impl LedgerApi {
     pub fn new(client: Client, namespace: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_string(),
         }
     }
 
@@ -145,10 +151,20 @@ impl LedgerApi {
             ..Default::default()
         };
         let out = match resource_version {
-            None => self.api.create(&pp, &cm).await,
-            Some(_) => self.api.replace(&object_name(queue), &pp, &cm).await,
-        }
-        .map_err(|e| Self::classify(queue, e))?;
+            // Creating answers 404 only when the namespace itself is missing.
+            None => self.api.create(&pp, &cm).await.map_err(|e| match &e {
+                kube::Error::Api(s) if s.is_not_found() => WriteError::NoNamespace {
+                    queue: queue.clone(),
+                    namespace: self.namespace.clone(),
+                },
+                _ => Self::classify(queue, e),
+            }),
+            Some(_) => self
+                .api
+                .replace(&object_name(queue), &pp, &cm)
+                .await
+                .map_err(|e| Self::classify(queue, e)),
+        }?;
         Self::record(queue, &out)
     }
 
