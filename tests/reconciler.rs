@@ -343,3 +343,50 @@ async fn gauges_of_a_deleted_queue_are_removed() {
     let text = metrics.encode();
     assert!(!text.contains(r#"queue_name="good""#), "{text}");
 }
+
+#[tokio::test]
+async fn a_queue_whose_usage_keeps_changing_is_written_at_most_once_a_second() {
+    let (mut r, seen, _, _tx, snap) = reconciler(OBJECTS, true);
+    let applies = |seen: &Arc<Mutex<Vec<Seen>>>| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.method == "PATCH" && s.uri.contains("/queues/good?"))
+            .count()
+    };
+    r.pass(true).await;
+    settle().await;
+    assert_eq!(applies(&seen), 1);
+    // A burst: a new pending pod arrives before every pass.
+    for i in 0..5 {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("burst-{i}"), "namespace": "ml",
+                "annotations": {"scheduling.volcano.sh/queue-name": "good", "volcano.sh/card.name": "NVIDIA-H200"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        card_quota::cluster::load::upsert(&mut snap.lock().unwrap(), &pod).unwrap();
+        r.pass(false).await;
+    }
+    settle().await;
+    assert_eq!(applies(&seen), 1, "usage changed 5 times within a second");
+    // The last change is not lost: once the second is over, it is written.
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    let p = r.pass(false).await;
+    settle().await;
+    assert_eq!(p.usage_written, 1);
+    assert_eq!(applies(&seen), 2);
+    let last = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|s| s.method == "PATCH" && s.uri.contains("/queues/good?"))
+        .cloned()
+        .unwrap();
+    let usage: Value = serde_json::from_str(
+        last.body["metadata"]["annotations"]["volcano.sh/card.usage"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(usage["NVIDIA-H200"]["pending"], 5);
+}
