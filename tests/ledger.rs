@@ -469,29 +469,32 @@ async fn a_batch_decides_each_request_on_top_of_the_ones_before_it() {
 /// Replica A's pod watch shows a pod that replica B's does not show yet; A prunes the
 /// pod's entry. B must not decide from the pruned ledger before its cache has caught
 /// up with the watermark, or it would count the pod nowhere.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
-    let api = FakeApi::default();
+/// Replica A admits p1 into quota 2, the API server stores it at resourceVersion 100,
+/// and only A's pod watch shows it. A prunes p1's entry and B's ConfigMap watch
+/// delivers the pruned ledger. Returns A and B (B's budget is `b_budget`).
+async fn pruned_by_a(api: &FakeApi, b_budget: Duration) -> (Arc<State>, Arc<State>) {
     let a = state(&objects(2, 0), api.client(), Duration::from_secs(5));
-    let b = state(&objects(2, 0), api.client(), Duration::from_secs(5));
+    let b = state(&objects(2, 0), api.client(), b_budget);
     assert_eq!(answer(&a, create("p1"), false).await["allowed"], true);
-    // The API server stores p1 at resourceVersion 100; only A's watch has it.
     deliver_pod(&a, "p1", 100);
     let metrics: Arc<dyn CommitMetrics> = a.metrics.clone();
     let committer = a.live.as_ref().unwrap().committer.clone();
+    let q = QueueName::new("q");
     let pruned = committer
-        .prune(
-            &QueueName::new("q"),
-            &a.snapshot,
-            &Config::default(),
-            &metrics,
-        )
+        .prune(&q, &a.snapshot, &Config::default(), &metrics)
         .await
         .unwrap();
     assert_eq!(pruned, 1);
     assert_eq!(api.ledger_len(), 0);
-    // B's ConfigMap watch is current; its pod watch is 300 ms behind.
     api.deliver_ledger(&b);
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
+    let api = FakeApi::default();
+    // B's ConfigMap watch is current; its pod watch is 300 ms behind.
+    let (_a, b) = pruned_by_a(&api, Duration::from_secs(5)).await;
     assert_eq!(
         b.snapshot
             .lock()
@@ -521,22 +524,7 @@ async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_watch_never_catches_up_refuses_with_try_again() {
     let api = FakeApi::default();
-    let a = state(&objects(2, 0), api.client(), Duration::from_secs(5));
-    let b = state(&objects(2, 0), api.client(), Duration::from_millis(400));
-    assert_eq!(answer(&a, create("p1"), false).await["allowed"], true);
-    deliver_pod(&a, "p1", 100);
-    let metrics: Arc<dyn CommitMetrics> = a.metrics.clone();
-    let committer = a.live.as_ref().unwrap().committer.clone();
-    committer
-        .prune(
-            &QueueName::new("q"),
-            &a.snapshot,
-            &Config::default(),
-            &metrics,
-        )
-        .await
-        .unwrap();
-    api.deliver_ledger(&b);
+    let (_a, b) = pruned_by_a(&api, Duration::from_millis(400)).await;
     // B's pod watch moves on, but not yet past the watermark.
     deliver_pod(&b, "other", 50);
     let r = answer(&b, create("p2"), false).await;

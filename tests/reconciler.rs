@@ -231,18 +231,23 @@ async fn a_queue_over_its_quota_raises_card_quota_exceeded_once() {
     );
 }
 
-#[tokio::test]
-async fn ledger_entries_the_cache_shows_are_pruned_with_a_compare_and_swap_write() {
-    let ledger = r#"{"entries":{"uid-a":{"of":"pod:ml/a","resources":{"nvidia.com/gpu":2},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"},"uid-fresh":{"of":"pod:ml/fresh","resources":{"nvidia.com/gpu":1},"card":"NVIDIA-H200"}}}"#;
-    let text = format!(
+/// OBJECTS plus the ledger ConfigMap of `queue`.
+fn with_ledger(queue: &str, rv: &str, ledger: &str) -> String {
+    format!(
         r#"{OBJECTS}---
 apiVersion: v1
 kind: ConfigMap
-metadata: {{name: card-quota-ledger.good, namespace: card-quota, resourceVersion: "9",
+metadata: {{name: card-quota-ledger.{queue}, namespace: card-quota, resourceVersion: "{rv}",
   labels: {{app.kubernetes.io/name: card-quota, app.kubernetes.io/component: ledger}}}}
-data: {{queue: good, ledger: '{ledger}'}}
+data: {{queue: {queue}, ledger: '{ledger}'}}
 "#
-    );
+    )
+}
+
+#[tokio::test]
+async fn ledger_entries_the_cache_shows_are_pruned_with_a_compare_and_swap_write() {
+    let ledger = r#"{"entries":{"uid-a":{"of":"pod:ml/a","resources":{"nvidia.com/gpu":2},"card":"NVIDIA-H200","charged":"NVIDIA-H200","node":"h1"},"uid-fresh":{"of":"pod:ml/fresh","resources":{"nvidia.com/gpu":1},"card":"NVIDIA-H200"}}}"#;
+    let text = with_ledger("good", "9", ledger);
     let (mut r, seen, metrics, _tx, _) = reconciler(&text, true);
     let p = r.pass(true).await;
     settle().await;
@@ -275,15 +280,7 @@ data: {{queue: good, ledger: '{ledger}'}}
 
 #[tokio::test]
 async fn the_empty_ledger_of_a_deleted_queue_is_deleted() {
-    let text = format!(
-        r#"{OBJECTS}---
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: card-quota-ledger.gone, namespace: card-quota, resourceVersion: "12",
-  labels: {{app.kubernetes.io/name: card-quota, app.kubernetes.io/component: ledger}}}}
-data: {{queue: gone, ledger: '{{"entries":{{}}}}'}}
-"#
-    );
+    let text = with_ledger("gone", "12", r#"{"entries":{}}"#);
     let (mut r, seen, _, _tx, _) = reconciler(&text, true);
     r.pass(true).await;
     settle().await;
