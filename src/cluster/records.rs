@@ -43,8 +43,8 @@ pub struct LedgerRecord {
     pub resource_version: Option<String>,
     /// Charges recorded by the webhook that caches may not show yet.
     pub ledger: Ledger,
-    /// Why the stored ledger could not be read. Its charges are then unknown, so the
-    /// queue refuses new charges until an admin deletes the object (see the README).
+    /// Why the stored ledger could not be read. It then counts as empty (logged when it
+    /// arrives) and the next write replaces it.
     pub problem: Option<LedgerError>,
 }
 

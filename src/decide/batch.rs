@@ -80,9 +80,6 @@ pub fn plan(
     age: impl Fn(&EntryId) -> Duration,
 ) -> Batch {
     let stored = snap.ledger(queue);
-    if let Some(p) = &stored.problem {
-        tracing::warn!("{p}; the next write replaces it");
-    }
     let mut ledger = stored.ledger.clone();
     let mut layer = overlay::apply(snap, queue, &stored.ledger);
     let mut admitted: Vec<(usize, EntryId)> = Vec::new();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::cards::QueueName;
-use crate::cluster::Snapshot;
+use crate::cluster::{LedgerRecord, Snapshot};
 use crate::decide::batch::{behind, decide_with_ledger, plan, Outcome};
 use crate::decide::messages::RETRY;
 use crate::decide::review::AdmissionRequest;
@@ -152,11 +152,6 @@ impl Committer {
         }
     }
 
-    /// How many queues have requests waiting or being committed.
-    pub fn busy_queues(&self) -> usize {
-        locked(&self.slots).len()
-    }
-
     fn age_fn(&self, queue: &QueueName) -> impl Fn(&EntryId) -> Duration + '_ {
         let now = Instant::now();
         let q = queue.clone();
@@ -167,7 +162,11 @@ impl Committer {
         }
     }
 
-    fn forget_gone(&self, queue: &QueueName, snap: &Snapshot) {
+    /// Takes a ledger this replica wrote into the snapshot; entries it no longer
+    /// holds leave pruning's clock.
+    fn stored(&self, queue: &QueueName, snapshot: &Mutex<Snapshot>, rec: LedgerRecord) {
+        let mut snap = locked(snapshot);
+        snap.upsert_ledger(rec);
         let ledger = snap.ledger(queue);
         locked(&self.clock).retain(|(q, id), _| q != queue || ledger.ledger.get(id).is_some());
     }
@@ -376,11 +375,7 @@ impl Committer {
                 Ok(Ok(rec)) => {
                     metrics.write(WriteOutcome::Written);
                     metrics.pruned(batch.pruned);
-                    {
-                        let mut snap = locked(snapshot);
-                        snap.upsert_ledger(rec);
-                        self.forget_gone(queue, &snap);
-                    }
+                    self.stored(queue, snapshot, rec);
                     for (w, d) in admitted {
                         w.send(d);
                     }
@@ -467,9 +462,7 @@ impl Committer {
                 .api
                 .write(queue, batch.resource_version.as_deref(), &batch.text)
                 .await?;
-            let mut snap = locked(snapshot);
-            snap.upsert_ledger(rec);
-            self.forget_gone(queue, &snap);
+            self.stored(queue, snapshot, rec);
             Ok(batch.pruned)
         }
         .await;
