@@ -1,7 +1,8 @@
-//! Decision latency and recount cost: a pod-create and a binding decision on a queue
-//! with 1,000 pending pods over 20 models; a full recount of 100,000 pods on 10,000 nodes
-//! in 1,000 queues, one incremental pod event at that size, and the resident memory the
-//! snapshot (the informer caches' content) takes.
+//! Decision latency and usage cost: a pod-create and a binding decision on a queue
+//! with 1,000 pending pods over 20 models; at 100,000 pods on 10,000 nodes in 1,000
+//! queues, the usage of every queue, the periodic full recount, a decision, one
+//! incremental pod event, and the resident memory the snapshot (the informer caches'
+//! content, with the usage tally) takes.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
@@ -10,7 +11,7 @@ use card_quota::admission::{review, usage_report};
 use card_quota::cluster::load::upsert;
 use card_quota::cluster::records::pod_record;
 use card_quota::cluster::{Dirty, Snapshot};
-use card_quota::controller::plan::queue_state;
+use card_quota::controller::plan::{queue_state, recount_check};
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
 
@@ -167,10 +168,25 @@ fn recount(c: &mut Criterion) {
     let now = jiff::Timestamp::now();
     let mut g = c.benchmark_group("recount");
     g.sample_size(10);
-    g.bench_function("full usage, 100k pods / 10k nodes / 1k queues", |b| {
+    // The usage of every queue as `status` and the metrics read it (from the tally).
+    g.bench_function("usage of every queue, 100k pods / 10k nodes / 1k queues", |b| {
         b.iter(|| usage_report(&s, now))
     });
+    // The periodic check: every queue recounted from its objects and compared.
+    g.bench_function("full recount check, 100k pods / 10k nodes / 1k queues", |b| {
+        b.iter(|| {
+            let (wrong, errors) = recount_check(&s, now);
+            assert!(wrong.is_empty() && errors == 0);
+        })
+    });
     g.finish();
+    // A decision at that size: a pod create into one of the 1,000 queues.
+    let cfg = Config::default();
+    let create = R::pod("CREATE", pod("new", "q7", "MODEL-1", 1, None)).build();
+    assert!(review(&create, &s, &cfg, now, true).out.response.allowed);
+    c.bench_function("pod create at 100k pods / 10k nodes / 1k queues", |b| {
+        b.iter(|| review(&create, &s, &cfg, now, true))
+    });
     // One watch event: a pod of queue q7 is bound; the reconciler recounts q7 only.
     let k8s_pod: k8s_openapi::api::core::v1::Pod =
         serde_json::from_value(pod("p7", "q7", "MODEL-7", 1, Some("n7"))).unwrap();
@@ -178,7 +194,7 @@ fn recount(c: &mut Criterion) {
     let rec = pod_record(&k8s_pod, "bench", &prefixes, 0).unwrap();
     let _ = s.take_dirty();
     c.bench_function(
-        "incremental pod event at 100k pods (upsert + recount its queue)",
+        "incremental pod event at 100k pods (upsert + read its queue's usage)",
         |b| {
             b.iter(|| {
                 s.upsert_pod(rec.clone());

@@ -232,7 +232,7 @@ pub fn usage_report(
     let mut out = BTreeMap::new();
     for q in snap.queue_names() {
         let u = crate::decide::fit::usage_of(snap, &q, now);
-        for p in &u.problems {
+        for p in u.problems.values() {
             tracing::warn!("queue {q}: {p}");
         }
         let rows = u.rows();

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use card_quota::cards::ObjectKey;
 use card_quota::cards::QueueName;
 use card_quota::cluster::load::{remove, upsert};
 use card_quota::cluster::{Dirty, Snapshot};
-use card_quota::controller::plan::queue_state;
-use card_quota::ledger::Row;
+use card_quota::controller::plan::{queue_state, recount_check};
+use card_quota::decide::fit::{usage_after, Change};
+use card_quota::ledger::{queue_usage, QueueUsage, Row};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -24,6 +26,11 @@ enum Ev {
         cards: u32,
         node: Option<usize>,
         group: bool,
+        /// 0-1 running or pending, 2 Succeeded, 3 terminating (grace left), 4
+        /// terminating (grace over).
+        state: u8,
+        /// Stamped at admission into a queue (maybe not its group's).
+        stamp: Option<usize>,
     },
     DeletePod {
         pod: usize,
@@ -57,8 +64,8 @@ enum Ev {
 
 fn ev() -> impl Strategy<Value = Ev> {
     prop_oneof![
-        4 => (0..12usize, 0..3usize, 0..5usize, 1..4u32, proptest::option::of(0..4usize), any::<bool>())
-            .prop_map(|(pod, queue, alts, cards, node, group)| Ev::Pod { pod, queue, alts, cards, node, group }),
+        4 => (0..12usize, 0..3usize, 0..5usize, 1..4u32, proptest::option::of(0..4usize), any::<bool>(), 0..5u8, proptest::option::weighted(0.2, 0..3usize))
+            .prop_map(|(pod, queue, alts, cards, node, group, state, stamp)| Ev::Pod { pod, queue, alts, cards, node, group, state, stamp }),
         1 => (0..12usize).prop_map(|pod| Ev::DeletePod { pod }),
         1 => (0..4usize, 0..3usize, 0..9u32).prop_map(|(node, product, gpus)| Ev::Node { node, product, gpus }),
         1 => (0..4usize).prop_map(|node| Ev::DeleteNode { node }),
@@ -79,8 +86,13 @@ fn apply(s: &mut Snapshot, e: &Ev) {
             cards,
             node,
             group,
+            state,
+            stamp,
         } => {
             let mut anns = json!({"volcano.sh/card.name": ALTS[*alts]});
+            if let Some(q) = stamp {
+                anns["volcano.sh/card.queue"] = json!(QUEUES[*q]);
+            }
             if *group {
                 anns["scheduling.k8s.io/group-name"] = json!(format!("g{}", pod % 3));
             } else {
@@ -91,9 +103,17 @@ fn apply(s: &mut Snapshot, e: &Ev) {
             if let Some(n) = node {
                 spec["nodeName"] = json!(format!("n{n}"));
             }
-            Some(json!({"apiVersion": "v1", "kind": "Pod",
+            let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": format!("p{pod}"), "namespace": "ml", "annotations": anns},
-                "spec": spec}))
+                "spec": spec});
+            let at = |secs: i64| (now() + jiff::SignedDuration::from_secs(secs)).to_string();
+            match state {
+                2 => pod["status"] = json!({"phase": "Succeeded"}),
+                3 => pod["metadata"]["deletionTimestamp"] = json!(at(30)),
+                4 => pod["metadata"]["deletionTimestamp"] = json!(at(-30)),
+                _ => {}
+            }
+            Some(pod)
         }
         Ev::DeletePod { pod } => {
             remove(s, "Pod", "ml", &format!("p{pod}"));
@@ -139,6 +159,17 @@ fn apply(s: &mut Snapshot, e: &Ev) {
     }
 }
 
+/// One fixed "now" for a whole test run, so grace periods do not move under it.
+fn now() -> jiff::Timestamp {
+    static NOW: std::sync::OnceLock<jiff::Timestamp> = std::sync::OnceLock::new();
+    *NOW.get_or_init(jiff::Timestamp::now)
+}
+
+fn recount(s: &Snapshot, q: &QueueName, now: jiff::Timestamp) -> QueueUsage {
+    let quota = s.queue(q).map(|r| r.effective_quota()).unwrap_or_default();
+    queue_usage(quota, s.queue_pods(q), s.queue_groups(q), s, now)
+}
+
 fn full(s: &Snapshot, now: jiff::Timestamp) -> BTreeMap<QueueName, BTreeMap<String, Row>> {
     s.queue_names()
         .into_iter()
@@ -154,7 +185,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
     fn incremental_usage_equals_a_fresh_recount(events in proptest::collection::vec(ev(), 1..60)) {
-        let now = jiff::Timestamp::now();
+        let now = now();
         let mut s = Snapshot::new();
         let mut kept: BTreeMap<QueueName, BTreeMap<String, Row>> = BTreeMap::new();
         for e in &events {
@@ -169,6 +200,69 @@ proptest! {
                 if rows.is_empty() { kept.remove(&q); } else { kept.insert(q, rows); }
             }
             prop_assert_eq!(&kept, &full(&s, now), "after {:?}", e);
+        }
+    }
+}
+
+/// The pod `p9` as an admission would add it to `q`, for the "after a change" check.
+fn newcomer(
+    s: &Snapshot,
+    q: &QueueName,
+    alts: usize,
+    cards: u32,
+    group: bool,
+) -> card_quota::cluster::PodRecord {
+    let mut probe = Snapshot::new();
+    for name in s.node_names() {
+        if let Some(n) = s.node(&name) {
+            probe.upsert_node(name.clone(), n.clone());
+        }
+    }
+    let mut anns =
+        json!({"volcano.sh/card.name": ALTS[alts], "volcano.sh/card.queue": q.to_string()});
+    if group {
+        anns["scheduling.k8s.io/group-name"] = json!("g1");
+    }
+    upsert(
+        &mut probe,
+        &json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p9", "namespace": "ml", "annotations": anns},
+        "spec": {"containers": [{"name": "c", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}}),
+    )
+    .unwrap();
+    probe.pod(&ObjectKey::new("ml", "p9")).unwrap().clone()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn the_tally_equals_a_recount_after_any_events_and_changes(
+        events in proptest::collection::vec(ev(), 1..60),
+        alts in 0..5usize, cards in 1..4u32, group in any::<bool>(),
+    ) {
+        let now = now();
+        let mut s = Snapshot::new();
+        for e in &events {
+            apply(&mut s, e);
+            prop_assert_eq!(s.tally().errors(), 0, "bookkeeping error after {:?}", e);
+            for q in s.queue_names() {
+                prop_assert_eq!(s.usage(&q, now), recount(&s, &q, now), "queue {} after {:?}", q, e);
+            }
+        }
+        prop_assert_eq!(recount_check(&s, now), (Vec::new(), 0));
+        // A decision's "after" view equals a recount of the snapshot with the change made.
+        for q in s.queue_names() {
+            let p = newcomer(&s, &q, alts, cards, group);
+            let change = Change { add_pods: vec![p.clone()], ..Default::default() };
+            let mut with = s.clone();
+            with.upsert_pod(p);
+            prop_assert_eq!(usage_after(&s, &q, &change, now), recount(&with, &q, now), "queue {}", q);
+            let gone = ObjectKey::new("ml", "p3");
+            let change = Change { remove_pods: vec![gone.clone()], ..Default::default() };
+            let mut without = s.clone();
+            without.remove_pod(&gone);
+            prop_assert_eq!(usage_after(&s, &q, &change, now), recount(&without, &q, now), "queue {} without p3", q);
         }
     }
 }

@@ -204,7 +204,7 @@ impl PodRecord {
     /// Still holds (or waits for) its cards: not Succeeded/Failed and not past its
     /// deletion deadline (the ResourceQuota rule).
     pub fn is_active(&self, now: jiff::Timestamp) -> bool {
-        if matches!(self.phase.as_deref(), Some("Succeeded") | Some("Failed")) {
+        if self.is_finished() {
             return false;
         }
         match self.deletion {
@@ -270,6 +270,24 @@ impl PodRecord {
             // Nothing narrower (or a conflict, refused at admission): as named.
             _ => Some(a.clone()),
         }
+    }
+
+    /// The PodGroup the pod names, as a key in the pod's namespace.
+    pub fn group_key(&self) -> Option<ObjectKey> {
+        self.group
+            .as_ref()
+            .map(|g| ObjectKey::new(self.key.namespace.clone(), g.clone()))
+    }
+
+    /// Succeeded or Failed: it holds nothing any more.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded") | Some("Failed"))
+    }
+
+    /// True while the pod may stop counting by time alone (terminating within its
+    /// grace period): such pods are counted when a decision asks, not in advance.
+    pub fn is_terminating(&self) -> bool {
+        self.deletion.is_some() && !self.is_finished()
     }
 
     /// Total cards over all card resources (0 when unreadable).

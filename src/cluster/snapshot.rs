@@ -9,6 +9,7 @@ use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_PREFIXES};
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName};
 
 use crate::ledger::entries::Watermark;
+use crate::ledger::{QueueUsage, Tally};
 
 use super::records::{
     LedgerRecord, PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
@@ -43,6 +44,8 @@ pub struct Snapshot {
     ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
     /// How far the pod and PodGroup watches have come (resourceVersions).
     progress: Watermark,
+    /// Usage per queue, kept up to date with every change above.
+    tally: Tally,
     seq: u64,
     dirty: Dirty,
 }
@@ -71,7 +74,13 @@ impl Dirty {
 
 impl NodeModels for Snapshot {
     fn node_model(&self, node: &str, resource: &str) -> Option<Option<&CardName>> {
-        self.nodes.get(node).map(|n| n.model_for(resource))
+        self.nodes.node_model(node, resource)
+    }
+}
+
+impl NodeModels for HashMap<String, NodeCards> {
+    fn node_model(&self, node: &str, resource: &str) -> Option<Option<&CardName>> {
+        self.get(node).map(|n| n.model_for(resource))
     }
 }
 
@@ -120,13 +129,22 @@ impl Snapshot {
                     .or_insert_with(|| pin.clone());
             }
         }
-        self.nodes.insert(name, cards);
+        self.nodes.insert(name.clone(), cards);
         self.reclassify_pods(&changed);
+        self.retally_node(&name);
     }
 
     pub fn remove_node(&mut self, name: &str) {
         let gone = self.detach_node(name);
         self.reclassify_pods(&gone);
+        self.retally_node(name);
+    }
+
+    /// Bound pods may be charged by their node's model: count them again.
+    fn retally_node(&mut self, name: &str) {
+        for k in self.tally.pods_on(name) {
+            self.retally_pod(&k);
+        }
     }
 
     /// Takes a node out of the indexes; returns the vendor prefixes no node announces
@@ -379,6 +397,7 @@ impl Snapshot {
         if changed {
             self.reindex_group_pods(&key);
         }
+        self.tally.group(&key, self.groups.get(&key));
     }
 
     pub fn remove_group(&mut self, key: &ObjectKey) {
@@ -388,6 +407,7 @@ impl Snapshot {
                 s.remove(key);
             }
             self.reindex_group_pods(key);
+            self.tally.group(key, None);
         }
     }
 
@@ -419,6 +439,7 @@ impl Snapshot {
             if let Some(p) = self.pods.get(&k).cloned() {
                 let previous = self.pod_queue.get(&k).cloned();
                 self.index_pod(&p, previous);
+                self.retally_pod(&k);
             }
         }
     }
@@ -504,7 +525,21 @@ impl Snapshot {
                 .insert(p.key.clone());
         }
         self.index_pod(&p, previous);
-        self.pods.insert(p.key.clone(), p);
+        let key = p.key.clone();
+        self.pods.insert(key.clone(), p);
+        self.retally_pod(&key);
+    }
+
+    /// Counts a pod again in its queue's usage (or stops counting it when gone), and
+    /// its PodGroup's reservation with it.
+    fn retally_pod(&mut self, key: &ObjectKey) {
+        let now_in = self
+            .pods
+            .get(key)
+            .and_then(|p| self.pod_queue.get(key).map(|q| (q, p)));
+        for g in self.tally.pod(key, now_in, &self.nodes) {
+            self.tally.group(&g, self.groups.get(&g));
+        }
     }
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
@@ -512,6 +547,7 @@ impl Snapshot {
         self.latent_pods.remove(key);
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
+            self.retally_pod(key);
             if let Some(g) = &old.group {
                 let gk = ObjectKey::new(old.key.namespace.clone(), g.clone());
                 if let Some(s) = self.pods_by_group.get_mut(&gk) {
@@ -568,6 +604,58 @@ impl Snapshot {
             .into_iter()
             .flatten()
             .filter_map(|k| self.groups.get(k))
+    }
+
+    // ---- usage -------------------------------------------------------------------
+
+    /// The usage of `queue` at `now`, from the incremental tally.
+    pub fn usage(&self, queue: &QueueName, now: jiff::Timestamp) -> QueueUsage {
+        let quota = self
+            .queue(queue)
+            .map(|q| q.effective_quota())
+            .unwrap_or_default();
+        self.tally.usage(
+            queue,
+            quota,
+            |k| self.pods.get(k),
+            |k| self.groups.get(k),
+            &self.nodes,
+            now,
+        )
+    }
+
+    /// The members `group` has in `queue` at `now`, merged by models.
+    pub fn group_members(
+        &self,
+        group: &ObjectKey,
+        queue: &QueueName,
+        now: jiff::Timestamp,
+    ) -> crate::ledger::usage::Members {
+        self.tally
+            .members_now(group, queue, |k| self.pods.get(k), &self.nodes, now)
+    }
+
+    /// The queue a card pod is counted in.
+    pub fn pod_queue(&self, key: &ObjectKey) -> Option<&QueueName> {
+        self.pod_queue.get(key)
+    }
+
+    /// The incremental tally (for the recount that checks it).
+    pub fn tally(&self) -> &Tally {
+        &self.tally
+    }
+
+    /// Rebuilds the tally from scratch (after a recount found it wrong).
+    pub fn rebuild_tally(&mut self) {
+        self.tally = Tally::default();
+        let keys: Vec<ObjectKey> = self.pods.keys().cloned().collect();
+        for k in keys {
+            self.retally_pod(&k);
+        }
+        let groups: Vec<ObjectKey> = self.groups.keys().cloned().collect();
+        for g in groups {
+            self.tally.group(&g, self.groups.get(&g));
+        }
     }
 
     // ---- workloads ---------------------------------------------------------------

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::cards::QueueName;
 use crate::cluster::Snapshot;
 use crate::decide::fit::usage_of;
-use crate::ledger::Row;
+use crate::ledger::tally::same_usage;
+use crate::ledger::{queue_usage, Row};
 
 /// Event reason for a queue whose allocated cards exceed its quota.
 pub const EXCEEDED: &str = "CardQuotaExceeded";
@@ -43,6 +44,29 @@ pub fn queue_state(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> 
             _ => None,
         }),
     }
+}
+
+/// Queues whose incremental usage differs from a full recount of their objects, and
+/// whether the tally saw bookkeeping errors. Runs with each full pass.
+pub fn recount_check(snap: &Snapshot, now: jiff::Timestamp) -> (Vec<QueueName>, u64) {
+    let wrong = snap
+        .queue_names()
+        .into_iter()
+        .chain(snap.tally().queues().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|q| {
+            let recount = queue_usage(
+                Default::default(),
+                snap.queue_pods(q),
+                snap.queue_groups(q),
+                snap,
+                now,
+            );
+            !same_usage(&snap.usage(q, now), &recount)
+        })
+        .collect();
+    (wrong, snap.tally().errors())
 }
 
 /// The `volcano.sh/card.usage` text: rows per model plus `observedAt`.

@@ -26,8 +26,8 @@ use crate::webhook::metrics::{Metrics, ModeLabel, ResultLabel};
 
 use super::events::EventSink;
 use super::plan::{
-    exceeded_message, invalid_message, queue_state, usage_write, EventMemory, QueueState, EXCEEDED,
-    INVALID,
+    exceeded_message, invalid_message, queue_state, recount_check, usage_write, EventMemory,
+    QueueState, EXCEEDED, INVALID,
 };
 
 /// The field manager of card-quota's server-side applies.
@@ -165,6 +165,20 @@ impl Reconciler {
                 (false, Dirty::Queues(s)) => s,
                 (false, Dirty::None) => BTreeSet::new(),
             };
+            if full {
+                let (wrong, errors) = recount_check(&snap, now);
+                if !wrong.is_empty() || errors > 0 {
+                    tracing::warn!(
+                        queues = ?wrong,
+                        errors,
+                        "incremental usage disagreed with a full recount; rebuilt it"
+                    );
+                    self.metrics
+                        .tally_mismatches
+                        .inc_by(wrong.len().max(1) as u64);
+                    snap.rebuild_tally();
+                }
+            }
             let states: Vec<QueueState> =
                 names.iter().map(|q| queue_state(&snap, q, now)).collect();
             // Ledgers with entries are pruned; empty ones of deleted queues go.

@@ -1,11 +1,12 @@
 //! "Does this change fit?": the usage of a queue before and after a change, and the
 //! exact feasibility check restricted to the models the change can affect.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cards::{Alternatives, CardName, ObjectKey, QueueName};
 use crate::cluster::{PodGroupRecord, PodRecord, Snapshot};
-use crate::ledger::{check, queue_usage, Demand, QueueUsage, Verdict, DEFAULT_BUDGET};
+use crate::ledger::usage::{merge_members, reservation};
+use crate::ledger::{check, Demand, QueueUsage, Share, Verdict, DEFAULT_BUDGET};
 
 /// A hypothetical change to one queue's objects.
 #[derive(Debug, Default, Clone)]
@@ -38,69 +39,94 @@ impl Fit<'_> {
 
 /// Usage of `queue` as the snapshot holds it.
 pub fn usage_of(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> QueueUsage {
-    let quota = snap
-        .queue(queue)
-        .map(|q| q.effective_quota())
-        .unwrap_or_default();
-    queue_usage(
-        quota,
-        snap.queue_pods(queue),
-        snap.queue_groups(queue),
-        snap,
-        now,
-    )
+    snap.usage(queue, now)
 }
 
-/// Usage of `queue` after `change`.
+/// Usage of `queue` after `change`: the queue's tally with the change's pods and
+/// PodGroups taken out or counted in, and the reservations of the groups they touch
+/// counted again. O(models and touched groups), whatever the queue's size.
 pub fn usage_after(
     snap: &Snapshot,
     queue: &QueueName,
     change: &Change,
     now: jiff::Timestamp,
 ) -> QueueUsage {
-    let quota = snap
-        .queue(queue)
-        .map(|q| q.effective_quota())
-        .unwrap_or_default();
-    let drop_pods: HashSet<&ObjectKey> = change
+    let mut u = snap.usage(queue, now);
+    // Member changes per touched group, applied on top of its current members.
+    let mut touched: BTreeMap<ObjectKey, Vec<(Share, bool)>> = BTreeMap::new();
+    for k in &change.remove_groups {
+        touched.entry(k.clone()).or_default();
+    }
+    for g in &change.add_groups {
+        touched.entry(g.key.clone()).or_default();
+    }
+    let replaced: BTreeSet<&ObjectKey> = change
         .remove_pods
         .iter()
         .chain(change.add_pods.iter().map(|p| &p.key))
         .collect();
-    let drop_groups: HashSet<&ObjectKey> = change
-        .remove_groups
-        .iter()
-        .chain(change.add_groups.iter().map(|g| &g.key))
-        .collect();
-    let pods = snap
-        .queue_pods(queue)
-        .filter(|p| !drop_pods.contains(&p.key))
-        .chain(change.add_pods.iter());
-    let groups = snap
-        .queue_groups(queue)
-        .filter(|g| !drop_groups.contains(&g.key))
-        .chain(change.add_groups.iter());
-    let mut u = queue_usage(quota, pods, groups, snap, now);
+    for k in replaced {
+        let Some(p) = snap.pod(k).filter(|p| p.is_active(now)) else {
+            continue;
+        };
+        if snap.pod_queue(k) != Some(queue) {
+            continue;
+        }
+        let share = Share::of(p, snap);
+        u.sub_share(k, &share);
+        if let Some(g) = p.group_key() {
+            touched.entry(g).or_default().push((share, false));
+        }
+    }
+    for p in change.add_pods.iter().filter(|p| p.is_active(now)) {
+        let share = Share::of(p, snap);
+        u.add_share(&p.key, &share);
+        if let Some(g) = p.group_key() {
+            touched.entry(g).or_default().push((share, true));
+        }
+    }
+    for (g, deltas) in touched {
+        let old = snap.group(&g).filter(|r| &r.queue == queue);
+        let new = match change.add_groups.iter().rev().find(|r| r.key == g) {
+            Some(r) => Some(r),
+            None if change.remove_groups.contains(&g) => None,
+            None => old,
+        };
+        let old_req = old.and_then(|r| r.live_request());
+        let new_req = new.and_then(|r| r.live_request());
+        if old_req.is_none() && new_req.is_none() {
+            continue;
+        }
+        let mut members = snap.group_members(&g, queue, now);
+        if let Some(req) = old_req {
+            u.sub_reservation(&reservation(req, &members));
+        }
+        if let Some(req) = new_req {
+            for (share, add) in &deltas {
+                merge_members(&mut members, share, *add);
+            }
+            u.add_reservation(&reservation(req, &members));
+        }
+    }
     for d in &change.extra {
-        add_planned(&mut u, d);
+        u.add_planned(d);
     }
     u
 }
 
 /// Adds a demand with no object yet (replicas a scale-up would add) to a usage.
 pub fn add_planned(u: &mut QueueUsage, d: &Demand) {
-    *u.pending.entry(d.models.clone()).or_default() += d.total();
-    u.demands
-        .push((crate::ledger::Source::Planned, u64::MAX, d.clone()));
+    u.add_planned(d);
 }
 
 /// Demands of `u` in the component of models reachable from `touched`.
 fn component(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Vec<Demand> {
+    let demands = u.demands();
     let mut models = touched.clone();
-    let mut taken = vec![false; u.demands.len()];
+    let mut taken = vec![false; demands.len()];
     loop {
         let mut grew = false;
-        for (i, (_, _, d)) in u.demands.iter().enumerate() {
+        for (i, d) in demands.iter().enumerate() {
             if !taken[i] && d.models.models().iter().any(|m| models.contains(m)) {
                 taken[i] = true;
                 for m in d.models.models() {
@@ -112,11 +138,11 @@ fn component(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Vec<Demand> {
             break;
         }
     }
-    u.demands
-        .iter()
+    demands
+        .into_iter()
         .zip(taken)
         .filter(|(_, t)| *t)
-        .map(|((_, _, d), _)| d.clone())
+        .map(|(d, _)| d)
         .collect()
 }
 

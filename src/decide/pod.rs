@@ -12,9 +12,10 @@ use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
 use crate::cluster::records::pod_record;
 use crate::cluster::{PodRecord, Snapshot};
-use crate::ledger::{Effect, Source, Verdict};
+use crate::ledger::usage::reservation;
+use crate::ledger::{Effect, Verdict};
 
-use super::fit::{feasible, fit, models_of, usage_of, Change};
+use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{
     gate, insufficient, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
 };
@@ -679,12 +680,16 @@ fn choose_pin(
     let reserved: BTreeSet<CardName> = match &rec.group {
         Some(g) => {
             let key = crate::cards::ObjectKey::new(rec.key.namespace.clone(), g.clone());
-            usage_of(snap, queue, now)
-                .demands
-                .iter()
-                .filter(|(src, _, _)| *src == Source::Group(key.clone()))
-                .flat_map(|(_, _, d)| d.models.models().to_vec())
-                .collect()
+            match snap.group(&key).filter(|r| &r.queue == queue) {
+                Some(r) => r
+                    .live_request()
+                    .map(|req| reservation(req, &snap.group_members(&key, queue, now)))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flat_map(|(a, _)| a.models().to_vec())
+                    .collect(),
+                None => BTreeSet::new(),
+            }
         }
         None => BTreeSet::new(),
     };

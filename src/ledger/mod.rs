@@ -2,10 +2,12 @@
 
 pub mod feasibility;
 pub mod flow;
+pub mod tally;
 pub mod usage;
 
 pub use feasibility::{check, Demand, Verdict, DEFAULT_BUDGET};
-pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Source};
+pub use tally::Tally;
+pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Share};
 pub mod entries;
 pub mod overlay;
 

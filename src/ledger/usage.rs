@@ -1,5 +1,7 @@
 //! Per-queue, per-model usage (DESIGN §1): allocated from bound pods, pending from
 //! unbound pods, reserved from PodGroup requests not yet covered by their own pods.
+//! [`queue_usage`] recounts a queue from scratch; `tally` keeps the same numbers up to
+//! date one change at a time, and the recount is its reference.
 
 use std::collections::BTreeMap;
 
@@ -12,26 +14,120 @@ use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
 use super::feasibility::Demand;
 use super::flow::{Network, UNLIMITED};
 
-/// Who a demand belongs to, so a decision can replace it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Source {
-    Pod(ObjectKey),
-    Group(ObjectKey),
-    /// A demand with no object yet (replicas a scale-up would add).
-    Planned,
-}
-
-/// The usage of one queue, and the open demands its feasibility depends on.
+/// The usage of one queue, and the open demands its feasibility depends on. Identical
+/// demands are counted, not listed, so its size follows the models, not the pods.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueUsage {
     pub quota: Quota,
     pub allocated: BTreeMap<CardName, Cards>,
     pub pending: BTreeMap<Alternatives, Cards>,
     pub reserved: BTreeMap<Alternatives, Cards>,
-    /// Pending pods (indivisible) and reservations (divisible), oldest first.
-    pub demands: Vec<(Source, u64, Demand)>,
-    /// Things that could not be charged, for logs.
-    pub problems: Vec<String>,
+    /// Pending pods (indivisible): how many wait with these models and cards each.
+    pub waiting: BTreeMap<(Alternatives, Cards), u64>,
+    /// Demands with no object yet (replicas a scale-up would add).
+    pub planned: Vec<Demand>,
+    /// Pods that could not be charged, for logs.
+    pub problems: BTreeMap<ObjectKey, String>,
+}
+
+/// What one pod adds to its queue's usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Share {
+    /// Nothing: finished, or no cards.
+    Nothing,
+    /// Bound: cards per model it is charged for.
+    Allocated(Vec<(CardName, Cards)>),
+    /// Unbound: the models it may land on, and its cards.
+    Pending(Alternatives, Cards),
+    /// It cannot be charged; the reason is logged.
+    Problem(String),
+}
+
+impl Share {
+    /// The share of `pod` while it is active (callers check [`PodRecord::is_active`]).
+    pub fn of(pod: &PodRecord, nodes: &impl NodeModels) -> Self {
+        if pod.node.is_some() {
+            return match bound_charges(pod, nodes) {
+                Ok(c) if c.is_empty() => Self::Nothing,
+                Ok(c) => Self::Allocated(c),
+                Err(e) => Self::Problem(e),
+            };
+        }
+        let cards = pod.cards();
+        if cards.is_zero() {
+            return Self::Nothing;
+        }
+        match pod.effective_alternatives() {
+            Some(a) => Self::Pending(a, cards),
+            None => Self::Problem(format!(
+                "pending pod {} names no valid card model; it is charged when bound",
+                pod.key
+            )),
+        }
+    }
+
+    /// What the pod gives its PodGroup's request to draw on: (models, cards).
+    pub fn members(&self) -> Vec<(Alternatives, Cards)> {
+        match self {
+            Self::Allocated(c) => c
+                .iter()
+                .map(|(m, n)| (Alternatives::single(m.clone()), *n))
+                .collect(),
+            Self::Pending(a, n) => vec![(a.clone(), *n)],
+            Self::Nothing | Self::Problem(_) => Vec::new(),
+        }
+    }
+}
+
+fn add_to<K: Ord + Clone>(map: &mut BTreeMap<K, Cards>, k: &K, n: Cards) {
+    if !n.is_zero() {
+        *map.entry(k.clone()).or_default() += n;
+    }
+}
+
+/// Takes `n` off `k`, dropping the key at zero. False when there was less than `n`,
+/// which means the caller's bookkeeping is wrong.
+fn take_from<K: Ord>(map: &mut BTreeMap<K, Cards>, k: &K, n: Cards) -> bool {
+    if n.is_zero() {
+        return true;
+    }
+    let Some(v) = map.get_mut(k) else {
+        return false;
+    };
+    let ok = *v >= n;
+    *v = v.saturating_sub(n);
+    if v.is_zero() {
+        map.remove(k);
+    }
+    ok
+}
+
+/// A PodGroup's members, merged by models: what its request draws on.
+pub type Members = BTreeMap<Alternatives, Cards>;
+
+/// Adds (or, with `add` false, takes away) a pod's share in a members map.
+pub fn merge_members(members: &mut Members, share: &Share, add: bool) -> bool {
+    let mut ok = true;
+    for (a, n) in share.members() {
+        if add {
+            add_to(members, &a, n);
+        } else {
+            ok &= take_from(members, &a, n);
+        }
+    }
+    ok
+}
+
+/// What is left of a PodGroup's request once its members have drawn on it: the
+/// group's reservation, by entry, zero entries left out.
+pub fn reservation(req: &CardRequest, members: &Members) -> Vec<(Alternatives, Cards)> {
+    let list: Vec<(Alternatives, Cards)> = members.iter().map(|(a, n)| (a.clone(), *n)).collect();
+    req.0
+        .iter()
+        .zip(uncovered(req, &list))
+        .filter(|(_, left)| !left.is_zero())
+        .map(|((k, _), left)| (k.clone(), left))
+        .collect()
 }
 
 /// One row of the usage table (also the JSON of `volcano.sh/card.usage`).
@@ -54,6 +150,91 @@ impl Row {
 }
 
 impl QueueUsage {
+    /// An empty usage under `quota`.
+    pub fn new(quota: Quota) -> Self {
+        Self {
+            quota,
+            ..Default::default()
+        }
+    }
+
+    /// Counts a pod's share. `key` names the pod in problems.
+    pub fn add_share(&mut self, key: &ObjectKey, share: &Share) {
+        match share {
+            Share::Nothing => {}
+            Share::Allocated(c) => {
+                for (m, n) in c {
+                    add_to(&mut self.allocated, m, *n);
+                }
+            }
+            Share::Pending(a, n) => {
+                add_to(&mut self.pending, a, *n);
+                *self.waiting.entry((a.clone(), *n)).or_default() += 1;
+            }
+            Share::Problem(e) => {
+                self.problems.insert(key.clone(), e.clone());
+            }
+        }
+    }
+
+    /// Takes back a share counted by [`QueueUsage::add_share`]. False when it was not
+    /// counted (a bookkeeping error; the numbers stay non-negative).
+    pub fn sub_share(&mut self, key: &ObjectKey, share: &Share) -> bool {
+        match share {
+            Share::Nothing => true,
+            Share::Allocated(c) => c.iter().fold(true, |ok, (m, n)| {
+                take_from(&mut self.allocated, m, *n) && ok
+            }),
+            Share::Pending(a, n) => {
+                let mut ok = take_from(&mut self.pending, a, *n);
+                let k = (a.clone(), *n);
+                match self.waiting.get_mut(&k) {
+                    Some(c) if *c > 1 => *c -= 1,
+                    Some(_) => {
+                        self.waiting.remove(&k);
+                    }
+                    None => ok = false,
+                }
+                ok
+            }
+            Share::Problem(_) => self.problems.remove(key).is_some(),
+        }
+    }
+
+    /// Counts a PodGroup's reservation.
+    pub fn add_reservation(&mut self, r: &[(Alternatives, Cards)]) {
+        for (a, n) in r {
+            add_to(&mut self.reserved, a, *n);
+        }
+    }
+
+    /// Takes back a reservation counted by [`QueueUsage::add_reservation`].
+    pub fn sub_reservation(&mut self, r: &[(Alternatives, Cards)]) -> bool {
+        r.iter().fold(true, |ok, (a, n)| {
+            take_from(&mut self.reserved, a, *n) && ok
+        })
+    }
+
+    /// Adds a demand with no object yet (replicas a scale-up would add).
+    pub fn add_planned(&mut self, d: &Demand) {
+        add_to(&mut self.pending, &d.models, d.total());
+        self.planned.push(d.clone());
+    }
+
+    /// Every open demand, counted: reservations (divisible), pending pods, planned ones.
+    pub fn demands(&self) -> Vec<Demand> {
+        self.reserved
+            .iter()
+            .map(|(a, n)| Demand::job(a.clone(), *n))
+            .chain(
+                self.waiting
+                    .iter()
+                    .map(|((a, n), count)| Demand::pods(a.clone(), *n, *count)),
+            )
+            .chain(self.planned.iter().cloned())
+            .collect()
+    }
+
     /// Room per model: quota minus allocated (may be negative after a quota cut).
     pub fn rooms(&self) -> BTreeMap<CardName, i128> {
         let mut r: BTreeMap<CardName, i128> = self
@@ -149,7 +330,8 @@ pub fn bound_charges(
     Ok(out)
 }
 
-/// Computes the usage of one queue from its pods and PodGroups.
+/// Recounts the usage of one queue from its pods and PodGroups (the reference the
+/// incremental tally is checked against).
 pub fn queue_usage<'a>(
     quota: Quota,
     pods: impl IntoIterator<Item = &'a PodRecord>,
@@ -157,86 +339,25 @@ pub fn queue_usage<'a>(
     nodes: &impl NodeModels,
     now: jiff::Timestamp,
 ) -> QueueUsage {
-    let mut u = QueueUsage {
-        quota,
-        ..Default::default()
-    };
-    // Cards of each group's pods: the models each member may be on, and its cards.
-    let mut group_pods: BTreeMap<(String, String), Vec<(Alternatives, Cards)>> = BTreeMap::new();
-    let mut pending_pods: Vec<(u64, ObjectKey, Demand)> = Vec::new();
+    let mut u = QueueUsage::new(quota);
+    // What each group's pods give its request to draw on.
+    let mut members: BTreeMap<ObjectKey, Members> = BTreeMap::new();
     for p in pods {
         if !p.is_active(now) {
             continue;
         }
-        let gkey = p
-            .group
-            .as_ref()
-            .map(|g| (p.key.namespace.clone(), g.clone()));
-        if p.node.is_some() {
-            match bound_charges(p, nodes) {
-                Ok(charges) => {
-                    for (m, n) in charges {
-                        *u.allocated.entry(m.clone()).or_default() += n;
-                        if let Some(g) = &gkey {
-                            group_pods
-                                .entry(g.clone())
-                                .or_default()
-                                .push((Alternatives::single(m), n));
-                        }
-                    }
-                }
-                Err(e) => u.problems.push(e),
-            }
-            continue;
-        }
-        let cards = p.cards();
-        if cards.is_zero() {
-            continue;
-        }
-        match p.effective_alternatives() {
-            Some(a) => {
-                *u.pending.entry(a.clone()).or_default() += cards;
-                if let Some(g) = &gkey {
-                    group_pods
-                        .entry(g.clone())
-                        .or_default()
-                        .push((a.clone(), cards));
-                }
-                pending_pods.push((p.seq, p.key.clone(), Demand::pod(a.clone(), cards)));
-            }
-            None => u.problems.push(format!(
-                "pending pod {} names no valid card model; it is charged when bound",
-                p.key
-            )),
+        let share = Share::of(p, nodes);
+        u.add_share(&p.key, &share);
+        if let Some(g) = p.group_key() {
+            merge_members(members.entry(g).or_default(), &share, true);
         }
     }
-    let mut reservations: Vec<(u64, ObjectKey, Demand)> = Vec::new();
+    let none = Members::new();
     for g in groups {
-        let Some(req) = g.live_request() else {
-            continue;
-        };
-        let members = group_pods
-            .get(&(g.key.namespace.clone(), g.key.name.clone()))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        for ((k, _), left) in req.0.iter().zip(uncovered(req, members)) {
-            if !left.is_zero() {
-                *u.reserved.entry(k.clone()).or_default() += left;
-                reservations.push((g.seq, g.key.clone(), Demand::job(k.clone(), left)));
-            }
+        if let Some(req) = g.live_request() {
+            u.add_reservation(&reservation(req, members.get(&g.key).unwrap_or(&none)));
         }
     }
-    reservations.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    pending_pods.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    u.demands = reservations
-        .into_iter()
-        .map(|(s, k, d)| (Source::Group(k), s, d))
-        .chain(
-            pending_pods
-                .into_iter()
-                .map(|(s, k, d)| (Source::Pod(k), s, d)),
-        )
-        .collect();
     u
 }
 

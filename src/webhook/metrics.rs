@@ -59,6 +59,8 @@ pub struct Metrics {
     pub reconcile_duration: Family<ModeLabel, Histogram>,
     pub usage_writes: Family<ResultLabel, Counter>,
     pub ledger_pruned: Counter,
+    /// Queues whose incremental usage disagreed with a full recount (then rebuilt).
+    pub tally_mismatches: Counter,
     /// Requests per group commit (one ledger write each).
     pub ledger_batch: Histogram,
     pub ledger_write_seconds: Histogram,
@@ -153,6 +155,12 @@ impl Default for Metrics {
             "Ledger entries dropped once caches show them, or expired",
             ledger_pruned.clone(),
         );
+        let tally_mismatches = Counter::default();
+        registry.register(
+            "card_quota_usage_recount_mismatches",
+            "Queues whose incremental usage differed from the periodic full recount (the tally is then rebuilt)",
+            tally_mismatches.clone(),
+        );
         let ledger_batch =
             Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]);
         let ledger_write_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 12));
@@ -178,6 +186,7 @@ impl Default for Metrics {
             reconcile_duration,
             usage_writes,
             ledger_pruned,
+            tally_mismatches,
             ledger_batch,
             ledger_write_seconds,
             published: Mutex::new(HashMap::new()),

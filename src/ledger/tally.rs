@@ -1,0 +1,301 @@
+//! Usage per queue kept up to date one object change at a time, so a decision reads
+//! its queue's numbers in O(models) instead of recounting the queue's pods.
+//!
+//! Each counted pod's share and each PodGroup's reservation is remembered, so a change
+//! takes the old one back and counts the new one. Pods inside their termination grace
+//! period stop counting by time alone; they are set aside and counted when a decision
+//! asks (there are few of them). [`super::queue_usage`] stays the reference: a
+//! periodic recount checks the tally and rebuilds it on a mismatch.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::cards::{Alternatives, Cards, ObjectKey, QueueName, Quota};
+use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
+
+use super::usage::{merge_members, reservation, Members, QueueUsage, Share};
+
+/// How one pod is counted.
+#[derive(Debug, Clone)]
+enum Counted {
+    /// Its share is in its queue's sums (and its group's members).
+    Settled {
+        queue: QueueName,
+        share: Share,
+        group: Option<ObjectKey>,
+        node: Option<String>,
+    },
+    /// Terminating: counted when asked, while its grace period lasts.
+    Terminating { queue: QueueName },
+}
+
+/// The incremental usage of every queue.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    sums: HashMap<QueueName, QueueUsage>,
+    pods: HashMap<ObjectKey, Counted>,
+    /// Settled members of each PodGroup, by the queue the members are charged to.
+    members: HashMap<(ObjectKey, QueueName), Members>,
+    /// Each PodGroup's counted reservation and the queue it is counted in.
+    groups: HashMap<ObjectKey, (QueueName, Vec<(Alternatives, Cards)>)>,
+    terminating: HashMap<QueueName, BTreeSet<ObjectKey>>,
+    /// Settled bound pods by node: their model may change with the node's labels.
+    by_node: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Take-backs that found nothing to take (bookkeeping errors).
+    errors: u64,
+}
+
+fn remove_from<K: std::hash::Hash + Eq>(
+    index: &mut HashMap<K, BTreeSet<ObjectKey>>,
+    k: &K,
+    key: &ObjectKey,
+) {
+    if let Some(s) = index.get_mut(k) {
+        s.remove(key);
+        if s.is_empty() {
+            index.remove(k);
+        }
+    }
+}
+
+impl Tally {
+    /// Takes something back from `queue`'s sums, counting a bookkeeping error when it
+    /// was not there, and forgets a queue that holds nothing any more.
+    fn take(&mut self, queue: &QueueName, f: impl FnOnce(&mut QueueUsage) -> bool) {
+        let ok = match self.sums.get_mut(queue) {
+            Some(u) => {
+                let ok = f(u);
+                if is_empty(u) {
+                    self.sums.remove(queue);
+                }
+                ok
+            }
+            // Nothing counted there: fine as long as nothing is taken.
+            None => f(&mut QueueUsage::default()),
+        };
+        self.errors += u64::from(!ok);
+    }
+
+    /// Re-counts one pod. `now_in` is the pod and its queue, or `None` when it no longer
+    /// counts anywhere (deleted, or no card pod). Returns the PodGroups whose members
+    /// changed: the caller passes each to [`Tally::group`].
+    pub fn pod(
+        &mut self,
+        key: &ObjectKey,
+        now_in: Option<(&QueueName, &PodRecord)>,
+        nodes: &impl NodeModels,
+    ) -> Vec<ObjectKey> {
+        let mut touched = Vec::new();
+        match self.pods.remove(key) {
+            Some(Counted::Settled {
+                queue,
+                share,
+                group,
+                node,
+            }) => {
+                self.take(&queue, |u| u.sub_share(key, &share));
+                if let Some(g) = group {
+                    let mk = (g, queue);
+                    if let Some(m) = self.members.get_mut(&mk) {
+                        self.errors += u64::from(!merge_members(m, &share, false));
+                        if m.is_empty() {
+                            self.members.remove(&mk);
+                        }
+                    }
+                    touched.push(mk.0);
+                }
+                if let Some(n) = node {
+                    remove_from(&mut self.by_node, &n, key);
+                }
+            }
+            // Terminating members are not in their group's counted reservation.
+            Some(Counted::Terminating { queue }) => remove_from(&mut self.terminating, &queue, key),
+            None => {}
+        }
+        let Some((queue, pod)) = now_in else {
+            return touched;
+        };
+        if pod.is_terminating() {
+            self.terminating
+                .entry(queue.clone())
+                .or_default()
+                .insert(key.clone());
+            self.pods.insert(
+                key.clone(),
+                Counted::Terminating {
+                    queue: queue.clone(),
+                },
+            );
+            return touched;
+        }
+        let share = if pod.is_finished() {
+            Share::Nothing
+        } else {
+            Share::of(pod, nodes)
+        };
+        if share != Share::Nothing {
+            self.sums
+                .entry(queue.clone())
+                .or_default()
+                .add_share(key, &share);
+        }
+        let group = pod.group_key();
+        if let Some(g) = &group {
+            if !share.members().is_empty() {
+                merge_members(
+                    self.members.entry((g.clone(), queue.clone())).or_default(),
+                    &share,
+                    true,
+                );
+            }
+            touched.push(g.clone());
+        }
+        if let Some(n) = &pod.node {
+            self.by_node
+                .entry(n.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        self.pods.insert(
+            key.clone(),
+            Counted::Settled {
+                queue: queue.clone(),
+                share,
+                group,
+                node: pod.node.clone(),
+            },
+        );
+        touched
+    }
+
+    /// Re-counts one PodGroup's reservation (`None`: it is gone).
+    pub fn group(&mut self, key: &ObjectKey, now: Option<&PodGroupRecord>) {
+        if let Some((queue, r)) = self.groups.remove(key) {
+            self.take(&queue, |u| u.sub_reservation(&r));
+        }
+        let Some(g) = now else { return };
+        let Some(req) = g.live_request() else { return };
+        let none = Members::new();
+        let members = self
+            .members
+            .get(&(key.clone(), g.queue.clone()))
+            .unwrap_or(&none);
+        let r = reservation(req, members);
+        if r.is_empty() {
+            return;
+        }
+        self.sums
+            .entry(g.queue.clone())
+            .or_default()
+            .add_reservation(&r);
+        self.groups.insert(key.clone(), (g.queue.clone(), r));
+    }
+
+    /// Settled pods bound to `node`.
+    pub fn pods_on(&self, node: &str) -> Vec<ObjectKey> {
+        self.by_node
+            .get(node)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Bookkeeping errors seen since the tally was built.
+    pub fn errors(&self) -> u64 {
+        self.errors
+    }
+
+    /// The members `group` has in `queue` at `now`: the settled ones and the
+    /// terminating ones still inside their grace period.
+    pub fn members_now<'a>(
+        &self,
+        group: &ObjectKey,
+        queue: &QueueName,
+        pod: impl Fn(&ObjectKey) -> Option<&'a PodRecord>,
+        nodes: &impl NodeModels,
+        now: jiff::Timestamp,
+    ) -> Members {
+        let mut m = self
+            .members
+            .get(&(group.clone(), queue.clone()))
+            .cloned()
+            .unwrap_or_default();
+        for p in self.terminating_in(queue, pod, now) {
+            if p.group_key().as_ref() == Some(group) {
+                merge_members(&mut m, &Share::of(p, nodes), true);
+            }
+        }
+        m
+    }
+
+    fn terminating_in<'a, 'b>(
+        &'b self,
+        queue: &QueueName,
+        pod: impl Fn(&ObjectKey) -> Option<&'a PodRecord> + 'b,
+        now: jiff::Timestamp,
+    ) -> impl Iterator<Item = &'a PodRecord> + 'b {
+        self.terminating
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .filter_map(pod)
+            .filter(move |p| p.is_active(now))
+    }
+
+    /// The usage of `queue` at `now` under `quota`.
+    pub fn usage<'a>(
+        &self,
+        queue: &QueueName,
+        quota: Quota,
+        pod: impl Fn(&ObjectKey) -> Option<&'a PodRecord> + Copy,
+        group: impl Fn(&ObjectKey) -> Option<&'a PodGroupRecord>,
+        nodes: &impl NodeModels,
+        now: jiff::Timestamp,
+    ) -> QueueUsage {
+        let mut u = self.sums.get(queue).cloned().unwrap_or_default();
+        u.quota = quota;
+        let mut regroup: BTreeSet<ObjectKey> = BTreeSet::new();
+        for p in self.terminating_in(queue, pod, now) {
+            u.add_share(&p.key, &Share::of(p, nodes));
+            regroup.extend(p.group_key());
+        }
+        for g in regroup {
+            let Some(rec) = group(&g).filter(|r| &r.queue == queue) else {
+                continue;
+            };
+            let Some(req) = rec.live_request() else {
+                continue;
+            };
+            if let Some((q, r)) = self.groups.get(&g) {
+                if q == queue {
+                    u.sub_reservation(r);
+                }
+            }
+            let members = self.members_now(&g, queue, pod, nodes, now);
+            u.add_reservation(&reservation(req, &members));
+        }
+        u
+    }
+
+    /// Queues with anything counted.
+    pub fn queues(&self) -> impl Iterator<Item = &QueueName> {
+        self.sums.keys()
+    }
+}
+
+/// The usage a tally and a recount both give, made comparable (quota aside).
+pub fn same_usage(a: &QueueUsage, b: &QueueUsage) -> bool {
+    a.allocated == b.allocated
+        && a.pending == b.pending
+        && a.reserved == b.reserved
+        && a.waiting == b.waiting
+        && a.problems == b.problems
+}
+
+/// True when a usage counts nothing.
+pub fn is_empty(u: &QueueUsage) -> bool {
+    u.allocated.is_empty()
+        && u.pending.is_empty()
+        && u.reserved.is_empty()
+        && u.waiting.is_empty()
+        && u.problems.is_empty()
+        && u.planned.is_empty()
+}
