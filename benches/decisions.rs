@@ -169,16 +169,20 @@ fn recount(c: &mut Criterion) {
     let mut g = c.benchmark_group("recount");
     g.sample_size(10);
     // The usage of every queue as `status` and the metrics read it (from the tally).
-    g.bench_function("usage of every queue, 100k pods / 10k nodes / 1k queues", |b| {
-        b.iter(|| usage_report(&s, now))
-    });
+    g.bench_function(
+        "usage of every queue, 100k pods / 10k nodes / 1k queues",
+        |b| b.iter(|| usage_report(&s, now)),
+    );
     // The periodic check: every queue recounted from its objects and compared.
-    g.bench_function("full recount check, 100k pods / 10k nodes / 1k queues", |b| {
-        b.iter(|| {
-            let (wrong, errors) = recount_check(&s, now);
-            assert!(wrong.is_empty() && errors == 0);
-        })
-    });
+    g.bench_function(
+        "full recount check, 100k pods / 10k nodes / 1k queues",
+        |b| {
+            b.iter(|| {
+                let (wrong, errors) = recount_check(&s, now);
+                assert!(wrong.is_empty() && errors == 0);
+            })
+        },
+    );
     g.finish();
     // A decision at that size: a pod create into one of the 1,000 queues.
     let cfg = Config::default();

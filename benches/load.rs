@@ -166,7 +166,7 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let resolver = Arc::new(tls::Reloading::new(dir.clone()).unwrap());
-        let server_cfg = tls::server_config(resolver).unwrap();
+        let server_cfg = tls::server_config(resolver, None).unwrap();
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_file_iter(dir.join("ca.crt")).unwrap() {
             roots.add(c.unwrap()).unwrap();

@@ -87,6 +87,19 @@ enum Command {
         /// How often to look for a rotated certificate, in seconds.
         #[arg(long, default_value = "10")]
         cert_reload_seconds: f64,
+        /// Require callers to present a client certificate signed by this CA (PEM): the
+        /// certificate the API server presents to webhooks (AdmissionConfiguration
+        /// `kubeConfigFile`). Others are refused at the TLS handshake.
+        #[arg(long, env = "CARD_QUOTA_CLIENT_CA")]
+        client_ca: Option<PathBuf>,
+        /// With --client-ca: accept only certificates with this common name or DNS name
+        /// (repeatable). A cluster CA signs many clients; name the API server's.
+        #[arg(long, requires = "client_ca")]
+        client_name: Vec<String>,
+        /// On SIGTERM, seconds to keep serving while unready, so the Service stops
+        /// sending new requests before the listener closes.
+        #[arg(long, default_value = "5")]
+        drain_seconds: f64,
         #[arg(long, value_enum, default_value = "clamp")]
         scale_policy: ScalePolicy,
         /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
@@ -198,6 +211,9 @@ fn main() -> anyhow::Result<()> {
             metrics_listen,
             cert_dir,
             cert_reload_seconds,
+            client_ca,
+            client_name,
+            drain_seconds,
             scale_policy,
             no_pin,
             offline,
@@ -213,6 +229,11 @@ fn main() -> anyhow::Result<()> {
                 metrics_listen,
                 cert_dir,
                 reload_seconds: cert_reload_seconds,
+                client: client_ca.map(|ca| card_quota::webhook::tls::ClientAuth {
+                    ca,
+                    names: client_name,
+                }),
+                drain: std::time::Duration::from_secs_f64(drain_seconds.max(0.0)),
                 config: Config {
                     scale_policy,
                     pin: !no_pin,
@@ -292,6 +313,8 @@ struct ServeOptions {
     metrics_listen: std::net::SocketAddr,
     cert_dir: PathBuf,
     reload_seconds: f64,
+    client: Option<card_quota::webhook::tls::ClientAuth>,
+    drain: std::time::Duration,
     config: Config,
     ledger_budget: std::time::Duration,
     lease_namespace: String,
@@ -328,7 +351,15 @@ async fn serve(
     use card_quota::webhook::{server, tls};
     use std::sync::{Arc, Mutex};
     let resolver = Arc::new(tls::Reloading::new(opts.cert_dir)?);
-    let tls_config = tls::server_config(resolver.clone())?;
+    let tls_config = tls::server_config(resolver.clone(), opts.client.as_ref())?;
+    match &opts.client {
+        Some(c) if c.names.is_empty() => tracing::warn!(
+            "callers need a certificate from {}; without --client-name any certificate it signed is accepted",
+            c.ca.display()
+        ),
+        Some(c) => tracing::info!("callers need a certificate from {} named one of {:?}", c.ca.display(), c.names),
+        None => tracing::warn!("no --client-ca: any caller that reaches the port can send admission reviews"),
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut background = Vec::new();
     let mut lease_task = None;
@@ -414,10 +445,17 @@ async fn serve(
         tokio::spawn(server::reload_certs(resolver, every, stop_rx)),
     ];
     shutdown_signal().await;
-    tracing::info!("shutting down: finishing in-flight admissions");
+    // Unready first, and keep serving while endpoints and the API server's connection
+    // pool catch up; only then close the listener and finish in-flight requests.
     state
         .ready
         .store(false, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!("shutting down: unready, serving {:?} more", opts.drain);
+    tokio::select! {
+        _ = tokio::time::sleep(opts.drain) => {}
+        _ = shutdown_signal() => tracing::info!("second signal: not waiting for the drain"),
+    }
+    tracing::info!("shutting down: finishing in-flight admissions");
     let _ = stop_tx.send(true);
     for t in tasks.into_iter().chain(background) {
         let _ = t.await;

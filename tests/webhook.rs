@@ -131,25 +131,54 @@ impl Server {
     }
 }
 
-async fn post(port: u16, ca: &Path, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+/// A client certificate and its key (PEM), as the API server would present.
+type Identity = (String, String);
+
+async fn connect(
+    port: u16,
+    ca: &Path,
+    me: Option<&Identity>,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
     }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let cfg = match me {
+        Some((crt, key)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(crt.as_bytes()).unwrap()],
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+async fn post(port: u16, ca: &Path, path: &str, body: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+    post_as(port, ca, None, path, body).await
+}
+
+async fn post_as(
+    port: u16,
+    ca: &Path,
+    me: Option<&Identity>,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<(u16, Vec<u8>), String> {
+    let tls = connect(port, ca, me).await?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
         .await
         .map_err(|e| e.to_string())?;
@@ -328,4 +357,125 @@ fn tempdir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// A CA for the API server's client certificates, and certificates it signs.
+struct ClientCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl ClientCa {
+    fn new(name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let pem = p.self_signed(&key).unwrap().pem();
+        Self {
+            issuer: rcgen::Issuer::new(p, key),
+            pem,
+        }
+    }
+
+    fn client(&self, cn: &str) -> Identity {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let crt = p.signed_by(&key, &self.issuer).unwrap();
+        (crt.pem(), key.serialize_pem())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_api_servers_client_certificate_gets_past_the_handshake() {
+    let tmp = tempdir("mtls");
+    certs(&tmp);
+    let cluster = ClientCa::new("cluster CA");
+    std::fs::write(tmp.join("client-ca.crt"), &cluster.pem).unwrap();
+    let ca = tmp.join("client-ca.crt");
+    let server = Server::start(
+        &tmp,
+        &[
+            "--client-ca",
+            ca.to_str().unwrap(),
+            "--client-name",
+            "kube-apiserver-webhook-client",
+        ],
+    );
+    let review =
+        || serde_json::to_vec(&R::pod("CREATE", pod("a", "NVIDIA-H200", "1")).build()).unwrap();
+    let api_server = cluster.client("kube-apiserver-webhook-client");
+    let (status, _) = post_as(
+        server.port,
+        &tmp.join("ca.crt"),
+        Some(&api_server),
+        "/validate",
+        review(),
+    )
+    .await
+    .expect("the API server's certificate is accepted");
+    assert_eq!(status, 200);
+    // No certificate, another client of the same CA, and the right name from another CA.
+    let someone = cluster.client("system:admin");
+    let forged = ClientCa::new("other CA").client("kube-apiserver-webhook-client");
+    for (who, me) in [
+        ("no certificate", None),
+        ("another name", Some(&someone)),
+        ("another CA", Some(&forged)),
+    ] {
+        let r = post_as(server.port, &tmp.join("ca.crt"), me, "/validate", review()).await;
+        assert!(r.is_err(), "{who}: refused at the handshake, got {r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_dribbling_headers_is_cut_off_while_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tmp = tempdir("slowloris");
+    certs(&tmp);
+    let server = Server::start(&tmp, &[]);
+    let mut slow = connect(server.port, &tmp.join("ca.crt"), None)
+        .await
+        .unwrap();
+    slow.write_all(b"POST /validate HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let dribble = async {
+        for i in 0.. {
+            if slow
+                .write_all(format!("x-{i}: y\r\n").as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+            let mut buf = [0u8; 256];
+            match tokio::time::timeout(Duration::from_millis(500), slow.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => break,
+                Err(_) => {}
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "never cut off");
+        }
+        start.elapsed()
+    };
+    let fast = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        server
+            .review(
+                "/validate",
+                R::pod("CREATE", pod("a", "NVIDIA-H200", "1")).build(),
+            )
+            .await
+    };
+    let (took, answer) = tokio::join!(dribble, fast);
+    assert_eq!(answer["response"]["allowed"], true, "served meanwhile");
+    eprintln!("slowloris cut off after {took:?}");
+    assert!(
+        took < card_quota::webhook::server::HEADER_TIMEOUT + Duration::from_secs(2),
+        "cut off after {took:?}"
+    );
 }

@@ -59,6 +59,10 @@ pub struct Metrics {
     pub reconcile_duration: Family<ModeLabel, Histogram>,
     pub usage_writes: Family<ResultLabel, Counter>,
     pub ledger_pruned: Counter,
+    /// Connections closed at once because the server had its maximum open.
+    pub connections_refused: Counter,
+    /// TLS handshakes that failed (no or wrong client certificate, or not TLS).
+    pub handshakes_refused: Counter,
     /// Queues whose incremental usage disagreed with a full recount (then rebuilt).
     pub tally_mismatches: Counter,
     /// Requests per group commit (one ledger write each).
@@ -155,6 +159,18 @@ impl Default for Metrics {
             "Ledger entries dropped once caches show them, or expired",
             ledger_pruned.clone(),
         );
+        let connections_refused = Counter::default();
+        registry.register(
+            "card_quota_connections_refused",
+            "Connections closed on arrival because the server had its maximum open",
+            connections_refused.clone(),
+        );
+        let handshakes_refused = Counter::default();
+        registry.register(
+            "card_quota_tls_handshakes_failed",
+            "TLS handshakes that failed: no or unaccepted client certificate, or not TLS",
+            handshakes_refused.clone(),
+        );
         let tally_mismatches = Counter::default();
         registry.register(
             "card_quota_usage_recount_mismatches",
@@ -187,6 +203,8 @@ impl Default for Metrics {
             usage_writes,
             ledger_pruned,
             tally_mismatches,
+            connections_refused,
+            handshakes_refused,
             ledger_batch,
             ledger_write_seconds,
             published: Mutex::new(HashMap::new()),

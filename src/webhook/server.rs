@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -277,6 +277,7 @@ pub async fn serve_tls(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut stop = shutdown.clone();
     let mut backoff = AcceptBackoff::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -284,18 +285,48 @@ pub async fn serve_tls(
                     Ok(c) => { backoff.reset(); c }
                     Err(e) => { backoff.wait(&e).await; continue }
                 };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(%peer, "connection refused: {MAX_CONNECTIONS} connections open");
+                    state.metrics.connections_refused.inc();
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let state = state.clone();
                 let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    let _slot = slot;
+                    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(s)) => s,
-                        Ok(Err(e)) => { tracing::debug!(%peer, "TLS handshake failed: {e}"); return; }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, "TLS handshake failed: {e}");
+                            state.metrics.handshakes_refused.inc();
+                            return;
+                        }
                         Err(_) => return,
                     };
-                    let svc = hyper::service::service_fn(move |req| admission(state.clone(), req));
-                    let builder = auto::Builder::new(TokioExecutor::new());
+                    let svc = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        async move {
+                            match tokio::time::timeout(REQUEST_DEADLINE, admission(state, req)).await {
+                                Ok(r) => r,
+                                Err(_) => Ok(reply(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    "text/plain",
+                                    format!("no answer within {REQUEST_DEADLINE:?}; try again"),
+                                )),
+                            }
+                        }
+                    });
+                    let mut builder = auto::Builder::new(TokioExecutor::new());
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT);
+                    builder
+                        .http2()
+                        .timer(TokioTimer::new())
+                        .max_concurrent_streams(H2_STREAMS);
                     let conn = builder.serve_connection(TokioIo::new(tls), svc);
                     if let Err(e) = watcher.watch(conn.into_owned()).await {
                         tracing::debug!(%peer, "connection ended: {e}");
@@ -308,6 +339,20 @@ pub async fn serve_tls(
     drop(listener);
     let _ = tokio::time::timeout(Duration::from_secs(25), graceful.shutdown()).await;
 }
+
+/// Connections served at once; more are closed as they arrive. The API server keeps a
+/// small pool per webhook, so this is only reached by something else.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Time for a client to finish the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for a client to send a request's headers (slowloris).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time to answer one request: below the shortest webhook timeout (5 s), so a stuck
+/// request ends here, not in the API server's failure policy. The ledger's time budget
+/// (3 s by default) answers "try again" first.
+pub const REQUEST_DEADLINE: Duration = Duration::from_millis(4500);
+/// Concurrent HTTP/2 streams per connection.
+pub const H2_STREAMS: u32 = 32;
 
 /// A pause after a failed accept (EMFILE, ENFILE...): without it the loop spins on
 /// the error at full speed. Doubles from 10 ms to 1 s; reset by a good accept.

@@ -4,9 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::UnixTime;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
 /// Errors of certificate generation and loading.
@@ -23,6 +26,10 @@ pub enum TlsError {
     NoCert { path: String },
     #[error("{path}: not a usable PEM private key: {message}")]
     BadKey { path: String, message: String },
+    #[error("{path}: not a usable client CA bundle (PEM certificates expected): {message}")]
+    BadCa { path: String, message: String },
+    #[error("TLS configuration: {0}")]
+    Rustls(rustls::Error),
 }
 
 /// Writes `ca.crt`, `tls.crt` and `tls.key` into `out` for the Service DNS names plus
@@ -188,15 +195,145 @@ impl ResolvesServerCert for Reloading {
     }
 }
 
+/// Who may call: clients presenting a certificate signed by `ca` (the API server's
+/// webhook client certificate), optionally only under one of `names`.
+#[derive(Debug, Clone)]
+pub struct ClientAuth {
+    /// PEM bundle of the CA(s) that sign the API server's client certificate.
+    pub ca: PathBuf,
+    /// Accepted common names or DNS names; empty: any certificate `ca` signed.
+    pub names: Vec<String>,
+}
+
+/// Verifies the client's chain against the CA, then its name.
+#[derive(Debug)]
+struct NamedClients {
+    chain: Arc<dyn ClientCertVerifier>,
+    names: Vec<String>,
+}
+
+/// The common name and DNS names of a certificate.
+fn cert_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, c)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = c
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(str::to_string))
+        .collect();
+    if let Ok(Some(san)) = c.subject_alternative_name() {
+        for n in &san.value.general_names {
+            if let x509_parser::extensions::GeneralName::DNSName(d) = n {
+                out.push((*d).to_string());
+            }
+        }
+    }
+    out
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let ok = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let names = cert_names(end_entity);
+        if self.names.is_empty() || names.iter().any(|n| self.names.contains(n)) {
+            Ok(ok)
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+fn client_verifier(
+    auth: &ClientAuth,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let path = auth.ca.display().to_string();
+    let pem = std::fs::read(&auth.ca).map_err(|source| TlsError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(&pem) {
+        let c = c.map_err(|e| TlsError::BadCa {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        roots.add(c).map_err(|e| TlsError::BadCa {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCert { path });
+    }
+    let chain = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| TlsError::BadCa {
+            path,
+            message: e.to_string(),
+        })?;
+    Ok(Arc::new(NamedClients {
+        chain,
+        names: auth.names.clone(),
+    }))
+}
+
 /// A rustls server config (ring provider) over a reloading resolver, offering h2 and
-/// http/1.1.
-pub fn server_config(resolver: Arc<Reloading>) -> Result<Arc<rustls::ServerConfig>, rustls::Error> {
+/// http/1.1. With `client`, callers without a certificate it accepts are refused at the
+/// handshake.
+pub fn server_config(
+    resolver: Arc<Reloading>,
+    client: Option<&ClientAuth>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Rustls)?;
+    let mut cfg = match client {
+        Some(auth) => builder
+            .with_client_cert_verifier(client_verifier(auth, provider)?)
+            .with_cert_resolver(resolver),
+        None => builder.with_no_client_auth().with_cert_resolver(resolver),
+    };
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // Resumed sessions skip a full handshake for the API server's reconnects.
+    cfg.session_storage = rustls::server::ServerSessionMemoryCache::new(1024);
     Ok(Arc::new(cfg))
 }
 
