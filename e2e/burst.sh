@@ -56,10 +56,12 @@ done
 trap 'k delete node "$Q-rtx" --ignore-not-found >/dev/null 2>&1 || true; cleanup' EXIT
 
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 backends=()
 for i in $(seq 1 "$REPLICAS"); do
   p=$((PORT + i)); backends+=("$p")
   "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
+    --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
   PIDS+=($!)
 done

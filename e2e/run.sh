@@ -128,7 +128,9 @@ EOF
 }
 
 serve() { # name port metrics-port policy
+  # Only the API server's webhook client certificate (signed by the cluster CA) gets in.
   "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
+    --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --scale-policy "$4" --lease-namespace "$SYS" --lease-name card-quota-e2e \
     --reconcile-seconds 0.5 > "$WORK/$1.log" 2>&1 &
   PIDS+=($!)
@@ -144,6 +146,7 @@ k create namespace "$NS2" >/dev/null && k label namespace "$NS2" "card-quota-e2e
 k create namespace "$SYS" >/dev/null; mkdir -p "$WORK/binds"
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 CA=$(base64 -w0 < "$WORK/certs/ca.crt")
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 
 node "$Q-h200" NVIDIA-H200 8 ',"nvidia.com/gpu.memory":"143771","nvidia.com/gpu.replicas":"2"' ',"nvidia.com/mig-1g.18gb":"7","nvidia.com/gpu.shared":"4"'
 node "$Q-rtx" RTX-4090 4 '' ''
@@ -162,6 +165,12 @@ serve B "$PORT_B" $((PORT_B + 1000)) clamp
 k get validatingwebhookconfiguration "$Q-b" -o json |
   jq 'del(.webhooks[] | select(.name == "queues.card-quota.volcano.sh"))' | k replace -f - >/dev/null
 sleep 1
+
+# ---- 0. Only the API server may call ------------------------------------------------------
+code=$(curl -s -o /dev/null -w '%{http_code}' --cacert "$WORK/certs/ca.crt" -X POST -d '{}' "https://127.0.0.1:$PORT_A/validate" 2>/dev/null)
+check "a caller without the API server's client certificate is refused at the TLS handshake (no HTTP status: $code)" \
+  [ "$code" = 000 ]
+check "... the metric counts it" bash -c "curl -s http://127.0.0.1:$((PORT_A + 1000))/metrics | grep -q '^card_quota_tls_handshakes_failed_total [1-9]'"
 
 # ---- 1. Queue quotas ------------------------------------------------------------------
 out=$(queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4' | k apply -f - 2>&1)
@@ -482,7 +491,8 @@ k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 
 queue "$Q-restart" '{"RTX-4090":600}' | k apply -f - >/dev/null
-( sleep 1.5; kill -9 "$PID_A" "$PID_B" 2>/dev/null; sleep 1
+# Killed once the burst is under way (100 pods in), whatever the start-up time of cargo.
+( wait_for 120 bash -c "[ \"\$(pods_in $Q-restart)\" -ge 100 ]"; kill -9 "$PID_A" "$PID_B" 2>/dev/null; sleep 1
   serve A "$PORT_A" $((PORT_A + 1000)) clamp; serve B "$PORT_B" $((PORT_B + 1000)) clamp
   echo "$PID_A $PID_B" > "$WORK/restarted.pids" ) > "$WORK/restart.log" 2>&1 &
 restarter=$!
@@ -490,7 +500,7 @@ restarter=$!
   --case "a=$NS" --case "b=$NS2" > "$WORK/restart.out" 2>&1
 wait "$restarter"
 read -r PID_A PID_B < "$WORK/restarted.pids"; PIDS+=("$PID_A" "$PID_B")
-log "restart burst: $(grep TOTAL "$WORK/restart.out"); both replicas killed at 1.5 s"
+log "restart burst: $(grep TOTAL "$WORK/restart.out"); both replicas killed once 100 pods existed"
 # The burst goes on against the restarted replicas, past the quota.
 "${BURST[@]}" --pods 500 --concurrency 16 --rounds 1 --together --keep --append --queue "$Q-restart" \
   --case "a=$NS" --case "b=$NS2" > "$WORK/restart2.out" 2>&1

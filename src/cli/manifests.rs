@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::cluster::load::documents;
 
 /// The kustomize resources, in `manifests/kustomization.yaml` order.
-const FILES: [(&str, &str); 6] = [
+const FILES: [(&str, &str); 7] = [
     (
         "namespace.yaml",
         include_str!("../../manifests/namespace.yaml"),
@@ -22,6 +22,10 @@ const FILES: [(&str, &str); 6] = [
     ),
     ("service.yaml", include_str!("../../manifests/service.yaml")),
     ("pdb.yaml", include_str!("../../manifests/pdb.yaml")),
+    (
+        "networkpolicy.yaml",
+        include_str!("../../manifests/networkpolicy.yaml"),
+    ),
     (
         "webhooks.yaml",
         include_str!("../../manifests/webhooks.yaml"),
