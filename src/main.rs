@@ -308,6 +308,9 @@ async fn live_snapshot() -> anyhow::Result<card_quota::cluster::Snapshot> {
     Ok(snap)
 }
 
+/// The deadline of every API call but watches.
+const API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 struct ServeOptions {
     listen: std::net::SocketAddr,
     metrics_listen: std::net::SocketAddr,
@@ -366,13 +369,23 @@ async fn serve(
     let state = match snap {
         Some(snap) => Arc::new(server::State::new(snap, opts.config)),
         None => {
-            let client = kube::Client::try_default()
+            let config = kube::Config::infer()
                 .await
-                .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+                .context("reading the API server's address (kubeconfig or in-cluster config)")?;
+            // Watches wait on the server by design; every other call gets a deadline, so
+            // one hung call cannot hold the Lease or a queue's writer.
+            let watches =
+                kube::Client::try_from(config.clone()).context("connecting to the API server")?;
+            let mut timed = config;
+            timed.connect_timeout = Some(std::time::Duration::from_secs(5));
+            timed.read_timeout = Some(API_TIMEOUT);
+            timed.write_timeout = Some(API_TIMEOUT);
+            timed.reset_reader_on_write = true;
+            let client = kube::Client::try_from(timed).context("connecting to the API server")?;
             let snapshot = Arc::new(Mutex::new(card_quota::cluster::Snapshot::new()));
             let synced = Arc::new(caches::Synced::default());
             tokio::spawn(caches::start(
-                client.clone(),
+                watches,
                 Some(opts.lease_namespace.clone()),
                 snapshot.clone(),
                 synced.clone(),
@@ -414,12 +427,24 @@ async fn serve(
                 leader,
                 committer,
             );
-            background.push(tokio::spawn(reconciler.run(
-                synced,
+            let reconciling = tokio::spawn(reconciler.run(
+                synced.clone(),
                 opts.reconcile_every,
                 opts.full_every,
                 stop_rx.clone(),
-            )));
+            ));
+            // The reconciler runs until shutdown; ending earlier (a panic) makes the
+            // process unhealthy, so the kubelet restarts it.
+            let stopping = stop_rx.clone();
+            background.push(tokio::spawn(async move {
+                let why = match reconciling.await {
+                    Ok(()) => "ended".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                if !*stopping.borrow() {
+                    synced.stop(format!("the reconciler stopped ({why})"));
+                }
+            }));
             state
         }
     };

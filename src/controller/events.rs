@@ -21,7 +21,12 @@ pub struct EventSink {
     client: Client,
     instance: Option<String>,
     recent: Mutex<HashMap<String, Instant>>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    dropped: prometheus_client::metrics::counter::Counter,
 }
+
+/// Admission Events being published at once; more are dropped and counted.
+pub const MAX_IN_FLIGHT: usize = 64;
 
 fn reference(r: &ObjectRef) -> ObjectReference {
     ObjectReference {
@@ -62,7 +67,14 @@ impl EventSink {
             client,
             instance,
             recent: Mutex::new(HashMap::new()),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            dropped: prometheus_client::metrics::counter::Counter::default(),
         }
+    }
+
+    /// Counts Events dropped because [`MAX_IN_FLIGHT`] were being published.
+    pub fn dropped(&self) -> &prometheus_client::metrics::counter::Counter {
+        &self.dropped
     }
 
     /// API servers before 1.22 accept `events.k8s.io/v1` Events about cluster-scoped
@@ -133,8 +145,15 @@ impl EventSink {
         if !fresh {
             return;
         }
+        // A flood of refusals must not become a flood of tasks: past the cap, an Event
+        // is dropped and counted (the refusal itself still reaches the client).
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            self.dropped.inc();
+            return;
+        };
         let me = self.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(err) = me.publish(&e, "Admission").await {
                 tracing::warn!(
                     "could not publish Event {} on {} {}: {err}",

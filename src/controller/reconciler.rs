@@ -59,6 +59,14 @@ pub struct Reconciler {
     memory: EventMemory,
     /// When each queue's usage was last written.
     written: HashMap<QueueName, Instant>,
+    /// Queues whose last usage writes failed: how many in a row, and until when the
+    /// next one waits.
+    failing: HashMap<QueueName, (u32, Instant)>,
+}
+
+/// The wait after `n` failed usage writes in a row: 1 s doubling to a minute.
+pub fn write_backoff(n: u32) -> Duration {
+    (USAGE_EVERY * 2u32.saturating_pow(n.saturating_sub(1))).min(Duration::from_secs(60))
 }
 
 fn queue_ref(s: &QueueState) -> ObjectRef {
@@ -89,6 +97,7 @@ impl Reconciler {
             leader,
             memory: EventMemory::default(),
             written: HashMap::new(),
+            failing: HashMap::new(),
         }
     }
 
@@ -208,10 +217,15 @@ impl Reconciler {
         if leader {
             for s in &states {
                 if let Some(text) = usage_write(s, now) {
-                    if self
-                        .written
+                    let waiting = self
+                        .failing
                         .get(&s.queue)
-                        .is_some_and(|t| t.elapsed() < USAGE_EVERY)
+                        .is_some_and(|(_, until)| Instant::now() < *until);
+                    if waiting
+                        || self
+                            .written
+                            .get(&s.queue)
+                            .is_some_and(|t| t.elapsed() < USAGE_EVERY)
                     {
                         // Written a moment ago: the next pass writes the latest.
                         self.lock().mark_dirty(&s.queue);
@@ -220,11 +234,19 @@ impl Reconciler {
                     self.written.insert(s.queue.clone(), Instant::now());
                     let result = match self.apply_usage(&s.queue, &text).await {
                         Ok(()) => {
+                            self.failing.remove(&s.queue);
                             pass.usage_written += 1;
                             "applied"
                         }
                         Err(e) => {
-                            tracing::warn!("could not apply usage of queue {}: {e}", s.queue);
+                            let n = self.failing.get(&s.queue).map_or(1, |(n, _)| n + 1);
+                            let wait = write_backoff(n);
+                            self.failing
+                                .insert(s.queue.clone(), (n, Instant::now() + wait));
+                            tracing::warn!(
+                                "could not apply usage of queue {} ({n} in a row; next try in {wait:?}): {e}",
+                                s.queue.as_str().escape_debug()
+                            );
                             self.lock().mark_dirty(&s.queue);
                             pass.errors += 1;
                             "error"
@@ -277,6 +299,9 @@ impl Reconciler {
                 }
             }
             self.written.retain(|_, t| t.elapsed() < USAGE_EVERY * 2);
+            // A queue deleted while its writes failed is not tried again: forget it.
+            self.failing
+                .retain(|_, (_, until)| until.elapsed() < Duration::from_secs(600));
         }
         let mode = ModeLabel {
             mode: if full { "full" } else { "incremental" }.into(),
@@ -328,5 +353,17 @@ impl Reconciler {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_usage_writes_back_off_from_a_second_to_a_minute() {
+        let secs: Vec<u64> = (1..=8).map(|n| write_backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(write_backoff(u32::MAX), Duration::from_secs(60));
     }
 }

@@ -32,6 +32,9 @@ use super::volcano::{podgroup_resource, queue_resource};
 pub struct Synced {
     done: AtomicUsize,
     notify: tokio::sync::Notify,
+    /// The background task that stopped, when one did: the process is then unready and
+    /// unhealthy, so the kubelet restarts it.
+    stopped: std::sync::Mutex<Option<String>>,
 }
 
 /// The kinds mirrored into the snapshot.
@@ -43,7 +46,23 @@ impl Synced {
         Self {
             done: AtomicUsize::new(KINDS),
             notify: tokio::sync::Notify::new(),
+            stopped: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Records that a background task stopped (it never should).
+    pub fn stop(&self, what: String) {
+        tracing::error!("{what}: card-quota is now unhealthy and waits to be restarted");
+        *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(what);
+        self.notify.notify_waiters();
+    }
+
+    /// The background task that stopped, if any.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
     pub fn all(&self) -> bool {
         self.done.load(Ordering::Acquire) >= KINDS
@@ -256,127 +275,197 @@ pub async fn start(
     synced: Arc<Synced>,
 ) {
     let all = watcher::Config::default;
-    let nodes = tokio::spawn(run(
-        Api::<Node>::all(client.clone()),
-        all(),
-        Mirror {
-            kind: "Node",
-            upsert: upsert_node,
-            keys: |s| cluster_keys(s.node_names()),
-            remove: |s, k| s.remove_node(&k.name),
-            stream: None,
-            key: key_of,
-        },
-        snapshot.clone(),
-        synced.clone(),
-    ));
+    supervise(
+        &synced,
+        "Node",
+        run(
+            Api::<Node>::all(client.clone()),
+            all(),
+            Mirror {
+                kind: "Node",
+                upsert: upsert_node,
+                keys: |s| cluster_keys(s.node_names()),
+                remove: |s, k| s.remove_node(&k.name),
+                stream: None,
+                key: key_of,
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ),
+    );
     while synced.done.load(Ordering::Acquire) == 0 {
         let n = synced.notify.notified();
-        if synced.done.load(Ordering::Acquire) > 0 || nodes.is_finished() {
+        if synced.done.load(Ordering::Acquire) > 0 || synced.stopped().is_some() {
             break;
         }
         n.await;
     }
     match namespace {
         None => synced.mark(),
-        Some(ns) => drop(tokio::spawn(run(
-            Api::<ConfigMap>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(&selector()),
+        Some(ns) => supervise(
+            &synced,
+            "ledger ConfigMap",
+            run(
+                Api::<ConfigMap>::namespaced(client.clone(), &ns),
+                watcher::Config::default().labels(&selector()),
+                Mirror {
+                    kind: "ledger ConfigMap",
+                    upsert: upsert_ledger,
+                    keys: ledger_keys,
+                    remove: remove_ledger,
+                    stream: None,
+                    // Ledgers are kept by queue; the namespace is always card-quota's own.
+                    key: |o| ObjectKey::new("", o.name_any()),
+                },
+                snapshot.clone(),
+                synced.clone(),
+            ),
+        ),
+    }
+    supervise(
+        &synced,
+        "Queue",
+        run(
+            Api::<DynamicObject>::all_with(client.clone(), &queue_resource()),
+            all(),
             Mirror {
-                kind: "ledger ConfigMap",
-                upsert: upsert_ledger,
-                keys: ledger_keys,
-                remove: remove_ledger,
+                kind: "Queue",
+                upsert: upsert_queue,
+                keys: |s| cluster_keys(s.queues().map(|q| q.name.to_string()).collect()),
+                remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
                 stream: None,
-                // Ledgers are kept by queue; the namespace is always card-quota's own.
-                key: |o| ObjectKey::new("", o.name_any()),
+                key: key_of,
             },
             snapshot.clone(),
             synced.clone(),
-        ))),
+        ),
+    );
+    supervise(
+        &synced,
+        "PodGroup",
+        run(
+            Api::<DynamicObject>::all_with(client.clone(), &podgroup_resource()),
+            all(),
+            Mirror {
+                kind: "PodGroup",
+                upsert: upsert_group,
+                keys: Snapshot::group_keys,
+                remove: |s, k| s.remove_group(k),
+                stream: Some(Stream::PodGroups),
+                key: key_of,
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ),
+    );
+    supervise(
+        &synced,
+        "Pod",
+        run(
+            Api::<Pod>::all(client.clone()),
+            all(),
+            Mirror {
+                kind: "Pod",
+                upsert: upsert_pod,
+                keys: Snapshot::pod_keys,
+                remove: |s, k| s.remove_pod(k),
+                stream: Some(Stream::Pods),
+                key: key_of,
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ),
+    );
+    supervise(
+        &synced,
+        "Deployment",
+        run(
+            Api::<Deployment>::all(client.clone()),
+            all(),
+            Mirror {
+                kind: "Deployment",
+                upsert: |s, o| upsert_workload(WorkloadKind::Deployment, s, o),
+                keys: |s| s.workload_keys(WorkloadKind::Deployment),
+                remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
+                stream: None,
+                key: key_of,
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ),
+    );
+    supervise(
+        &synced,
+        "ReplicaSet",
+        run(
+            Api::<ReplicaSet>::all(client.clone()),
+            all(),
+            Mirror {
+                kind: "ReplicaSet",
+                upsert: |s, o| upsert_workload(WorkloadKind::ReplicaSet, s, o),
+                keys: |s| s.workload_keys(WorkloadKind::ReplicaSet),
+                remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
+                stream: None,
+                key: key_of,
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ),
+    );
+    supervise(
+        &synced,
+        "StatefulSet",
+        run(
+            Api::<StatefulSet>::all(client),
+            all(),
+            Mirror {
+                kind: "StatefulSet",
+                upsert: |s, o| upsert_workload(WorkloadKind::StatefulSet, s, o),
+                keys: |s| s.workload_keys(WorkloadKind::StatefulSet),
+                remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
+                stream: None,
+                key: key_of,
+            },
+            snapshot,
+            synced.clone(),
+        ),
+    );
+}
+
+/// Runs a watcher that should run forever; if it ends (a panic), says so in `synced`.
+fn supervise(
+    synced: &Arc<Synced>,
+    kind: &'static str,
+    task: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let task = tokio::spawn(task);
+    let synced = synced.clone();
+    tokio::spawn(async move {
+        let why = match task.await {
+            Ok(()) => "ended".to_string(),
+            Err(e) => e.to_string(),
+        };
+        synced.stop(format!("the {kind} watcher stopped ({why})"));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_watcher_that_dies_makes_the_process_unhealthy() {
+        let synced = Arc::new(Synced::already());
+        assert!(synced.stopped().is_none());
+        supervise(&synced, "Pod", async { panic!("bug in an upsert") });
+        for _ in 0..100 {
+            if synced.stopped().is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let why = synced.stopped().expect("the death is noticed");
+        assert!(why.starts_with("the Pod watcher stopped"), "{why}");
+        assert!(why.contains("panicked"), "{why}");
     }
-    tokio::spawn(run(
-        Api::<DynamicObject>::all_with(client.clone(), &queue_resource()),
-        all(),
-        Mirror {
-            kind: "Queue",
-            upsert: upsert_queue,
-            keys: |s| cluster_keys(s.queues().map(|q| q.name.to_string()).collect()),
-            remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
-            stream: None,
-            key: key_of,
-        },
-        snapshot.clone(),
-        synced.clone(),
-    ));
-    tokio::spawn(run(
-        Api::<DynamicObject>::all_with(client.clone(), &podgroup_resource()),
-        all(),
-        Mirror {
-            kind: "PodGroup",
-            upsert: upsert_group,
-            keys: Snapshot::group_keys,
-            remove: |s, k| s.remove_group(k),
-            stream: Some(Stream::PodGroups),
-            key: key_of,
-        },
-        snapshot.clone(),
-        synced.clone(),
-    ));
-    tokio::spawn(run(
-        Api::<Pod>::all(client.clone()),
-        all(),
-        Mirror {
-            kind: "Pod",
-            upsert: upsert_pod,
-            keys: Snapshot::pod_keys,
-            remove: |s, k| s.remove_pod(k),
-            stream: Some(Stream::Pods),
-            key: key_of,
-        },
-        snapshot.clone(),
-        synced.clone(),
-    ));
-    tokio::spawn(run(
-        Api::<Deployment>::all(client.clone()),
-        all(),
-        Mirror {
-            kind: "Deployment",
-            upsert: |s, o| upsert_workload(WorkloadKind::Deployment, s, o),
-            keys: |s| s.workload_keys(WorkloadKind::Deployment),
-            remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
-            stream: None,
-            key: key_of,
-        },
-        snapshot.clone(),
-        synced.clone(),
-    ));
-    tokio::spawn(run(
-        Api::<ReplicaSet>::all(client.clone()),
-        all(),
-        Mirror {
-            kind: "ReplicaSet",
-            upsert: |s, o| upsert_workload(WorkloadKind::ReplicaSet, s, o),
-            keys: |s| s.workload_keys(WorkloadKind::ReplicaSet),
-            remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
-            stream: None,
-            key: key_of,
-        },
-        snapshot.clone(),
-        synced.clone(),
-    ));
-    tokio::spawn(run(
-        Api::<StatefulSet>::all(client),
-        all(),
-        Mirror {
-            kind: "StatefulSet",
-            upsert: |s, o| upsert_workload(WorkloadKind::StatefulSet, s, o),
-            keys: |s| s.workload_keys(WorkloadKind::StatefulSet),
-            remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
-            stream: None,
-            key: key_of,
-        },
-        snapshot,
-        synced,
-    ));
 }

@@ -74,6 +74,13 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Self::new(Counter::default())
+    }
+}
+
+impl Metrics {
+    /// The metrics, with `events_dropped` counted by the Event sink.
+    pub fn new(events_dropped: Counter) -> Self {
         let mut registry = Registry::default();
         let requests = Family::<AdmissionLabels, Counter>::default();
         let latency = Family::<KindLabel, Histogram>::new_with_constructor(|| {
@@ -170,6 +177,11 @@ impl Default for Metrics {
             "card_quota_tls_handshakes_failed",
             "TLS handshakes that failed: no or unaccepted client certificate, or not TLS",
             handshakes_refused.clone(),
+        );
+        registry.register(
+            "card_quota_events_dropped",
+            "Admission Events not published because too many were in flight",
+            events_dropped,
         );
         let tally_mismatches = Counter::default();
         registry.register(

@@ -65,17 +65,26 @@ impl State {
 
     /// A server deciding from informer caches and recording charges in the queues' ledgers.
     pub fn live(snapshot: Arc<Mutex<Snapshot>>, config: Config, live: Live) -> Self {
+        let dropped = live
+            .events
+            .as_ref()
+            .map(|e| e.dropped().clone())
+            .unwrap_or_default();
         Self {
             snapshot,
             config,
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(dropped)),
             ready: AtomicBool::new(false),
             live: Some(live),
         }
     }
 
     fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed) && self.live.as_ref().is_none_or(|l| l.synced.all())
+        self.ready.load(Ordering::Relaxed)
+            && self
+                .live
+                .as_ref()
+                .is_none_or(|l| l.synced.all() && l.synced.stopped().is_none())
     }
 }
 
@@ -245,15 +254,19 @@ async fn health(
     state: Arc<State>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    Ok(match req.uri().path() {
-        "/healthz" => reply(StatusCode::OK, "text/plain", "ok"),
-        "/readyz" if state.is_ready() => reply(StatusCode::OK, "text/plain", "ready"),
-        "/readyz" => reply(
+    let stopped = state.live.as_ref().and_then(|l| l.synced.stopped());
+    Ok(match (req.uri().path(), stopped) {
+        ("/healthz" | "/readyz", Some(what)) => {
+            reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", what)
+        }
+        ("/healthz", None) => reply(StatusCode::OK, "text/plain", "ok"),
+        ("/readyz", None) if state.is_ready() => reply(StatusCode::OK, "text/plain", "ready"),
+        ("/readyz", None) => reply(
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "caches not synced",
         ),
-        "/metrics" => reply(
+        ("/metrics", _) => reply(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             state.metrics.encode(),
