@@ -419,6 +419,12 @@ async fn serve(
                     })?;
             let (leader, task) = lease.watch().await;
             lease_task = Some(task);
+            let check = card_quota::live::leadership::LeaseCheck::new(
+                client.clone(),
+                &opts.lease_namespace,
+                &opts.lease_name,
+                &me,
+            );
             let reconciler = Reconciler::new(
                 client,
                 snapshot,
@@ -426,7 +432,8 @@ async fn serve(
                 state.metrics.clone(),
                 leader,
                 committer,
-            );
+            )
+            .with_lease_check(check);
             let reconciling = tokio::spawn(reconciler.run(
                 synced.clone(),
                 opts.reconcile_every,

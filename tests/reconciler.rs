@@ -45,7 +45,12 @@ struct Seen {
 
 /// Answers every request as the API server would, recording it: Queue patches are
 /// merged into the Queues of `objects`.
-fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
+/// The Lease the scripted API server answers with (`Null`: 404).
+type LeaseDoc = Arc<Mutex<Value>>;
+
+fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>, LeaseDoc) {
+    let lease: LeaseDoc = Arc::new(Mutex::new(Value::Null));
+    let the_lease = lease.clone();
     let mut queues: std::collections::HashMap<String, Value> =
         card_quota::cluster::load::documents(objects)
             .unwrap()
@@ -73,6 +78,25 @@ fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
                 content_type,
                 body: body.clone(),
             });
+            if uri.contains("/leases/") {
+                let l = the_lease.lock().unwrap().clone();
+                let (status, body) = if l.is_null() {
+                    (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "leases not found"}),
+                    )
+                } else {
+                    (200, l)
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+                continue;
+            }
             let reply = if uri.contains("/queues/") {
                 let name = uri
                     .split("/queues/")
@@ -104,7 +128,7 @@ fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
             );
         }
     });
-    (kube::Client::new(svc, "default"), seen)
+    (kube::Client::new(svc, "default"), seen, lease)
 }
 
 type Harness = (
@@ -116,7 +140,7 @@ type Harness = (
 );
 
 fn reconciler(text: &str, leader: bool) -> Harness {
-    let (client, seen) = api(text);
+    let (client, seen, _) = api(text);
     let (snap, skipped) = load(text).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let metrics = Arc::new(Metrics::default());
@@ -386,4 +410,61 @@ async fn a_queue_whose_usage_keeps_changing_is_written_at_most_once_a_second() {
     )
     .unwrap();
     assert_eq!(usage["NVIDIA-H200"]["pending"], 5);
+}
+
+#[tokio::test]
+async fn a_replica_whose_lease_has_expired_stops_writing_though_the_manager_says_leader() {
+    use card_quota::live::leadership::LeaseCheck;
+    let (client, seen, lease) = api(OBJECTS);
+    let (snap, _) = load(OBJECTS).unwrap();
+    let (_tx, rx) = tokio::sync::watch::channel(true);
+    let committer = Arc::new(Committer::new(
+        LedgerApi::new(client.clone(), "card-quota"),
+        Duration::from_secs(3),
+    ));
+    let mut r = Reconciler::new(
+        client.clone(),
+        Arc::new(Mutex::new(snap)),
+        Arc::new(EventSink::new(client.clone(), Some("me".into()))),
+        Arc::new(Metrics::default()),
+        rx,
+        committer,
+    )
+    .with_lease_check(LeaseCheck::new(
+        client,
+        "card-quota",
+        "card-quota-reconciler",
+        "me",
+    ));
+    let doc = |holder: &str, renewed: jiff::Timestamp| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "card-quota-reconciler", "namespace": "card-quota"},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                     "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}})
+    };
+    let now = jiff::Timestamp::now();
+    let patches = |seen: &Arc<Mutex<Vec<Seen>>>| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.method == "PATCH")
+            .count()
+    };
+    // Renewed 16 s ago with a 15 s duration: expired, whatever the manager believes.
+    *lease.lock().unwrap() = doc("me", now - jiff::SignedDuration::from_secs(16));
+    let p = r.pass(true).await;
+    assert!(!p.leader);
+    assert_eq!(patches(&seen), 0);
+    // Another holder: still nothing.
+    *lease.lock().unwrap() = doc("other", now);
+    assert!(!r.pass(true).await.leader);
+    assert_eq!(patches(&seen), 0);
+    // No Lease readable: nothing.
+    *lease.lock().unwrap() = Value::Null;
+    assert!(!r.pass(true).await.leader);
+    // Renewed a moment ago by this replica: it writes.
+    *lease.lock().unwrap() = doc("me", now);
+    let p = r.pass(true).await;
+    assert!(p.leader);
+    assert_eq!(p.usage_written, 1);
 }

@@ -20,6 +20,7 @@ use crate::cluster::{Dirty, Snapshot};
 use crate::decide::{Config, EventIntent, ObjectRef};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
+use crate::live::leadership::LeaseCheck;
 use crate::live::volcano::queue_resource;
 use crate::live::Committer;
 use crate::webhook::metrics::{Metrics, ModeLabel, ResultLabel};
@@ -62,6 +63,8 @@ pub struct Reconciler {
     /// Queues whose last usage writes failed: how many in a row, and until when the
     /// next one waits.
     failing: HashMap<QueueName, (u32, Instant)>,
+    /// Confirms leadership against the Lease before writing.
+    lease: Option<LeaseCheck>,
 }
 
 /// The wait after `n` failed usage writes in a row: 1 s doubling to a minute.
@@ -98,7 +101,14 @@ impl Reconciler {
             memory: EventMemory::default(),
             written: HashMap::new(),
             failing: HashMap::new(),
+            lease: None,
         }
+    }
+
+    /// Writes only while the Lease object itself says this replica holds it.
+    pub fn with_lease_check(mut self, check: LeaseCheck) -> Self {
+        self.lease = Some(check);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Snapshot> {
@@ -156,7 +166,12 @@ impl Reconciler {
     pub async fn pass(&mut self, full: bool) -> Pass {
         let start = Instant::now();
         let now = jiff::Timestamp::now();
-        let leader = *self.leader.borrow();
+        let mut leader = *self.leader.borrow();
+        if leader {
+            if let Some(check) = &self.lease {
+                leader = check.held().await;
+            }
+        }
         let (states, ledgers) = {
             let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
             let dirty = snap.take_dirty();

@@ -1,8 +1,9 @@
 //! The imperative shell against a real API server: informer caches feeding the
-//! snapshot, and the ledgers' compare-and-swap writes.
+//! snapshot, the ledgers' compare-and-swap writes, and leadership checks.
 
 pub mod caches;
 pub mod charge;
+pub mod leadership;
 pub mod ledgers;
 pub mod volcano;
 
