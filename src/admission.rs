@@ -233,7 +233,7 @@ pub fn usage_report(
     for q in snap.queue_names() {
         let u = crate::decide::fit::usage_of(snap, &q, now);
         for p in u.problems.values() {
-            tracing::warn!("queue {q}: {p}");
+            tracing::warn!("queue {}: {}", q.as_str().escape_debug(), p.escape_debug());
         }
         let rows = u.rows();
         let annotated = snap.queue(&q).map(|r| r.quota.is_some()).unwrap_or(false);

@@ -155,7 +155,10 @@ impl Reconciler {
         match self.events.publish(&intent, "Reconcile").await {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!("could not publish {reason} on queue {}: {e}", s.queue);
+                tracing::warn!(
+                    "could not publish {reason} on queue {}: {e}",
+                    s.queue.as_str().escape_debug()
+                );
                 self.memory.forget(&s.queue, reason);
                 false
             }

@@ -146,7 +146,11 @@ impl Overlay {
                         snap.upsert_group(g);
                         self.undo.push(Undo::Group(k.clone(), prev));
                     }
-                    Some(Err(err)) => tracing::warn!("ledger entry {id} skipped: {err}"),
+                    Some(Err(err)) => tracing::warn!(
+                        "ledger entry {} skipped: {}",
+                        id.as_str().escape_debug(),
+                        err.to_string().escape_debug()
+                    ),
                     None => {}
                 }
             }

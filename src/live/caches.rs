@@ -239,7 +239,12 @@ async fn run<K>(
                     advance(&mut snap, m.stream, version_of(&o), false);
                 }
                 if let Err(e) = (m.upsert)(&mut snap, &o) {
-                    tracing::warn!(kind = m.kind, "{} not cached: {e}", (m.key)(&o));
+                    tracing::warn!(
+                        kind = m.kind,
+                        "{} not cached: {}",
+                        (m.key)(&o),
+                        e.to_string().escape_debug()
+                    );
                 }
             }
             Event::Delete(o) => {

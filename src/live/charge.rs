@@ -417,7 +417,10 @@ impl Committer {
             // Read the ledger itself (not the cache) and decide again.
             match tokio::time::timeout_at(until.into(), self.api.get(queue)).await {
                 Ok(Ok(rec)) => locked(snapshot).upsert_ledger(rec),
-                Ok(Err(e)) => tracing::warn!("re-reading the ledger of queue {queue} failed: {e}"),
+                Ok(Err(e)) => tracing::warn!(
+                    "re-reading the ledger of queue {} failed: {e}",
+                    queue.as_str().escape_debug()
+                ),
                 Err(_) => {}
             }
         }
