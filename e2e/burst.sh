@@ -35,6 +35,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A run killed before its cleanup leaves cluster-wide Fail-policy hooks pointing at a
+# dead port, which would refuse every later run's pods: sweep them first.
+k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
+  grep -E '/cq-(e2e|burst)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
 for ns in "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$SYS"; do k create namespace "$ns" >/dev/null; done
 k label namespace "$Q-cq" "card-quota-burst=$RUN" >/dev/null
 k label namespace "$Q-nc" "card-quota-burst=$RUN" >/dev/null

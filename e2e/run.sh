@@ -141,6 +141,10 @@ serve() { # name port metrics-port policy
 # ---- setup ---------------------------------------------------------------------------
 log "run $RUN against $SERVER with $BIN"
 k get crd queues.scheduling.volcano.sh podgroups.scheduling.volcano.sh >/dev/null || { echo "Volcano's Queue/PodGroup CRDs are not installed"; exit 100; }
+# A run killed before its cleanup leaves cluster-wide Fail-policy hooks pointing at a
+# dead port, which would refuse every later run's pods: sweep them first.
+k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
+  grep -E '/cq-(e2e|burst)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
 k create namespace "$NS" >/dev/null && k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
 k create namespace "$NS2" >/dev/null && k label namespace "$NS2" "card-quota-e2e=$RUN-b" >/dev/null
 k create namespace "$SYS" >/dev/null; mkdir -p "$WORK/binds"
