@@ -1,6 +1,7 @@
 //! The imperative shell against a real API server: informer caches feeding the
 //! snapshot, the ledgers' compare-and-swap writes, and leadership checks.
 
+pub mod access;
 pub mod caches;
 pub mod charge;
 pub mod leadership;
