@@ -74,6 +74,20 @@ enum Command {
         /// Only namespaces with this label (key=value) reach the webhooks (opt-in).
         #[arg(long, value_parser = parse_label)]
         namespace_label: Option<(String, String)>,
+        /// card-quota's namespace (match the `certs --namespace` of the certificates).
+        #[arg(long, default_value = "card-quota")]
+        namespace: String,
+        /// card-quota's service account.
+        #[arg(long, default_value = "card-quota")]
+        service_account: String,
+        /// spec.schedulerName of the pods card-quota gates (repeatable; default
+        /// volcano and default-scheduler). Give `serve` the same list.
+        #[arg(long = "scheduler-name")]
+        scheduler_names: Vec<String>,
+        /// User whose pods/binding requests are gated (repeatable; default Volcano's
+        /// scheduler service account in volcano-system and system:kube-scheduler).
+        #[arg(long = "binder")]
+        binders: Vec<String>,
     },
     /// Serve the admission webhook over HTTPS.
     Serve {
@@ -192,10 +206,30 @@ fn main() -> anyhow::Result<()> {
             without_match_conditions,
             name,
             namespace_label,
+            namespace,
+            service_account,
+            scheduler_names,
+            binders,
         } => {
+            let default = card_quota::cli::manifests::Scope::default();
+            let scope = card_quota::cli::manifests::Scope {
+                namespace,
+                service_account,
+                schedulers: if scheduler_names.is_empty() {
+                    default.schedulers
+                } else {
+                    scheduler_names
+                },
+                binders: if binders.is_empty() {
+                    default.binders
+                } else {
+                    binders
+                },
+            };
             print!(
                 "{}",
                 card_quota::cli::manifests::render(&card_quota::cli::manifests::Options {
+                    scope,
                     cert_dir: &cert_dir,
                     url: url.as_deref(),
                     without_match_conditions,

@@ -55,6 +55,119 @@ pub struct Options<'a> {
     pub name: Option<&'a str>,
     /// Only namespaces carrying this label (`key=value`) reach the webhooks.
     pub namespace_label: Option<(&'a str, &'a str)>,
+    /// Who card-quota is and whom it gates.
+    pub scope: Scope,
+}
+
+/// The install's identity and the workloads it gates, for clusters that differ from the
+/// defaults (another namespace, another Volcano install, kube-scheduler only, ...).
+#[derive(Debug, Clone)]
+pub struct Scope {
+    /// card-quota's namespace.
+    pub namespace: String,
+    /// card-quota's service account (its own writes skip the Queue hook).
+    pub service_account: String,
+    /// `spec.schedulerName`s whose pods are gated and counted.
+    pub schedulers: Vec<String>,
+    /// Users whose `pods/binding` requests are gated (the schedulers' identities).
+    pub binders: Vec<String>,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Self {
+            namespace: "card-quota".into(),
+            service_account: "card-quota".into(),
+            schedulers: vec!["volcano".into(), "default-scheduler".into()],
+            binders: vec![
+                "system:serviceaccount:volcano-system:volcano-scheduler".into(),
+                "system:kube-scheduler".into(),
+            ],
+        }
+    }
+}
+
+/// A CEL string literal.
+fn cel_string(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+fn cel_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| cel_string(s)).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// Puts `scope` into the objects: namespace, service account, and the match conditions
+/// naming schedulers, binders and card-quota itself.
+fn apply_scope(objects: &mut [Value], scope: &Scope) {
+    const NS: &str = "card-quota";
+    let ns = json!(scope.namespace);
+    for o in objects.iter_mut() {
+        if o["metadata"]["namespace"] == NS {
+            o["metadata"]["namespace"] = ns.clone();
+        }
+        match o["kind"].as_str().unwrap_or_default() {
+            "Namespace" if o["metadata"]["name"] == NS => o["metadata"]["name"] = ns.clone(),
+            "ServiceAccount" => o["metadata"]["name"] = json!(scope.service_account),
+            "Deployment" => {
+                o["spec"]["template"]["spec"]["serviceAccountName"] = json!(scope.service_account)
+            }
+            "ClusterRoleBinding" | "RoleBinding" => {
+                for sub in o["subjects"].as_array_mut().into_iter().flatten() {
+                    sub["namespace"] = ns.clone();
+                    sub["name"] = json!(scope.service_account);
+                }
+            }
+            _ => {}
+        }
+        for hook in o
+            .get_mut("webhooks")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(svc) = hook.pointer_mut("/clientConfig/service") {
+                svc["namespace"] = ns.clone();
+            }
+            for e in hook
+                .pointer_mut("/namespaceSelector/matchExpressions")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                for v in e["values"].as_array_mut().into_iter().flatten() {
+                    if v == NS {
+                        *v = ns.clone();
+                    }
+                }
+            }
+            for c in hook
+                .get_mut("matchConditions")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                let expr = match c["name"].as_str().unwrap_or_default() {
+                    "gated-schedulers" => format!(
+                        "object.spec.schedulerName in {}",
+                        cel_list(&scope.schedulers)
+                    ),
+                    "gated-binders" => {
+                        format!("request.userInfo.username in {}", cel_list(&scope.binders))
+                    }
+                    "not-card-quota-itself" => format!(
+                        "request.userInfo.username != {}",
+                        cel_string(&format!(
+                            "system:serviceaccount:{}:{}",
+                            scope.namespace, scope.service_account
+                        ))
+                    ),
+                    _ => continue,
+                };
+                c["expression"] = json!(expr);
+            }
+        }
+    }
 }
 
 fn read(dir: &Path, name: &str) -> Result<Vec<u8>, ManifestError> {
@@ -84,6 +197,7 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
         })?;
         objects.extend(docs);
     }
+    apply_scope(&mut objects, &opts.scope);
     if opts.url.is_some() {
         objects.retain(is_webhook_config);
     }
@@ -129,7 +243,7 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
     if opts.url.is_none() {
         objects.push(json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-            "metadata": {"name": "card-quota-tls", "namespace": "card-quota"},
+            "metadata": {"name": "card-quota-tls", "namespace": opts.scope.namespace},
             "data": {
                 "tls.crt": b64(&read(opts.cert_dir, "tls.crt")?),
                 "tls.key": b64(&read(opts.cert_dir, "tls.key")?),
@@ -187,6 +301,7 @@ mod tests {
             without_match_conditions: false,
             name: None,
             namespace_label: None,
+            scope: Scope::default(),
         })
         .unwrap();
         let docs = documents(&text).unwrap();
@@ -218,6 +333,7 @@ mod tests {
             without_match_conditions: true,
             name: Some("e2e"),
             namespace_label: Some(("card-quota-e2e", "x1")),
+            scope: Scope::default(),
         })
         .unwrap();
         let docs = documents(&text).unwrap();
@@ -241,5 +357,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn scope_flags_rename_the_install_and_the_gated_schedulers_everywhere() {
+        let d = certs();
+        crate::webhook::tls::generate("card-quota", "gpu-quota", &[], &[], &d.0).unwrap();
+        let text = render(&Options {
+            cert_dir: &d.0,
+            url: None,
+            without_match_conditions: false,
+            name: None,
+            namespace_label: None,
+            scope: Scope {
+                namespace: "gpu-quota".into(),
+                service_account: "cq".into(),
+                schedulers: vec!["default-scheduler".into()],
+                binders: vec!["system:kube-scheduler".into(), "o'brien".into()],
+            },
+        })
+        .unwrap();
+        // Only the Service's name and labels still say card-quota.
+        for o in documents(&text).unwrap() {
+            if let Some(ns) = o["metadata"]["namespace"].as_str() {
+                assert_eq!(ns, "gpu-quota", "{o}");
+            }
+        }
+        assert!(!text.contains("namespace: card-quota"), "{text}");
+        assert!(text.contains("object.spec.schedulerName in ['default-scheduler']"));
+        assert!(
+            text.contains(r"request.userInfo.username in ['system:kube-scheduler', 'o\'brien']")
+        );
+        assert!(text.contains("request.userInfo.username != 'system:serviceaccount:gpu-quota:cq'"));
+        assert!(text.contains("serviceAccountName: cq"));
+        assert!(!text.contains("volcano-system"));
     }
 }

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Rolling restart under load: two replicas behind haproxy (standing in for the Service,
+# health-checking /readyz), a steady stream of pod creations into one queue, and each
+# replica restarted in turn with SIGTERM as a Deployment rollout does. Passes when no
+# creation is refused or fails.
+#
+#   KUBECONFIG=<kubeconfig> e2e/rolling.sh [path/to/card-quota]
+#
+# ROLLING_PODS (4000), ROLLING_CONCURRENCY (4).
+set -euo pipefail
+BIN=${1:-target/release/card-quota}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+: "${KUBECONFIG:?set KUBECONFIG}"
+command -v haproxy >/dev/null || { echo "haproxy is needed (Debian: apt-get install haproxy)"; exit 100; }
+PODS=${ROLLING_PODS:-4000}
+CONC=${ROLLING_CONCURRENCY:-4}
+RUN=r$(date +%s | tail -c 5)$RANDOM
+Q=cq-rolling-$RUN
+SYS=cq-rolling-$RUN-system
+PORT=${ROLLING_PORT:-19743}
+WORK=$(mktemp -d /tmp/cq-rolling.XXXXXX)
+PIDS=()
+k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
+cleanup() {
+  for p in "${PIDS[@]}" $(cat "$WORK"/pid.* 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
+  k delete queue "$Q" --ignore-not-found >/dev/null 2>&1 || true
+  k delete node "$Q-rtx" --ignore-not-found >/dev/null 2>&1 || true
+  k delete namespace "$Q" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  [ -n "${ROLLING_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
+}
+trap cleanup EXIT
+k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
+  grep -E '/cq-(e2e|burst|rolling)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
+
+k create namespace "$Q" >/dev/null; k create namespace "$SYS" >/dev/null
+k label namespace "$Q" "card-quota-rolling=$RUN" >/dev/null
+k create -f - >/dev/null <<YAML
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: $Q, annotations: {volcano.sh/card.quota: '{"RTX-4090":1000000}'}}
+spec: {weight: 1}
+YAML
+k create -f - >/dev/null <<YAML
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$Q-rtx","labels":{"nvidia.com/gpu.product":"RTX-4090"}}}
+YAML
+for _ in 1 2 3 4 5 6 7 8; do
+  k get --raw "/api/v1/nodes/$Q-rtx" | jq '.status = {capacity: {"nvidia.com/gpu": "1000000", pods: "1000000"}, allocatable: {"nvidia.com/gpu": "1000000", pods: "1000000"}}' > "$WORK/node.json"
+  k replace --raw "/api/v1/nodes/$Q-rtx/status" -f "$WORK/node.json" >/dev/null 2>&1 && break
+  sleep 0.3
+done
+"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
+
+serve() { # name port
+  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
+    --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
+    --drain-seconds 3 --lease-namespace "$SYS" --lease-name card-quota-rolling >> "$WORK/$1.log" 2>&1 &
+  echo $! > "$WORK/pid.$1"
+  for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$(($2 + 1000))/readyz" >/dev/null && return; sleep 0.2; done
+  echo "replica $1 never became ready"; cat "$WORK/$1.log"; exit 100
+}
+PA=$((PORT + 1)); PB=$((PORT + 2))
+serve a "$PA"; serve b "$PB"
+cat > "$WORK/haproxy.cfg" <<CFG
+global
+  maxconn 2000
+defaults
+  mode tcp
+  timeout connect 2s
+  timeout client 120s
+  timeout server 120s
+frontend webhook
+  bind 127.0.0.1:$PORT
+  default_backend replicas
+backend replicas
+  balance roundrobin
+  option httpchk GET /readyz
+  http-check expect status 200
+  server a 127.0.0.1:$PA check port $((PA + 1000)) inter 200ms fall 1 rise 2
+  server b 127.0.0.1:$PB check port $((PB + 1000)) inter 200ms fall 1 rise 2
+CFG
+haproxy -f "$WORK/haproxy.cfg" -db > "$WORK/haproxy.log" 2>&1 & PIDS+=($!)
+sleep 1
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" --without-match-conditions \
+  --name "$Q" --namespace-label "card-quota-rolling=$RUN" | k apply -f - >/dev/null
+sleep 2
+
+restart() { # name port
+  local pid; pid=$(cat "$WORK/pid.$1")
+  local t0; t0=$(date +%s%N)
+  kill -TERM "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+  serve "$1" "$2"
+  echo "replica $1 restarted in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+}
+(
+  sleep 3; restart a "$PA"; sleep 2; restart b "$PB"; sleep 2; restart a "$PA"
+) > "$WORK/rollout.log" 2>&1 &
+roller=$!
+cargo run --quiet --release --example burst -- --pods "$PODS" --concurrency "$CONC" --rounds 1 \
+  --case "rolling=$Q" --queue "$Q" | tee "$WORK/stream.out"
+wait "$roller" || true
+cat "$WORK/rollout.log"
+if ! grep -q 'restarted' "$WORK/rollout.log" || [ "$(grep -c restarted "$WORK/rollout.log")" -lt 3 ]; then
+  echo "FAIL: the stream ended before three restarts; raise ROLLING_PODS"; exit 1
+fi
+total=$(grep TOTAL "$WORK/stream.out" || grep -E '^ +1 +rolling' "$WORK/stream.out")
+echo "rolling restart: $total"
+if grep -Eq '^ +1 +rolling +[0-9.]+ +[0-9]+ +0 +0 ' "$WORK/stream.out"; then
+  echo "PASS: three rolling restarts under a steady stream of pod creations, 0 refused, 0 failed"
+else
+  echo "FAIL: some creations were refused or failed during the rollout"; exit 1
+fi
