@@ -114,6 +114,10 @@ enum Command {
         /// sending new requests before the listener closes.
         #[arg(long, default_value = "5")]
         drain_seconds: f64,
+        /// Gate and count only pods with this spec.schedulerName (repeatable; the same
+        /// list as `manifests --scheduler-name`). Default: every pod.
+        #[arg(long = "scheduler-name")]
+        scheduler_names: Vec<String>,
         #[arg(long, value_enum, default_value = "clamp")]
         scale_policy: ScalePolicy,
         /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
@@ -248,6 +252,7 @@ fn main() -> anyhow::Result<()> {
             client_ca,
             client_name,
             drain_seconds,
+            scheduler_names,
             scale_policy,
             no_pin,
             offline,
@@ -268,6 +273,8 @@ fn main() -> anyhow::Result<()> {
                     names: client_name,
                 }),
                 drain: std::time::Duration::from_secs_f64(drain_seconds.max(0.0)),
+                schedulers: (!scheduler_names.is_empty())
+                    .then(|| scheduler_names.into_iter().collect()),
                 config: Config {
                     scale_policy,
                     pin: !no_pin,
@@ -352,6 +359,7 @@ struct ServeOptions {
     reload_seconds: f64,
     client: Option<card_quota::webhook::tls::ClientAuth>,
     drain: std::time::Duration,
+    schedulers: Option<std::collections::BTreeSet<String>>,
     config: Config,
     ledger_budget: std::time::Duration,
     lease_namespace: String,
@@ -416,7 +424,9 @@ async fn serve(
             timed.write_timeout = Some(API_TIMEOUT);
             timed.reset_reader_on_write = true;
             let client = kube::Client::try_from(timed).context("connecting to the API server")?;
-            let snapshot = Arc::new(Mutex::new(card_quota::cluster::Snapshot::new()));
+            let mut empty = card_quota::cluster::Snapshot::new();
+            empty.set_gated_schedulers(opts.schedulers.clone());
+            let snapshot = Arc::new(Mutex::new(empty));
             let synced = Arc::new(caches::Synced::default());
             tokio::spawn(caches::start(
                 watches,

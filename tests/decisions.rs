@@ -1306,3 +1306,34 @@ fn a_huge_forged_annotation_is_not_echoed_whole() {
     assert!(message(&r).len() < 250, "{} bytes", message(&r).len());
     assert!(message(&r).contains("(10000 bytes)"), "{}", message(&r));
 }
+
+#[test]
+fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted() {
+    // As `serve --scheduler-name volcano` sets it up: the filter comes first.
+    let mut snap = Snapshot::new();
+    snap.set_gated_schedulers(Some(["volcano".to_string()].into()));
+    for doc in card_quota::cluster::load::documents(CLUSTER).unwrap() {
+        card_quota::cluster::load::upsert(&mut snap, &doc).unwrap();
+    }
+    let mut w = World {
+        snap,
+        cfg: Config::default(),
+    };
+    let mut other = pod("other", "q", Some("NVIDIA-H200"), "3");
+    other["spec"]["schedulerName"] = json!("yunikorn");
+    let r = w.send(R::pod("CREATE", other.clone()).build());
+    assert!(r.allowed && r.patch.is_none(), "admitted untouched");
+    // Even when it exists, it holds nothing of the queue's quota.
+    card_quota::cluster::load::upsert(&mut w.snap, &other).unwrap();
+    assert!(w.usage("q", "NVIDIA-H200").is_null() || w.usage("q", "NVIDIA-H200")["pending"] == 0);
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
+            .allowed
+    );
+    let r = w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "1")).build());
+    assert!(!r.allowed, "the gated pods still fill the quota");
+    // Without the filter (the default) the same pod counts.
+    let mut all = World::new();
+    card_quota::cluster::load::upsert(&mut all.snap, &other).unwrap();
+    assert_eq!(all.usage("q", "NVIDIA-H200")["pending"], 3);
+}

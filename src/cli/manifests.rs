@@ -110,7 +110,24 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
             "Namespace" if o["metadata"]["name"] == NS => o["metadata"]["name"] = ns.clone(),
             "ServiceAccount" => o["metadata"]["name"] = json!(scope.service_account),
             "Deployment" => {
-                o["spec"]["template"]["spec"]["serviceAccountName"] = json!(scope.service_account)
+                let spec = &mut o["spec"]["template"]["spec"];
+                spec["serviceAccountName"] = json!(scope.service_account);
+                // Usage counts exactly the pods the hooks gate.
+                if let Some(args) = spec
+                    .pointer_mut("/containers/0/args")
+                    .and_then(Value::as_array_mut)
+                {
+                    args.retain(|a| {
+                        !a.as_str()
+                            .is_some_and(|a| a.starts_with("--scheduler-name="))
+                    });
+                    args.extend(
+                        scope
+                            .schedulers
+                            .iter()
+                            .map(|n| json!(format!("--scheduler-name={n}"))),
+                    );
+                }
             }
             "ClusterRoleBinding" | "RoleBinding" => {
                 for sub in o["subjects"].as_array_mut().into_iter().flatten() {
@@ -390,6 +407,8 @@ mod tests {
         );
         assert!(text.contains("request.userInfo.username != 'system:serviceaccount:gpu-quota:cq'"));
         assert!(text.contains("serviceAccountName: cq"));
+        assert!(text.contains("--scheduler-name=default-scheduler"));
+        assert!(!text.contains("--scheduler-name=volcano"));
         assert!(!text.contains("volcano-system"));
     }
 }

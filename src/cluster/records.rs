@@ -196,6 +196,9 @@ pub struct PodRecord {
     pub deletion: Option<jiff::Timestamp>,
     /// Product label -> values the pod's required constraints allow.
     pub pinned: BTreeMap<String, Vec<String>>,
+    /// `spec.schedulerName` (Kubernetes' `default-scheduler` when unset); `None` for a
+    /// pod known only from a ledger entry, which is counted whatever the filter.
+    pub scheduler: Option<String>,
     pub seq: u64,
     pub version: Version,
 }
@@ -481,6 +484,11 @@ fn record_from_parts(
         phase,
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
         pinned: spec.map(pinned_products).unwrap_or_default(),
+        scheduler: Some(
+            spec.and_then(|s| s.scheduler_name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "default-scheduler".into()),
+        ),
         seq,
         version: Version::of(meta),
     }

@@ -46,6 +46,8 @@ pub struct Snapshot {
     progress: Watermark,
     /// Usage per queue, kept up to date with every change above.
     tally: Tally,
+    /// The schedulers whose pods are gated and counted (`None`: every pod).
+    gated: Option<BTreeSet<String>>,
     seq: u64,
     dirty: Dirty,
 }
@@ -87,6 +89,20 @@ impl NodeModels for HashMap<String, NodeCards> {
 impl Snapshot {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Gates and counts only pods of these schedulers (`spec.schedulerName`), as the
+    /// webhooks' match conditions do. Set before any pod is added.
+    pub fn set_gated_schedulers(&mut self, names: Option<BTreeSet<String>>) {
+        self.gated = names;
+    }
+
+    /// True when card-quota gates and counts this pod.
+    pub fn gates(&self, p: &PodRecord) -> bool {
+        match (&self.gated, &p.scheduler) {
+            (Some(set), Some(s)) => set.contains(s),
+            _ => true,
+        }
     }
 
     /// A monotonically increasing number that orders objects by arrival.
@@ -510,8 +526,10 @@ impl Snapshot {
         }
         let previous = self.pod_queue.get(&p.key).cloned();
         self.remove_pod(&p.key);
-        if !p.is_card_pod() {
-            if p.latent.is_empty() {
+        if !p.is_card_pod() || !self.gates(&p) {
+            // Pods of schedulers card-quota does not gate hold nothing here, whatever
+            // they request.
+            if p.latent.is_empty() || !self.gates(&p) {
                 self.other_pods.insert(p.key.clone());
             } else {
                 self.latent_pods.insert(p.key.clone(), p);

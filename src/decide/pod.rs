@@ -446,6 +446,10 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         Ok(r) => r,
         Err(d) => return d,
     };
+    // Pods of schedulers card-quota does not gate are neither charged nor counted.
+    if !snap.gates(&rec) {
+        return Decision::allow();
+    }
     // Pods requesting resources of a vendor no node announces yet may hold cards later:
     // they get the same stamp and protection as card pods.
     let latent_only = !rec.is_card_pod();
@@ -562,7 +566,8 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
             }
         }
     }
-    if !new.is_card_pod() {
+    // spec.schedulerName is immutable: an ungated pod stays ungated.
+    if !new.is_card_pod() || !snap.gates(&new) {
         return Decision::allow();
     }
     let same_demand = new.demand == old.demand && new.card_name == old.card_name;

@@ -378,6 +378,7 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         phase: None,
         deletion: None,
         pinned: e.pinned.clone(),
+        scheduler: None,
         seq,
         version: e.version(id),
     })
@@ -438,6 +439,7 @@ mod tests {
             phase: None,
             deletion: None,
             pinned: BTreeMap::new(),
+            scheduler: None,
             seq: 7,
             version: Version {
                 uid: uid.map(str::to_string),
