@@ -76,7 +76,7 @@ pub fn fate(snap: &Snapshot, id: &EntryId, e: &Entry, age: Duration, now: jiff::
 }
 
 enum Undo {
-    Pod(ObjectKey, Option<PodRecord>),
+    Pod(ObjectKey, Option<Box<PodRecord>>),
     Group(ObjectKey, Option<PodGroupRecord>),
 }
 
@@ -97,7 +97,7 @@ impl Overlay {
     pub fn remove(self, snap: &mut Snapshot) {
         for u in self.undo.into_iter().rev() {
             match u {
-                Undo::Pod(_, Some(p)) => snap.upsert_pod(p),
+                Undo::Pod(_, Some(p)) => snap.upsert_pod(*p),
                 Undo::Pod(k, None) => snap.remove_pod(&k),
                 Undo::Group(_, Some(g)) => snap.upsert_group(g),
                 Undo::Group(k, None) => snap.remove_group(&k),
@@ -130,7 +130,7 @@ impl Overlay {
                     rec = bound;
                 }
                 snap.upsert_pod(rec);
-                self.undo.push(Undo::Pod(k.clone(), prev));
+                self.undo.push(Undo::Pod(k.clone(), prev.map(Box::new)));
             }
             EntryKey::Group(k) => {
                 let prev = snap.group(k).cloned();
