@@ -77,7 +77,7 @@ pub fn fate(snap: &Snapshot, id: &EntryId, e: &Entry, age: Duration, now: jiff::
 
 enum Undo {
     Pod(ObjectKey, Option<Box<PodRecord>>),
-    Group(ObjectKey, Option<PodGroupRecord>),
+    Group(ObjectKey, Option<Box<PodGroupRecord>>),
 }
 
 /// Entries laid over a snapshot; [`Overlay::remove`] restores the snapshot exactly.
@@ -99,7 +99,7 @@ impl Overlay {
             match u {
                 Undo::Pod(_, Some(p)) => snap.upsert_pod(*p),
                 Undo::Pod(k, None) => snap.remove_pod(&k),
-                Undo::Group(_, Some(g)) => snap.upsert_group(g),
+                Undo::Group(_, Some(g)) => snap.upsert_group(*g),
                 Undo::Group(k, None) => snap.remove_group(&k),
             }
         }
@@ -144,7 +144,7 @@ impl Overlay {
                             g.phase = p.phase.clone();
                         }
                         snap.upsert_group(g);
-                        self.undo.push(Undo::Group(k.clone(), prev));
+                        self.undo.push(Undo::Group(k.clone(), prev.map(Box::new)));
                     }
                     Some(Err(err)) => tracing::warn!(
                         "ledger entry {} skipped: {}",
