@@ -495,8 +495,20 @@ k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 
 queue "$Q-restart" '{"RTX-4090":600}' | k apply -f - >/dev/null
-# Killed once the burst is under way (100 pods in), whatever the start-up time of cargo.
-( wait_for 120 bash -c "[ \"\$(pods_in $Q-restart)\" -ge 100 ]"; kill -9 "$PID_A" "$PID_B" 2>/dev/null; sleep 1
+# Killed once the burst is under way (100 charges recorded by the two replicas, read
+# from their metrics: cheap enough to poll every 50 ms), whatever cargo's start-up time.
+charged() {
+  local n=0 p v
+  for p in $((PORT_A + 1000)) $((PORT_B + 1000)); do
+    v=$(curl -s "http://127.0.0.1:$p/metrics" | awk '/^card_quota_ledger_batch_requests_sum/ {printf "%d", $2}')
+    n=$((n + ${v:-0}))
+  done
+  echo "$n"
+}
+base=$(charged)
+( end=$(( $(date +%s) + 120 ))
+  while [ "$(charged)" -lt $((base + 100)) ] && [ "$(date +%s)" -lt $end ]; do sleep 0.05; done
+  kill -9 "$PID_A" "$PID_B" 2>/dev/null; sleep 1
   serve A "$PORT_A" $((PORT_A + 1000)) clamp; serve B "$PORT_B" $((PORT_B + 1000)) clamp
   echo "$PID_A $PID_B" > "$WORK/restarted.pids" ) > "$WORK/restart.log" 2>&1 &
 restarter=$!
@@ -504,7 +516,7 @@ restarter=$!
   --case "a=$NS" --case "b=$NS2" > "$WORK/restart.out" 2>&1
 wait "$restarter"
 read -r PID_A PID_B < "$WORK/restarted.pids"; PIDS+=("$PID_A" "$PID_B")
-log "restart burst: $(grep TOTAL "$WORK/restart.out"); both replicas killed once 100 pods existed"
+log "restart burst: $(grep TOTAL "$WORK/restart.out"); both replicas killed once 100 charges were recorded"
 # The burst goes on against the restarted replicas, past the quota.
 "${BURST[@]}" --pods 500 --concurrency 16 --rounds 1 --together --keep --append --queue "$Q-restart" \
   --case "a=$NS" --case "b=$NS2" > "$WORK/restart2.out" 2>&1
