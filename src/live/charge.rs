@@ -493,7 +493,11 @@ impl Committer {
         queue: &QueueName,
         resource_version: &str,
     ) -> Result<(), WriteError> {
-        self.api.delete(queue, resource_version).await
+        self.api.delete(queue, resource_version).await?;
+        // The queue is gone: nothing of it is kept here either.
+        locked(&self.behind).remove(queue);
+        locked(&self.clock).retain(|(q, _), _| q != queue);
+        Ok(())
     }
 }
 
