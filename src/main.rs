@@ -165,16 +165,23 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The server logs what it does; a command a person runs (status, replay, as a
+    // kubectl plugin too) only warnings, so its output stays readable.
+    let default_level = match cli.command {
+        Command::Serve { .. } => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_level.into()),
         )
         .init();
     // One process-wide TLS provider: ring (no aws-lc), for the server and kube's client.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
     match cli.command {
         Command::Replay {
             objects,
