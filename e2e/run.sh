@@ -197,7 +197,7 @@ spec: {queue: $Q-research, minMember: 1}
 EOF
 }
 out=$(pg job-big '{"NVIDIA-H200":4}' | k apply -f - 2>&1)
-check "a PodGroup whose card.request exceeds the quota is refused with the DESIGN message" \
+check "a PodGroup whose card.request exceeds the quota is refused with the documented message" \
   contains "$out" "queue $Q-research has insufficient NVIDIA-H200 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 3"
 out=$(pg job-mig '{"NVIDIA-H200/mig-1g.18gb-mixed":4}' | k apply -f - 2>&1)
 check "a PodGroup within quota is admitted" contains "$out" "podgroup.scheduling.volcano.sh/job-mig created"
@@ -234,7 +234,7 @@ serve D "$PORT_D" $((PORT_D + 1000)) deny
 k get mutatingwebhookconfiguration "$Q" -o json | jq --arg u "https://127.0.0.1:$PORT_D/mutate" \
   '(.webhooks[] | select(.name == "scale.card-quota.volcano.sh") | .clientConfig.url) = $u' | k replace -f - >/dev/null
 out=$(k -n "$NS" scale deployment/infer --replicas=4 2>&1)
-check "under --scale-policy deny a scale-up past the quota is refused with the DESIGN message" \
+check "under --scale-policy deny a scale-up past the quota is refused with the documented message" \
   contains "$out" "queue $Q-research has insufficient NVIDIA-H200 quota: requested 1, in use 3 (allocated 0, pending 3, reserved 0), quota 3"
 k get mutatingwebhookconfiguration "$Q" -o json | jq --arg u "https://127.0.0.1:$PORT_A/mutate" \
   '(.webhooks[] | select(.name == "scale.card-quota.volcano.sh") | .clientConfig.url) = $u' | k replace -f - >/dev/null

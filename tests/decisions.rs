@@ -1,4 +1,4 @@
-//! Every admission rule of DESIGN §4, as table tests through the same path the webhook
+//! Every admission rule of docs/decisions.md, as table tests through the same path the webhook
 //! and replay use (AdmissionReview JSON in, AdmissionResponse out, effects applied).
 
 use base64::Engine;
@@ -334,7 +334,7 @@ fn a_pod_update_that_only_adds_the_group_name_is_not_a_new_charge() {
 
 #[test]
 fn a_pod_update_that_changes_its_card_name_is_refused() {
-    // DESIGN §2: "Pod UPDATEs that change card.queue, card.charged or card.name of a pod
+    // docs/annotations.md: "Pod UPDATEs that change card.queue, card.charged or card.name of a pod
     // with card demand are refused".
     let mut w = World::new();
     let old = pod("a", "q", Some("RTX-4090"), "2");
@@ -616,7 +616,7 @@ fn stored(mut p: Value, extra: &[(&str, &str)]) -> Value {
 
 #[test]
 fn a_pod_create_is_stamped_with_the_queue_it_is_charged_to() {
-    // DESIGN §2: "The queue a pod was admitted to is stamped on it at CREATE by the
+    // docs/annotations.md: "The queue a pod was admitted to is stamped on it at CREATE by the
     // mutating webhook (annotation volcano.sh/card.queue)".
     let mut w = world();
     w.cfg.pin = false;
@@ -655,7 +655,7 @@ fn a_forged_card_queue_at_create_is_refused() {
 
 #[test]
 fn rewriting_card_charged_on_a_bound_pod_is_refused_and_the_card_still_counts() {
-    // DESIGN §2: "Pod UPDATEs that change card.queue, card.charged or card.name of a pod
+    // docs/annotations.md: "Pod UPDATEs that change card.queue, card.charged or card.name of a pod
     // with card demand are refused (only card-quota writes the first two)."
     let mut w = world();
     let p = pod("a", "q", Some("NVIDIA-H200"), "3");
@@ -703,7 +703,7 @@ fn rewriting_card_charged_on_a_bound_pod_is_refused_and_the_card_still_counts() 
 
 #[test]
 fn relabelling_a_bound_pod_into_another_group_does_not_move_its_cards() {
-    // DESIGN §2: "editing the pod's labels or annotations never moves its cards".
+    // docs/annotations.md: "editing the pod's labels or annotations never moves its cards".
     let mut w = world();
     assert!(
         w.send(R::podgroup("CREATE", pg("elsewhere", "default", r#"{"RTX-4090":1}"#)).build())
@@ -735,7 +735,7 @@ fn relabelling_a_bound_pod_into_another_group_does_not_move_its_cards() {
 
 #[test]
 fn a_pod_labelled_only_with_volcano_queue_name_is_charged_to_that_queue() {
-    // DESIGN §2: a pod's queue is "its own label volcano.sh/queue-name, else annotation
+    // docs/annotations.md: a pod's queue is "its own label volcano.sh/queue-name, else annotation
     // volcano.sh/queue-name, else annotation scheduling.volcano.sh/queue-name".
     let mut w = world();
     assert!(
@@ -775,7 +775,7 @@ fn a_pod_labelled_only_with_volcano_queue_name_is_charged_to_that_queue() {
 
 #[test]
 fn moving_a_podgroup_into_a_full_queue_is_checked_like_a_new_charge() {
-    // DESIGN §2: "Changing a PodGroup's spec.queue is checked like a new charge of all
+    // docs/annotations.md: "Changing a PodGroup's spec.queue is checked like a new charge of all
     // its pods' cards in the new queue."
     let mut w = world();
     let group = pg("job", "q", r#"{"NVIDIA-H200":2}"#);
@@ -837,7 +837,7 @@ spec: {nodeName: h200-1, containers: [{name: c, image: x, resources: {limits: {n
 
 #[test]
 fn deleting_a_podgroup_keeps_its_terminating_pods_charged_to_their_queue() {
-    // DESIGN §2: "deleting its PodGroup ... never moves its cards"; §1: "A terminating
+    // docs/annotations.md: "deleting its PodGroup ... never moves its cards"; §1: "A terminating
     // pod inside its grace period still holds its card."
     for stamp in [true, false] {
         let yaml = format!("{CLUSTER}{MORE_QUEUES}{TERMINATING}");
@@ -950,7 +950,7 @@ fn a_quota_of_u64_max_is_valid_and_admits() {
 
 #[test]
 fn a_binding_checks_every_card_resource_of_a_stored_pod() {
-    // DESIGN §3: "The model a bound pod uses = the model that its requested card resource
+    // docs/models.md: "The model a bound pod uses = the model that its requested card resource
     // maps to on its node" - for each resource it requests.
     let yaml = format!(
         "{CLUSTER}{}",
@@ -979,7 +979,7 @@ spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"
 
 #[test]
 fn a_pod_draws_on_every_entry_of_its_groups_request_that_shares_a_model() {
-    // DESIGN §1: reserved = max(0, request - cards of its pending and allocated pods).
+    // docs/decisions.md: reserved = max(0, request - cards of its pending and allocated pods).
     let yaml = format!(
         "{CLUSTER}{}",
         r#"
@@ -1139,7 +1139,7 @@ status: {state: Open}
 
 #[test]
 fn a_pod_without_constraints_is_pinned_to_its_first_model_with_room_then_the_next() {
-    // DESIGN §4 Steering: "the first of its usable alternatives, in card.name order, that
+    // docs/decisions.md Steering: "the first of its usable alternatives, in card.name order, that
     // has room once every pending pod is counted on its own pin".
     let mut w = two_queue_world();
     let mut seen = Vec::new();

@@ -1,4 +1,4 @@
-//! Model-based property test of the invariant (DESIGN §5): "cards of non-terminal pods
+//! Model-based property test of the invariant (docs/consistency.md): "cards of non-terminal pods
 //! bound to model m in queue q <= quota[q][m]", checked after every step on a
 //! from-scratch recount by an oracle that shares no code with card-quota: its own queue
 //! resolution (Volcano's order, fixed at admission), its own node table, its own
@@ -12,7 +12,7 @@
 //! quantities from 0 to u64::MAX in several spellings, pods of several card resources
 //! and a node that brings a new vendor prefix late.
 //!
-//! A second check holds the reservations to DESIGN §1: the cards a queue shows as
+//! A second check holds the reservations to docs/decisions.md: the cards a queue shows as
 //! reserved equal, per PodGroup, its request minus the most of it its own pods can draw
 //! on (the oracle's own max-flow).
 //!
@@ -303,7 +303,7 @@ impl Cluster {
         v.out.response.allowed.then_some(obj)
     }
 
-    /// Volcano's queue for a pod object, by the oracle's own reading (DESIGN §2).
+    /// Volcano's queue for a pod object, by the oracle's own reading (docs/annotations.md).
     fn volcano_queue(&self, pod: &Value) -> String {
         let ann = |k: &str| {
             pod.pointer("/metadata/annotations")
@@ -584,7 +584,7 @@ impl Cluster {
         Ok(())
     }
 
-    /// DESIGN §1: per PodGroup, reserved = request minus what its pods can draw on.
+    /// docs/decisions.md: per PodGroup, reserved = request minus what its pods can draw on.
     fn check_reservations(&self, history: &[Op]) -> Result<(), TestCaseError> {
         let report = usage_report(&self.snap, self.now);
         for q in QUEUES {

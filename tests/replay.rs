@@ -1,4 +1,4 @@
-//! `card-quota replay` on fixtures: the worked examples of DESIGN and of the upstream
+//! `card-quota replay` on fixtures: the worked examples of docs/ and of the upstream
 //! capacity-card design, through the real binary.
 
 use std::process::Command;

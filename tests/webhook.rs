@@ -222,7 +222,7 @@ async fn the_https_webhook_decides_patches_and_survives_a_certificate_rotation()
     certs(&tmp);
     let server = Server::start(&tmp, &[]);
 
-    // Pod create: allowed, then denied with the DESIGN message.
+    // Pod create: allowed, then denied with the documented message.
     let ok = server
         .review(
             "/validate",

@@ -1,4 +1,4 @@
-//! Strict parsing of card-quota's annotations (DESIGN §2).
+//! Strict parsing of card-quota's annotations (docs/annotations.md).
 
 use std::collections::BTreeMap;
 use std::fmt;

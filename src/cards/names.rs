@@ -1,4 +1,4 @@
-//! Card model names, alternatives and queue names: the vocabulary of DESIGN §1.
+//! Card model names, alternatives and queue names: the vocabulary of docs/decisions.md.
 
 use std::fmt;
 use std::sync::Arc;

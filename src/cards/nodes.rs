@@ -1,4 +1,4 @@
-//! Card model discovery from a node's labels and allocatable resources (DESIGN §3).
+//! Card model discovery from a node's labels and allocatable resources (docs/models.md).
 
 use std::collections::BTreeMap;
 

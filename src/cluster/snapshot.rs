@@ -198,7 +198,7 @@ impl Snapshot {
     }
 
     /// Re-derives the card demand of pods requesting resources under `prefixes`, whose
-    /// status as card vendors just changed (DESIGN §3: any prefix a node announces).
+    /// status as card vendors just changed (docs/models.md: any prefix a node announces).
     fn reclassify_pods(&mut self, prefixes: &[String]) {
         let prefixes: Vec<&String> = prefixes
             .iter()
@@ -470,7 +470,7 @@ impl Snapshot {
         }
     }
 
-    /// The queue Volcano schedules a pod in (DESIGN §2): its PodGroup's queue, else
+    /// The queue Volcano schedules a pod in (docs/annotations.md): its PodGroup's queue, else
     /// the queue its label or annotations name, else `default`.
     pub fn volcano_queue(&self, pod: &PodRecord) -> Result<QueueName, String> {
         if let Some(g) = &pod.group {

@@ -129,7 +129,7 @@ pub fn exceeded_message(s: &QueueState) -> Option<String> {
     let mut msg = format!("queue {} is over its card quota: ", s.queue);
     let mut shown = 0;
     for o in &over {
-        // Keep Events short (DESIGN §6: under ~250 characters).
+        // Keep Events short (docs/outputs.md: under ~250 characters).
         if msg.len() + o.len() > 230 {
             break;
         }

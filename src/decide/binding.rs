@@ -1,4 +1,4 @@
-//! `pods/binding` CREATE: the scheduler's bind, the hard line (DESIGN §4).
+//! `pods/binding` CREATE: the scheduler's bind, the hard line (docs/decisions.md).
 
 use serde_json::Value;
 

@@ -22,7 +22,7 @@ pub const NOT_ACCEPTED: &str = "CardModelNotAccepted";
 pub const IMMUTABLE: &str = "CardAnnotationImmutable";
 
 /// `queue <q> has insufficient <model> quota: requested <n>, in use <u> (allocated <a>,
-/// pending <p>, reserved <r>), quota <c>` (DESIGN §4), from the usage before the request.
+/// pending <p>, reserved <r>), quota <c>` (docs/decisions.md), from the usage before the request.
 pub fn insufficient(
     queue: &QueueName,
     key: &Alternatives,

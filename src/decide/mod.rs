@@ -1,4 +1,4 @@
-//! One pure function per admission kind (DESIGN §4): each reads the snapshot and a
+//! One pure function per admission kind (docs/decisions.md): each reads the snapshot and a
 //! request, and returns allow / deny-with-reason / patch / warnings.
 
 pub mod batch;

@@ -462,7 +462,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         }
     }
     let key = rec.key.clone();
-    // DESIGN §2: the queue Volcano will schedule the pod in is the queue it is charged
+    // docs/annotations.md: the queue Volcano will schedule the pod in is the queue it is charged
     // to, stamped on it now so that nothing done to its PodGroup or labels later moves
     // its cards.
     let queue = match snap.volcano_queue(&rec) {
@@ -525,7 +525,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
 }
 
 /// Annotations that only card-quota (or the pod's creator, for `card.name`) writes and
-/// that no UPDATE may change on a pod with card demand (DESIGN §2).
+/// that no UPDATE may change on a pod with card demand (docs/annotations.md).
 const IMMUTABLE_ANNOTATIONS: [&str; 3] = [CARD_QUEUE, CHARGED, CARD_NAME];
 
 fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {

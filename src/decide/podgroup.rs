@@ -99,7 +99,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
 }
 
 /// A PodGroup whose `spec.queue` changes: checked like a new charge, in the new queue,
-/// of its request and of every active pod of the group (DESIGN §2). Pods keep the
+/// of its request and of every active pod of the group (docs/annotations.md). Pods keep the
 /// queue stamped on them; the check keeps a move from carrying more than the new
 /// queue could have admitted.
 fn moved(

@@ -1,4 +1,4 @@
-//! The exact feasibility check of DESIGN §4: can every demand be assigned to one of
+//! The exact feasibility check of docs/decisions.md: can every demand be assigned to one of
 //! its models within each model's room? Whole pods are indivisible (an assignment
 //! search with a budget); job-level requests are divisible (a max-flow).
 //!

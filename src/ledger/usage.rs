@@ -1,4 +1,4 @@
-//! Per-queue, per-model usage (DESIGN §1): allocated from bound pods, pending from
+//! Per-queue, per-model usage (docs/decisions.md): allocated from bound pods, pending from
 //! unbound pods, reserved from PodGroup requests not yet covered by their own pods.
 //! [`queue_usage`] recounts a queue from scratch; `tally` keeps the same numbers up to
 //! date one change at a time, and the recount is its reference.
@@ -362,7 +362,7 @@ pub fn queue_usage<'a>(
 }
 
 /// What is left of each entry of a PodGroup's request once its own pods have drawn on
-/// it (DESIGN §1: reserved = request minus the group's pods). A member draws on every
+/// it (docs/decisions.md: reserved = request minus the group's pods). A member draws on every
 /// entry that shares a model with it, as much as a max-flow allows: first on entries
 /// that name all of its models, then on entries that name some of them; narrow entries
 /// before broad ones.
