@@ -546,6 +546,31 @@ check "a quota cut below usage is admitted with a Warning" \
 check "a quota cut below usage raises CardQuotaExceeded" wait_for 20 bash -c \
   "kubectl get events -A -o jsonpath='{range .items[*]}{.reason} {.message}{\"\\n\"}{end}' 2>/dev/null | grep -q 'CardQuotaExceeded queue $Q-burst is over its card quota: RTX-4090 allocated 10 > quota 4'"
 
+# ---- 7. A newcomer's path (docs/getting-started.md): refused pod -> describe -> status ----
+queue "$Q-start" '{"RTX-4090":2}' | k apply -f - >/dev/null
+k apply -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: train, namespace: $NS}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: train}}
+  template:
+    metadata:
+      labels: {app: train}
+      annotations: {scheduling.volcano.sh/queue-name: $Q-start, volcano.sh/card.name: RTX-4090}
+    spec:
+      schedulerName: volcano
+      containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+YAML
+check "getting started: 2 of the Deployment's 3 pods are created, the third is refused" wait_for 30 bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l app=train --no-headers 2>/dev/null | wc -l)\" = 2 ]"
+check "... kubectl describe replicaset shows why, with the numbers" wait_for 30 bash -c \
+  "kubectl -n $NS describe replicaset -l app=train 2>/dev/null | tr -s ' \n' ' ' | grep -q 'queue $Q-start has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2'"
+out=$("$BIN" status --queue "$Q-start" 2>/dev/null)
+check "... card-quota status shows the queue full" bash -c \
+  'grep -Eq "^$2 +RTX-4090 +2 +0 +2 +0 +0" <<<"$1"' _ "$out" "$Q-start"
+
 # ---- summary ----------------------------------------------------------------------------
 echo
 echo "card-quota e2e ($((PASSED + FAILED)) scenarios, $(( $(date +%s) - START )) s):"
