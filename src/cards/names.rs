@@ -140,17 +140,17 @@ impl fmt::Display for Alternatives {
     }
 }
 
-/// A Volcano queue name.
+/// A Volcano queue name. Shared, not copied: every pod of a queue refers to it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct QueueName(String);
+pub struct QueueName(Arc<str>);
 
 impl QueueName {
     pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
+        Self(Arc::from(s.into()))
     }
     /// Volcano's default queue, used when a pod names none.
     pub fn default_queue() -> Self {
-        Self("default".to_string())
+        Self(Arc::from("default"))
     }
     pub fn as_str(&self) -> &str {
         &self.0

@@ -189,7 +189,8 @@ pub struct PodRecord {
     /// Extended resources under vendor prefixes no node announces as cards (yet):
     /// they become card demand when a node brings the prefix.
     pub latent: ResourceDemand,
-    pub card_name: Option<Result<Alternatives, AnnotationError>>,
+    /// `volcano.sh/card.name`, or why it does not parse (boxed: rare, and large).
+    pub card_name: Option<Result<Alternatives, Box<AnnotationError>>>,
     pub charged: Option<CardName>,
     pub node: Option<String>,
     pub phase: Option<String>,
@@ -198,7 +199,7 @@ pub struct PodRecord {
     pub pinned: BTreeMap<String, Vec<String>>,
     /// `spec.schedulerName` (Kubernetes' `default-scheduler` when unset); `None` for a
     /// pod known only from a ledger entry, which is counted whatever the filter.
-    pub scheduler: Option<String>,
+    pub scheduler: Option<std::sync::Arc<str>>,
     pub seq: u64,
     pub version: Version,
 }
@@ -474,7 +475,7 @@ fn record_from_parts(
         demand,
         card_name: a
             .get(CARD_NAME)
-            .map(|v| annotations::parse_card_name(&object, v)),
+            .map(|v| annotations::parse_card_name(&object, v).map_err(Box::new)),
         charged: a
             .get(CHARGED)
             .and_then(|v| annotations::parse_charged(&object, v).ok()),
@@ -484,13 +485,26 @@ fn record_from_parts(
         phase,
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
         pinned: spec.map(pinned_products).unwrap_or_default(),
-        scheduler: Some(
-            spec.and_then(|s| s.scheduler_name.clone())
+        scheduler: Some(scheduler_name(
+            spec.and_then(|s| s.scheduler_name.as_deref())
                 .filter(|n| !n.is_empty())
-                .unwrap_or_else(|| "default-scheduler".into()),
-        ),
+                .unwrap_or("default-scheduler"),
+        )),
         seq,
         version: Version::of(meta),
+    }
+}
+
+/// A scheduler name, shared for the common ones: every pod holds one, and 100k copies
+/// of "default-scheduler" are memory for nothing.
+fn scheduler_name(name: &str) -> std::sync::Arc<str> {
+    use std::sync::{Arc, LazyLock};
+    static DEFAULT: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("default-scheduler"));
+    static VOLCANO: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("volcano"));
+    match name {
+        "default-scheduler" => DEFAULT.clone(),
+        "volcano" => VOLCANO.clone(),
+        other => Arc::from(other),
     }
 }
 

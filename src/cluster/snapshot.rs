@@ -100,7 +100,7 @@ impl Snapshot {
     /// True when card-quota gates and counts this pod.
     pub fn gates(&self, p: &PodRecord) -> bool {
         match (&self.gated, &p.scheduler) {
-            (Some(set), Some(s)) => set.contains(s),
+            (Some(set), Some(s)) => set.contains(&**s),
             _ => true,
         }
     }
@@ -156,9 +156,16 @@ impl Snapshot {
         self.retally_node(name);
     }
 
-    /// Bound pods may be charged by their node's model: count them again.
+    /// Bound pods may be charged by their node's model: count them again. (A scan:
+    /// a node's cards change rarely, and an index would cost memory for every pod.)
     fn retally_node(&mut self, name: &str) {
-        for k in self.tally.pods_on(name) {
+        let on: Vec<ObjectKey> = self
+            .pods
+            .values()
+            .filter(|p| p.node.as_deref() == Some(name))
+            .map(|p| p.key.clone())
+            .collect();
+        for k in on {
             self.retally_pod(&k);
         }
     }

@@ -372,7 +372,7 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         card_name: e
             .card
             .as_ref()
-            .map(|c| crate::cards::annotations::parse_card_name(&object, c)),
+            .map(|c| crate::cards::annotations::parse_card_name(&object, c).map_err(Box::new)),
         charged: e.charged.as_deref().and_then(|c| CardName::parse(c).ok()),
         node: e.node.clone(),
         phase: None,

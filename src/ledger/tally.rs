@@ -21,8 +21,8 @@ enum Counted {
     Settled {
         queue: QueueName,
         share: Share,
-        group: Option<ObjectKey>,
-        node: Option<String>,
+        /// The PodGroup's name (in the pod's namespace).
+        group: Option<String>,
     },
     /// Terminating: counted when asked, while its grace period lasts.
     Terminating { queue: QueueName },
@@ -38,8 +38,6 @@ pub struct Tally {
     /// Each PodGroup's counted reservation and the queue it is counted in.
     groups: HashMap<ObjectKey, (QueueName, Vec<(Alternatives, Cards)>)>,
     terminating: HashMap<QueueName, BTreeSet<ObjectKey>>,
-    /// Settled bound pods by node: their model may change with the node's labels.
-    by_node: HashMap<String, BTreeSet<ObjectKey>>,
     /// Take-backs that found nothing to take (bookkeeping errors).
     errors: u64,
 }
@@ -90,11 +88,10 @@ impl Tally {
                 queue,
                 share,
                 group,
-                node,
             }) => {
                 self.take(&queue, |u| u.sub_share(key, &share));
                 if let Some(g) = group {
-                    let mk = (g, queue);
+                    let mk = (ObjectKey::new(key.namespace.clone(), g), queue);
                     if let Some(m) = self.members.get_mut(&mk) {
                         self.errors += u64::from(!merge_members(m, &share, false));
                         if m.is_empty() {
@@ -102,9 +99,6 @@ impl Tally {
                         }
                     }
                     touched.push(mk.0);
-                }
-                if let Some(n) = node {
-                    remove_from(&mut self.by_node, &n, key);
                 }
             }
             // Terminating members are not in their group's counted reservation.
@@ -138,8 +132,7 @@ impl Tally {
                 .or_default()
                 .add_share(key, &share);
         }
-        let group = pod.group_key();
-        if let Some(g) = &group {
+        if let Some(g) = pod.group_key() {
             if !share.members().is_empty() {
                 merge_members(
                     self.members.entry((g.clone(), queue.clone())).or_default(),
@@ -147,21 +140,14 @@ impl Tally {
                     true,
                 );
             }
-            touched.push(g.clone());
-        }
-        if let Some(n) = &pod.node {
-            self.by_node
-                .entry(n.clone())
-                .or_default()
-                .insert(key.clone());
+            touched.push(g);
         }
         self.pods.insert(
             key.clone(),
             Counted::Settled {
                 queue: queue.clone(),
                 share,
-                group,
-                node: pod.node.clone(),
+                group: pod.group.clone(),
             },
         );
         touched
@@ -188,14 +174,6 @@ impl Tally {
             .or_default()
             .add_reservation(&r);
         self.groups.insert(key.clone(), (g.queue.clone(), r));
-    }
-
-    /// Settled pods bound to `node`.
-    pub fn pods_on(&self, node: &str) -> Vec<ObjectKey> {
-        self.by_node
-            .get(node)
-            .map(|s| s.iter().cloned().collect())
-            .unwrap_or_default()
     }
 
     /// Bookkeeping errors seen since the tally was built.
