@@ -38,7 +38,6 @@ pub struct Snapshot {
     latent_pods: HashMap<ObjectKey, PodRecord>,
     workloads: HashMap<(WorkloadKind, ObjectKey), WorkloadRecord>,
     pods_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
-    pod_queue: HashMap<ObjectKey, QueueName>,
     groups_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
     pods_by_group: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
     ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
@@ -166,7 +165,8 @@ impl Snapshot {
             .map(|p| p.key.clone())
             .collect();
         for k in on {
-            self.retally_pod(&k);
+            let q = self.tally.queue_of(&k).cloned();
+            self.retally_pod(&k, q);
         }
     }
 
@@ -460,9 +460,9 @@ impl Snapshot {
             .unwrap_or_default();
         for k in members {
             if let Some(p) = self.pods.get(&k).cloned() {
-                let previous = self.pod_queue.get(&k).cloned();
-                self.index_pod(&p, previous);
-                self.retally_pod(&k);
+                let previous = self.tally.queue_of(&k).cloned();
+                let q = self.index_pod(&p, previous);
+                self.retally_pod(&k, Some(q));
             }
         }
     }
@@ -495,7 +495,9 @@ impl Snapshot {
 
     // ---- pods --------------------------------------------------------------------
 
-    fn index_pod(&mut self, p: &PodRecord, previous: Option<QueueName>) {
+    /// Files a card pod under its queue (taking it out of the old one); returns the queue.
+    /// The queue a pod is counted in lives in the tally (one copy per pod).
+    fn index_pod(&mut self, p: &PodRecord, previous: Option<QueueName>) -> QueueName {
         self.unindex_pod(&p.key);
         // A PodGroup that is gone (or not cached yet) does not move a pod's cards: it
         // stays where it was, or goes where it names itself.
@@ -509,11 +511,13 @@ impl Snapshot {
             .or_default()
             .insert(p.key.clone());
         self.dirty.mark(&q);
-        self.pod_queue.insert(p.key.clone(), q);
+        q
     }
 
+    /// Takes a pod out of the queue the tally counts it in (the tally is re-counted
+    /// right after).
     fn unindex_pod(&mut self, key: &ObjectKey) {
-        if let Some(q) = self.pod_queue.remove(key) {
+        if let Some(q) = self.tally.queue_of(key).cloned() {
             if let Some(s) = self.pods_by_queue.get_mut(&q) {
                 s.remove(key);
             }
@@ -531,7 +535,7 @@ impl Snapshot {
         {
             p.seq = old.seq;
         }
-        let previous = self.pod_queue.get(&p.key).cloned();
+        let previous = self.tally.queue_of(&p.key).cloned();
         self.remove_pod(&p.key);
         if !p.is_card_pod() || !self.gates(&p) {
             // Pods of schedulers card-quota does not gate hold nothing here, whatever
@@ -549,19 +553,16 @@ impl Snapshot {
                 .or_default()
                 .insert(p.key.clone());
         }
-        self.index_pod(&p, previous);
+        let q = self.index_pod(&p, previous);
         let key = p.key.clone();
         self.pods.insert(key.clone(), p);
-        self.retally_pod(&key);
+        self.retally_pod(&key, Some(q));
     }
 
-    /// Counts a pod again in its queue's usage (or stops counting it when gone), and
-    /// its PodGroup's reservation with it.
-    fn retally_pod(&mut self, key: &ObjectKey) {
-        let now_in = self
-            .pods
-            .get(key)
-            .and_then(|p| self.pod_queue.get(key).map(|q| (q, p)));
+    /// Counts a pod again in `queue`'s usage (`None`: it no longer counts), and its
+    /// PodGroup's reservation with it.
+    fn retally_pod(&mut self, key: &ObjectKey, queue: Option<QueueName>) {
+        let now_in = self.pods.get(key).zip(queue.as_ref()).map(|(p, q)| (q, p));
         for g in self.tally.pod(key, now_in, &self.nodes) {
             self.tally.group(&g, self.groups.get(&g));
         }
@@ -572,7 +573,7 @@ impl Snapshot {
         self.latent_pods.remove(key);
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
-            self.retally_pod(key);
+            self.retally_pod(key, None);
             if let Some(g) = &old.group {
                 let gk = ObjectKey::new(old.key.namespace.clone(), g.clone());
                 if let Some(s) = self.pods_by_group.get_mut(&gk) {
@@ -662,7 +663,7 @@ impl Snapshot {
 
     /// The queue a card pod is counted in.
     pub fn pod_queue(&self, key: &ObjectKey) -> Option<&QueueName> {
-        self.pod_queue.get(key)
+        self.tally.queue_of(key)
     }
 
     /// The incremental tally (for the recount that checks it).
@@ -673,9 +674,13 @@ impl Snapshot {
     /// Rebuilds the tally from scratch (after a recount found it wrong).
     pub fn rebuild_tally(&mut self) {
         self.tally = Tally::default();
-        let keys: Vec<ObjectKey> = self.pods.keys().cloned().collect();
-        for k in keys {
-            self.retally_pod(&k);
+        let filed: Vec<(QueueName, ObjectKey)> = self
+            .pods_by_queue
+            .iter()
+            .flat_map(|(q, keys)| keys.iter().map(move |k| (q.clone(), k.clone())))
+            .collect();
+        for (q, k) in filed {
+            self.retally_pod(&k, Some(q));
         }
         let groups: Vec<ObjectKey> = self.groups.keys().cloned().collect();
         for g in groups {

@@ -176,6 +176,13 @@ impl Tally {
         self.groups.insert(key.clone(), (g.queue.clone(), r));
     }
 
+    /// The queue a card pod is counted in.
+    pub fn queue_of(&self, key: &ObjectKey) -> Option<&QueueName> {
+        match self.pods.get(key)? {
+            Counted::Settled { queue, .. } | Counted::Terminating { queue } => Some(queue),
+        }
+    }
+
     /// Bookkeeping errors seen since the tally was built.
     pub fn errors(&self) -> u64 {
         self.errors
