@@ -47,6 +47,12 @@ struct Args {
     /// Leave pods of an earlier run in place (the burst goes on).
     #[arg(long)]
     append: bool,
+    /// Retry a creation the API server itself timed out ("ServerTimeout: please try
+    /// again", as controllers do), up to 5 times; such retries are counted, not
+    /// reported as errors. (A timed-out creation may still have happened: use only
+    /// where counts need not be exact.)
+    #[arg(long)]
+    retry_server_timeouts: bool,
 }
 
 struct Outcome {
@@ -80,7 +86,22 @@ async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
     let results: Vec<Result<Pod, kube::Error>> = stream::iter(0..args.pods)
         .map(|_| {
             let p = template.clone();
-            async move { api.create(&PostParams::default(), &p).await }
+            let retry = args.retry_server_timeouts;
+            async move {
+                let mut attempt = 0;
+                loop {
+                    match api.create(&PostParams::default(), &p).await {
+                        Err(kube::Error::Api(s))
+                            if retry && s.reason == "ServerTimeout" && attempt < 5 =>
+                        {
+                            attempt += 1;
+                            eprintln!("API server timeout (not a webhook answer); retry {attempt}");
+                            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                        }
+                        other => break other,
+                    }
+                }
+            }
         })
         .buffer_unordered(args.concurrency)
         .collect()

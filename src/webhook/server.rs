@@ -321,14 +321,27 @@ pub async fn serve_tls(
                     let svc = hyper::service::service_fn(move |req| {
                         let state = state.clone();
                         async move {
-                            match tokio::time::timeout(REQUEST_DEADLINE, admission(state, req)).await {
-                                Ok(r) => r,
-                                Err(_) => Ok(reply(
+                            let http1 = req.version() < hyper::Version::HTTP_2;
+                            let draining = !state.ready.load(Ordering::Relaxed);
+                            let mut r = match tokio::time::timeout(REQUEST_DEADLINE, admission(state, req)).await {
+                                Ok(Ok(r)) => r,
+                                Ok(Err(e)) => match e {},
+                                Err(_) => reply(
                                     StatusCode::SERVICE_UNAVAILABLE,
                                     "text/plain",
                                     format!("no answer within {REQUEST_DEADLINE:?}; try again"),
-                                )),
+                                ),
+                            };
+                            // Draining: each keep-alive connection is closed after its
+                            // answer, so the client opens its next one elsewhere instead
+                            // of racing the listener's close with a new request.
+                            if draining && http1 {
+                                r.headers_mut().insert(
+                                    hyper::header::CONNECTION,
+                                    hyper::header::HeaderValue::from_static("close"),
+                                );
                             }
+                            Ok::<_, Infallible>(r)
                         }
                     });
                     let mut builder = auto::Builder::new(TokioExecutor::new());
