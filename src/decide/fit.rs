@@ -114,11 +114,6 @@ pub fn usage_after(
     u
 }
 
-/// Adds a demand with no object yet (replicas a scale-up would add) to a usage.
-pub fn add_planned(u: &mut QueueUsage, d: &Demand) {
-    u.add_planned(d);
-}
-
 /// Demands of `u` in the component of models reachable from `touched`.
 fn component(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Vec<Demand> {
     let demands = u.demands();

@@ -8,7 +8,7 @@ use crate::cluster::records::workload_record;
 use crate::cluster::{PodRecord, Snapshot, WorkloadKind};
 use crate::ledger::{Demand, Verdict};
 
-use super::fit::{add_planned, feasible, models_of, usage_of};
+use super::fit::{feasible, models_of, usage_of};
 use super::messages::{gate, insufficient, INSUFFICIENT, RETRY};
 use super::patch::set_replicas;
 use super::pod::card_demand;
@@ -164,10 +164,7 @@ fn resize(
     let before = usage_of(snap, &queue, now);
     let fits = |k: u64| {
         let mut u = before.clone();
-        add_planned(
-            &mut u,
-            &Demand::pods(demand.alternatives.clone(), demand.cards, k),
-        );
+        u.add_planned(&Demand::pods(demand.alternatives.clone(), demand.cards, k));
         feasible(&u, &touched)
     };
     // No more replicas fit than the room of the models they may use holds: beyond
