@@ -5,7 +5,10 @@
 #
 #   KUBECONFIG=<kubeconfig> e2e/burst.sh [path/to/card-quota] [replicas]
 #
-# BURST_PODS (2000), BURST_CONCURRENCY (16), BURST_ROUNDS (2). With 2 replicas the
+# BURST_PODS (2000), BURST_CONCURRENCY (16), BURST_ROUNDS (2). BURST_NO_CARDS=1 adds a
+# case of pods without cards behind card-quota (the webhook calls' own cost);
+# BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
+# patch the contract requires and decides nothing (the least any implementation costs). With 2 replicas the
 # API server reaches them through a per-connection round-robin (e2e/rr-proxy.py), as
 # through a Service. Quotas are ample: every pod should be admitted. Prints pods/s per
 # case and round, the medians, and how many times the Queue object was written.
@@ -30,7 +33,8 @@ cleanup() {
   wait 2>/dev/null || true
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
   k delete queue "$Q" --ignore-not-found >/dev/null 2>&1 || true
-  k delete namespace "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q-floor" --ignore-not-found >/dev/null 2>&1 || true
+  k delete namespace "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$Q-pf" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
   [ -n "${BURST_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -39,9 +43,10 @@ trap cleanup EXIT
 # dead port, which would refuse every later run's pods: sweep them first.
 k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
   grep -E '/cq-(e2e|burst)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
-for ns in "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$SYS"; do k create namespace "$ns" >/dev/null; done
+for ns in "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$Q-pf" "$SYS"; do k create namespace "$ns" >/dev/null; done
 k label namespace "$Q-cq" "card-quota-burst=$RUN" >/dev/null
 k label namespace "$Q-nc" "card-quota-burst=$RUN" >/dev/null
+k label namespace "$Q-pf" "card-quota-floor=$RUN" >/dev/null
 k -n "$Q-rq" create quota gpus --hard=requests.nvidia.com/gpu=1000000 >/dev/null
 k create -f - >/dev/null <<YAML
 apiVersion: scheduling.volcano.sh/v1beta1
@@ -77,12 +82,20 @@ for p in "${backends[@]}"; do
 done
 "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$URL_PORT" --without-match-conditions \
   --name "$Q" --namespace-label "card-quota-burst=$RUN" | k apply -f - >/dev/null
+if [ -n "${BURST_FLOOR:-}" ]; then
+  cargo build --quiet --release --example floor_webhook
+  FLOOR_PORT=$((PORT + 50))
+  "$HERE/../target/release/examples/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$FLOOR_PORT" > "$WORK/floor.log" 2>&1 &
+  PIDS+=($!)
+  "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$FLOOR_PORT" --without-match-conditions \
+    --name "$Q-floor" --namespace-label "card-quota-floor=$RUN" | k apply -f - >/dev/null
+fi
 sleep 2
 rv0=$(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}')
 t0=$(date +%s)
 cargo run --quiet --release --example burst -- --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
   --case "plain=$Q-plain" --case "resourcequota=$Q-rq" --case "card-quota=$Q-cq" \
-  ${BURST_NO_CARDS:+--case "webhook-no-cards=$Q-nc"} --queue "$Q"
+  ${BURST_NO_CARDS:+--case "webhook-no-cards=$Q-nc"} ${BURST_FLOOR:+--case "webhook-floor=$Q-pf"} --queue "$Q"
 t1=$(date +%s)
 # Queue writes during the run: resourceVersions are not counters, so count the usage
 # writes card-quota reports and compare with the run's length.

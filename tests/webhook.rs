@@ -479,3 +479,42 @@ async fn a_client_dribbling_headers_is_cut_off_while_others_are_served() {
         "cut off after {took:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tmp = tempdir("idle");
+    certs(&tmp);
+    let server = Server::start(&tmp, &[]);
+    let mut conn = connect(server.port, &tmp.join("ca.crt"), None)
+        .await
+        .unwrap();
+    let body = serde_json::to_vec(&R::pod("CREATE", pod("a", "NVIDIA-H200", "1")).build()).unwrap();
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    conn.write_all(&body).await.unwrap();
+    let sent = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The answer comes at once; then the connection sits idle until the server ends it.
+    let closed_after = loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), conn.read(&mut buf))
+            .await
+            .expect("an idle connection must not stay open 30 s");
+        match n {
+            Ok(0) | Err(_) => break sent.elapsed(),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let limit = card_quota::webhook::server::HEADER_TIMEOUT;
+    assert!(
+        closed_after >= limit - Duration::from_millis(500)
+            && closed_after < limit + Duration::from_secs(2),
+        "closed after {closed_after:?}"
+    );
+}

@@ -371,7 +371,9 @@ pub async fn serve_tls(
 pub const MAX_CONNECTIONS: usize = 512;
 /// Time for a client to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time for a client to send a request's headers (slowloris).
+/// Time for a client to send a request's headers (slowloris). hyper starts it as soon
+/// as an HTTP/1.1 connection waits for its next request, so it is also how long an idle
+/// keep-alive connection stays open.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time to answer one request: below the shortest webhook timeout (5 s), so a stuck
 /// request ends here, not in the API server's failure policy. The ledger's time budget
