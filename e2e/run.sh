@@ -176,6 +176,51 @@ check "a caller without the API server's client certificate is refused at the TL
   [ "$code" = 000 ]
 check "... the metric counts it" bash -c "curl -s http://127.0.0.1:$((PORT_A + 1000))/metrics | grep -q '^card_quota_tls_handshakes_failed_total [1-9]'"
 
+# A slowloris that passes the handshake: it needs a client certificate the replicas
+# accept, i.e. one signed by the cluster CA. The test control plane keeps the API
+# server's own; elsewhere set E2E_WEBHOOK_CLIENT_CERT and E2E_WEBHOOK_CLIENT_KEY.
+WH_CRT=${E2E_WEBHOOK_CLIENT_CERT:-${CP_DIR:-$HOME/.cache/card-quota-k8s}/bookworm/k8s/pki/webhook-client.crt}
+WH_KEY=${E2E_WEBHOOK_CLIENT_KEY:-${WH_CRT%.crt}.key}
+if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
+  python3 - "$PORT_A" "$WORK/certs/ca.crt" "$WH_CRT" "$WH_KEY" > "$WORK/slowloris.out" 2>&1 <<'PY' &
+import socket, ssl, sys, time
+port, ca, crt, key = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(ca)
+ctx.load_cert_chain(crt, key)
+ctx.check_hostname = False
+s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="127.0.0.1")
+s.sendall(b"POST /validate HTTP/1.1\r\nhost: x\r\n")
+start = time.time()
+s.settimeout(0.5)
+i = 0
+while time.time() - start < 30:
+    try:
+        s.sendall(f"x-{i}: y\r\n".encode())
+        i += 1
+        s.recv(256)
+        break  # an answer or the close: cut off
+    except socket.timeout:
+        continue
+    except OSError:
+        break
+print(f"cut off after {time.time() - start:.1f}s and {i} header lines")
+PY
+  LORIS=$!
+  sleep 1
+  ok=0
+  for i in 1 2 3; do
+    k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' >/dev/null 2>&1 && ok=$((ok + 1))
+  done
+  wait "$LORIS"
+  log "slowloris: $(cat "$WORK/slowloris.out")"
+  check "a client dribbling headers past the handshake is cut off within the header timeout (5 s)" \
+    grep -Eq 'cut off after [0-6]\.' "$WORK/slowloris.out"
+  check "... while the API server's requests are answered meanwhile ($ok of 3 pods created)" [ "$ok" = 3 ]
+else
+  log "SKIP slowloris: no client certificate signed by the cluster CA at $WH_CRT"
+fi
+
 # ---- 1. Queue quotas ------------------------------------------------------------------
 out=$(queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4' | k apply -f - 2>&1)
 check "malformed card.quota is refused with the exact problem" \
