@@ -220,6 +220,7 @@ fn main() {
         show("floor (parse + allow)", &f);
         show("card-quota serve --offline", &w);
         println!("ratio card-quota / floor: {:.2} of the requests/s", w.rps / f.rps);
+        assert_eq!(w.errors, 0, "card-quota failed requests: the ratio means nothing");
     });
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -533,6 +533,9 @@ async fn serve(
     state
         .ready
         .store(false, std::sync::atomic::Ordering::Relaxed);
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!("shutting down: unready, serving {:?} more", opts.drain);
     tokio::select! {
         _ = tokio::time::sleep(opts.drain) => {}

@@ -47,6 +47,9 @@ pub struct State {
     pub config: Config,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
+    /// Set on SIGTERM: answers close their HTTP/1.1 connections (see `serve_tls`).
+    /// Unlike `ready`, false also before start-up completes.
+    pub draining: AtomicBool,
     /// `None` offline: admitted effects are applied to the snapshot directly.
     pub live: Option<Live>,
 }
@@ -59,6 +62,7 @@ impl State {
             config,
             metrics: Arc::new(Metrics::default()),
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             live: None,
         }
     }
@@ -75,6 +79,7 @@ impl State {
             config,
             metrics: Arc::new(Metrics::new(dropped)),
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             live: Some(live),
         }
     }
@@ -322,7 +327,7 @@ pub async fn serve_tls(
                         let state = state.clone();
                         async move {
                             let http1 = req.version() < hyper::Version::HTTP_2;
-                            let draining = !state.ready.load(Ordering::Relaxed);
+                            let draining = state.draining.load(Ordering::Relaxed);
                             let mut r = match tokio::time::timeout(REQUEST_DEADLINE, admission(state, req)).await {
                                 Ok(Ok(r)) => r,
                                 Ok(Err(e)) => match e {},
