@@ -8,12 +8,12 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
 
 use card_quota::admission::{review, usage_report};
-use card_quota::cluster::load::upsert;
 use card_quota::cluster::records::pod_record;
-use card_quota::cluster::{Dirty, Snapshot};
 use card_quota::controller::plan::{queue_state, recount_check};
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
+use card_quota::snapshot::load::upsert;
+use card_quota::snapshot::{Dirty, Snapshot};
 
 fn node(name: &str, model: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",

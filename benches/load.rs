@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use card_quota::cluster::load::load;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
+use card_quota::snapshot::load::load;
 use card_quota::webhook::{server, tls};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

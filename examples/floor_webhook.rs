@@ -121,9 +121,9 @@ async fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use card_quota::cluster::load::load;
     use card_quota::decide::review::ReviewBuilder;
     use card_quota::decide::Config;
+    use card_quota::snapshot::load::load;
     use card_quota::webhook::server;
 
     fn ops(review_out: &[u8]) -> Value {

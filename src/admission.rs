@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::cards::ObjectKey;
-use crate::cluster::load;
-use crate::cluster::{Snapshot, WorkloadKind};
+use crate::cluster::WorkloadKind;
 use crate::decide::review::{
     encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status,
 };
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::ledger::Row;
+use crate::snapshot::load;
+use crate::snapshot::Snapshot;
 
 /// Builds the AdmissionResponse of a decision. `with_patch` is false on `/validate`.
 pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse {

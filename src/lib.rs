@@ -1,7 +1,9 @@
 //! card-quota: hard per-card-model quotas for Volcano queues.
 //!
-//! A functional core (`cards`, `ledger`, `cluster`, `decide`) with no I/O, and thin
-//! shells over it (`replay`, `demo`, the webhook server and the reconciler).
+//! A functional core with no I/O, each module using only those before it: `cards` →
+//! `cluster` → `ledger` → `snapshot` → `decide` → `admission`; then the shells over it:
+//! `live` (the API server) → `metrics` → `controller` → `webhook` → `cli`.
+//! `scripts/layers.sh` (run by CI) keeps that order.
 
 pub mod admission;
 pub mod cards;
@@ -11,4 +13,6 @@ pub mod controller;
 pub mod decide;
 pub mod ledger;
 pub mod live;
+pub mod metrics;
+pub mod snapshot;
 pub mod webhook;

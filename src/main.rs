@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use card_quota::cli::ScalePolicyArg;
 use card_quota::cli::{demo, replay, status};
-use card_quota::decide::{Config, ScalePolicy};
+use card_quota::decide::Config;
 
 #[derive(Parser)]
 #[command(
@@ -33,7 +34,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         output: replay::Output,
         #[arg(long, value_enum, default_value = "clamp")]
-        scale_policy: ScalePolicy,
+        scale_policy: ScalePolicyArg,
         /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
         /// that already place pods by card model).
         #[arg(long)]
@@ -119,7 +120,7 @@ enum Command {
         #[arg(long = "scheduler-name")]
         scheduler_names: Vec<String>,
         #[arg(long, value_enum, default_value = "clamp")]
-        scale_policy: ScalePolicy,
+        scale_policy: ScalePolicyArg,
         /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
         /// that already place pods by card model).
         #[arg(long)]
@@ -191,7 +192,7 @@ fn main() -> anyhow::Result<()> {
             no_pin,
         } => {
             let cfg = Config {
-                scale_policy,
+                scale_policy: scale_policy.into(),
                 pin: !no_pin,
             };
             let stdout = std::io::stdout();
@@ -283,7 +284,7 @@ fn main() -> anyhow::Result<()> {
                 schedulers: (!scheduler_names.is_empty())
                     .then(|| scheduler_names.into_iter().collect()),
                 config: Config {
-                    scale_policy,
+                    scale_policy: scale_policy.into(),
                     pin: !no_pin,
                 },
                 ledger_budget: std::time::Duration::from_secs_f64(ledger_budget_seconds.max(0.1)),
@@ -301,7 +302,7 @@ fn main() -> anyhow::Result<()> {
             }
             let snap = match objects {
                 Some(path) => snapshot_file(&path)?,
-                None => card_quota::cluster::Snapshot::new(),
+                None => card_quota::snapshot::Snapshot::new(),
             };
             rt.block_on(serve(opts, Some(snap)))?;
         }
@@ -324,10 +325,10 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// A snapshot from a YAML/JSON stream of objects; objects it cannot read are logged.
-fn snapshot_file(path: &std::path::Path) -> anyhow::Result<card_quota::cluster::Snapshot> {
+fn snapshot_file(path: &std::path::Path) -> anyhow::Result<card_quota::snapshot::Snapshot> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (snap, skipped) = card_quota::cluster::load::load(&text)?;
+    let (snap, skipped) = card_quota::snapshot::load::load(&text)?;
     for s in skipped {
         tracing::warn!("{}: {s}", path.display());
     }
@@ -335,13 +336,13 @@ fn snapshot_file(path: &std::path::Path) -> anyhow::Result<card_quota::cluster::
 }
 
 /// The cluster as the webhook sees it: the same informer caches, synced once.
-async fn live_snapshot() -> anyhow::Result<card_quota::cluster::Snapshot> {
+async fn live_snapshot() -> anyhow::Result<card_quota::snapshot::Snapshot> {
     use card_quota::live::caches;
     use std::sync::{Arc, Mutex};
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server (kubeconfig or in-cluster config)")?;
-    let snapshot = Arc::new(Mutex::new(card_quota::cluster::Snapshot::new()));
+    let snapshot = Arc::new(Mutex::new(card_quota::snapshot::Snapshot::new()));
     let synced = Arc::new(caches::Synced::default());
     tokio::spawn(caches::start(
         client,
@@ -395,7 +396,7 @@ fn identity() -> String {
 /// Serves offline from `snap`, or live from informer caches when `snap` is `None`.
 async fn serve(
     opts: ServeOptions,
-    snap: Option<card_quota::cluster::Snapshot>,
+    snap: Option<card_quota::snapshot::Snapshot>,
 ) -> anyhow::Result<()> {
     use card_quota::controller::events::EventSink;
     use card_quota::controller::reconciler::Reconciler;
@@ -431,7 +432,7 @@ async fn serve(
             timed.write_timeout = Some(API_TIMEOUT);
             timed.reset_reader_on_write = true;
             let client = kube::Client::try_from(timed).context("connecting to the API server")?;
-            let mut empty = card_quota::cluster::Snapshot::new();
+            let mut empty = card_quota::snapshot::Snapshot::new();
             empty.set_gated_schedulers(opts.schedulers.clone());
             let snapshot = Arc::new(Mutex::new(empty));
             let synced = Arc::new(caches::Synced::default());

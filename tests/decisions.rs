@@ -3,10 +3,10 @@
 
 use base64::Engine;
 use card_quota::admission::{apply, review, usage_report};
-use card_quota::cluster::load::load;
-use card_quota::cluster::Snapshot;
 use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
 use card_quota::decide::{Config, ScalePolicy};
+use card_quota::snapshot::load::load;
+use card_quota::snapshot::Snapshot;
 use serde_json::{json, Value};
 
 const CLUSTER: &str = r#"
@@ -1092,12 +1092,12 @@ spec: {nodeName: npu-1, containers: [{name: c, image: x, resources: {limits: {ex
     let node = json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
         "status": {"allocatable": {"example.com/npu": "8"}}});
-    card_quota::cluster::load::upsert(&mut w.snap, &node).unwrap();
+    card_quota::snapshot::load::upsert(&mut w.snap, &node).unwrap();
     assert_eq!(w.usage("npu", "X-NPU")["allocated"], 1);
     // A status change of the vendor's only node keeps the pod charged.
     let mut changed = node.clone();
     changed["status"]["allocatable"]["example.com/npu"] = json!("7");
-    card_quota::cluster::load::upsert(&mut w.snap, &changed).unwrap();
+    card_quota::snapshot::load::upsert(&mut w.snap, &changed).unwrap();
     assert_eq!(w.usage("npu", "X-NPU")["allocated"], 1);
     let late = pod_res("late", "npu", Some("X-NPU"), "example.com/npu", "1");
     let r = w.send(R::pod("CREATE", late).build());
@@ -1312,8 +1312,8 @@ fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted()
     // As `serve --scheduler-name volcano` sets it up: the filter comes first.
     let mut snap = Snapshot::new();
     snap.set_gated_schedulers(Some(["volcano".to_string()].into()));
-    for doc in card_quota::cluster::load::documents(CLUSTER).unwrap() {
-        card_quota::cluster::load::upsert(&mut snap, &doc).unwrap();
+    for doc in card_quota::snapshot::load::documents(CLUSTER).unwrap() {
+        card_quota::snapshot::load::upsert(&mut snap, &doc).unwrap();
     }
     let mut w = World {
         snap,
@@ -1324,7 +1324,7 @@ fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted()
     let r = w.send(R::pod("CREATE", other.clone()).build());
     assert!(r.allowed && r.patch.is_none(), "admitted untouched");
     // Even when it exists, it holds nothing of the queue's quota.
-    card_quota::cluster::load::upsert(&mut w.snap, &other).unwrap();
+    card_quota::snapshot::load::upsert(&mut w.snap, &other).unwrap();
     assert!(w.usage("q", "NVIDIA-H200").is_null() || w.usage("q", "NVIDIA-H200")["pending"] == 0);
     assert!(
         w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
@@ -1334,6 +1334,6 @@ fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted()
     assert!(!r.allowed, "the gated pods still fill the quota");
     // Without the filter (the default) the same pod counts.
     let mut all = World::new();
-    card_quota::cluster::load::upsert(&mut all.snap, &other).unwrap();
+    card_quota::snapshot::load::upsert(&mut all.snap, &other).unwrap();
     assert_eq!(all.usage("q", "NVIDIA-H200")["pending"], 3);
 }

@@ -7,11 +7,11 @@ use card_quota::admission::review;
 use card_quota::cards::annotations::{parse_card_name, parse_quota, parse_request};
 use card_quota::cards::quantity::parse_whole;
 use card_quota::cards::QueueName;
-use card_quota::cluster::load::load;
-use card_quota::cluster::Snapshot;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
 use card_quota::ledger::Ledger;
+use card_quota::snapshot::load::load;
+use card_quota::snapshot::Snapshot;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -236,7 +236,7 @@ proptest! {
             let pod = json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "p", "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "q"}},
                 "spec": {"containers": container}});
-            let _ = card_quota::cluster::load::upsert(&mut snap, &pod);
+            let _ = card_quota::snapshot::load::upsert(&mut snap, &pod);
             answered(&doc, &snap)?;
         } else {
             splice(&mut doc, path, container);

@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use card_quota::cards::QueueName;
-use card_quota::cluster::load::{load, upsert};
-use card_quota::cluster::records::ledger_record;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
 use card_quota::ledger::entries::Watermark;
+use card_quota::ledger::ledger_record;
 use card_quota::live::caches::Synced;
 use card_quota::live::charge::CommitMetrics;
 use card_quota::live::{Committer, LedgerApi};
+use card_quota::snapshot::load::{load, upsert};
 use card_quota::webhook::server::{handle_review, Live, State};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;

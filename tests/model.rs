@@ -22,10 +22,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use base64::Engine;
 use card_quota::admission::{review, usage_report};
-use card_quota::cluster::load::{load, remove, upsert};
-use card_quota::cluster::Snapshot;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
+use card_quota::snapshot::load::{load, remove, upsert};
+use card_quota::snapshot::Snapshot;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
 use serde_json::{json, Value};

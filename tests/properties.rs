@@ -3,9 +3,9 @@
 
 use card_quota::admission::{apply, review};
 use card_quota::cards::annotations::{parse_card_name, parse_quota, parse_request};
-use card_quota::cluster::load::load;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
+use card_quota::snapshot::load::load;
 use proptest::prelude::*;
 use serde_json::json;
 

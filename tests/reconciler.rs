@@ -4,11 +4,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use card_quota::cluster::load::load;
 use card_quota::controller::events::EventSink;
 use card_quota::controller::reconciler::Reconciler;
 use card_quota::live::{Committer, LedgerApi};
-use card_quota::webhook::metrics::Metrics;
+use card_quota::metrics::Metrics;
+use card_quota::snapshot::load::load;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use kube::client::Body;
@@ -52,7 +52,7 @@ fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>, LeaseDoc) {
     let lease: LeaseDoc = Arc::new(Mutex::new(Value::Null));
     let the_lease = lease.clone();
     let mut queues: std::collections::HashMap<String, Value> =
-        card_quota::cluster::load::documents(objects)
+        card_quota::snapshot::load::documents(objects)
             .unwrap()
             .into_iter()
             .filter(|d| d["kind"] == "Queue")
@@ -136,7 +136,7 @@ type Harness = (
     Arc<Mutex<Vec<Seen>>>,
     Arc<Metrics>,
     tokio::sync::watch::Sender<bool>,
-    Arc<Mutex<card_quota::cluster::Snapshot>>,
+    Arc<Mutex<card_quota::snapshot::Snapshot>>,
 );
 
 fn reconciler(text: &str, leader: bool) -> Harness {
@@ -384,7 +384,7 @@ async fn a_queue_whose_usage_keeps_changing_is_written_at_most_once_a_second() {
             "metadata": {"name": format!("burst-{i}"), "namespace": "ml",
                 "annotations": {"scheduling.volcano.sh/queue-name": "good", "volcano.sh/card.name": "NVIDIA-H200"}},
             "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
-        card_quota::cluster::load::upsert(&mut snap.lock().unwrap(), &pod).unwrap();
+        card_quota::snapshot::load::upsert(&mut snap.lock().unwrap(), &pod).unwrap();
         r.pass(false).await;
     }
     settle().await;

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use card_quota::cards::ObjectKey;
 use card_quota::cards::QueueName;
-use card_quota::cluster::load::{remove, upsert};
-use card_quota::cluster::{Dirty, Snapshot};
 use card_quota::controller::plan::{queue_state, recount_check};
 use card_quota::decide::fit::{usage_after, Change};
 use card_quota::ledger::{queue_usage, QueueUsage, Row};
+use card_quota::snapshot::load::{remove, upsert};
+use card_quota::snapshot::{Dirty, Snapshot};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

@@ -5,9 +5,9 @@ use std::io::Write;
 use serde_json::{json, Value};
 
 use crate::admission::{apply, review, usage_report, usage_table};
-use crate::cluster::load::load;
 use crate::decide::review::ReviewBuilder as R;
 use crate::decide::{Config, ScalePolicy};
+use crate::snapshot::load::load;
 
 const SNAPSHOT: &str = include_str!("demo/snapshot.yaml");
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use crate::cluster::load::documents;
+use crate::snapshot::load::documents;
 
 /// The kustomize resources, in `manifests/kustomization.yaml` order.
 const FILES: [(&str, &str); 7] = [

@@ -6,9 +6,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::admission::{apply, bad_review, review, usage_report, usage_table};
-use crate::cluster::load::{documents, load};
 use crate::decide::review::ReviewOut;
 use crate::decide::Config;
+use crate::snapshot::load::{documents, load};
 
 /// Output format of the final usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -28,7 +28,7 @@ pub enum ReplayError {
     #[error("{path}: {source}")]
     Objects {
         path: String,
-        source: crate::cluster::load::LoadError,
+        source: crate::snapshot::load::LoadError,
     },
     #[error("writing output: {0}")]
     Write(#[from] std::io::Error),

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use crate::admission::{usage_report, usage_table};
-use crate::cluster::Snapshot;
 use crate::ledger::Row;
+use crate::snapshot::Snapshot;
 
 /// Output format of `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

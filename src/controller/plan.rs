@@ -5,10 +5,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cards::QueueName;
-use crate::cluster::Snapshot;
 use crate::decide::fit::usage_of;
 use crate::ledger::tally::same_usage;
 use crate::ledger::{queue_usage, Row};
+use crate::snapshot::Snapshot;
 
 /// Event reason for a queue whose allocated cards exceed its quota.
 pub const EXCEEDED: &str = "CardQuotaExceeded";
@@ -190,7 +190,7 @@ impl EventMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::load::load;
+    use crate::snapshot::load::load;
 
     const SNAP: &str = r#"
 apiVersion: v1

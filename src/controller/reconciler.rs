@@ -16,14 +16,14 @@ use tokio::sync::watch;
 use crate::cards::annotations::USAGE;
 use crate::cards::QueueName;
 use crate::cluster::records::queue_record;
-use crate::cluster::{Dirty, Snapshot};
 use crate::decide::{Config, EventIntent, ObjectRef};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
 use crate::live::leadership::LeaseCheck;
 use crate::live::volcano::queue_resource;
 use crate::live::Committer;
-use crate::webhook::metrics::{Metrics, ModeLabel, ResultLabel};
+use crate::metrics::{Metrics, ModeLabel, ResultLabel};
+use crate::snapshot::{Dirty, Snapshot};
 
 use super::events::EventSink;
 use super::plan::{
@@ -31,8 +31,7 @@ use super::plan::{
     QueueState, EXCEEDED, INVALID,
 };
 
-/// The field manager of card-quota's server-side applies.
-pub const FIELD_MANAGER: &str = "card-quota";
+use crate::live::FIELD_MANAGER;
 
 /// The least time between two usage writes to one Queue: a burst changes usage with
 /// every pod, and every Queue write wakes Volcano's scheduler and controllers.

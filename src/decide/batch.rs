@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use crate::cards::QueueName;
-use crate::cluster::Snapshot;
 use crate::ledger::entries::{EntryId, Fate, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES};
-use crate::ledger::overlay::{self, Overlay};
+use crate::snapshot::overlay::{self, Overlay};
+use crate::snapshot::Snapshot;
 
 use super::messages::RETRY;
 use super::review::AdmissionRequest;

@@ -4,8 +4,8 @@ use serde_json::Value;
 
 use crate::cards::annotations::CHARGED;
 use crate::cards::ObjectKey;
-use crate::cluster::Snapshot;
 use crate::ledger::Effect;
+use crate::snapshot::Snapshot;
 
 use super::messages::{gate, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;

@@ -4,9 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cards::{Alternatives, CardName, ObjectKey, QueueName};
-use crate::cluster::{PodGroupRecord, PodRecord, Snapshot};
+use crate::cluster::{PodGroupRecord, PodRecord};
 use crate::ledger::usage::{merge_members, reservation};
 use crate::ledger::{check, Demand, QueueUsage, Share, Verdict, DEFAULT_BUDGET};
+use crate::snapshot::Snapshot;
 
 /// A hypothetical change to one queue's objects.
 #[derive(Debug, Default, Clone)]

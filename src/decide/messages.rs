@@ -1,8 +1,9 @@
 //! The texts users read in kubectl and Events: short, complete, every number.
 
 use crate::cards::{Alternatives, Cards, QueueName};
-use crate::cluster::{QueueRecord, Snapshot};
+use crate::cluster::QueueRecord;
 use crate::ledger::QueueUsage;
+use crate::snapshot::Snapshot;
 
 use super::Decision;
 

@@ -13,12 +13,12 @@ pub mod review;
 pub mod scale;
 
 use crate::cards::QueueName;
-use crate::cluster::Snapshot;
 use crate::ledger::Effect;
+use crate::snapshot::Snapshot;
 use review::AdmissionRequest;
 
 /// What to do about a scale-up that does not fully fit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ScalePolicy {
     /// Lower `spec.replicas` to what fits (the HPA then sits at the quota).
     #[default]

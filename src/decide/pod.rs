@@ -11,9 +11,10 @@ use crate::cards::nodes::product_of;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
 use crate::cluster::records::pod_record;
-use crate::cluster::{PodRecord, Snapshot};
+use crate::cluster::PodRecord;
 use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
+use crate::snapshot::Snapshot;
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{

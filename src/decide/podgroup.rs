@@ -4,8 +4,9 @@ use std::collections::BTreeSet;
 
 use crate::cards::{Alternatives, CardRequest, Cards};
 use crate::cluster::records::podgroup_record;
-use crate::cluster::{PodGroupRecord, PodRecord, Snapshot};
+use crate::cluster::{PodGroupRecord, PodRecord};
 use crate::ledger::{bound_charges, Effect, Verdict};
+use crate::snapshot::Snapshot;
 
 use super::fit::{fit, models_of, Change};
 use super::messages::{gate, insufficient, INSUFFICIENT, INVALID};

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use crate::cards::annotations::QUOTA;
 use crate::cluster::records::queue_record;
-use crate::cluster::Snapshot;
+use crate::snapshot::Snapshot;
 
 use super::fit::usage_of;
 use super::messages::INVALID;

@@ -5,8 +5,9 @@ use serde_json::Value;
 
 use crate::cards::ObjectKey;
 use crate::cluster::records::workload_record;
-use crate::cluster::{PodRecord, Snapshot, WorkloadKind};
+use crate::cluster::{PodRecord, WorkloadKind};
 use crate::ledger::{Demand, Verdict};
+use crate::snapshot::Snapshot;
 
 use super::fit::{feasible, models_of, usage_of};
 use super::messages::{gate, insufficient, INSUFFICIENT, RETRY};

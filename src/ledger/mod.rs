@@ -9,6 +9,7 @@ pub use feasibility::{check, Demand, Verdict, DEFAULT_BUDGET};
 pub use tally::Tally;
 pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Share};
 pub mod entries;
-pub mod overlay;
+pub mod record;
 
 pub use entries::{Effect, Entry, EntryKey, Ledger, LedgerError};
+pub use record::{ledger_record, LedgerRecord};

@@ -65,7 +65,7 @@ mod tests {
     fn granted() -> Grants {
         let text = include_str!("../../manifests/rbac.yaml");
         let mut out = Grants::new();
-        for doc in crate::cluster::load::documents(text).unwrap() {
+        for doc in crate::snapshot::load::documents(text).unwrap() {
             let scope = match doc["kind"].as_str() {
                 Some("ClusterRole") => Scope::Cluster,
                 Some("Role") => Scope::OwnNamespace,

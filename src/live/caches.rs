@@ -19,10 +19,12 @@ use serde_json::Value;
 
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::{
-    ledger_record, node_record, pod_record, podgroup_record, queue_record, workload_record,
+    node_record, pod_record, podgroup_record, queue_record, workload_record,
 };
-use crate::cluster::{Snapshot, WorkloadKind};
+use crate::cluster::WorkloadKind;
 use crate::ledger::entries::Stream;
+use crate::ledger::ledger_record;
+use crate::snapshot::Snapshot;
 
 use super::ledgers::{object_name, selector};
 use super::volcano::{podgroup_resource, queue_resource};

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::cards::QueueName;
-use crate::cluster::{LedgerRecord, Snapshot};
 use crate::decide::batch::{behind, decide_with_ledger, plan, Outcome};
 use crate::decide::messages::RETRY;
 use crate::decide::review::AdmissionRequest;
 use crate::decide::{Config, Decision};
 use crate::ledger::entries::{EntryId, Watermark};
+use crate::ledger::LedgerRecord;
+use crate::snapshot::Snapshot;
 
 use super::ledgers::{LedgerApi, WriteError};
 

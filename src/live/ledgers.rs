@@ -9,8 +9,8 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::Client;
 
 use crate::cards::QueueName;
-use crate::cluster::records::{ledger_record, LEDGER_KEY, LEDGER_LABELS, LEDGER_QUEUE_KEY};
-use crate::cluster::LedgerRecord;
+use crate::ledger::record::{ledger_record, LEDGER_KEY, LEDGER_LABELS, LEDGER_QUEUE_KEY};
+use crate::ledger::LedgerRecord;
 
 /// The label selector of ledger objects (the cache watches exactly these).
 pub fn selector() -> String {
@@ -147,7 +147,7 @@ impl LedgerApi {
             ..Default::default()
         };
         let pp = PostParams {
-            field_manager: Some(crate::controller::reconciler::FIELD_MANAGER.into()),
+            field_manager: Some(super::FIELD_MANAGER.into()),
             ..Default::default()
         };
         let out = match resource_version {

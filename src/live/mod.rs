@@ -10,3 +10,6 @@ pub mod volcano;
 
 pub use charge::Committer;
 pub use ledgers::{LedgerApi, WriteError};
+
+/// The field manager of every write card-quota makes (server-side apply).
+pub const FIELD_MANAGER: &str = "card-quota";

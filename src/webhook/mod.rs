@@ -1,5 +1,4 @@
-//! The webhook server: HTTPS admission, TLS material, health and metrics.
+//! The webhook server: HTTPS admission, TLS material, health and the metrics endpoint.
 
-pub mod metrics;
 pub mod server;
 pub mod tls;

@@ -18,7 +18,6 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{apply, bad_review, response};
-use crate::cluster::Snapshot;
 use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
 use crate::decide::review::{parse_review_owned, AdmissionRequest, ReviewOut};
@@ -26,8 +25,9 @@ use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
 use crate::live::Committer;
+use crate::snapshot::Snapshot;
 
-use super::metrics::{AdmissionLabels, KindLabel, Metrics};
+use crate::metrics::{AdmissionLabels, KindLabel, Metrics};
 
 /// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
 pub const MAX_BODY: usize = 4 * 1024 * 1024;

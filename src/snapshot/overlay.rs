@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use super::Snapshot;
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::Version;
-use crate::cluster::{PodGroupRecord, PodRecord, Snapshot};
-
-use super::entries::{
+use crate::cluster::{PodGroupRecord, PodRecord};
+use crate::ledger::entries::{
     group_of, pod_of, Entry, EntryId, EntryKey, Fate, Ledger, Stream, TTL, UNBOUND_GRACE,
 };
 
@@ -170,8 +170,8 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) -> Overlay
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::load::load;
     use crate::ledger::entries::Effect;
+    use crate::snapshot::load::load;
 
     const SNAP: &str = r#"
 apiVersion: v1

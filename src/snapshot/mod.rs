@@ -11,15 +11,14 @@ use crate::cards::{CardName, NodeCards, ObjectKey, QueueName};
 use crate::ledger::entries::Watermark;
 use crate::ledger::{QueueUsage, Tally};
 
-use super::records::{
-    LedgerRecord, PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
+use crate::cluster::records::{
+    PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
 };
+use crate::cluster::NodeModels;
+use crate::ledger::LedgerRecord;
 
-/// Where a bound pod's model comes from when it carries no `card.charged`.
-pub trait NodeModels {
-    /// `None` when the node is unknown; `Some(None)` when it has no model for `resource`.
-    fn node_model(&self, node: &str, resource: &str) -> Option<Option<&CardName>>;
-}
+pub mod load;
+pub mod overlay;
 
 /// The cluster as the decisions see it.
 #[derive(Debug, Default, Clone)]

@@ -5,11 +5,13 @@ use serde_json::Value;
 
 use crate::cards::{ObjectKey, QueueName};
 
-use super::records::{
-    is_ledger, ledger_record, node_record, pod_record, podgroup_record, queue_record,
-    workload_record, RecordError,
+use crate::cluster::records::{
+    node_record, pod_record, podgroup_record, queue_record, workload_record, RecordError,
 };
-use super::{Snapshot, WorkloadKind};
+use crate::cluster::WorkloadKind;
+use crate::ledger::record::{is_ledger, ledger_record};
+
+use super::Snapshot;
 
 /// Why an input stream could not be read.
 #[derive(Debug, thiserror::Error)]
