@@ -1,0 +1,186 @@
+//! The command line: one struct of flags per subcommand.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use card_quota::cli::ScalePolicyArg;
+use card_quota::cli::{replay, status};
+
+#[derive(Parser)]
+#[command(
+    name = "card-quota",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CARD_QUOTA_COMMIT"), ")"),
+    about = "Hard per-card-model quotas for Volcano queues"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Replay AdmissionReviews against a snapshot of objects, offline.
+    Replay(ReplayArgs),
+    /// A narrated scenario on an embedded snapshot; needs no cluster.
+    Demo,
+    /// Generate a CA and a serving certificate for the webhook Service.
+    Certs(CertsArgs),
+    /// Print the install YAML (manifests/ with the caBundle and TLS Secret filled in).
+    Manifests(ManifestsArgs),
+    /// Serve the admission webhook over HTTPS.
+    Serve(ServeArgs),
+    /// Per-queue, per-model usage table.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// YAML/JSON stream of Nodes, Queues, PodGroups, Pods, Deployments, ReplicaSets, StatefulSets.
+    #[arg(long)]
+    pub objects: PathBuf,
+    /// YAML/JSON stream of admission.k8s.io/v1 AdmissionReviews.
+    #[arg(long)]
+    pub requests: PathBuf,
+    /// Final usage as a JSON line instead of a table.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: replay::Output,
+    #[arg(long, value_enum, default_value = "clamp")]
+    pub scale_policy: ScalePolicyArg,
+    /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
+    /// that already place pods by card model).
+    #[arg(long)]
+    pub no_pin: bool,
+}
+
+#[derive(Args)]
+pub struct CertsArgs {
+    #[arg(long, default_value = "card-quota")]
+    pub service: String,
+    #[arg(long, default_value = "card-quota")]
+    pub namespace: String,
+    #[arg(long, default_value = "certs")]
+    pub out: PathBuf,
+    /// Extra DNS SANs.
+    #[arg(long)]
+    pub dns: Vec<String>,
+    /// Extra IP SANs (e.g. 127.0.0.1 for a local API server).
+    #[arg(long)]
+    pub ip: Vec<std::net::IpAddr>,
+}
+
+#[derive(Args)]
+pub struct ManifestsArgs {
+    /// Directory holding ca.crt, tls.crt and tls.key (from `card-quota certs`).
+    #[arg(long, default_value = "certs")]
+    pub cert_dir: PathBuf,
+    /// Point the webhooks at this base URL (e.g. https://127.0.0.1:8443) instead of
+    /// the in-cluster Service; prints only the webhook configurations.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Leave out matchConditions (API servers before Kubernetes 1.30).
+    #[arg(long)]
+    pub without_match_conditions: bool,
+    /// Name of the webhook configurations.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Only namespaces with this label (key=value) reach the webhooks (opt-in).
+    #[arg(long, value_parser = parse_label)]
+    pub namespace_label: Option<(String, String)>,
+    /// card-quota's namespace (match the `certs --namespace` of the certificates).
+    #[arg(long, default_value = "card-quota")]
+    pub namespace: String,
+    /// card-quota's service account.
+    #[arg(long, default_value = "card-quota")]
+    pub service_account: String,
+    /// spec.schedulerName of the pods card-quota gates (repeatable; default
+    /// volcano and default-scheduler). Give `serve` the same list.
+    #[arg(long = "scheduler-name")]
+    pub scheduler_names: Vec<String>,
+    /// User whose pods/binding requests are gated (repeatable; default Volcano's
+    /// scheduler service account in volcano-system and system:kube-scheduler).
+    #[arg(long = "binder")]
+    pub binders: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub listen: std::net::SocketAddr,
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_listen: std::net::SocketAddr,
+    /// Directory holding tls.crt and tls.key (a mounted TLS Secret).
+    #[arg(long, default_value = "certs")]
+    pub cert_dir: PathBuf,
+    /// How often to look for a rotated certificate, in seconds.
+    #[arg(long, default_value = "10")]
+    pub cert_reload_seconds: f64,
+    /// Require callers to present a client certificate signed by this CA (PEM): the
+    /// certificate the API server presents to webhooks (AdmissionConfiguration
+    /// `kubeConfigFile`). Others are refused at the TLS handshake.
+    #[arg(long, env = "CARD_QUOTA_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// With --client-ca: accept only certificates with this common name or DNS name
+    /// (repeatable). A cluster CA signs many clients; name the API server's.
+    #[arg(long, requires = "client_ca")]
+    pub client_name: Vec<String>,
+    /// On SIGTERM, seconds to keep serving while unready, so the Service stops
+    /// sending new requests before the listener closes.
+    #[arg(long, default_value = "5")]
+    pub drain_seconds: f64,
+    /// Gate and count only pods with this spec.schedulerName (repeatable; the same
+    /// list as `manifests --scheduler-name`). Default: every pod.
+    #[arg(long = "scheduler-name")]
+    pub scheduler_names: Vec<String>,
+    #[arg(long, value_enum, default_value = "clamp")]
+    pub scale_policy: ScalePolicyArg,
+    /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
+    /// that already place pods by card model).
+    #[arg(long)]
+    pub no_pin: bool,
+    /// Decide from a static snapshot with an in-memory ledger (no API server).
+    #[arg(long)]
+    pub offline: bool,
+    /// The snapshot for --offline (same input as replay).
+    #[arg(long)]
+    pub objects: Option<PathBuf>,
+    /// Time allowed to record one charge in its Queue's ledger (conflicts and
+    /// retries included) before the request is refused with "try again".
+    #[arg(long, default_value = "3")]
+    pub ledger_budget_seconds: f64,
+    /// card-quota's own namespace, where the reconciler's Lease and the queues'
+    /// ledgers (ConfigMaps) live (default: $POD_NAMESPACE, else card-quota).
+    #[arg(
+        long,
+        visible_alias = "namespace",
+        env = "POD_NAMESPACE",
+        default_value = "card-quota"
+    )]
+    pub lease_namespace: String,
+    #[arg(long, default_value = "card-quota-reconciler")]
+    pub lease_name: String,
+    /// Seconds between incremental reconciler passes.
+    #[arg(long, default_value = "1")]
+    pub reconcile_seconds: f64,
+    /// Seconds between full recounts (the safety net for missed events).
+    #[arg(long, default_value = "300")]
+    pub full_recount_seconds: f64,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// Read a snapshot file (same input as replay) instead of the live cluster.
+    #[arg(long)]
+    pub objects: Option<PathBuf>,
+    #[arg(long)]
+    pub queue: Option<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: status::Format,
+}
+
+pub fn parse_label(s: &str) -> anyhow::Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(anyhow::anyhow!("expected key=value, got {s:?}")),
+    }
+}

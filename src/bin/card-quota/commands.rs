@@ -1,0 +1,78 @@
+//! The short subcommands: each turns its flags into a call to the library.
+
+use card_quota::cli::{manifests, replay, status};
+use card_quota::decide::Config;
+
+use crate::args::{CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
+use crate::snapshots::{live_snapshot, snapshot_file};
+
+pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
+    let cfg = Config {
+        scale_policy: a.scale_policy.into(),
+        pin: !a.no_pin,
+    };
+    replay::run(
+        &a.objects,
+        &a.requests,
+        a.output,
+        &cfg,
+        &mut std::io::stdout().lock(),
+    )?;
+    Ok(())
+}
+
+pub fn certs(a: CertsArgs) -> anyhow::Result<()> {
+    use base64::Engine;
+    let ca = card_quota::webhook::tls::generate(&a.service, &a.namespace, &a.dns, &a.ip, &a.out)?;
+    eprintln!(
+        "wrote {0}/ca.crt, {0}/tls.crt, {0}/tls.key",
+        a.out.display()
+    );
+    println!("{}", base64::engine::general_purpose::STANDARD.encode(ca));
+    Ok(())
+}
+
+pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
+    let default = manifests::Scope::default();
+    let scope = manifests::Scope {
+        namespace: a.namespace,
+        service_account: a.service_account,
+        schedulers: if a.scheduler_names.is_empty() {
+            default.schedulers
+        } else {
+            a.scheduler_names
+        },
+        binders: if a.binders.is_empty() {
+            default.binders
+        } else {
+            a.binders
+        },
+    };
+    print!(
+        "{}",
+        manifests::render(&manifests::Options {
+            scope,
+            cert_dir: &a.cert_dir,
+            url: a.url.as_deref(),
+            without_match_conditions: a.without_match_conditions,
+            name: a.name.as_deref(),
+            namespace_label: a
+                .namespace_label
+                .as_ref()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        })?
+    );
+    Ok(())
+}
+
+pub fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let snap = match a.objects {
+        Some(path) => snapshot_file(&path)?,
+        None => tokio::runtime::Runtime::new()?.block_on(live_snapshot())?,
+    };
+    print!(
+        "{}",
+        status::render(&snap, a.queue.as_deref(), a.output, jiff::Timestamp::now())?
+    );
+    Ok(())
+}

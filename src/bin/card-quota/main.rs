@@ -1,0 +1,39 @@
+//! The `card-quota` binary: parses the command line and dispatches to the library.
+
+mod args;
+mod commands;
+mod lease;
+mod serve;
+mod snapshots;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The server logs what it does; a command a person runs (status, replay, as a
+    // kubectl plugin too) only warnings, so its output stays readable.
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_level.into()),
+        )
+        .init();
+    // One process-wide TLS provider: ring (no aws-lc), for the server and kube's client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match cli.command {
+        Command::Replay(a) => commands::replay(a),
+        Command::Demo => Ok(card_quota::cli::demo::run(&mut std::io::stdout().lock())?),
+        Command::Certs(a) => commands::certs(a),
+        Command::Manifests(a) => commands::manifests(a),
+        Command::Serve(a) => serve::run(a),
+        Command::Status(a) => commands::status(a),
+    }
+}

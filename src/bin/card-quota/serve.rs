@@ -1,0 +1,226 @@
+//! `serve`: the webhook server, and in live mode the caches, the ledger writer, the
+//! Lease and the reconciler around it.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use card_quota::decide::Config;
+
+use crate::args::ServeArgs;
+use crate::lease;
+use crate::snapshots::{snapshot_file, start_caches};
+
+/// The deadline of every API call but watches.
+const API_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub struct ServeOptions {
+    listen: std::net::SocketAddr,
+    metrics_listen: std::net::SocketAddr,
+    cert_dir: PathBuf,
+    reload_seconds: f64,
+    client: Option<card_quota::webhook::tls::ClientAuth>,
+    drain: std::time::Duration,
+    schedulers: Option<std::collections::BTreeSet<String>>,
+    config: Config,
+    ledger_budget: std::time::Duration,
+    lease_namespace: String,
+    lease_name: String,
+    reconcile_every: std::time::Duration,
+    full_every: std::time::Duration,
+}
+
+async fn serve(
+    opts: ServeOptions,
+    snap: Option<card_quota::snapshot::Snapshot>,
+) -> anyhow::Result<()> {
+    use card_quota::controller::events::EventSink;
+    use card_quota::controller::reconciler::Reconciler;
+    use card_quota::live::{Committer, LedgerApi};
+    use card_quota::webhook::{server, tls};
+    use std::sync::Arc;
+    let resolver = Arc::new(tls::Reloading::new(opts.cert_dir)?);
+    let tls_config = tls::server_config(resolver.clone(), opts.client.as_ref())?;
+    match &opts.client {
+        Some(c) if c.names.is_empty() => tracing::warn!(
+            "callers need a certificate from {}; without --client-name any certificate it signed is accepted",
+            c.ca.display()
+        ),
+        Some(c) => tracing::info!("callers need a certificate from {} named one of {:?}", c.ca.display(), c.names),
+        None => tracing::warn!("no --client-ca: any caller that reaches the port can send admission reviews"),
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut background = Vec::new();
+    let mut lease_task = None;
+    let state = match snap {
+        Some(snap) => Arc::new(server::State::new(snap, opts.config)),
+        None => {
+            let config = kube::Config::infer()
+                .await
+                .context("reading the API server's address (kubeconfig or in-cluster config)")?;
+            // Watches wait on the server by design; every other call gets a deadline, so
+            // one hung call cannot hold the Lease or a queue's writer.
+            let watches =
+                kube::Client::try_from(config.clone()).context("connecting to the API server")?;
+            let mut timed = config;
+            timed.connect_timeout = Some(std::time::Duration::from_secs(5));
+            timed.read_timeout = Some(API_TIMEOUT);
+            timed.write_timeout = Some(API_TIMEOUT);
+            timed.reset_reader_on_write = true;
+            let client = kube::Client::try_from(timed).context("connecting to the API server")?;
+            let (snapshot, synced) = start_caches(
+                watches,
+                Some(opts.lease_namespace.clone()),
+                opts.schedulers.clone(),
+            );
+            let committer = Arc::new(Committer::new(
+                LedgerApi::new(client.clone(), &opts.lease_namespace),
+                opts.ledger_budget,
+            ));
+            let me = lease::identity();
+            let events = Arc::new(EventSink::new(client.clone(), Some(me.clone())));
+            let state = Arc::new(server::State::live(
+                snapshot.clone(),
+                opts.config,
+                server::Live {
+                    committer: committer.clone(),
+                    synced: synced.clone(),
+                    events: Some(events.clone()),
+                },
+            ));
+            let (leader, task, check) =
+                lease::acquire(client.clone(), &opts.lease_namespace, &opts.lease_name, &me)
+                    .await?;
+            lease_task = Some(task);
+            let reconciler = Reconciler::new(
+                client,
+                snapshot,
+                events,
+                state.metrics.clone(),
+                leader,
+                committer,
+            )
+            .with_lease_check(check);
+            let reconciling = tokio::spawn(reconciler.run(
+                synced.clone(),
+                opts.reconcile_every,
+                opts.full_every,
+                stop_rx.clone(),
+            ));
+            // The reconciler runs until shutdown; ending earlier (a panic) makes the
+            // process unhealthy, so the kubelet restarts it.
+            let stopping = stop_rx.clone();
+            background.push(tokio::spawn(async move {
+                let why = match reconciling.await {
+                    Ok(()) => "ended".to_string(),
+                    Err(e) => e.to_string(),
+                };
+                if !*stopping.borrow() {
+                    synced.stop(format!("the reconciler stopped ({why})"));
+                }
+            }));
+            state
+        }
+    };
+    let admission = server::bind(opts.listen).await?;
+    let health = server::bind(opts.metrics_listen).await?;
+    tracing::info!(
+        "admission on https://{}, health and metrics on http://{}",
+        admission.local_addr()?,
+        health.local_addr()?
+    );
+    state
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let every = std::time::Duration::from_secs_f64(opts.reload_seconds.max(0.05));
+    let tasks = vec![
+        tokio::spawn(server::serve_tls(
+            admission,
+            tls_config,
+            state.clone(),
+            stop_rx.clone(),
+        )),
+        tokio::spawn(server::serve_health(health, state.clone(), stop_rx.clone())),
+        tokio::spawn(server::reload_certs(resolver, every, stop_rx)),
+    ];
+    shutdown_signal().await;
+    // Unready first, and keep serving while endpoints and the API server's connection
+    // pool catch up; only then close the listener and finish in-flight requests.
+    state
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!("shutting down: unready, serving {:?} more", opts.drain);
+    tokio::select! {
+        _ = tokio::time::sleep(opts.drain) => {}
+        _ = shutdown_signal() => tracing::info!("second signal: not waiting for the drain"),
+    }
+    tracing::info!("shutting down: finishing in-flight admissions");
+    let _ = stop_tx.send(true);
+    for t in tasks.into_iter().chain(background) {
+        let _ = t.await;
+    }
+    if let Some(task) = lease_task {
+        lease::release(task).await;
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Runs `serve` until SIGTERM: offline from `--objects`, else live.
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let opts = ServeOptions {
+        listen: a.listen,
+        metrics_listen: a.metrics_listen,
+        cert_dir: a.cert_dir,
+        reload_seconds: a.cert_reload_seconds,
+        client: a.client_ca.map(|ca| card_quota::webhook::tls::ClientAuth {
+            ca,
+            names: a.client_name,
+        }),
+        drain: std::time::Duration::from_secs_f64(a.drain_seconds.max(0.0)),
+        schedulers: (!a.scheduler_names.is_empty())
+            .then(|| a.scheduler_names.into_iter().collect()),
+        config: Config {
+            scale_policy: a.scale_policy.into(),
+            pin: !a.no_pin,
+        },
+        ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
+        lease_namespace: a.lease_namespace,
+        lease_name: a.lease_name,
+        reconcile_every: std::time::Duration::from_secs_f64(a.reconcile_seconds.max(0.05)),
+        full_every: std::time::Duration::from_secs_f64(a.full_recount_seconds.max(1.0)),
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    if !a.offline {
+        if a.objects.is_some() {
+            anyhow::bail!("--objects is only read with --offline");
+        }
+        return rt.block_on(serve(opts, None));
+    }
+    let snap = match a.objects {
+        Some(path) => snapshot_file(&path)?,
+        None => card_quota::snapshot::Snapshot::new(),
+    };
+    rt.block_on(serve(opts, Some(snap)))
+}

@@ -1,0 +1,52 @@
+//! Where a snapshot comes from: a file of objects, or the cluster's informer caches.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use card_quota::live::caches;
+use card_quota::snapshot::Snapshot;
+
+/// A snapshot from a YAML/JSON stream of objects; objects it cannot read are logged.
+pub fn snapshot_file(path: &std::path::Path) -> anyhow::Result<Snapshot> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let (snap, skipped) = card_quota::snapshot::load::load(&text)?;
+    for s in skipped {
+        tracing::warn!("{}: {s}", path.display());
+    }
+    Ok(snap)
+}
+
+/// Informer caches feeding a new snapshot, as `serve` and `status` both use them.
+/// `own_namespace` holds the ledgers; `gated` limits the pods counted to those schedulers.
+pub fn start_caches(
+    client: kube::Client,
+    own_namespace: Option<String>,
+    gated: Option<BTreeSet<String>>,
+) -> (Arc<Mutex<Snapshot>>, Arc<caches::Synced>) {
+    let mut empty = Snapshot::new();
+    empty.set_gated_schedulers(gated);
+    let snapshot = Arc::new(Mutex::new(empty));
+    let synced = Arc::new(caches::Synced::default());
+    tokio::spawn(caches::start(
+        client,
+        own_namespace,
+        snapshot.clone(),
+        synced.clone(),
+    ));
+    (snapshot, synced)
+}
+
+/// The cluster as the webhook sees it: the same informer caches, synced once.
+pub async fn live_snapshot() -> anyhow::Result<Snapshot> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+    let (snapshot, synced) = start_caches(client, None, None);
+    tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
+        .await
+        .context("listing Nodes, Queues, PodGroups, Pods and workloads took over 60s")?;
+    let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(snap)
+}
