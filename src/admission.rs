@@ -128,9 +128,19 @@ fn with_defaults(mut o: Value, req: &AdmissionRequest, kind: &str, seq: u64) -> 
     o
 }
 
+/// Why an admitted request's effect could not be applied to the snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Object(#[from] crate::cluster::records::RecordError),
+    #[error("binding of unknown pod {0} not applied")]
+    UnknownPod(ObjectKey),
+    #[error("scale of unknown {kind} {key} not applied")]
+    UnknownWorkload { kind: &'static str, key: ObjectKey },
+}
+
 /// Applies an admitted request's effect to the snapshot, as the API server would.
-/// Returns a note when the effect could not be applied.
-pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), String> {
+pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), ApplyError> {
     if !d.allowed || req.is_dry_run() {
         return Ok(());
     }
@@ -156,12 +166,11 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
     };
     let seq = snap.next_seq();
     let o = with_defaults(patched(obj, d), req, kind_name, seq);
-    load::upsert(snap, &o)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    load::upsert(snap, &o)?;
+    Ok(())
 }
 
-fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), String> {
+fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), ApplyError> {
     if req.operation != "CREATE" {
         return Ok(());
     }
@@ -180,7 +189,7 @@ fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(),
         return if snap.is_known_cardless_pod(&key) {
             Ok(())
         } else {
-            Err(format!("binding of unknown pod {key} not applied"))
+            Err(ApplyError::UnknownPod(key))
         };
     };
     pod.node = Some(node);
@@ -200,7 +209,7 @@ fn scale(
     req: &AdmissionRequest,
     d: &Decision,
     kind: WorkloadKind,
-) -> Result<(), String> {
+) -> Result<(), ApplyError> {
     if req.operation != "UPDATE" {
         return Ok(());
     }
@@ -218,10 +227,10 @@ fn scale(
             snap.upsert_workload(w);
             Ok(())
         }
-        None => Err(format!(
-            "scale of unknown {} {key} not applied",
-            kind.lower()
-        )),
+        None => Err(ApplyError::UnknownWorkload {
+            kind: kind.lower(),
+            key,
+        }),
     }
 }
 

@@ -5,12 +5,29 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-use super::quantity::{parse_whole, Cards};
+use super::quantity::{parse_whole, Cards, QuantityError};
 
 /// Whole cards per card resource that a pod needs.
 pub type ResourceDemand = BTreeMap<String, Cards>;
 
-fn container_request(c: &Container, resource: &str) -> Result<Cards, String> {
+/// A container asks for a card resource in a quantity that is not whole cards.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("container {container}: {resource}: {problem}")]
+pub struct DemandError {
+    pub container: String,
+    pub resource: String,
+    pub problem: QuantityError,
+}
+
+/// A pod whose card demand cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: {source}")]
+pub struct PodDemandError {
+    pub pod: super::ObjectKey,
+    pub source: DemandError,
+}
+
+fn container_request(c: &Container, resource: &str) -> Result<Cards, DemandError> {
     let Some(res) = &c.resources else {
         return Ok(Cards::ZERO);
     };
@@ -22,7 +39,11 @@ fn container_request(c: &Container, resource: &str) -> Result<Cards, String> {
     match q {
         Some(q) => parse_whole(&q.0)
             .map(Cards::new)
-            .map_err(|e| format!("container {}: {resource}: {e}", c.name)),
+            .map_err(|problem| DemandError {
+                container: c.name.clone(),
+                resource: resource.to_string(),
+                problem,
+            }),
         None => Ok(Cards::ZERO),
     }
 }
@@ -40,7 +61,7 @@ fn resource_names(c: &Container, out: &mut Vec<String>) {
 pub fn pod_demand(
     spec: &PodSpec,
     is_card: impl Fn(&str) -> bool,
-) -> Result<ResourceDemand, String> {
+) -> Result<ResourceDemand, DemandError> {
     let mut names = Vec::new();
     for c in spec
         .containers

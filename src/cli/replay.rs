@@ -34,10 +34,24 @@ pub enum ReplayError {
     Write(#[from] std::io::Error),
 }
 
+/// Why one document of a request stream could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DocError {
+    #[error("request stream is not valid JSON after document {after}: {source}")]
+    Json {
+        after: usize,
+        source: serde_json::Error,
+    },
+    #[error("expected one AdmissionReview per document, got {0}")]
+    NotOne(usize),
+    #[error(transparent)]
+    Yaml(#[from] crate::snapshot::load::LoadError),
+}
+
 /// Splits a request stream into documents: JSON (concatenated, one per line, or an
 /// array) or YAML (`---`-separated). A document that does not parse stays an error
 /// so that it gets its own denial.
-pub fn request_docs(text: &str) -> Vec<Result<Value, String>> {
+pub fn request_docs(text: &str) -> Vec<Result<Value, DocError>> {
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
         return Vec::new();
@@ -50,10 +64,10 @@ pub fn request_docs(text: &str) -> Vec<Result<Value, String>> {
                 Ok(Value::Array(items)) => out.extend(items.into_iter().map(Ok)),
                 Ok(v) => out.push(Ok(v)),
                 Err(e) => {
-                    out.push(Err(format!(
-                        "request stream is not valid JSON after document {}: {e}",
-                        out.len()
-                    )));
+                    out.push(Err(DocError::Json {
+                        after: out.len(),
+                        source: e,
+                    }));
                     break;
                 }
             }
@@ -76,11 +90,8 @@ pub fn request_docs(text: &str) -> Vec<Result<Value, String>> {
         })
         .map(|d| match documents(&d) {
             Ok(mut v) if v.len() == 1 => Ok(v.remove(0)),
-            Ok(v) => Err(format!(
-                "expected one AdmissionReview per document, got {}",
-                v.len()
-            )),
-            Err(e) => Err(e.to_string()),
+            Ok(v) => Err(DocError::NotOne(v.len())),
+            Err(e) => Err(DocError::Yaml(e)),
         })
         .collect()
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::cards::annotations::{
     self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, QUOTA, REQUEST, USAGE,
 };
-use crate::cards::demand::{pinned_products, pod_demand, ResourceDemand};
+use crate::cards::demand::{pinned_products, pod_demand, PodDemandError, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
 use crate::cards::{
     Alternatives, CardName, CardRequest, Cards, NodeCards, ObjectKey, QueueName, Quota,
@@ -111,7 +111,8 @@ pub struct PodRecord {
     pub named_queue: Option<QueueName>,
     pub group: Option<String>,
     /// Card resources requested (effective request), or why they could not be read.
-    pub demand: Result<ResourceDemand, String>,
+    /// Boxed: a parse error is rare, and a pod record is kept for every pod.
+    pub demand: Result<ResourceDemand, Box<PodDemandError>>,
     /// Extended resources under vendor prefixes no node announces as cards (yet):
     /// they become card demand when a node brings the prefix.
     pub latent: ResourceDemand,
@@ -376,7 +377,12 @@ fn record_from_parts(
     // Every extended resource is read; those under no known card prefix wait as latent
     // demand for a node to announce their vendor.
     let mut demand = match spec {
-        Some(s) => pod_demand(s, |r| r.contains('/')).map_err(|e| format!("pod {key}: {e}")),
+        Some(s) => pod_demand(s, |r| r.contains('/')).map_err(|source| {
+            Box::new(PodDemandError {
+                pod: key.clone(),
+                source,
+            })
+        }),
         None => Ok(ResourceDemand::new()),
     };
     let mut latent = ResourceDemand::new();

@@ -81,6 +81,17 @@ fn queue_ref(s: &QueueState) -> ObjectRef {
     }
 }
 
+/// Why writing a queue's usage annotation failed.
+#[derive(Debug, thiserror::Error)]
+enum UsageWriteError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("the written Queue cannot be re-encoded: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error(transparent)]
+    Record(#[from] crate::cluster::records::RecordError),
+}
+
 impl Reconciler {
     pub fn new(
         client: Client,
@@ -114,7 +125,7 @@ impl Reconciler {
         self.snapshot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn apply_usage(&self, queue: &QueueName, text: &str) -> Result<(), String> {
+    async fn apply_usage(&self, queue: &QueueName, text: &str) -> Result<(), UsageWriteError> {
         let patch = json!({
             "apiVersion": "scheduling.volcano.sh/v1beta1",
             "kind": "Queue",
@@ -127,11 +138,10 @@ impl Reconciler {
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut v = serde_json::to_value(&o).map_err(|e| e.to_string())?;
+            .await?;
+        let mut v = serde_json::to_value(&o)?;
         v["kind"] = json!("Queue");
-        let rec = queue_record(&v).map_err(|e| e.to_string())?;
+        let rec = queue_record(&v)?;
         self.lock().remember_queue(rec);
         Ok(())
     }

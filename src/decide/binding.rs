@@ -5,7 +5,7 @@ use serde_json::Value;
 use crate::cards::annotations::CHARGED;
 use crate::cards::ObjectKey;
 use crate::ledger::Effect;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::messages::{gate, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;
@@ -56,7 +56,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let queue = match snap.resolve_queue(pod) {
         Ok(q) => q,
-        Err(g) => return Decision::deny(RETRY, format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace)),
+        Err(UnknownGroup(g)) => return Decision::deny(RETRY, format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace)),
     };
     // A stored pod whose card.name no longer parses is charged by its node's model.
     let mut rec = pod.clone();
@@ -65,7 +65,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     }
     let resources = match &rec.demand {
         Ok(d) => d.len(),
-        Err(e) => return Decision::deny(INVALID_DEMAND, e.clone()),
+        Err(e) => return Decision::deny(INVALID_DEMAND, e.to_string()),
     };
     if resources == 0 && rec.card_name.is_none() {
         return Decision::allow();

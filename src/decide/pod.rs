@@ -14,7 +14,7 @@ use crate::cluster::records::pod_record;
 use crate::cluster::PodRecord;
 use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{
@@ -141,7 +141,7 @@ pub fn card_demand(
     let demand = rec
         .demand
         .as_ref()
-        .map_err(|e| Decision::deny(INVALID_DEMAND, e.clone()))?;
+        .map_err(|e| Decision::deny(INVALID_DEMAND, e.to_string()))?;
     let named = match &rec.card_name {
         Some(Err(e)) => return Err(Decision::deny(INVALID, e.to_string())),
         Some(Ok(a)) => Some(a.clone()),
@@ -264,7 +264,7 @@ pub fn allocate(
     let demand = rec
         .demand
         .as_ref()
-        .map_err(|e| Decision::deny(INVALID_DEMAND, e.clone()))?;
+        .map_err(|e| Decision::deny(INVALID_DEMAND, e.to_string()))?;
     let mut charges: Vec<(CardName, Cards)> = Vec::new();
     for (resource, cards) in demand {
         let Some(model) = n.model_for(resource).cloned() else {
@@ -468,7 +468,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     // its cards.
     let queue = match snap.volcano_queue(&rec) {
         Ok(q) => q,
-        Err(g) => {
+        Err(UnknownGroup(g)) => {
             return Decision::deny(
                 RETRY,
                 format!(

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::cards::demand::PodDemandError;
 use crate::cards::quantity::Cards;
 use crate::cards::{Alternatives, CardName, CardRequest, ObjectKey, Quota};
 use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
@@ -50,7 +51,7 @@ impl Share {
             return match bound_charges(pod, nodes) {
                 Ok(c) if c.is_empty() => Self::Nothing,
                 Ok(c) => Self::Allocated(c),
-                Err(e) => Self::Problem(e),
+                Err(e) => Self::Problem(e.to_string()),
             };
         }
         let cards = pod.cards();
@@ -300,12 +301,25 @@ impl QueueUsage {
     }
 }
 
+/// Why a bound pod cannot be charged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChargeError {
+    #[error(transparent)]
+    Demand(#[from] Box<PodDemandError>),
+    #[error("pod {pod} on node {node}: no model for {resource} (node unknown or unlabelled, and the pod names none)")]
+    NoModel {
+        pod: ObjectKey,
+        node: String,
+        resource: String,
+    },
+}
+
 /// The models a bound pod is charged for, per card resource: its recorded
 /// `card.charged`, else its node's model, else its first alternative (fail closed).
 pub fn bound_charges(
     pod: &PodRecord,
     nodes: &impl NodeModels,
-) -> Result<Vec<(CardName, Cards)>, String> {
+) -> Result<Vec<(CardName, Cards)>, ChargeError> {
     let Some(node) = &pod.node else {
         return Ok(Vec::new());
     };
@@ -324,7 +338,13 @@ pub fn bound_charges(
         };
         match model {
             Some(m) => out.push((m, *n)),
-            None => return Err(format!("pod {} on node {node}: no model for {res} (node unknown or unlabelled, and the pod names none)", pod.key)),
+            None => {
+                return Err(ChargeError::NoModel {
+                    pod: pod.key.clone(),
+                    node: node.clone(),
+                    resource: res.clone(),
+                })
+            }
         }
     }
     Ok(out)

@@ -85,10 +85,22 @@ impl Synced {
     }
 }
 
+/// Why a watched object could not be stored in the snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    #[error(transparent)]
+    Record(#[from] crate::cluster::records::RecordError),
+    #[error("cannot re-encode the {kind}: {source}")]
+    Encode {
+        kind: String,
+        source: serde_json::Error,
+    },
+}
+
 /// How one kind is stored in the snapshot.
 struct Mirror<K> {
     kind: &'static str,
-    upsert: fn(&mut Snapshot, &K) -> Result<(), String>,
+    upsert: fn(&mut Snapshot, &K) -> Result<(), MirrorError>,
     keys: fn(&Snapshot) -> Vec<ObjectKey>,
     remove: fn(&mut Snapshot, &ObjectKey),
     /// The stream whose progress ledger watermarks are compared with.
@@ -122,16 +134,19 @@ fn key_of<K: Resource>(o: &K) -> ObjectKey {
     ObjectKey::new(o.namespace().unwrap_or_default(), o.name_any())
 }
 
-fn as_value<K: Serialize>(o: &K, kind: &str) -> Result<Value, String> {
-    let mut v = serde_json::to_value(o).map_err(|e| e.to_string())?;
+fn as_value<K: Serialize>(o: &K, kind: &str) -> Result<Value, MirrorError> {
+    let mut v = serde_json::to_value(o).map_err(|source| MirrorError::Encode {
+        kind: kind.to_string(),
+        source,
+    })?;
     if let Some(m) = v.as_object_mut() {
         m.insert("kind".into(), Value::String(kind.to_string()));
     }
     Ok(v)
 }
 
-fn upsert_node(s: &mut Snapshot, n: &Node) -> Result<(), String> {
-    let (name, cards) = node_record(n).map_err(|e| e.to_string())?;
+fn upsert_node(s: &mut Snapshot, n: &Node) -> Result<(), MirrorError> {
+    let (name, cards) = node_record(n)?;
     for p in &cards.problems {
         tracing::warn!("{p}");
     }
@@ -139,22 +154,22 @@ fn upsert_node(s: &mut Snapshot, n: &Node) -> Result<(), String> {
     Ok(())
 }
 
-fn upsert_pod(s: &mut Snapshot, p: &Pod) -> Result<(), String> {
+fn upsert_pod(s: &mut Snapshot, p: &Pod) -> Result<(), MirrorError> {
     let prefixes = s.card_prefixes();
     let seq = s.next_seq();
-    let rec = pod_record(p, "", &prefixes, seq).map_err(|e| e.to_string())?;
+    let rec = pod_record(p, "", &prefixes, seq)?;
     s.upsert_pod(rec);
     Ok(())
 }
 
-fn upsert_queue(s: &mut Snapshot, q: &DynamicObject) -> Result<(), String> {
-    let rec = queue_record(&as_value(q, "Queue")?).map_err(|e| e.to_string())?;
+fn upsert_queue(s: &mut Snapshot, q: &DynamicObject) -> Result<(), MirrorError> {
+    let rec = queue_record(&as_value(q, "Queue")?)?;
     s.remember_queue(rec);
     Ok(())
 }
 
-fn upsert_ledger(s: &mut Snapshot, cm: &ConfigMap) -> Result<(), String> {
-    let rec = ledger_record(cm).map_err(|e| e.to_string())?;
+fn upsert_ledger(s: &mut Snapshot, cm: &ConfigMap) -> Result<(), MirrorError> {
+    let rec = ledger_record(cm)?;
     if let Some(p) = &rec.problem {
         tracing::warn!("{p}; the next write replaces it");
     }
@@ -179,12 +194,12 @@ fn remove_ledger(s: &mut Snapshot, k: &ObjectKey) {
     }
 }
 
-fn upsert_group(s: &mut Snapshot, g: &DynamicObject) -> Result<(), String> {
+fn upsert_group(s: &mut Snapshot, g: &DynamicObject) -> Result<(), MirrorError> {
     let seq = s
         .group(&key_of(g))
         .map(|old| old.seq)
         .unwrap_or_else(|| s.next_seq());
-    let rec = podgroup_record(&as_value(g, "PodGroup")?, "", seq).map_err(|e| e.to_string())?;
+    let rec = podgroup_record(&as_value(g, "PodGroup")?, "", seq)?;
     s.upsert_group(rec);
     Ok(())
 }
@@ -193,11 +208,10 @@ fn upsert_workload<K: Serialize + Resource>(
     kind: WorkloadKind,
     s: &mut Snapshot,
     o: &K,
-) -> Result<(), String> {
+) -> Result<(), MirrorError> {
     let prefixes = s.card_prefixes();
     let seq = s.next_seq();
-    let rec = workload_record(kind, &as_value(o, kind.kind())?, "", &prefixes, seq)
-        .map_err(|e| e.to_string())?;
+    let rec = workload_record(kind, &as_value(o, kind.kind())?, "", &prefixes, seq)?;
     s.upsert_workload(rec);
     Ok(())
 }

@@ -20,6 +20,12 @@ use crate::ledger::LedgerRecord;
 pub mod load;
 pub mod overlay;
 
+/// A pod's queue depends on this PodGroup (its name, in the pod's namespace), which
+/// the snapshot does not hold (yet).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PodGroup {0} is not known")]
+pub struct UnknownGroup(pub String);
+
 /// The cluster as the decisions see it.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -468,8 +474,8 @@ impl Snapshot {
 
     /// A pod's queue for charging: the queue stamped on it at admission, else the
     /// queue Volcano would schedule it in ([`Snapshot::volcano_queue`]).
-    /// `Err(group)` when that depends on a PodGroup this snapshot does not hold.
-    pub fn resolve_queue(&self, pod: &PodRecord) -> Result<QueueName, String> {
+    /// An error when that depends on a PodGroup this snapshot does not hold.
+    pub fn resolve_queue(&self, pod: &PodRecord) -> Result<QueueName, UnknownGroup> {
         match &pod.stamped_queue {
             Some(q) => Ok(q.clone()),
             None => self.volcano_queue(pod),
@@ -478,13 +484,13 @@ impl Snapshot {
 
     /// The queue Volcano schedules a pod in (docs/annotations.md): its PodGroup's queue, else
     /// the queue its label or annotations name, else `default`.
-    pub fn volcano_queue(&self, pod: &PodRecord) -> Result<QueueName, String> {
+    pub fn volcano_queue(&self, pod: &PodRecord) -> Result<QueueName, UnknownGroup> {
         if let Some(g) = &pod.group {
             return self
                 .groups
                 .get(&ObjectKey::new(pod.key.namespace.clone(), g.clone()))
                 .map(|g| g.queue.clone())
-                .ok_or_else(|| g.clone());
+                .ok_or_else(|| UnknownGroup(g.clone()));
         }
         Ok(pod
             .named_queue

@@ -151,15 +151,25 @@ async fn decide_live(
         .await
 }
 
+/// A request body that gets no AdmissionReview in answer (HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("body is not JSON: {0}")]
+    NotJson(serde_json::Error),
+    #[error("body is not an admission.k8s.io/v1 AdmissionReview with a request")]
+    NotAReview,
+    #[error("the answer cannot be encoded: {0}")]
+    Answer(serde_json::Error),
+}
+
 /// Decides one admission body. `/mutate` answers with patches; `/validate` sees the
 /// final object and is where charges are recorded.
-pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, String> {
-    let doc: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, BodyError> {
+    let doc: serde_json::Value = serde_json::from_slice(body).map_err(BodyError::NotJson)?;
     if doc.get("kind").and_then(|k| k.as_str()) != Some("AdmissionReview")
         || doc.get("request").map(|r| r.is_null()).unwrap_or(true)
     {
-        return Err("body is not an admission.k8s.io/v1 AdmissionReview with a request".into());
+        return Err(BodyError::NotAReview);
     }
     let start = Instant::now();
     let uid = doc
@@ -175,12 +185,12 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
                 "",
                 "AdmissionReview request.uid is empty; refused before any decision".into(),
             ));
-            return serde_json::to_vec(&out).map_err(|e| e.to_string());
+            return serde_json::to_vec(&out).map_err(BodyError::Answer);
         }
         Ok(r) => Arc::new(r),
         Err(e) => {
             let out = ReviewOut::new(bad_review(&uid, e.to_string()));
-            return serde_json::to_vec(&out).map_err(|e| e.to_string());
+            return serde_json::to_vec(&out).map_err(BodyError::Answer);
         }
     };
     let d = match &state.live {
@@ -220,7 +230,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         })
         .observe(start.elapsed().as_secs_f64());
     let out = ReviewOut::new(response(&req.uid, &d, mutate));
-    serde_json::to_vec(&out).map_err(|e| e.to_string())
+    serde_json::to_vec(&out).map_err(BodyError::Answer)
 }
 
 async fn admission(
@@ -251,7 +261,7 @@ async fn admission(
     };
     Ok(match handle_review(&state, &body, mutate).await {
         Ok(json) => reply(StatusCode::OK, "application/json", json),
-        Err(reason) => reply(StatusCode::BAD_REQUEST, "text/plain", reason),
+        Err(reason) => reply(StatusCode::BAD_REQUEST, "text/plain", reason.to_string()),
     })
 }
 
