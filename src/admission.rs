@@ -12,7 +12,7 @@ use crate::decide::review::{
     encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status,
 };
 use crate::decide::{decide, Config, Decision, RequestKind};
-use crate::ledger::Row;
+use crate::ledger::{Row, UsageKey};
 use crate::snapshot::load;
 use crate::snapshot::Snapshot;
 
@@ -238,7 +238,7 @@ fn scale(
 pub fn usage_report(
     snap: &Snapshot,
     now: jiff::Timestamp,
-) -> BTreeMap<String, BTreeMap<String, Row>> {
+) -> BTreeMap<String, BTreeMap<UsageKey, Row>> {
     let mut out = BTreeMap::new();
     for q in snap.queue_names() {
         let u = crate::decide::fit::usage_of(snap, &q, now);
@@ -255,7 +255,7 @@ pub fn usage_report(
 }
 
 /// The usage table for people.
-pub fn usage_table(report: &BTreeMap<String, BTreeMap<String, Row>>) -> String {
+pub fn usage_table(report: &BTreeMap<String, BTreeMap<UsageKey, Row>>) -> String {
     let mut lines = vec![[
         "QUEUE".to_string(),
         "MODEL".into(),
@@ -267,7 +267,7 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<String, Row>>) -> String {
     ]];
     for (q, rows) in report {
         for (m, r) in rows {
-            let composite = m.contains('|');
+            let composite = !m.is_model();
             let free = if composite {
                 "-".to_string()
             } else if r.free() < 0 {
@@ -277,7 +277,7 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<String, Row>>) -> String {
             };
             lines.push([
                 q.clone(),
-                m.clone(),
+                m.to_string(),
                 if composite {
                     "-".into()
                 } else {

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::ledger::Row;
+use crate::ledger::{Row, UsageKey};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -230,14 +230,14 @@ impl Metrics {
 impl Metrics {
     /// Sets the gauges of `queue` to `rows`; `None` (a deleted queue) removes them.
     /// Models a queue no longer has are removed too.
-    pub fn publish_queue(&self, queue: &str, rows: Option<&BTreeMap<String, Row>>) {
+    pub fn publish_queue(&self, queue: &str, rows: Option<&BTreeMap<UsageKey, Row>>) {
         let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
         let labels = |card: &str| QueueCardLabels {
             queue_name: queue.to_string(),
             card_name: card.to_string(),
         };
         let now: BTreeSet<String> = rows
-            .map(|r| r.keys().cloned().collect())
+            .map(|r| r.keys().map(UsageKey::to_string).collect())
             .unwrap_or_default();
         for gone in published
             .get(queue)
@@ -256,9 +256,9 @@ impl Metrics {
             }
         }
         for (card, r) in rows.into_iter().flatten() {
-            let l = labels(card);
+            let l = labels(&card.to_string());
             let gauge = |v: crate::cards::Cards| v.as_i64_saturating();
-            if !card.contains('|') {
+            if card.is_model() {
                 self.capacity.get_or_create(&l).set(gauge(r.quota));
                 self.allocated.get_or_create(&l).set(gauge(r.allocated));
                 self.request.get_or_create(&l).set(gauge(r.in_use()));

@@ -7,7 +7,7 @@ use card_quota::cards::ObjectKey;
 use card_quota::cards::QueueName;
 use card_quota::controller::plan::{queue_state, recount_check};
 use card_quota::decide::fit::{usage_after, Change};
-use card_quota::ledger::{queue_usage, QueueUsage, Row};
+use card_quota::ledger::{queue_usage, QueueUsage, Row, UsageKey};
 use card_quota::snapshot::load::{remove, upsert};
 use card_quota::snapshot::{Dirty, Snapshot};
 use proptest::prelude::*;
@@ -170,7 +170,7 @@ fn recount(s: &Snapshot, q: &QueueName, now: jiff::Timestamp) -> QueueUsage {
     queue_usage(quota, s.queue_pods(q), s.queue_groups(q), s, now)
 }
 
-fn full(s: &Snapshot, now: jiff::Timestamp) -> BTreeMap<QueueName, BTreeMap<String, Row>> {
+fn full(s: &Snapshot, now: jiff::Timestamp) -> BTreeMap<QueueName, BTreeMap<UsageKey, Row>> {
     s.queue_names()
         .into_iter()
         .map(|q| {
@@ -187,7 +187,7 @@ proptest! {
     fn incremental_usage_equals_a_fresh_recount(events in proptest::collection::vec(ev(), 1..60)) {
         let now = now();
         let mut s = Snapshot::new();
-        let mut kept: BTreeMap<QueueName, BTreeMap<String, Row>> = BTreeMap::new();
+        let mut kept: BTreeMap<QueueName, BTreeMap<UsageKey, Row>> = BTreeMap::new();
         for e in &events {
             apply(&mut s, e);
             let dirty: Vec<QueueName> = match s.take_dirty() {

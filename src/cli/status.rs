@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::admission::{usage_report, usage_table};
-use crate::ledger::Row;
+use crate::ledger::{Row, UsageKey};
 use crate::snapshot::Snapshot;
 
 /// Output format of `status`.
@@ -30,7 +30,7 @@ pub fn render(
     format: Format,
     now: jiff::Timestamp,
 ) -> Result<String, StatusError> {
-    let mut report: BTreeMap<String, BTreeMap<String, Row>> = usage_report(snap, now);
+    let mut report: BTreeMap<String, BTreeMap<UsageKey, Row>> = usage_report(snap, now);
     if let Some(q) = queue {
         if !report.contains_key(q) {
             let known: Vec<String> = snap.queue_names().iter().map(|q| q.to_string()).collect();

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::cards::QueueName;
 use crate::decide::fit::usage_of;
 use crate::ledger::tally::same_usage;
-use crate::ledger::{queue_usage, Row};
+use crate::ledger::{queue_usage, Row, UsageKey};
 use crate::snapshot::Snapshot;
 
 /// Event reason for a queue whose allocated cards exceed its quota.
@@ -20,7 +20,7 @@ pub const INVALID: &str = crate::decide::messages::INVALID;
 pub struct QueueState {
     pub queue: QueueName,
     /// Usage rows per model and composite key (the table of `status`).
-    pub rows: BTreeMap<String, Row>,
+    pub rows: BTreeMap<UsageKey, Row>,
     /// The queue object exists (usage of queues without one is not written).
     pub exists: bool,
     pub uid: Option<String>,
@@ -70,11 +70,11 @@ pub fn recount_check(snap: &Snapshot, now: jiff::Timestamp) -> (Vec<QueueName>, 
 }
 
 /// The `volcano.sh/card.usage` text: rows per model plus `observedAt`.
-pub fn usage_text(rows: &BTreeMap<String, Row>, observed_at: jiff::Timestamp) -> String {
+pub fn usage_text(rows: &BTreeMap<UsageKey, Row>, observed_at: jiff::Timestamp) -> String {
     #[derive(serde::Serialize)]
     struct Doc<'a> {
         #[serde(flatten)]
-        rows: &'a BTreeMap<String, Row>,
+        rows: &'a BTreeMap<UsageKey, Row>,
         #[serde(rename = "observedAt")]
         observed_at: String,
     }
@@ -86,7 +86,7 @@ pub fn usage_text(rows: &BTreeMap<String, Row>, observed_at: jiff::Timestamp) ->
 }
 
 /// True when `stored` already says `rows` (its `observedAt` aside).
-pub fn usage_matches(stored: Option<&str>, rows: &BTreeMap<String, Row>) -> bool {
+pub fn usage_matches(stored: Option<&str>, rows: &BTreeMap<UsageKey, Row>) -> bool {
     let Some(text) = stored else {
         return false;
     };
@@ -96,7 +96,7 @@ pub fn usage_matches(stored: Option<&str>, rows: &BTreeMap<String, Row>) -> bool
     };
     m.remove("observedAt");
     let Ok(stored_rows) =
-        serde_json::from_value::<BTreeMap<String, Row>>(serde_json::Value::Object(m))
+        serde_json::from_value::<BTreeMap<UsageKey, Row>>(serde_json::Value::Object(m))
     else {
         return false;
     };
@@ -120,7 +120,7 @@ pub fn exceeded_message(s: &QueueState) -> Option<String> {
     let over: Vec<String> = s
         .rows
         .iter()
-        .filter(|(k, r)| !k.contains('|') && r.allocated > r.quota)
+        .filter(|(k, r)| k.is_model() && r.allocated > r.quota)
         .map(|(k, r)| format!("{k} allocated {} > quota {}", r.allocated, r.quota))
         .collect();
     if over.is_empty() {

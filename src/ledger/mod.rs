@@ -7,7 +7,7 @@ pub mod usage;
 
 pub use feasibility::{check, Demand, Verdict, DEFAULT_BUDGET};
 pub use tally::Tally;
-pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Share};
+pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Share, UsageKey};
 pub mod entries;
 pub mod record;
 

@@ -252,24 +252,24 @@ impl QueueUsage {
     }
 
     /// Rows per model (and composite key) that have a quota entry or non-zero usage.
-    pub fn rows(&self) -> BTreeMap<String, Row> {
-        let mut out: BTreeMap<String, Row> = BTreeMap::new();
+    pub fn rows(&self) -> BTreeMap<UsageKey, Row> {
+        let mut out: BTreeMap<UsageKey, Row> = BTreeMap::new();
         for (m, q) in &self.quota.0 {
-            out.entry(m.to_string()).or_default().quota = *q;
+            out.entry(UsageKey::Model(m.clone())).or_default().quota = *q;
         }
         for (m, a) in &self.allocated {
             if !a.is_zero() {
-                out.entry(m.to_string()).or_default().allocated = *a;
+                out.entry(UsageKey::Model(m.clone())).or_default().allocated = *a;
             }
         }
         for (k, p) in &self.pending {
             if !p.is_zero() {
-                out.entry(k.to_string()).or_default().pending = *p;
+                out.entry(UsageKey::of(k)).or_default().pending = *p;
             }
         }
         for (k, r) in &self.reserved {
             if !r.is_zero() {
-                out.entry(k.to_string()).or_default().reserved = *r;
+                out.entry(UsageKey::of(k)).or_default().reserved = *r;
             }
         }
         out
@@ -298,6 +298,70 @@ impl QueueUsage {
                 .map(|(_, n)| *n)
                 .sum(),
         }
+    }
+}
+
+/// What a usage row counts: one model, or demand that may land on any of several
+/// (`A|B`, pending multi-model pods and reservations). Ordered, and written, as its
+/// text, so tables and the usage annotation list rows as before.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum UsageKey {
+    Model(CardName),
+    Alternatives(Alternatives),
+}
+
+impl UsageKey {
+    /// The key of demand on `a`: a model when `a` names one.
+    pub fn of(a: &Alternatives) -> Self {
+        match a.as_single() {
+            Some(m) => Self::Model(m.clone()),
+            None => Self::Alternatives(a.clone()),
+        }
+    }
+
+    /// True for a single model (a row with a quota of its own).
+    pub fn is_model(&self) -> bool {
+        matches!(self, Self::Model(_))
+    }
+
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Model(m) => m.as_str().into(),
+            Self::Alternatives(a) => a.to_string().into(),
+        }
+    }
+}
+
+impl std::fmt::Display for UsageKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text())
+    }
+}
+
+impl Ord for UsageKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text().cmp(&other.text())
+    }
+}
+
+impl PartialOrd for UsageKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl serde::Serialize for UsageKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for UsageKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Alternatives::parse(&text)
+            .map(|a| Self::of(&a))
+            .map_err(serde::de::Error::custom)
     }
 }
 
