@@ -26,7 +26,7 @@ pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse 
         status: (!d.allowed).then(|| Status {
             code: 403,
             message: d.message.clone().unwrap_or_else(|| "denied".to_string()),
-            reason: d.reason.map(str::to_string),
+            reason: d.reason.map(|r| r.as_str().to_string()),
         }),
         patch_type: patch.as_ref().map(|_| "JSONPatch".to_string()),
         patch,
@@ -42,7 +42,7 @@ pub fn bad_review(uid: &str, message: String) -> AdmissionResponse {
         status: Some(Status {
             code: 400,
             message,
-            reason: Some("BadRequest".to_string()),
+            reason: Some(crate::decide::messages::BAD_REQUEST.as_str().to_string()),
         }),
         patch_type: None,
         patch: None,

@@ -13,7 +13,7 @@ use crate::snapshot::Snapshot;
 /// Event reason for a queue whose allocated cards exceed its quota.
 pub const EXCEEDED: &str = "CardQuotaExceeded";
 /// Event reason for a queue whose quota annotation does not parse.
-pub const INVALID: &str = crate::decide::messages::INVALID;
+pub const INVALID: &str = crate::decide::messages::INVALID.as_str();
 
 /// One queue as the reconciler sees it.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,7 +7,7 @@ use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::messages::{gate, INVALID_DEMAND, RETRY};
+use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;
 use super::pod::{allocate, card_demand};
 use super::review::AdmissionRequest;
@@ -38,7 +38,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let (key, node) = target(req, obj);
     let Some(node) = node else {
         return Decision::deny(
-            "BadRequest",
+            BAD_REQUEST,
             format!("binding of pod {key} has no target.name"),
         );
     };

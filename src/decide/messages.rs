@@ -7,20 +7,58 @@ use crate::snapshot::Snapshot;
 
 use super::Decision;
 
-/// Event / denial reason for a request over quota.
-pub const INSUFFICIENT: &str = "InsufficientCardQuota";
-/// Reason for a malformed annotation.
-pub const INVALID: &str = "InvalidCardQuota";
-/// Reason for a queue that is not open.
-pub const CLOSED: &str = "QueueClosed";
-/// Reason for a request that could not be decided from the cache.
-pub const RETRY: &str = "TryAgain";
-/// Reason for a pod whose card demand cannot be charged.
-pub const INVALID_DEMAND: &str = "InvalidCardDemand";
-/// Reason for a binding to a model the pod does not accept.
-pub const NOT_ACCEPTED: &str = "CardModelNotAccepted";
-/// Reason for a change to an annotation only card-quota (or the pod's creator) writes.
-pub const IMMUTABLE: &str = "CardAnnotationImmutable";
+/// Why a request was refused: the `reason` of the AdmissionReview status and of the
+/// Event that tells the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Over quota.
+    InsufficientCardQuota,
+    /// A malformed annotation.
+    InvalidCardQuota,
+    /// The queue is not open.
+    QueueClosed,
+    /// Could not be decided from the cache or recorded in time.
+    TryAgain,
+    /// A pod whose card demand cannot be charged.
+    InvalidCardDemand,
+    /// A binding to a model the pod does not accept.
+    CardModelNotAccepted,
+    /// A change to an annotation only card-quota (or the pod's creator) writes.
+    CardAnnotationImmutable,
+    /// The request itself is not a valid object of its kind.
+    BadRequest,
+}
+
+impl Reason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InsufficientCardQuota => "InsufficientCardQuota",
+            Self::InvalidCardQuota => "InvalidCardQuota",
+            Self::QueueClosed => "QueueClosed",
+            Self::TryAgain => "TryAgain",
+            Self::InvalidCardDemand => "InvalidCardDemand",
+            Self::CardModelNotAccepted => "CardModelNotAccepted",
+            Self::CardAnnotationImmutable => "CardAnnotationImmutable",
+            Self::BadRequest => "BadRequest",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// Short names the decisions use.
+pub const INSUFFICIENT: Reason = Reason::InsufficientCardQuota;
+pub const INVALID: Reason = Reason::InvalidCardQuota;
+pub const CLOSED: Reason = Reason::QueueClosed;
+pub const RETRY: Reason = Reason::TryAgain;
+pub const INVALID_DEMAND: Reason = Reason::InvalidCardDemand;
+pub const NOT_ACCEPTED: Reason = Reason::CardModelNotAccepted;
+pub const IMMUTABLE: Reason = Reason::CardAnnotationImmutable;
+pub const BAD_REQUEST: Reason = Reason::BadRequest;
 
 /// `queue <q> has insufficient <model> quota: requested <n>, in use <u> (allocated <a>,
 /// pending <p>, reserved <r>), quota <c>` (docs/decisions.md), from the usage before the request.

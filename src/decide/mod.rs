@@ -79,7 +79,7 @@ pub struct Decision {
     pub allowed: bool,
     pub message: Option<String>,
     /// Machine-readable reason, also the Event reason.
-    pub reason: Option<&'static str>,
+    pub reason: Option<messages::Reason>,
     pub patch: Vec<json_patch::PatchOperation>,
     pub warnings: Vec<String>,
     pub event: Option<Box<EventIntent>>,
@@ -96,7 +96,7 @@ impl Decision {
             ..Default::default()
         }
     }
-    pub fn deny(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn deny(reason: messages::Reason, message: impl Into<String>) -> Self {
         Self {
             allowed: false,
             reason: Some(reason),
@@ -116,7 +116,7 @@ impl Decision {
         {
             self.event = Some(Box::new(EventIntent {
                 regarding: r,
-                reason,
+                reason: reason.as_str(),
                 message: m,
                 warning: true,
             }));
@@ -198,7 +198,7 @@ pub fn decide(
 pub(crate) fn object_of(req: &AdmissionRequest) -> Result<&serde_json::Value, Decision> {
     req.object.as_ref().filter(|o| !o.is_null()).ok_or_else(|| {
         Decision::deny(
-            "BadRequest",
+            messages::BAD_REQUEST,
             format!(
                 "{} {} request has no object",
                 req.operation, req.resource.kind

@@ -18,7 +18,8 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{
-    gate, insufficient, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+    gate, insufficient, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
+    NOT_ACCEPTED, RETRY,
 };
 use super::patch::{set_annotations, set_node_selector};
 use super::review::AdmissionRequest;
@@ -50,7 +51,7 @@ pub fn decide(
 /// Parses a pod from a request object.
 pub fn parse_pod(v: &Value, what: &str) -> Result<Pod, Decision> {
     serde::Deserialize::deserialize(v)
-        .map_err(|e| Decision::deny("BadRequest", format!("{what} is not a valid Pod: {e}")))
+        .map_err(|e| Decision::deny(BAD_REQUEST, format!("{what} is not a valid Pod: {e}")))
 }
 
 fn record(
@@ -61,7 +62,7 @@ fn record(
 ) -> Result<PodRecord, Decision> {
     let pod = parse_pod(v, "request object")?;
     let mut rec = pod_record(&pod, req.ns(), &snap.card_prefixes(), seq)
-        .map_err(|e| Decision::deny("BadRequest", e.to_string()))?;
+        .map_err(|e| Decision::deny(BAD_REQUEST, e.to_string()))?;
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
         if let Some(n) = req.name.as_ref().filter(|n| !n.is_empty()) {
             rec.key.name = n.clone();
@@ -540,7 +541,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     };
     let Some(old_obj) = req.old_object.as_ref().filter(|o| !o.is_null()) else {
         return Decision::deny(
-            "BadRequest",
+            BAD_REQUEST,
             format!("UPDATE of pod {} has no oldObject", new.key),
         );
     };

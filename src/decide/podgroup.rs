@@ -9,7 +9,7 @@ use crate::ledger::{bound_charges, Effect, Verdict};
 use crate::snapshot::Snapshot;
 
 use super::fit::{fit, models_of, Change};
-use super::messages::{gate, insufficient, INSUFFICIENT, INVALID};
+use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
 use super::pod::owner_ref;
 use super::review::AdmissionRequest;
 use super::{object_of, Decision, ObjectRef};
@@ -24,7 +24,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let mut rec = match podgroup_record(obj, req.ns(), u64::MAX) {
         Ok(r) => r,
-        Err(e) => return Decision::deny("BadRequest", e.to_string()),
+        Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
     };
     let old = req
         .old_object

@@ -8,7 +8,7 @@ use crate::cluster::records::queue_record;
 use crate::snapshot::Snapshot;
 
 use super::fit::usage_of;
-use super::messages::INVALID;
+use super::messages::{BAD_REQUEST, INVALID};
 use super::review::AdmissionRequest;
 use super::{object_of, Decision};
 
@@ -26,7 +26,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let rec = match queue_record(obj) {
         Ok(r) => r,
-        Err(e) => return Decision::deny("BadRequest", e.to_string()),
+        Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
     };
     let quota = match &rec.quota {
         None => return Decision::allow(),

@@ -10,7 +10,7 @@ use crate::ledger::{Demand, Verdict};
 use crate::snapshot::Snapshot;
 
 use super::fit::{feasible, models_of, usage_of};
-use super::messages::{gate, insufficient, INSUFFICIENT, RETRY};
+use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, RETRY};
 use super::patch::set_replicas;
 use super::pod::card_demand;
 use super::review::AdmissionRequest;
@@ -103,7 +103,7 @@ pub fn decide_workload(
     let prefixes = snap.card_prefixes();
     let new = match workload_record(kind, obj, req.ns(), &prefixes, 0) {
         Ok(w) => w,
-        Err(e) => return Decision::deny("BadRequest", e.to_string()),
+        Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
     };
     if new.owned_by_deployment {
         // The Deployment was gated; its controller's resizes must not stall rollouts.
@@ -112,7 +112,7 @@ pub fn decide_workload(
     let r0 = match req.old_object.as_ref().filter(|o| !o.is_null()) {
         Some(old) => match workload_record(kind, old, req.ns(), &prefixes, 0) {
             Ok(w) => w.replicas,
-            Err(e) => return Decision::deny("BadRequest", e.to_string()),
+            Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
         },
         None => match snap.workload(kind, &new.key) {
             Some(w) => w.replicas,
@@ -219,7 +219,7 @@ fn resize(
     d.reason = Some(INSUFFICIENT);
     d.event = Some(Box::new(EventIntent {
         regarding,
-        reason: INSUFFICIENT,
+        reason: INSUFFICIENT.as_str(),
         message: text,
         warning: true,
     }));
