@@ -5,6 +5,19 @@ use std::collections::BTreeMap;
 use super::names::CardName;
 use super::quantity::parse_whole;
 
+/// The model name of a MIG profile of a product (the GPU operator's mixed strategy):
+/// `NVIDIA-H200/mig-1g.18gb-mixed`.
+pub fn mig_model(product: &str, profile: &str) -> String {
+    format!("{product}/mig-{profile}-mixed")
+}
+
+/// The model name of an MPS share of a product: memory in GiB (rounded) over the
+/// number of replicas, `NVIDIA-H200/mps-140g*1/2`.
+pub fn mps_model(product: &str, memory_mib: u64, replicas: u64) -> String {
+    let gib = (memory_mib + 512) / 1024;
+    format!("{product}/mps-{gib}g*1/{replicas}")
+}
+
 /// Prefixes treated as card vendors even before any node announces a product label.
 pub const DEFAULT_CARD_PREFIXES: &[&str] = &["nvidia.com", "amd.com", "huawei.com"];
 
@@ -97,16 +110,13 @@ pub fn discover(
             }
         };
         let model = if let Some(profile) = suffix.strip_prefix("mig-") {
-            format!("{}/mig-{profile}-mixed", p.product)
+            mig_model(&p.product, profile)
         } else if suffix.ends_with(".shared") {
             let label = |what: &str| labels.get(&format!("{}/{}.{what}", p.prefix, p.kind));
             let mem = label("memory").and_then(|m| m.parse::<u64>().ok());
             let replicas = label("replicas").and_then(|r| r.parse::<u64>().ok());
             match (mem, replicas) {
-                (Some(mib), Some(r)) if r > 0 => {
-                    let gib = (mib + 512) / 1024;
-                    format!("{}/mps-{gib}g*1/{r}", p.product)
-                }
+                (Some(mib), Some(r)) if r > 0 => mps_model(&p.product, mib, r),
                 _ => {
                     out.problems.push(format!(
                         "node {node}: {resource} needs numeric labels {0}/{1}.memory and {0}/{1}.replicas to name its MPS model",

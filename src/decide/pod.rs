@@ -117,7 +117,7 @@ fn infer(rec: &PodRecord, resource: &str, snap: &Snapshot) -> Option<Alternative
             if found.is_empty() {
                 // No node shows it yet: derive the name the node would give.
                 let derived = if let Some(profile) = suffix.strip_prefix("mig-") {
-                    Some(format!("{v}/mig-{profile}-mixed"))
+                    Some(crate::cards::nodes::mig_model(v, profile))
                 } else if suffix.ends_with(".shared") {
                     None
                 } else {
