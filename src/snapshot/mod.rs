@@ -247,10 +247,6 @@ impl Snapshot {
         self.nodes.keys().cloned().collect()
     }
 
-    pub fn node_count(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Vendor prefixes announced by node product labels.
     pub fn card_prefixes(&self) -> Vec<String> {
         self.prefix_counts.keys().cloned().collect()
@@ -264,22 +260,6 @@ impl Snapshot {
     /// The node label (key, value) that places a pod on `model`, when a node offers it.
     pub fn pin_of(&self, model: &CardName) -> Option<&(String, String)> {
         self.model_pins.get(model)
-    }
-
-    /// Every model some node offers.
-    pub fn known_models(&self) -> impl Iterator<Item = &CardName> {
-        self.model_resources.keys()
-    }
-
-    /// Models whose resource is `resource` on some node.
-    pub fn models_of_resource<'a>(
-        &'a self,
-        resource: &'a str,
-    ) -> impl Iterator<Item = &'a CardName> + 'a {
-        self.model_resources
-            .iter()
-            .filter(move |(_, r)| r.contains_key(resource))
-            .map(|(m, _)| m)
     }
 
     /// Models offered for `resource` on nodes whose `label` equals `product`.
@@ -613,10 +593,6 @@ impl Snapshot {
             .chain(self.latent_pods.keys())
             .cloned()
             .collect()
-    }
-
-    pub fn pod_count(&self) -> usize {
-        self.pods.len() + self.other_pods.len() + self.latent_pods.len()
     }
 
     /// Card pods charged to `queue`.
