@@ -2,7 +2,7 @@
 //!
 //! A functional core with no I/O, each module using only those before it: `cards` →
 //! `cluster` → `ledger` → `snapshot` → `decide` → `admission`; then the shells over it:
-//! `live` (the API server) → `metrics` → `controller` → `webhook` → `cli`.
+//! `live` (the API server) → `controller` → `webhook` → `cli`.
 //! `scripts/layers.sh` (run by CI) keeps that order.
 
 pub mod admission;
@@ -13,6 +13,5 @@ pub mod controller;
 pub mod decide;
 pub mod ledger;
 pub mod live;
-pub mod metrics;
 pub mod snapshot;
 pub mod webhook;

@@ -477,7 +477,7 @@ async fn pruned_by_a(api: &FakeApi, b_budget: Duration) -> (Arc<State>, Arc<Stat
     let b = state(&objects(2, 0), api.client(), b_budget);
     assert_eq!(answer(&a, create("p1"), false).await["allowed"], true);
     deliver_pod(&a, "p1", 100);
-    let metrics: Arc<dyn CommitMetrics> = a.metrics.clone();
+    let metrics: Arc<dyn CommitMetrics> = a.metrics.ledger.clone();
     let committer = a.live.as_ref().unwrap().committer.clone();
     let q = QueueName::new("q");
     // A's writer may still be winding down after answering; a sweep then skips the

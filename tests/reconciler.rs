@@ -7,8 +7,8 @@ use std::time::Duration;
 use card_quota::controller::events::EventSink;
 use card_quota::controller::reconciler::Reconciler;
 use card_quota::live::{Committer, LedgerApi};
-use card_quota::metrics::Metrics;
 use card_quota::snapshot::load::load;
+use card_quota::webhook::metrics::Metrics;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use kube::client::Body;
@@ -151,7 +151,14 @@ fn reconciler(text: &str, leader: bool) -> Harness {
         LedgerApi::new(client.clone(), "card-quota"),
         Duration::from_secs(3),
     ));
-    let r = Reconciler::new(client, snap.clone(), events, metrics.clone(), rx, committer);
+    let r = Reconciler::new(
+        client,
+        snap.clone(),
+        events,
+        (metrics.reconciler.clone(), metrics.ledger.clone()),
+        rx,
+        committer,
+    );
     (r, seen, metrics, tx, snap)
 }
 
@@ -426,7 +433,10 @@ async fn a_replica_whose_lease_has_expired_stops_writing_though_the_manager_says
         client.clone(),
         Arc::new(Mutex::new(snap)),
         Arc::new(EventSink::new(client.clone(), Some("me".into()))),
-        Arc::new(Metrics::default()),
+        {
+            let m = Metrics::default();
+            (m.reconciler, m.ledger)
+        },
         rx,
         committer,
     )

@@ -3,5 +3,6 @@
 //! `reconciler` and `events` talk to the API server.
 
 pub mod events;
+pub mod metrics;
 pub mod plan;
 pub mod reconciler;

@@ -20,9 +20,11 @@ use crate::decide::{Config, EventIntent, ObjectRef};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
 use crate::live::leadership::LeaseCheck;
+use crate::live::metrics::{LedgerMetrics, ResultLabel};
 use crate::live::volcano::queue_resource;
 use crate::live::Committer;
-use crate::metrics::{Metrics, ModeLabel, ResultLabel};
+
+use super::metrics::{ModeLabel, ReconcilerMetrics};
 use crate::snapshot::{Dirty, Snapshot};
 
 use super::events::EventSink;
@@ -54,7 +56,8 @@ pub struct Reconciler {
     api: Api<DynamicObject>,
     committer: Arc<Committer>,
     events: Arc<EventSink>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ReconcilerMetrics>,
+    ledger_metrics: Arc<LedgerMetrics>,
     leader: watch::Receiver<bool>,
     memory: EventMemory,
     /// When each queue's usage was last written.
@@ -97,7 +100,7 @@ impl Reconciler {
         client: Client,
         snapshot: Arc<Mutex<Snapshot>>,
         events: Arc<EventSink>,
-        metrics: Arc<Metrics>,
+        (metrics, ledger_metrics): (Arc<ReconcilerMetrics>, Arc<LedgerMetrics>),
         leader: watch::Receiver<bool>,
         committer: Arc<Committer>,
     ) -> Self {
@@ -107,6 +110,7 @@ impl Reconciler {
             committer,
             events,
             metrics,
+            ledger_metrics,
             leader,
             memory: EventMemory::default(),
             written: HashMap::new(),
@@ -299,7 +303,7 @@ impl Reconciler {
                     pass.events += 1;
                 }
             }
-            let metrics: Arc<dyn CommitMetrics> = self.metrics.clone();
+            let metrics: Arc<dyn CommitMetrics> = self.ledger_metrics.clone();
             for (queue, rv, orphan) in ledgers {
                 let done = match (orphan, rv) {
                     (true, Some(rv)) => self.committer.delete_orphan(&queue, &rv).await.map(|_| 0),
@@ -314,7 +318,7 @@ impl Reconciler {
                     Ok(n) => {
                         pass.ledger_entries_pruned += n;
                         if n > 0 {
-                            self.metrics.ledger_pruned.inc_by(n as u64);
+                            self.ledger_metrics.pruned.inc_by(n as u64);
                         }
                     }
                     // A webhook wrote first; the next pass prunes from its version.

@@ -6,6 +6,7 @@ pub mod caches;
 pub mod charge;
 pub mod leadership;
 pub mod ledgers;
+pub mod metrics;
 pub mod volcano;
 
 pub use charge::Committer;

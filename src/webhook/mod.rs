@@ -1,4 +1,5 @@
 //! The webhook server: HTTPS admission, TLS material, health and the metrics endpoint.
 
+pub mod metrics;
 pub mod server;
 pub mod tls;

@@ -27,7 +27,7 @@ use crate::live::charge::CommitMetrics;
 use crate::live::Committer;
 use crate::snapshot::Snapshot;
 
-use crate::metrics::{AdmissionLabels, KindLabel, Metrics};
+use super::metrics::{AdmissionLabels, KindLabel, Metrics};
 
 /// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -139,7 +139,7 @@ async fn decide_live(
             "card-quota's caches are still syncing with the API server; try again",
         );
     }
-    let metrics: Arc<dyn CommitMetrics> = state.metrics.clone();
+    let metrics: Arc<dyn CommitMetrics> = state.metrics.ledger.clone();
     live.committer
         .decide_and_record(
             &state.snapshot,
@@ -199,7 +199,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
     };
 
     if d.undecided {
-        state.metrics.budget_exhausted.inc();
+        state.metrics.webhook.budget_exhausted.inc();
     }
     if let Some(ev) = &d.event {
         // Debug formatting escapes newlines a hostile name could carry into the log.
@@ -215,6 +215,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
     let result = if d.allowed { "allowed" } else { "denied" };
     state
         .metrics
+        .webhook
         .requests
         .get_or_create(&AdmissionLabels {
             kind: kind.to_string(),
@@ -224,6 +225,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         .inc();
     state
         .metrics
+        .webhook
         .latency
         .get_or_create(&KindLabel {
             kind: kind.to_string(),
@@ -315,7 +317,7 @@ pub async fn serve_tls(
                 };
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     tracing::warn!(%peer, "connection refused: {MAX_CONNECTIONS} connections open");
-                    state.metrics.connections_refused.inc();
+                    state.metrics.webhook.connections_refused.inc();
                     continue;
                 };
                 let _ = tcp.set_nodelay(true);
@@ -328,7 +330,7 @@ pub async fn serve_tls(
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, "TLS handshake failed: {e}");
-                            state.metrics.handshakes_refused.inc();
+                            state.metrics.webhook.handshakes_refused.inc();
                             return;
                         }
                         Err(_) => return,

@@ -95,7 +95,10 @@ async fn serve(
                 client,
                 snapshot,
                 events,
-                state.metrics.clone(),
+                (
+                    state.metrics.reconciler.clone(),
+                    state.metrics.ledger.clone(),
+                ),
                 leader,
                 committer,
             )

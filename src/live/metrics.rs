@@ -1,0 +1,77 @@
+//! The ledger's metrics: writes by outcome, their duration, batch sizes, pruning.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use super::charge::{CommitMetrics, WriteOutcome};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+/// What the group-commit writer and the ledger pruning did.
+pub struct LedgerMetrics {
+    pub writes: Family<ResultLabel, Counter>,
+    pub pruned: Counter,
+    /// Requests per group commit (one ledger write each).
+    pub batch: Histogram,
+    pub write_seconds: Histogram,
+}
+
+impl LedgerMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let writes = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "card_quota_ledger_writes",
+            "Ledger writes and refused charges by outcome (written, conflict, error; full, timeout, behind count requests)",
+            writes.clone(),
+        );
+        let pruned = Counter::default();
+        registry.register(
+            "card_quota_ledger_pruned_entries",
+            "Ledger entries dropped once caches show them, or expired",
+            pruned.clone(),
+        );
+        let batch = Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]);
+        let write_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 12));
+        registry.register(
+            "card_quota_ledger_write_duration_seconds",
+            "Time of one ledger write (compare-and-swap) through the API server",
+            write_seconds.clone(),
+        );
+        registry.register(
+            "card_quota_ledger_batch_requests",
+            "Charging requests decided together and recorded with one ledger write",
+            batch.clone(),
+        );
+        Self {
+            writes,
+            pruned,
+            batch,
+            write_seconds,
+        }
+    }
+}
+
+impl CommitMetrics for LedgerMetrics {
+    fn write(&self, outcome: WriteOutcome) {
+        self.writes
+            .get_or_create(&ResultLabel {
+                result: outcome.label().to_string(),
+            })
+            .inc();
+    }
+    fn batch(&self, size: usize) {
+        self.batch.observe(size as f64);
+    }
+    fn pruned(&self, n: usize) {
+        self.pruned.inc_by(n as u64);
+    }
+    fn write_time(&self, took: std::time::Duration) {
+        self.write_seconds.observe(took.as_secs_f64());
+    }
+}
