@@ -1,6 +1,8 @@
 //! Every admission rule of docs/decisions.md, as table tests through the same path the webhook
 //! and replay use (AdmissionReview JSON in, AdmissionResponse out, effects applied).
 
+mod support;
+
 use base64::Engine;
 use card_quota::admission::{apply, review, usage_report};
 use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
@@ -97,13 +99,15 @@ fn pod(name: &str, queue: &str, card: Option<&str>, gpus: &str) -> Value {
 }
 
 fn pod_res(name: &str, queue: &str, card: Option<&str>, resource: &str, n: &str) -> Value {
-    let mut anns = json!({"scheduling.volcano.sh/queue-name": queue});
-    if let Some(c) = card {
-        anns["volcano.sh/card.name"] = json!(c);
+    let b = support::pod(name)
+        .queue(queue)
+        .scheduler("volcano")
+        .resource(resource, n);
+    match card {
+        Some(c) => b.card(c),
+        None => b,
     }
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "annotations": anns},
-        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x", "resources": {"limits": {resource: n}}}]}})
+    .build()
 }
 
 fn message(r: &AdmissionResponse) -> String {

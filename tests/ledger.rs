@@ -3,6 +3,8 @@
 //! compare-and-swap semantics for races between replicas, group commit, and watches
 //! that lag differently on each replica.
 
+mod support;
+
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,11 +51,13 @@ status: {{state: Open}}
 
 /// A stored pod, as a watch delivers it.
 fn pod_json(name: &str, rv: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"), "resourceVersion": rv,
-            "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
-        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
-            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    support::pod(name)
+        .queue("q")
+        .card("RTX-4090")
+        .gpus("1")
+        .scheduler("volcano")
+        .stored(&format!("uid-{name}"), rv)
+        .build()
 }
 
 /// A pod CREATE as `/validate` sees it (the API server has set its uid).

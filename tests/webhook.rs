@@ -1,6 +1,8 @@
 //! The real HTTPS server (`serve --offline`) with freshly generated certificates, talked
 //! to by a client that trusts only that CA.
 
+mod support;
+
 use std::net::TcpListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -211,9 +213,11 @@ fn patch_of(v: &Value) -> Value {
 }
 
 fn pod(name: &str, card: &str, gpus: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "research", "volcano.sh/card.name": card}},
-        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
+    support::pod(name)
+        .queue("research")
+        .card(card)
+        .gpus(gpus)
+        .build()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
