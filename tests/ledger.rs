@@ -5,7 +5,8 @@
 
 mod support;
 
-use std::convert::Infallible;
+use support::fake_api::FakeApi;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -248,102 +249,28 @@ async fn dry_runs_and_mutate_calls_are_decided_but_write_nothing() {
     assert!(matches!(next, Err(_) | Ok(None)), "nothing may be written");
 }
 
-// ---- a fake API server with compare-and-swap ----------------------------------------
+// ---- the ledger behind the shared fake API server ---------------------------------
 
-#[derive(Default)]
-struct Stored {
-    cm: Option<Value>,
-    rv: u64,
-    writes: usize,
-    conflicts: usize,
+/// A fake API server whose requests interleave, as a real server's would.
+fn fake_api() -> FakeApi {
+    FakeApi::new().with_delay(Duration::from_micros(300))
 }
 
-/// One ledger ConfigMap behind GET, POST and PUT with the API server's
-/// resourceVersion and already-exists checks.
-#[derive(Clone, Default)]
-struct FakeApi {
-    stored: Arc<Mutex<Stored>>,
+/// How many entries the stored ledger holds.
+fn ledger_len(api: &FakeApi) -> usize {
+    api.object(CM_PATH)
+        .map(|cm| entries_of(cm["data"]["ledger"].as_str().unwrap()).len())
+        .unwrap_or(0)
 }
 
-impl FakeApi {
-    async fn handle(self, req: Request<Body>) -> Response<Body> {
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        // Let other requests interleave, as a real server would.
-        tokio::time::sleep(Duration::from_micros(300)).await;
-        let conflict = |reason: &str| {
-            json_response(
-                StatusCode::CONFLICT,
-                &status(409, reason, "the object has been modified"),
-            )
-        };
-        if method == "GET" {
-            assert_eq!(path, CM_PATH);
-            let g = self.stored.lock().unwrap();
-            return match &g.cm {
-                Some(cm) => json_response(StatusCode::OK, cm),
-                None => json_response(
-                    StatusCode::NOT_FOUND,
-                    &status(
-                        404,
-                        "NotFound",
-                        "configmaps \"card-quota-ledger.q\" not found",
-                    ),
-                ),
-            };
-        }
-        let mut body = body_json(req).await;
-        let mut g = self.stored.lock().unwrap();
-        match (method.as_str(), path.as_str()) {
-            ("POST", CM_POST) if g.cm.is_some() => {
-                g.conflicts += 1;
-                return conflict("AlreadyExists");
-            }
-            ("PUT", CM_PATH) => {
-                let current =
-                    g.cm.as_ref()
-                        .map(|c| c["metadata"]["resourceVersion"].clone());
-                if current != Some(body["metadata"]["resourceVersion"].clone()) {
-                    g.conflicts += 1;
-                    return conflict("Conflict");
-                }
-            }
-            ("POST", CM_POST) => {}
-            other => panic!("unexpected {other:?}"),
-        }
-        g.rv += 1;
-        g.writes += 1;
-        body["metadata"]["resourceVersion"] = json!(g.rv.to_string());
-        body["metadata"]["namespace"] = json!(NS);
-        g.cm = Some(body.clone());
-        json_response(StatusCode::OK, &body)
-    }
-
-    fn client(&self) -> kube::Client {
-        let me = self.clone();
-        let svc = tower::service_fn(move |req: Request<Body>| {
-            let me = me.clone();
-            async move { Ok::<_, Infallible>(me.handle(req).await) }
-        });
-        kube::Client::new(svc, "default")
-    }
-
-    fn ledger_len(&self) -> usize {
-        let g = self.stored.lock().unwrap();
-        g.cm.as_ref()
-            .map(|cm| entries_of(cm["data"]["ledger"].as_str().unwrap()).len())
-            .unwrap_or(0)
-    }
-
-    /// The stored ledger, as a replica's ConfigMap watch delivers it.
-    fn deliver_ledger(&self, st: &State) {
-        let cm = self.stored.lock().unwrap().cm.clone().unwrap();
-        let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
-        st.snapshot
-            .lock()
-            .unwrap()
-            .upsert_ledger(ledger_record(&cm).unwrap());
-    }
+/// The stored ledger, as a replica's ConfigMap watch delivers it.
+fn deliver_ledger(api: &FakeApi, st: &State) {
+    let cm: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(api.object(CM_PATH).unwrap()).unwrap();
+    st.snapshot
+        .lock()
+        .unwrap()
+        .upsert_ledger(ledger_record(&cm).unwrap());
 }
 
 /// A pod arriving through one replica's pod watch at resourceVersion `rv`.
@@ -358,7 +285,7 @@ fn deliver_pod(st: &State, name: &str, rv: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_requests_racing_for_the_last_card_on_two_replicas_admit_exactly_one() {
     for round in 0..10 {
-        let api = FakeApi::default();
+        let api = fake_api();
         let a = state(&objects(1, 0), api.client(), Duration::from_secs(10));
         let b = state(&objects(1, 0), api.client(), Duration::from_secs(10));
         let (ra, rb) = tokio::join!(
@@ -367,13 +294,13 @@ async fn two_requests_racing_for_the_last_card_on_two_replicas_admit_exactly_one
         );
         let admitted = [&ra, &rb].iter().filter(|r| r["allowed"] == true).count();
         assert_eq!(admitted, 1, "round {round}: {ra} / {rb}");
-        assert_eq!(api.ledger_len(), 1);
+        assert_eq!(ledger_len(&api), 1);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_admit_exactly_ten_of_200_concurrent_binds_for_ten_free_cards() {
-    let api = FakeApi::default();
+    let api = fake_api();
     let text = objects(10, 200);
     let replicas = [
         state(&text, api.client(), Duration::from_secs(30)),
@@ -405,21 +332,19 @@ async fn two_replicas_admit_exactly_ten_of_200_concurrent_binds_for_ten_free_car
             );
         }
     }
-    let g = api.stored.lock().unwrap();
     eprintln!(
         "200 binds on 2 replicas: {admitted} admitted, {retry} try-again, {} writes, {} conflicts, {:?}",
-        g.writes,
-        g.conflicts,
+        api.writes(),
+        api.conflicts(),
         t.elapsed()
     );
-    drop(g);
     assert_eq!(admitted, 10);
-    assert_eq!(api.ledger_len(), 10);
+    assert_eq!(ledger_len(&api), 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_on_one_replica_is_recorded_in_a_few_group_commits() {
-    let api = FakeApi::default();
+    let api = fake_api();
     let st = state(&objects(10_000, 0), api.client(), Duration::from_secs(10));
     let mut tasks = Vec::new();
     for i in 0..300 {
@@ -432,9 +357,9 @@ async fn a_burst_on_one_replica_is_recorded_in_a_few_group_commits() {
         let r = t.await.unwrap();
         assert_eq!(r["allowed"], true, "{r}");
     }
-    let writes = api.stored.lock().unwrap().writes;
+    let writes = api.writes();
     eprintln!("300 concurrent pod creations: {writes} ledger writes");
-    assert_eq!(api.ledger_len(), 300);
+    assert_eq!(ledger_len(&api), 300);
     assert!(writes < 100, "{writes} writes: charges were not grouped");
     let m = st.metrics.encode();
     assert!(m.contains("card_quota_ledger_batch_requests_count"), "{m}");
@@ -442,7 +367,7 @@ async fn a_burst_on_one_replica_is_recorded_in_a_few_group_commits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_decides_each_request_on_top_of_the_ones_before_it() {
-    let api = FakeApi::default();
+    let api = fake_api();
     let st = state(&objects(5, 0), api.client(), Duration::from_secs(10));
     let mut tasks = Vec::new();
     for i in 0..40 {
@@ -467,7 +392,7 @@ async fn a_batch_decides_each_request_on_top_of_the_ones_before_it() {
         }
     }
     assert_eq!(admitted, 5);
-    assert_eq!(api.ledger_len(), 5);
+    assert_eq!(ledger_len(&api), 5);
 }
 
 /// Replica A's pod watch shows a pod that replica B's does not show yet; A prunes the
@@ -498,14 +423,14 @@ async fn pruned_by_a(api: &FakeApi, b_budget: Duration) -> (Arc<State>, Arc<Stat
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(pruned, 1);
-    assert_eq!(api.ledger_len(), 0);
-    api.deliver_ledger(&b);
+    assert_eq!(ledger_len(api), 0);
+    deliver_ledger(api, &b);
     (a, b)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
-    let api = FakeApi::default();
+    let api = fake_api();
     // B's ConfigMap watch is current; its pod watch is 300 ms behind.
     let (_a, b) = pruned_by_a(&api, Duration::from_secs(5)).await;
     assert_eq!(
@@ -536,7 +461,7 @@ async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replica_whose_watch_never_catches_up_refuses_with_try_again() {
-    let api = FakeApi::default();
+    let api = fake_api();
     let (_a, b) = pruned_by_a(&api, Duration::from_millis(400)).await;
     // B's pod watch moves on, but not yet past the watermark.
     deliver_pod(&b, "other", 50);
@@ -555,7 +480,7 @@ async fn a_replica_whose_watch_never_catches_up_refuses_with_try_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pod_recreated_under_the_same_name_is_charged_while_the_cache_shows_the_old_one() {
-    let api = FakeApi::default();
+    let api = fake_api();
     // The cache still shows the old p1, finished; the new p1 has another uid.
     let mut text = objects(1, 0);
     let mut old = pod_json("p1", "40");

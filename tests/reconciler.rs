@@ -1,6 +1,10 @@
 //! The reconciler against a scripted API server (tower-test): what it writes, with
 //! which field manager, and when it must write nothing.
 
+mod support;
+
+use support::fake_api::{FakeApi, Seen};
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,9 +13,6 @@ use card_quota::controller::reconciler::Reconciler;
 use card_quota::live::{Committer, LedgerApi};
 use card_quota::snapshot::load::load;
 use card_quota::webhook::metrics::Metrics;
-use http::{Request, Response};
-use http_body_util::BodyExt;
-use kube::client::Body;
 use serde_json::{json, Value};
 
 const OBJECTS: &str = r#"
@@ -34,113 +35,23 @@ metadata: {name: a, namespace: ml, uid: uid-a, resourceVersion: "41", annotation
 spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "2"}}}]}
 "#;
 
-/// One request the reconciler made.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: String,
-    uri: String,
-    content_type: String,
-    body: Value,
-}
-
-/// Answers every request as the API server would, recording it: Queue patches are
-/// merged into the Queues of `objects`.
-/// The Lease the scripted API server answers with (`Null`: 404).
-type LeaseDoc = Arc<Mutex<Value>>;
-
-fn api(objects: &str) -> (kube::Client, Arc<Mutex<Vec<Seen>>>, LeaseDoc) {
-    let lease: LeaseDoc = Arc::new(Mutex::new(Value::Null));
-    let the_lease = lease.clone();
-    let mut queues: std::collections::HashMap<String, Value> =
-        card_quota::snapshot::load::documents(objects)
-            .unwrap()
-            .into_iter()
-            .filter(|d| d["kind"] == "Queue")
-            .map(|d| (d["metadata"]["name"].as_str().unwrap().to_string(), d))
-            .collect();
-    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    tokio::spawn(async move {
-        while let Some((req, send)) = handle.next_request().await {
-            let method = req.method().to_string();
-            let uri = req.uri().to_string();
-            let content_type = req
-                .headers()
-                .get("content-type")
-                .map(|v| v.to_str().unwrap().to_string())
-                .unwrap_or_default();
-            let bytes = req.into_body().collect().await.unwrap().to_bytes();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            log.lock().unwrap().push(Seen {
-                method: method.clone(),
-                uri: uri.clone(),
-                content_type,
-                body: body.clone(),
-            });
-            if uri.contains("/leases/") {
-                let l = the_lease.lock().unwrap().clone();
-                let (status, body) = if l.is_null() {
-                    (
-                        404,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "leases not found"}),
-                    )
-                } else {
-                    (200, l)
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                );
-                continue;
-            }
-            let reply = if uri.contains("/queues/") {
-                let name = uri
-                    .split("/queues/")
-                    .nth(1)
-                    .unwrap()
-                    .split('?')
-                    .next()
-                    .unwrap();
-                let q = queues.get_mut(name).unwrap();
-                for (k, v) in body["metadata"]["annotations"].as_object().unwrap() {
-                    q["metadata"]["annotations"][k] = v.clone();
-                }
-                let rv: u64 = q["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                q["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
-                q.clone()
-            } else {
-                body
-            };
-            send.send_response(
-                Response::builder()
-                    .status(if method == "POST" { 201 } else { 200 })
-                    .header("content-type", "application/json")
-                    .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                    .unwrap(),
-            );
-        }
-    });
-    (kube::Client::new(svc, "default"), seen, lease)
+/// A fake API server holding the Queues and ledger ConfigMaps of `objects`.
+fn api(objects: &str) -> (kube::Client, FakeApi) {
+    let api = FakeApi::new();
+    api.seed_objects(objects);
+    (api.client(), api)
 }
 
 type Harness = (
     Reconciler,
-    Arc<Mutex<Vec<Seen>>>,
+    FakeApi,
     Arc<Metrics>,
     tokio::sync::watch::Sender<bool>,
     Arc<Mutex<card_quota::snapshot::Snapshot>>,
 );
 
 fn reconciler(text: &str, leader: bool) -> Harness {
-    let (client, seen, _) = api(text);
+    let (client, seen) = api(text);
     let (snap, skipped) = load(text).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let metrics = Arc::new(Metrics::default());
@@ -171,7 +82,7 @@ async fn usage_is_server_side_applied_with_only_our_annotation_and_not_rewritten
     let (mut r, seen, _, _tx, _) = reconciler(OBJECTS, true);
     let first = r.pass(true).await;
     settle().await;
-    let log = seen.lock().unwrap().clone();
+    let log = seen.seen().clone();
     let applies: Vec<&Seen> = log.iter().filter(|s| s.method == "PATCH").collect();
     assert_eq!(applies.len(), 1, "{log:#?}");
     let a = applies[0];
@@ -205,11 +116,11 @@ async fn usage_is_server_side_applied_with_only_our_annotation_and_not_rewritten
     assert_eq!(first.usage_written, 1);
 
     // A second full recount finds nothing to change and writes nothing.
-    let before = seen.lock().unwrap().len();
+    let before = seen.seen().len();
     let second = r.pass(true).await;
     settle().await;
     assert_eq!(second.usage_written, 0);
-    let after = seen.lock().unwrap().clone();
+    let after = seen.seen().clone();
     assert_eq!(after.len(), before, "{:#?}", &after[before..]);
 }
 
@@ -219,7 +130,7 @@ async fn a_broken_quota_gets_one_event_and_the_other_queues_are_still_written() 
     r.pass(true).await;
     r.pass(true).await;
     settle().await;
-    let log = seen.lock().unwrap().clone();
+    let log = seen.seen().clone();
     let events: Vec<&Seen> = log
         .iter()
         .filter(|s| s.method == "POST" && s.uri.contains("/apis/events.k8s.io/v1/"))
@@ -248,7 +159,7 @@ async fn a_queue_over_its_quota_raises_card_quota_exceeded_once() {
     r.pass(true).await;
     r.pass(true).await;
     settle().await;
-    let log = seen.lock().unwrap().clone();
+    let log = seen.seen().clone();
     let exceeded: Vec<&Value> = log
         .iter()
         .filter(|s| s.method == "POST")
@@ -283,7 +194,7 @@ async fn ledger_entries_the_cache_shows_are_pruned_with_a_compare_and_swap_write
     let p = r.pass(true).await;
     settle().await;
     assert_eq!(p.ledger_entries_pruned, 1);
-    let log = seen.lock().unwrap().clone();
+    let log = seen.seen().clone();
     let cas: Vec<&Seen> = log.iter().filter(|s| s.method == "PUT").collect();
     assert_eq!(cas.len(), 1, "{log:#?}");
     assert!(cas[0]
@@ -315,7 +226,7 @@ async fn the_empty_ledger_of_a_deleted_queue_is_deleted() {
     let (mut r, seen, _, _tx, _) = reconciler(&text, true);
     r.pass(true).await;
     settle().await;
-    let log = seen.lock().unwrap().clone();
+    let log = seen.seen().clone();
     let deletes: Vec<&Seen> = log.iter().filter(|s| s.method == "DELETE").collect();
     assert_eq!(deletes.len(), 1, "{log:#?}");
     assert!(deletes[0]
@@ -330,7 +241,7 @@ async fn a_replica_without_the_lease_writes_nothing_but_still_exports_gauges() {
     let p = r.pass(true).await;
     settle().await;
     assert!(!p.leader);
-    assert!(seen.lock().unwrap().is_empty());
+    assert!(seen.seen().is_empty());
     let text = metrics.encode();
     assert!(
         text.contains(
@@ -344,14 +255,14 @@ async fn a_replica_without_the_lease_writes_nothing_but_still_exports_gauges() {
     tx.send(true).unwrap();
     assert_eq!(r.pass(true).await.usage_written, 1);
     tx.send(false).unwrap();
-    let before = seen.lock().unwrap().len();
+    let before = seen.seen().len();
     // The pod goes away: usage changes, but a replica without the Lease stays silent.
     snap.lock()
         .unwrap()
         .remove_pod(&card_quota::cards::ObjectKey::new("ml", "a"));
     r.pass(true).await;
     settle().await;
-    assert_eq!(seen.lock().unwrap().len(), before);
+    assert_eq!(seen.seen().len(), before);
     assert!(metrics
         .encode()
         .contains(r#"volcano_queue_card_allocated{queue_name="good",card_name="NVIDIA-H200"} 0"#));
@@ -375,9 +286,8 @@ async fn gauges_of_a_deleted_queue_are_removed() {
 #[tokio::test]
 async fn a_queue_whose_usage_keeps_changing_is_written_at_most_once_a_second() {
     let (mut r, seen, _, _tx, snap) = reconciler(OBJECTS, true);
-    let applies = |seen: &Arc<Mutex<Vec<Seen>>>| {
-        seen.lock()
-            .unwrap()
+    let applies = |seen: &FakeApi| {
+        seen.seen()
             .iter()
             .filter(|s| s.method == "PATCH" && s.uri.contains("/queues/good?"))
             .count()
@@ -403,8 +313,7 @@ async fn a_queue_whose_usage_keeps_changing_is_written_at_most_once_a_second() {
     assert_eq!(p.usage_written, 1);
     assert_eq!(applies(&seen), 2);
     let last = seen
-        .lock()
-        .unwrap()
+        .seen()
         .iter()
         .rev()
         .find(|s| s.method == "PATCH" && s.uri.contains("/queues/good?"))
@@ -422,7 +331,9 @@ async fn a_queue_whose_usage_keeps_changing_is_written_at_most_once_a_second() {
 #[tokio::test]
 async fn a_replica_whose_lease_has_expired_stops_writing_though_the_manager_says_leader() {
     use card_quota::live::leadership::LeaseCheck;
-    let (client, seen, lease) = api(OBJECTS);
+    let (client, seen) = api(OBJECTS);
+    const LEASE: &str =
+        "/apis/coordination.k8s.io/v1/namespaces/card-quota/leases/card-quota-reconciler";
     let (snap, _) = load(OBJECTS).unwrap();
     let (_tx, rx) = tokio::sync::watch::channel(true);
     let committer = Arc::new(Committer::new(
@@ -453,27 +364,21 @@ async fn a_replica_whose_lease_has_expired_stops_writing_though_the_manager_says
                      "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}})
     };
     let now = jiff::Timestamp::now();
-    let patches = |seen: &Arc<Mutex<Vec<Seen>>>| {
-        seen.lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.method == "PATCH")
-            .count()
-    };
+    let patches = |seen: &FakeApi| seen.seen().iter().filter(|s| s.method == "PATCH").count();
     // Renewed 16 s ago with a 15 s duration: expired, whatever the manager believes.
-    *lease.lock().unwrap() = doc("me", now - jiff::SignedDuration::from_secs(16));
+    seen.seed(doc("me", now - jiff::SignedDuration::from_secs(16)));
     let p = r.pass(true).await;
     assert!(!p.leader);
     assert_eq!(patches(&seen), 0);
     // Another holder: still nothing.
-    *lease.lock().unwrap() = doc("other", now);
+    seen.seed(doc("other", now));
     assert!(!r.pass(true).await.leader);
     assert_eq!(patches(&seen), 0);
     // No Lease readable: nothing.
-    *lease.lock().unwrap() = Value::Null;
+    seen.remove(LEASE);
     assert!(!r.pass(true).await.leader);
     // Renewed a moment ago by this replica: it writes.
-    *lease.lock().unwrap() = doc("me", now);
+    seen.seed(doc("me", now));
     let p = r.pass(true).await;
     assert!(p.leader);
     assert_eq!(p.usage_written, 1);

@@ -4,6 +4,8 @@
 
 use serde_json::{json, Value};
 
+pub mod fake_api;
+
 /// A Pod in namespace `ml` with one container `c`.
 pub struct PodBuilder(Value);
 
