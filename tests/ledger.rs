@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::fake_api::FakeApi;
+use support::fake_api::{reply, status, FakeApi};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -92,19 +92,6 @@ fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
     ))
 }
 
-fn json_response(code: StatusCode, v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Body::from(serde_json::to_vec(v).unwrap()))
-        .unwrap()
-}
-
-fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "message": message, "reason": reason, "code": code})
-}
-
 async fn answer(st: &State, review: Value, mutate: bool) -> Value {
     let body = serde_json::to_vec(&review).unwrap();
     let out = handle_review(st, &body, mutate).await.unwrap();
@@ -145,20 +132,17 @@ async fn a_conflict_makes_the_webhook_read_the_ledger_again_and_decide_again() {
         let entries = entries_of(cm["data"]["ledger"].as_str().unwrap());
         assert_eq!(entries["uid-p001"]["of"], "pod:ml/p001");
         assert_eq!(entries["uid-p001"]["node"], "rtx-1");
-        send.send_response(json_response(
+        send.send_response(status(
             StatusCode::CONFLICT,
-            &status(
-                409,
-                "AlreadyExists",
-                "configmaps \"card-quota-ledger.q\" already exists",
-            ),
+            "AlreadyExists",
+            "configmaps \"card-quota-ledger.q\" already exists",
         ));
         // 2. The re-read shows the other replica's charge of the last card.
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), "GET");
         assert_eq!(req.uri().path(), CM_PATH);
         let other = r#"{"entries":{"uid-p000":{"of":"pod:ml/p000","resources":{"nvidia.com/gpu":1},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}"#;
-        send.send_response(json_response(StatusCode::OK, &configmap(2, other)));
+        send.send_response(reply(StatusCode::OK, &configmap(2, other)));
         // 3. Nothing else: a denial is not written.
         tokio::time::timeout(Duration::from_millis(300), handle.next_request())
             .await
@@ -217,9 +201,10 @@ async fn when_the_api_server_is_down_the_charge_is_refused_within_its_budget() {
     tokio::spawn(async move {
         while let Some((_, send)) = handle.next_request().await {
             *c2.lock().unwrap() += 1;
-            send.send_response(json_response(
+            send.send_response(status(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &status(503, "ServiceUnavailable", "etcd is down"),
+                "ServiceUnavailable",
+                "etcd is down",
             ));
         }
     });
@@ -504,9 +489,10 @@ async fn a_missing_namespace_is_named_in_the_refusal() {
     let st = state(&objects(5, 1), client, Duration::from_millis(500));
     tokio::spawn(async move {
         while let Some((_, send)) = handle.next_request().await {
-            send.send_response(json_response(
+            send.send_response(status(
                 StatusCode::NOT_FOUND,
-                &status(404, "NotFound", "namespaces \"card-quota\" not found"),
+                "NotFound",
+                "namespaces \"card-quota\" not found",
             ));
         }
     });

@@ -55,7 +55,8 @@ pub fn path_of(obj: &Value) -> String {
     }
 }
 
-fn reply(code: StatusCode, v: &Value) -> Response<Body> {
+/// A JSON answer.
+pub fn reply(code: StatusCode, v: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
@@ -63,7 +64,8 @@ fn reply(code: StatusCode, v: &Value) -> Response<Body> {
         .unwrap()
 }
 
-fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
+/// A `Status` failure, as the API server sends one.
+pub fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     reply(
         code,
         &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
