@@ -12,14 +12,13 @@ use crate::decide::review::{
     encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status,
 };
 use crate::decide::{decide, Config, Decision, RequestKind};
-use crate::ledger::{Row, UsageKey};
+use crate::ledger::{Effect, Row, UsageKey};
 use crate::snapshot::load;
 use crate::snapshot::Snapshot;
 
 /// Builds the AdmissionResponse of a decision. `with_patch` is false on `/validate`.
 pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse {
-    let patch = (with_patch && d.allowed && !d.patch.is_empty())
-        .then(|| encode_patch(&json_patch::Patch(d.patch.clone())));
+    let patch = (with_patch && d.allowed && !d.patch.is_empty()).then(|| encode_patch(&d.patch));
     AdmissionResponse {
         uid: uid.to_string(),
         allowed: d.allowed,
@@ -161,6 +160,29 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
     if req.operation != "CREATE" && req.operation != "UPDATE" {
         return Ok(());
     }
+    // A charged pod's decision already holds the pod as admitted (patch included): it
+    // is the record stored, as live mode lays it over the caches. Only a pod still
+    // without a name goes through its object, to get the name the API server would give.
+    if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
+        if !p.key.name.is_empty() {
+            // The same two numbers the object path takes (a generated name, the record).
+            snap.next_seq();
+            let mut p = (**p).clone();
+            p.seq = snap.next_seq();
+            snap.upsert_pod(p);
+            return Ok(());
+        }
+    }
+    apply_object(snap, req, d, kind_name)
+}
+
+/// Stores the request's object, patched and defaulted, as the API server would.
+fn apply_object(
+    snap: &mut Snapshot,
+    req: &AdmissionRequest,
+    d: &Decision,
+    kind_name: &str,
+) -> Result<(), ApplyError> {
     let Some(obj) = req.object.as_ref() else {
         return Ok(());
     };
@@ -304,4 +326,94 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<UsageKey, Row>>) -> String
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::review::ReviewBuilder as R;
+    use serde_json::json;
+
+    const SNAP: &str = include_str!("cli/demo/snapshot.yaml");
+
+    fn pod(name: &str, annotations: Value, spec: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "research", "uid": format!("u-{name}"),
+                "annotations": annotations},
+            "spec": spec})
+    }
+
+    /// Storing a charged pod's record (the shortcut) must leave the snapshot exactly as
+    /// storing its patched object would.
+    #[test]
+    fn a_charged_pod_is_stored_as_its_patched_object_would_be() {
+        let (base, _) = load::load(SNAP).unwrap();
+        let gpu = |n: &str| json!({"limits": {"nvidia.com/gpu": n}});
+        let q = "scheduling.volcano.sh/queue-name";
+        let reviews = [
+            // Named model: stamp and pin.
+            R::pod(
+                "CREATE",
+                pod(
+                    "named",
+                    json!({q: "research", "volcano.sh/card.name": "NVIDIA-H200"}),
+                    json!({"schedulerName": "volcano", "containers": [{"name": "c", "image": "x", "resources": gpu("1")}]}),
+                ),
+            ),
+            // Alternatives: the first with room is pinned.
+            R::pod(
+                "CREATE",
+                pod(
+                    "alts",
+                    json!({q: "research", "volcano.sh/card.name": "NVIDIA-GeForce-RTX-4090|NVIDIA-H200"}),
+                    json!({"schedulerName": "volcano", "containers": [{"name": "c", "image": "x", "resources": gpu("2")}]}),
+                ),
+            ),
+            // Model inferred from a nodeSelector on the product label.
+            R::pod(
+                "CREATE",
+                pod(
+                    "inferred",
+                    json!({q: "research"}),
+                    json!({"schedulerName": "volcano", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+                    "containers": [{"name": "c", "image": "x", "resources": gpu("1")}]}),
+                ),
+            ),
+            // Created on its node: charged the node's model.
+            R::pod(
+                "CREATE",
+                pod(
+                    "bound",
+                    json!({q: "research", "volcano.sh/card.name": "NVIDIA-H200"}),
+                    json!({"schedulerName": "volcano", "nodeName": "h200-a",
+                    "containers": [{"name": "c", "image": "x", "resources": gpu("1")}]}),
+                ),
+            ),
+            // MIG slices.
+            R::pod(
+                "CREATE",
+                pod(
+                    "mig",
+                    json!({q: "research", "volcano.sh/card.name": "NVIDIA-H200/mig-1g.18gb-mixed"}),
+                    json!({"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+                    "resources": {"limits": {"nvidia.com/mig-1g.18gb": "2"}}}]}),
+                ),
+            ),
+        ];
+        let (mut shortcut, mut object) = (base.clone(), base);
+        let cfg = Config::default();
+        let now = jiff::Timestamp::now();
+        for r in reviews {
+            let req = parse_review(&r.build()).unwrap();
+            let d = decide(&req, &shortcut, &cfg, now);
+            assert!(d.allowed && d.charge.is_some(), "{:?}", d.message);
+            assert!(!d.patch.is_empty());
+            apply(&mut shortcut, &req, &d).unwrap();
+            apply_object(&mut object, &req, &d, "Pod").unwrap();
+            let key = ObjectKey::new("research", req.name.clone().unwrap());
+            assert_eq!(shortcut.pod(&key), object.pod(&key), "{key}");
+            assert!(shortcut.pod(&key).is_some());
+        }
+        assert_eq!(usage_report(&shortcut, now), usage_report(&object, now));
+    }
 }
