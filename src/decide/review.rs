@@ -33,8 +33,6 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub operation: String,
     #[serde(default)]
-    pub user_info: Option<Value>,
-    #[serde(default)]
     pub object: Option<Value>,
     #[serde(default)]
     pub old_object: Option<Value>,
@@ -104,6 +102,40 @@ pub fn parse_review_owned(mut v: Value) -> Result<AdmissionRequest, ReviewError>
     validate(serde_json::from_value(req).map_err(|e| ReviewError::BadRequest(e.to_string()))?)
 }
 
+/// An AdmissionReview read straight into its typed fields.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Envelope {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    request: Option<AdmissionRequest>,
+}
+
+/// Reads an AdmissionReview body without building a JSON tree of the whole document
+/// (the webhook's hot path). `None` when the body is not a well-typed AdmissionReview
+/// with a request: the caller then classifies it through the tree, so that malformed
+/// bodies get exactly the answers [`parse_review_owned`] gives. An error comes with the
+/// request's uid, to answer it with.
+pub fn read_review(body: &[u8]) -> Option<Result<AdmissionRequest, (String, ReviewError)>> {
+    let e: Envelope = serde_json::from_slice(body).ok()?;
+    if e.kind != "AdmissionReview" {
+        return None;
+    }
+    let req = e.request?;
+    if !e.api_version.starts_with("admission.k8s.io/") {
+        let error =
+            ReviewError::NotAReview(format!("apiVersion {:?} kind {:?}", e.api_version, e.kind));
+        return Some(Err((req.uid, error)));
+    }
+    Some(match check(&req) {
+        Ok(()) => Ok(req),
+        Err(e) => Err((req.uid, e)),
+    })
+}
+
 fn check_envelope(v: &Value) -> Result<(), ReviewError> {
     let api = v.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     let kind = v.get("kind").and_then(Value::as_str).unwrap_or("");
@@ -116,6 +148,10 @@ fn check_envelope(v: &Value) -> Result<(), ReviewError> {
 }
 
 fn validate(r: AdmissionRequest) -> Result<AdmissionRequest, ReviewError> {
+    check(&r).map(|()| r)
+}
+
+fn check(r: &AdmissionRequest) -> Result<(), ReviewError> {
     if !matches!(
         r.operation.as_str(),
         "CREATE" | "UPDATE" | "DELETE" | "CONNECT"
@@ -130,7 +166,7 @@ fn validate(r: AdmissionRequest) -> Result<AdmissionRequest, ReviewError> {
             "request.resource.resource is missing".into(),
         ));
     }
-    Ok(r)
+    Ok(())
 }
 
 /// The `response` of an AdmissionReview. `patch` is base64 (kube-core 5 would write
@@ -178,8 +214,35 @@ impl ReviewOut {
     }
 }
 
-/// Encodes a JSON patch for the response.
-pub fn encode_patch(patch: &json_patch::Patch) -> String {
+/// Encodes a whole AdmissionReview answer around `response`, into a buffer sized for
+/// the usual answer so that it is allocated once.
+pub fn encode_answer(response: &AdmissionResponse) -> serde_json::Result<Vec<u8>> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Out<'a> {
+        api_version: &'static str,
+        kind: &'static str,
+        response: &'a AdmissionResponse,
+    }
+    let size = 160
+        + response.uid.len()
+        + response.patch.as_ref().map_or(0, String::len)
+        + response.status.as_ref().map_or(0, |s| s.message.len() + 64)
+        + response.warnings.iter().map(|w| w.len() + 4).sum::<usize>();
+    let mut buf = Vec::with_capacity(size);
+    serde_json::to_writer(
+        &mut buf,
+        &Out {
+            api_version: "admission.k8s.io/v1",
+            kind: "AdmissionReview",
+            response,
+        },
+    )?;
+    Ok(buf)
+}
+
+/// Encodes a JSON patch for the response (base64 of its JSON).
+pub fn encode_patch(patch: &[json_patch::PatchOperation]) -> String {
     use base64::Engine;
     let bytes = serde_json::to_vec(patch).unwrap_or_else(|_| b"[]".to_vec());
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -300,5 +363,84 @@ impl ReviewBuilder {
     }
     pub fn build(self) -> Value {
         self.value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tree(body: &[u8]) -> Option<Result<AdmissionRequest, (String, ReviewError)>> {
+        let doc: Value = serde_json::from_slice(body).ok()?;
+        if doc.get("kind").and_then(Value::as_str) != Some("AdmissionReview")
+            || doc.get("request").is_none_or(Value::is_null)
+        {
+            return None;
+        }
+        let uid = doc
+            .pointer("/request/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        Some(parse_review_owned(doc).map_err(|e| (uid, e)))
+    }
+
+    /// Whenever the direct read answers, it answers as the tree does.
+    #[test]
+    fn reading_a_body_directly_agrees_with_the_json_tree() {
+        let good = ReviewBuilder::pod(
+            "CREATE",
+            json!({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}),
+        )
+        .uid("u1")
+        .build();
+        let mut cases = vec![good.clone()];
+        for (pointer, value) in [
+            ("/apiVersion", json!("admission.k8s.io/v1beta1")),
+            ("/apiVersion", json!("v1")),
+            ("/kind", json!("Pod")),
+            ("/request", Value::Null),
+            ("/request/operation", json!("PATCH")),
+            ("/request/resource", json!({})),
+            ("/request/uid", json!(7)),
+            ("/request/object", Value::Null),
+            ("/request/dryRun", json!("yes")),
+            ("/response", json!({"allowed": true})),
+        ] {
+            let mut c = good.clone();
+            match c.pointer_mut(pointer) {
+                Some(slot) => *slot = value,
+                None => {
+                    c["response"] = value;
+                }
+            }
+            cases.push(c);
+        }
+        let mut direct = 0;
+        for c in &cases {
+            let body = serde_json::to_vec(c).unwrap();
+            let Some(fast) = read_review(&body) else {
+                continue;
+            };
+            direct += 1;
+            let slow = tree(&body).expect("the tree reads what the direct read reads");
+            match (fast, slow) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(
+                        (a.uid, a.operation, a.object),
+                        (b.uid, b.operation, b.object)
+                    )
+                }
+                (Err((ua, a)), Err((ub, b))) => {
+                    assert_eq!((ua, a.to_string()), (ub, b.to_string()))
+                }
+                (a, b) => panic!("{c}: direct {:?} vs tree {:?}", a.is_ok(), b.is_ok()),
+            }
+        }
+        // The good body, the v1beta1 one, the refused operation, the missing resource,
+        // the null object and the extra response are all read directly.
+        assert!(direct >= 6, "{direct}");
+        assert!(read_review(b"{").is_none());
     }
 }

@@ -15,14 +15,14 @@ use crate::live::metrics::LedgerMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
-    pub kind: String,
-    pub operation: String,
-    pub result: String,
+    pub kind: &'static str,
+    pub operation: &'static str,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    pub kind: String,
+    pub kind: &'static str,
 }
 
 /// What the HTTPS server answered.

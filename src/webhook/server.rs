@@ -20,7 +20,9 @@ use tokio_rustls::TlsAcceptor;
 use crate::admission::{apply, bad_review, response};
 use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
-use crate::decide::review::{parse_review_owned, AdmissionRequest, ReviewOut};
+use crate::decide::review::{
+    encode_answer, parse_review_owned, read_review, AdmissionRequest, AdmissionResponse,
+};
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
@@ -47,6 +49,9 @@ pub struct State {
     pub config: Config,
     pub metrics: Arc<Metrics>,
     pub ready: AtomicBool,
+    /// Admissions take turns here before they lock the snapshot: a request waiting for
+    /// another's decision yields its runtime thread instead of parking it.
+    turn: tokio::sync::Mutex<()>,
     /// Set on SIGTERM: answers close their HTTP/1.1 connections (see `serve_tls`).
     /// Unlike `ready`, false also before start-up completes.
     pub draining: AtomicBool,
@@ -62,6 +67,7 @@ impl State {
             config,
             metrics: Arc::new(Metrics::default()),
             ready: AtomicBool::new(false),
+            turn: tokio::sync::Mutex::new(()),
             draining: AtomicBool::new(false),
             live: None,
         }
@@ -79,6 +85,7 @@ impl State {
             config,
             metrics: Arc::new(Metrics::new(dropped)),
             ready: AtomicBool::new(false),
+            turn: tokio::sync::Mutex::new(()),
             draining: AtomicBool::new(false),
             live: Some(live),
         }
@@ -113,7 +120,8 @@ fn is_named(req: &AdmissionRequest) -> bool {
 }
 
 /// Decides offline: the snapshot is the whole truth and admitted effects go into it.
-fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decision {
+async fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decision {
+    let _turn = state.turn.lock().await;
     let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
     let d = decide(req, &snap, &state.config, jiff::Timestamp::now());
     // /mutate applies only effects of named objects: generated names appear later.
@@ -165,36 +173,40 @@ pub enum BodyError {
 /// Decides one admission body. `/mutate` answers with patches; `/validate` sees the
 /// final object and is where charges are recorded.
 pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, BodyError> {
-    let doc: serde_json::Value = serde_json::from_slice(body).map_err(BodyError::NotJson)?;
-    if doc.get("kind").and_then(|k| k.as_str()) != Some("AdmissionReview")
-        || doc.get("request").map(|r| r.is_null()).unwrap_or(true)
-    {
-        return Err(BodyError::NotAReview);
-    }
     let start = Instant::now();
-    let uid = doc
-        .pointer("/request/uid")
-        .and_then(|u| u.as_str())
-        .unwrap_or("")
-        .to_string();
-    let req = match parse_review_owned(doc) {
+    let parsed = match read_review(body) {
+        Some(r) => r,
+        None => {
+            // Not a well-typed review: classify it through the JSON tree.
+            let doc: serde_json::Value =
+                serde_json::from_slice(body).map_err(BodyError::NotJson)?;
+            if doc.get("kind").and_then(|k| k.as_str()) != Some("AdmissionReview")
+                || doc.get("request").map(|r| r.is_null()).unwrap_or(true)
+            {
+                return Err(BodyError::NotAReview);
+            }
+            let uid = doc
+                .pointer("/request/uid")
+                .and_then(|u| u.as_str())
+                .unwrap_or("")
+                .to_string();
+            parse_review_owned(doc).map_err(|e| (uid, e))
+        }
+    };
+    let req = match parsed {
         // The API server always sends a uid: a review without one is not from it, and is
         // refused before anything is decided or charged.
         Ok(r) if r.uid.is_empty() => {
-            let out = ReviewOut::new(bad_review(
+            return answer(&bad_review(
                 "",
                 "AdmissionReview request.uid is empty; refused before any decision".into(),
             ));
-            return serde_json::to_vec(&out).map_err(BodyError::Answer);
         }
         Ok(r) => Arc::new(r),
-        Err(e) => {
-            let out = ReviewOut::new(bad_review(&uid, e.to_string()));
-            return serde_json::to_vec(&out).map_err(BodyError::Answer);
-        }
+        Err((uid, e)) => return answer(&bad_review(&uid, e.to_string())),
     };
     let d = match &state.live {
-        None => decide_offline(state, &req, mutate),
+        None => decide_offline(state, &req, mutate).await,
         Some(live) => decide_live(state, live, &req, mutate).await,
     };
 
@@ -213,26 +225,30 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
     }
     let kind = RequestKind::of(&req).label();
     let result = if d.allowed { "allowed" } else { "denied" };
-    state
-        .metrics
-        .webhook
-        .requests
-        .get_or_create(&AdmissionLabels {
-            kind: kind.to_string(),
-            operation: req.operation.clone(),
-            result: result.to_string(),
-        })
-        .inc();
+    // Labels are static strings: counting a request allocates nothing.
+    let operation = match req.operation.as_str() {
+        "CREATE" => "CREATE",
+        "UPDATE" => "UPDATE",
+        "DELETE" => "DELETE",
+        _ => "CONNECT",
+    };
+    let labels = AdmissionLabels {
+        kind,
+        operation,
+        result,
+    };
+    state.metrics.webhook.requests.get_or_create(&labels).inc();
     state
         .metrics
         .webhook
         .latency
-        .get_or_create(&KindLabel {
-            kind: kind.to_string(),
-        })
+        .get_or_create(&KindLabel { kind })
         .observe(start.elapsed().as_secs_f64());
-    let out = ReviewOut::new(response(&req.uid, &d, mutate));
-    serde_json::to_vec(&out).map_err(BodyError::Answer)
+    answer(&response(&req.uid, &d, mutate))
+}
+
+fn answer(response: &AdmissionResponse) -> Result<Vec<u8>, BodyError> {
+    encode_answer(response).map_err(BodyError::Answer)
 }
 
 async fn admission(
