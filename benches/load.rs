@@ -253,7 +253,8 @@ fn main() {
         if !throughput.is_empty() {
             let median = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
+                let n = v.len();
+                (v[(n - 1) / 2] + v[n / 2]) / 2.0
             };
             let (t, p) = (median(&mut throughput), median(&mut tail));
             println!(

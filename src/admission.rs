@@ -187,7 +187,7 @@ fn apply_object(
         return Ok(());
     };
     let seq = snap.next_seq();
-    let o = with_defaults(patched(obj, d), req, kind_name, seq);
+    let o = with_defaults(patched(obj.tree(), d), req, kind_name, seq);
     load::upsert(snap, &o)?;
     Ok(())
 }
@@ -199,7 +199,7 @@ fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(),
     let Some(obj) = req.object.as_ref() else {
         return Ok(());
     };
-    let b = patched(obj, d);
+    let b = patched(obj.tree(), d);
     let name = req.object_name(&b);
     let key = ObjectKey::new(req.ns(), name);
     let node = b
@@ -238,7 +238,7 @@ fn scale(
     let Some(obj) = req.object.as_ref() else {
         return Ok(());
     };
-    let s = patched(obj, d);
+    let s = patched(obj.tree(), d);
     let key = ObjectKey::new(req.ns(), req.name.clone().unwrap_or_default());
     let Some(r) = s.pointer("/spec/replicas").and_then(Value::as_i64) else {
         return Ok(());

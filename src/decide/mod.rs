@@ -194,15 +194,25 @@ pub fn decide(
     }
 }
 
+/// The object of a request as sent, or a denial saying it is missing.
+pub(crate) fn raw_object_of(req: &AdmissionRequest) -> Result<&review::Object, Decision> {
+    req.object
+        .as_ref()
+        .filter(|o| !o.is_null())
+        .ok_or_else(|| missing_object(req))
+}
+
+fn missing_object(req: &AdmissionRequest) -> Decision {
+    Decision::deny(
+        messages::BAD_REQUEST,
+        format!(
+            "{} {} request has no object",
+            req.operation, req.resource.kind
+        ),
+    )
+}
+
 /// The object of a request, or a denial saying it is missing.
 pub(crate) fn object_of(req: &AdmissionRequest) -> Result<&serde_json::Value, Decision> {
-    req.object.as_ref().filter(|o| !o.is_null()).ok_or_else(|| {
-        Decision::deny(
-            messages::BAD_REQUEST,
-            format!(
-                "{} {} request has no object",
-                req.operation, req.resource.kind
-            ),
-        )
-    })
+    raw_object_of(req).map(review::Object::tree)
 }

@@ -2,73 +2,106 @@
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
+
+/// What an object has of `metadata.annotations`: it decides the patch that sets one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnnotationsAt {
+    Map,
+    NoMap,
+    NoMetadata,
+}
+
+impl AnnotationsAt {
+    pub fn of(obj: &Value) -> Self {
+        match obj.get("metadata") {
+            Some(Value::Object(m)) if m.get("annotations").is_some_and(Value::is_object) => {
+                Self::Map
+            }
+            Some(Value::Object(_)) => Self::NoMap,
+            _ => Self::NoMetadata,
+        }
+    }
+
+    /// Of a typed object's metadata. An empty one counts as none: adding a whole
+    /// `metadata` in its place gives the same object.
+    pub fn of_meta(meta: &ObjectMeta) -> Self {
+        if meta.annotations.is_some() {
+            Self::Map
+        } else if *meta == ObjectMeta::default() {
+            Self::NoMetadata
+        } else {
+            Self::NoMap
+        }
+    }
+}
 
 /// Adds (or overwrites) one annotation on `obj`, creating the map if needed.
 pub fn set_annotation(obj: &Value, key: &str, value: &str) -> PatchOperation {
-    let has_meta = obj.get("metadata").map(Value::is_object).unwrap_or(false);
-    let has_anns = obj
-        .pointer("/metadata/annotations")
-        .map(Value::is_object)
-        .unwrap_or(false);
-    if has_anns {
-        PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["metadata", "annotations", key]),
-            value: Value::String(value.to_string()),
-        })
-    } else if has_meta {
-        PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["metadata", "annotations"]),
-            value: json!({ key: value }),
-        })
-    } else {
-        PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["metadata"]),
-            value: json!({ "annotations": { key: value } }),
-        })
-    }
+    let (path, value) = match AnnotationsAt::of(obj) {
+        AnnotationsAt::Map => return add_annotation(key, value),
+        AnnotationsAt::NoMap => (vec!["metadata", "annotations"], json!({ key: value })),
+        AnnotationsAt::NoMetadata => (vec!["metadata"], json!({"annotations": { key: value }})),
+    };
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(path),
+        value,
+    })
+}
+
+fn add_annotation(key: &str, value: &str) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(["metadata", "annotations", key]),
+        value: Value::String(value.to_string()),
+    })
 }
 
 /// Adds (or overwrites) several annotations on `obj` in one patch.
 pub fn set_annotations(obj: &Value, pairs: &[(&str, String)]) -> Vec<PatchOperation> {
-    let has_anns = obj
-        .pointer("/metadata/annotations")
-        .map(Value::is_object)
-        .unwrap_or(false);
-    if has_anns {
-        return pairs
-            .iter()
-            .map(|(k, v)| set_annotation(obj, k, v))
-            .collect();
-    }
-    let map: serde_json::Map<String, Value> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
-        .collect();
+    annotations_at(AnnotationsAt::of(obj), pairs)
+}
+
+/// Adds (or overwrites) annotations on an object whose annotations are `at`.
+pub fn annotations_at(at: AnnotationsAt, pairs: &[(&str, String)]) -> Vec<PatchOperation> {
     if pairs.is_empty() {
-        Vec::new()
-    } else if obj.get("metadata").map(Value::is_object).unwrap_or(false) {
-        vec![PatchOperation::Add(AddOperation {
+        return Vec::new();
+    }
+    let map = || -> serde_json::Map<String, Value> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+            .collect()
+    };
+    match at {
+        AnnotationsAt::Map => pairs.iter().map(|(k, v)| add_annotation(k, v)).collect(),
+        AnnotationsAt::NoMap => vec![PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["metadata", "annotations"]),
-            value: Value::Object(map),
-        })]
-    } else {
-        vec![PatchOperation::Add(AddOperation {
+            value: Value::Object(map()),
+        })],
+        AnnotationsAt::NoMetadata => vec![PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["metadata"]),
-            value: json!({ "annotations": map }),
-        })]
+            value: json!({ "annotations": map() }),
+        })],
     }
 }
 
-/// Adds `label: value` to the pod's `spec.nodeSelector` (nothing when it is there).
-pub fn set_node_selector(obj: &Value, label: &str, value: &str) -> Vec<PatchOperation> {
-    match obj.pointer("/spec/nodeSelector") {
-        Some(Value::Object(m)) if m.get(label).and_then(Value::as_str) == Some(value) => Vec::new(),
-        Some(Value::Object(_)) => vec![PatchOperation::Add(AddOperation {
+/// Adds `label: value` to a pod's `spec.nodeSelector`, `selector` (nothing when it is
+/// there).
+pub fn set_node_selector(
+    selector: Option<&BTreeMap<String, String>>,
+    label: &str,
+    value: &str,
+) -> Vec<PatchOperation> {
+    match selector {
+        Some(m) if m.get(label).map(String::as_str) == Some(value) => Vec::new(),
+        Some(_) => vec![PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["spec", "nodeSelector", label]),
             value: Value::String(value.to_string()),
         })],
-        _ => vec![PatchOperation::Add(AddOperation {
+        None => vec![PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["spec", "nodeSelector"]),
             value: json!({ label: value }),
         })],
@@ -112,6 +145,34 @@ mod tests {
             json_patch::patch(&mut doc, &ops).unwrap();
             assert_eq!(doc["metadata"]["annotations"]["k1"], "v1");
             assert_eq!(doc["metadata"]["annotations"]["k2"], "v2");
+        }
+    }
+
+    /// A pod read typed gets the patch its JSON gets, whatever it has of metadata.
+    #[test]
+    fn a_typed_pod_is_patched_as_its_json_is() {
+        for meta in [
+            json!({"name": "x"}),
+            json!({}),
+            json!({"annotations": {"a": "b"}}),
+            json!({"annotations": null, "name": "x"}),
+            Value::Null,
+        ] {
+            let mut doc = json!({"apiVersion": "v1", "kind": "Pod"});
+            if !meta.is_null() {
+                doc["metadata"] = meta;
+            }
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(doc.clone()).unwrap();
+            let pairs = [("k", "v".to_string()), ("k2", "v2".to_string())];
+            let (mut typed, mut tree) = (doc.clone(), doc.clone());
+            json_patch::patch(
+                &mut typed,
+                &annotations_at(AnnotationsAt::of_meta(&pod.metadata), &pairs),
+            )
+            .unwrap();
+            json_patch::patch(&mut tree, &set_annotations(&doc, &pairs)).unwrap();
+            assert_eq!(typed, tree, "{doc}");
+            assert_eq!(typed["metadata"]["annotations"]["k2"], "v2");
         }
     }
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
-use serde_json::Value;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED};
 use crate::cards::names::shown;
@@ -21,9 +21,9 @@ use super::messages::{
     gate, insufficient, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
     NOT_ACCEPTED, RETRY,
 };
-use super::patch::{set_annotations, set_node_selector};
-use super::review::AdmissionRequest;
-use super::{object_of, Config, Decision, ObjectRef};
+use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
+use super::review::{AdmissionRequest, Object};
+use super::{raw_object_of, Config, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
 #[derive(Debug, Clone)]
@@ -48,19 +48,18 @@ pub fn decide(
     }
 }
 
-/// Parses a pod from a request object.
-pub fn parse_pod(v: &Value, what: &str) -> Result<Pod, Decision> {
-    serde::Deserialize::deserialize(v)
-        .map_err(|e| Decision::deny(BAD_REQUEST, format!("{what} is not a valid Pod: {e}")))
-}
-
 fn record(
     req: &AdmissionRequest,
-    v: &Value,
+    obj: &Object,
     snap: &Snapshot,
     seq: u64,
-) -> Result<PodRecord, Decision> {
-    let pod = parse_pod(v, "request object")?;
+) -> Result<(Pod, PodRecord), Decision> {
+    let pod: Pod = obj.typed().map_err(|e| {
+        Decision::deny(
+            BAD_REQUEST,
+            format!("request object is not a valid Pod: {e}"),
+        )
+    })?;
     let mut rec = pod_record(&pod, req.ns(), &snap.card_prefixes(), seq)
         .map_err(|e| Decision::deny(BAD_REQUEST, e.to_string()))?;
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
@@ -68,21 +67,19 @@ fn record(
             rec.key.name = n.clone();
         }
     }
-    Ok(rec)
+    Ok((pod, rec))
 }
 
-/// The controller that owns a pod, for Events about a refused pod (which has no object).
-pub fn owner_ref(v: &Value, namespace: &str) -> Option<ObjectRef> {
-    let owners = v.pointer("/metadata/ownerReferences")?.as_array()?;
-    let o = owners
-        .iter()
-        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))?;
+/// The controller that owns an object, for Events about a refused one (which has no
+/// object of its own yet).
+pub fn owner_ref(owners: &[OwnerReference], namespace: &str) -> Option<ObjectRef> {
+    let o = owners.iter().find(|o| o.controller == Some(true))?;
     Some(ObjectRef {
-        api_version: o.get("apiVersion")?.as_str()?.to_string(),
-        kind: o.get("kind")?.as_str()?.to_string(),
+        api_version: o.api_version.clone(),
+        kind: o.kind.clone(),
         namespace: Some(namespace.to_string()),
-        name: o.get("name")?.as_str()?.to_string(),
-        uid: o.get("uid").and_then(Value::as_str).map(str::to_string),
+        name: o.name.clone(),
+        uid: Some(o.uid.clone()).filter(|u| !u.is_empty()),
     })
 }
 
@@ -337,17 +334,19 @@ pub fn allocate(
     }
 }
 
-fn raw_annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
-    obj.pointer("/metadata/annotations")
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
         .and_then(|a| a.get(key))
-        .and_then(Value::as_str)
+        .map(String::as_str)
 }
 
 /// Decides a card pod that is new to `queue` (CREATE, or an UPDATE that changes its
 /// demand): pending, or allocated when it names its node. `stamp` adds the queue stamp;
 /// `steer` pins a pending pod to the model it is admitted for.
 fn admit(
-    obj: &Value,
+    pod: &Pod,
     mut rec: PodRecord,
     queue: QueueName,
     snap: &Snapshot,
@@ -355,7 +354,12 @@ fn admit(
     stamp: bool,
     steer: bool,
 ) -> Decision {
-    let owner = owner_ref(obj, &rec.key.namespace);
+    let owner = pod
+        .metadata
+        .owner_references
+        .as_deref()
+        .and_then(|o| owner_ref(o, &rec.key.namespace));
+    let at = AnnotationsAt::of_meta(&pod.metadata);
     let demand = match card_demand(&rec, snap, Some(&queue)) {
         Ok(Some(d)) => d,
         Ok(None) => return Decision::allow(),
@@ -382,7 +386,7 @@ fn admit(
                     bound.charged = Some(model.clone());
                 }
                 let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(bound)));
-                d.patch = set_annotations(obj, &annotations);
+                d.patch = annotations_at(at, &annotations);
                 d
             }
             Err(d) => d.with_event(owner),
@@ -409,9 +413,10 @@ fn admit(
             Ok(None) => {}
         }
     }
-    let mut patch = set_annotations(obj, &annotations);
+    let mut patch = annotations_at(at, &annotations);
     if let Some((label, product)) = node_selector {
-        patch.extend(set_node_selector(obj, &label, &product));
+        let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
+        patch.extend(set_node_selector(selector, &label, &product));
     }
     if fits_pinned {
         let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
@@ -440,11 +445,11 @@ fn admit(
 }
 
 fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
-    let obj = match object_of(req) {
+    let obj = match raw_object_of(req) {
         Ok(o) => o,
         Err(d) => return d,
     };
-    let rec = match record(req, obj, snap, u64::MAX) {
+    let (pod, rec) = match record(req, obj, snap, u64::MAX) {
         Ok(r) => r,
         Err(d) => return d,
     };
@@ -479,7 +484,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
             )
         }
     };
-    if let Some(stamped) = raw_annotation(obj, CARD_QUEUE) {
+    if let Some(stamped) = annotation(&pod, CARD_QUEUE) {
         if stamped != queue.as_str() {
             let stamped = shown(stamped);
             return Decision::deny(
@@ -490,7 +495,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
             );
         }
     }
-    if let Some(charged) = raw_annotation(obj, CHARGED) {
+    if let Some(charged) = annotation(&pod, CHARGED) {
         if rec.node.is_none() || latent_only {
             let charged = shown(charged);
             return Decision::deny(
@@ -503,13 +508,16 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     }
     if latent_only {
         let mut d = Decision::allow();
-        d.patch = set_annotations(obj, &[(CARD_QUEUE, queue.to_string())]);
+        d.patch = annotations_at(
+            AnnotationsAt::of_meta(&pod.metadata),
+            &[(CARD_QUEUE, queue.to_string())],
+        );
         return d;
     }
-    let steer = cfg.pin && rec.node.is_none() && !names_its_node(obj) && !owned_by_daemonset(obj);
-    let d = admit(obj, rec, queue, snap, now, true, steer);
+    let steer = cfg.pin && rec.node.is_none() && !names_its_node(&pod) && !owned_by_daemonset(&pod);
+    let d = admit(&pod, rec, queue, snap, now, true, steer);
     // A pod created on its node is charged its node's model, whatever it claims.
-    if let (true, Some(claimed)) = (d.allowed, raw_annotation(obj, CHARGED)) {
+    if let (true, Some(claimed)) = (d.allowed, annotation(&pod, CHARGED)) {
         if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
             if p.charged.as_ref().map(CardName::as_str) != Some(claimed) {
                 let claimed = shown(claimed);
@@ -531,11 +539,11 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
 const IMMUTABLE_ANNOTATIONS: [&str; 3] = [CARD_QUEUE, CHARGED, CARD_NAME];
 
 fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
-    let obj = match object_of(req) {
+    let obj = match raw_object_of(req) {
         Ok(o) => o,
         Err(d) => return d,
     };
-    let new = match record(req, obj, snap, u64::MAX) {
+    let (pod, new) = match record(req, obj, snap, u64::MAX) {
         Ok(r) => r,
         Err(d) => return d,
     };
@@ -545,14 +553,14 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
             format!("UPDATE of pod {} has no oldObject", new.key),
         );
     };
-    let old = match record(req, old_obj, snap, u64::MAX) {
+    let (old_pod, old) = match record(req, old_obj, snap, u64::MAX) {
         Ok(r) => r,
         Err(d) => return d,
     };
     let may_hold_cards = |p: &PodRecord| p.is_card_pod() || !p.latent.is_empty();
     if may_hold_cards(&old) || may_hold_cards(&new) {
         for a in IMMUTABLE_ANNOTATIONS {
-            let (was, now_) = (raw_annotation(old_obj, a), raw_annotation(obj, a));
+            let (was, now_) = (annotation(&old_pod, a), annotation(&pod, a));
             if was != now_ {
                 let show =
                     |v: Option<&str>| v.map_or("unset".to_string(), |v| format!("{:?}", shown(v)));
@@ -612,31 +620,36 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     if let Some(stored) = snap.pod(&changed.key) {
         changed.seq = stored.seq;
     }
-    admit(obj, changed, queue, snap, now, false, false)
+    admit(&pod, changed, queue, snap, now, false, false)
 }
 
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`
 /// term) is placed there whatever a pin says: it is left alone.
-fn names_its_node(obj: &Value) -> bool {
-    let terms = obj
-        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-        .and_then(Value::as_array);
-    terms.into_iter().flatten().any(|t| {
-        t.get("matchFields")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .any(|f| f.get("key").and_then(Value::as_str) == Some("metadata.name"))
-    })
+fn names_its_node(pod: &Pod) -> bool {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    terms
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .any(|f| f.key == "metadata.name")
 }
 
 /// DaemonSet pods go to every node of their selector; pinning them is not ours to do.
-fn owned_by_daemonset(obj: &Value) -> bool {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
+fn owned_by_daemonset(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
         .flatten()
-        .any(|o| o.get("kind").and_then(Value::as_str) == Some("DaemonSet"))
+        .any(|o| o.kind == "DaemonSet")
 }
 
 /// A chosen model and the node label (key, value) that places a pod on it.

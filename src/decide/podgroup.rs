@@ -11,8 +11,9 @@ use crate::snapshot::Snapshot;
 use super::fit::{fit, models_of, Change};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
 use super::pod::owner_ref;
-use super::review::AdmissionRequest;
+use super::review::{AdmissionRequest, Object};
 use super::{object_of, Decision, ObjectRef};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
     if req.operation != "CREATE" && req.operation != "UPDATE" {
@@ -29,6 +30,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let old = req
         .old_object
         .as_ref()
+        .map(Object::tree)
         .filter(|o| !o.is_null())
         .and_then(|o| podgroup_record(o, req.ns(), 0).ok());
     if let Some(old) = &old {
@@ -50,7 +52,11 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
                 .map(str::to_string),
         })
     } else {
-        owner_ref(obj, &rec.key.namespace)
+        let owners: Vec<OwnerReference> = obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(|o| serde::Deserialize::deserialize(o).ok())
+            .unwrap_or_default();
+        owner_ref(&owners, &rec.key.namespace)
     };
     if let Some(old) = old.as_ref().filter(|o| o.queue != rec.queue) {
         if let Some(Err(e)) = &rec.request {

@@ -9,7 +9,7 @@ use crate::snapshot::Snapshot;
 
 use super::fit::usage_of;
 use super::messages::{BAD_REQUEST, INVALID};
-use super::review::AdmissionRequest;
+use super::review::{AdmissionRequest, Object};
 use super::{object_of, Decision};
 
 fn raw_quota(v: Option<&Value>) -> Option<&str> {
@@ -34,7 +34,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Some(Err(e)) => {
             // A stored broken quota must not block Volcano's own status updates.
             if req.operation == "UPDATE"
-                && raw_quota(req.old_object.as_ref()) == raw_quota(Some(obj))
+                && raw_quota(req.old_object.as_ref().map(Object::tree)) == raw_quota(Some(obj))
             {
                 return Decision::allow().with_warning(format!(
                     "{e}; the queue has quota 0 for every model until fixed"

@@ -14,7 +14,80 @@ pub struct Gvk {
     pub kind: String,
 }
 
-/// The `request` of an AdmissionReview, with the objects left as JSON.
+/// An object of a review, kept as the JSON text the API server sent. A decision reads
+/// it typed straight from that text, or as a JSON tree, built once, when it asks for
+/// one: a pod's admission never builds the tree.
+#[derive(Debug, Clone)]
+pub struct Object {
+    raw: Box<serde_json::value::RawValue>,
+    tree: std::sync::OnceLock<Value>,
+}
+
+impl Object {
+    /// An object from a tree (tests, builders, documents already parsed).
+    pub fn new(tree: Value) -> Self {
+        let raw = serde_json::value::to_raw_value(&tree)
+            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned());
+        Self {
+            raw,
+            tree: tree.into(),
+        }
+    }
+
+    /// The object as a JSON tree.
+    pub fn tree(&self) -> &Value {
+        // The text is JSON the parser already checked, so this cannot fail.
+        self.tree
+            .get_or_init(|| serde_json::from_str(self.raw.get()).unwrap_or(Value::Null))
+    }
+
+    /// The object read as `T`. Errors read the same as reading the tree would: the
+    /// text is read again through the tree to say what is wrong.
+    pub fn typed<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        if let Some(tree) = self.tree.get() {
+            return T::deserialize(tree);
+        }
+        serde_json::from_str(self.raw.get()).or_else(|_| T::deserialize(self.tree()))
+    }
+
+    /// `metadata.name`, when the object has one.
+    pub fn metadata_name(&self) -> Option<String> {
+        #[derive(Deserialize)]
+        struct Named {
+            metadata: Option<Meta>,
+        }
+        #[derive(Deserialize)]
+        struct Meta {
+            name: Option<String>,
+        }
+        if let Some(tree) = self.tree.get() {
+            return tree
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
+        serde_json::from_str::<Named>(self.raw.get())
+            .ok()?
+            .metadata?
+            .name
+    }
+
+    /// Is it JSON `null`?
+    pub fn is_null(&self) -> bool {
+        self.raw.get() == "null"
+    }
+}
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Self {
+            raw: Deserialize::deserialize(d)?,
+            tree: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+/// The `request` of an AdmissionReview, with the objects left as JSON text.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
@@ -33,9 +106,9 @@ pub struct AdmissionRequest {
     #[serde(default)]
     pub operation: String,
     #[serde(default)]
-    pub object: Option<Value>,
+    pub object: Option<Object>,
     #[serde(default)]
-    pub old_object: Option<Value>,
+    pub old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
@@ -427,9 +500,10 @@ mod tests {
             let slow = tree(&body).expect("the tree reads what the direct read reads");
             match (fast, slow) {
                 (Ok(a), Ok(b)) => {
+                    let tree = |o: Option<Object>| o.map(|o| o.tree().clone());
                     assert_eq!(
-                        (a.uid, a.operation, a.object),
-                        (b.uid, b.operation, b.object)
+                        (a.uid, a.operation, tree(a.object)),
+                        (b.uid, b.operation, tree(b.object))
                     )
                 }
                 (Err((ua, a)), Err((ub, b))) => {

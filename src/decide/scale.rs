@@ -13,7 +13,7 @@ use super::fit::{feasible, models_of, usage_of};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, RETRY};
 use super::patch::set_replicas;
 use super::pod::card_demand;
-use super::review::AdmissionRequest;
+use super::review::{AdmissionRequest, Object};
 use super::{object_of, Config, Decision, EventIntent, ObjectRef, ScalePolicy};
 
 fn replicas(v: Option<&Value>) -> Option<i32> {
@@ -57,7 +57,9 @@ pub fn decide_scale(
         return Decision::allow();
     };
     let cached = snap.workload(kind, &key);
-    let Some(r0) = replicas(req.old_object.as_ref()).or(cached.map(|w| w.replicas)) else {
+    let Some(r0) =
+        replicas(req.old_object.as_ref().map(Object::tree)).or(cached.map(|w| w.replicas))
+    else {
         return Decision::deny(
             RETRY,
             format!(
@@ -109,7 +111,12 @@ pub fn decide_workload(
         // The Deployment was gated; its controller's resizes must not stall rollouts.
         return Decision::allow();
     }
-    let r0 = match req.old_object.as_ref().filter(|o| !o.is_null()) {
+    let r0 = match req
+        .old_object
+        .as_ref()
+        .map(Object::tree)
+        .filter(|o| !o.is_null())
+    {
         Some(old) => match workload_record(kind, old, req.ns(), &prefixes, 0) {
             Ok(w) => w.replicas,
             Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),

@@ -85,7 +85,7 @@ async fn await_binding_objects(snapshot: &Mutex<Snapshot>, req: &AdmissionReques
     let Some(obj) = req.object.as_ref() else {
         return;
     };
-    let (key, node) = crate::decide::binding::target(req, obj);
+    let (key, node) = crate::decide::binding::target(req, obj.tree());
     loop {
         {
             let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());

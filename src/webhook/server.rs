@@ -114,8 +114,7 @@ fn is_named(req: &AdmissionRequest) -> bool {
         || req
             .object
             .as_ref()
-            .and_then(|o| o.pointer("/metadata/name"))
-            .and_then(|n| n.as_str())
+            .and_then(|o| o.metadata_name())
             .is_some_and(|n| !n.is_empty())
 }
 
