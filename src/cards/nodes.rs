@@ -168,7 +168,7 @@ pub fn resource_fits_model_shape(resource: &str, model: &CardName) -> bool {
     let suffix = resource.split_once('/').map(|(_, s)| s).unwrap_or(resource);
     if let Some(idx) = m.find("/mig-") {
         let profile = m[idx + 5..].strip_suffix("-mixed").unwrap_or(&m[idx + 5..]);
-        suffix == format!("mig-{profile}")
+        suffix.strip_prefix("mig-") == Some(profile)
     } else if m.contains("/mps-") {
         suffix.ends_with(".shared")
     } else {

@@ -171,31 +171,36 @@ impl PodRecord {
         }
         // Models whose resource the pod does not request cannot be used (an MPS model
         // for a pod requesting whole cards).
-        let usable: Vec<CardName> = a
-            .models()
-            .iter()
-            .filter(|m| fits_shape(m))
-            .cloned()
-            .collect();
-        let a = &match Alternatives::from_models(usable) {
-            Some(u) if u.models().len() < a.models().len() => u,
-            _ => a.clone(),
+        let shaped;
+        let a = if a.models().iter().all(fits_shape) {
+            a
+        } else {
+            let usable: Vec<CardName> = a
+                .models()
+                .iter()
+                .filter(|m| fits_shape(m))
+                .cloned()
+                .collect();
+            match Alternatives::from_models(usable) {
+                Some(u) if u.models().len() < a.models().len() => {
+                    shaped = u;
+                    &shaped
+                }
+                _ => a,
+            }
         };
-        let pins: Vec<&Vec<String>> = self
-            .pinned
-            .iter()
-            .filter(|(label, _)| prefix_pinned(label))
-            .map(|(_, v)| v)
-            .collect();
-        if pins.is_empty() {
+        // Narrowed by the pins on the resource's vendor; nothing is allocated when they
+        // allow every model (a pod pinned to its own first choice).
+        let allows = |m: &CardName| {
+            self.pinned
+                .iter()
+                .filter(|(label, _)| prefix_pinned(label))
+                .all(|(_, v)| v.iter().any(|p| p == product_of(m)))
+        };
+        if a.models().iter().all(allows) {
             return Some(a.clone());
         }
-        let allowed: Vec<CardName> = a
-            .models()
-            .iter()
-            .filter(|m| pins.iter().all(|v| v.iter().any(|p| p == product_of(m))))
-            .cloned()
-            .collect();
+        let allowed: Vec<CardName> = a.models().iter().filter(|m| allows(m)).cloned().collect();
         match Alternatives::from_models(allowed) {
             Some(narrow) if narrow.models().len() < a.models().len() => Some(narrow),
             // Nothing narrower (or a conflict, refused at admission): as named.

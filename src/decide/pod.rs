@@ -717,16 +717,18 @@ fn choose_pin(
         .models()
         .iter()
         .partition(|m| reserved.contains(*m));
+    // One change, its pod re-pinned for each candidate in turn.
+    let mut change = Change {
+        add_pods: vec![named],
+        ..Default::default()
+    };
     for m in first.into_iter().chain(rest) {
         let Some(pin) = snap.pin_of(m) else {
             continue;
         };
-        let mut pinned = named.clone();
-        pinned.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
-        let change = Change {
-            add_pods: vec![pinned],
-            ..Default::default()
-        };
+        let pod = &mut change.add_pods[0];
+        pod.pinned.clone_from(&rec.pinned);
+        pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
         if fit(snap, queue, &change, &touched, now).verdict == Verdict::Feasible {
             return Ok(Some((m.clone(), pin.clone())));
         }
