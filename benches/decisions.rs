@@ -15,6 +15,10 @@ use card_quota::decide::Config;
 use card_quota::snapshot::load::upsert;
 use card_quota::snapshot::{Dirty, Snapshot};
 
+// The allocator the card-quota binary uses: memory and times as the binary has them.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn node(name: &str, model: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},

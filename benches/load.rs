@@ -27,6 +27,10 @@ use serde_json::{json, Value};
 
 const OBJECTS: &str = include_str!("../src/cli/demo/snapshot.yaml");
 
+// The allocator the card-quota binary uses, so that both servers here run on it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()

@@ -135,6 +135,10 @@ pub struct Committer {
     /// When this replica first read each entry: pruning's clock.
     clock: Mutex<HashMap<(QueueName, EntryId), Instant>>,
     behind: Mutex<HashMap<QueueName, Behind>>,
+    /// Requests take turns here before they lock the snapshot, so that one waiting
+    /// behind another awaits instead of parking a runtime thread; the watchers lock the
+    /// snapshot directly and so wait for at most one decision.
+    turn: tokio::sync::Mutex<()>,
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -150,6 +154,7 @@ impl Committer {
             slots: Mutex::default(),
             clock: Mutex::default(),
             behind: Mutex::default(),
+            turn: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -185,6 +190,7 @@ impl Committer {
         let deadline = Instant::now() + self.budget;
         await_binding_objects(snapshot, &req, Instant::now() + self.budget / 2).await;
         let first = {
+            let _turn = self.turn.lock().await;
             let mut snap = locked(snapshot);
             decide_with_ledger(&mut snap, &req, cfg, jiff::Timestamp::now())
         };
