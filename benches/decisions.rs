@@ -121,6 +121,22 @@ fn burst(c: &mut Criterion) {
         "pod create, 2000 pending pods pinned to one model (a burst)",
         |b| b.iter(|| review(&create, &snap, &cfg, now, true)),
     );
+    // Pods the queue cannot charge (a card.name that does not parse) are kept for logs;
+    // a decision copies the queue's usage, but must not copy them.
+    let mut snap = snap;
+    for i in 0..1000 {
+        upsert(
+            &mut snap,
+            &pod(&format!("bad{i}"), "q", "RTX-4090||", 1, None),
+        )
+        .unwrap();
+    }
+    let q = card_quota::cards::QueueName::new("q");
+    assert_eq!(snap.usage(&q, now).problems.len(), 1000);
+    c.bench_function(
+        "pod create, 2000 pending pods and 1000 that cannot be charged",
+        |b| b.iter(|| review(&create, &snap, &cfg, now, true)),
+    );
 }
 
 /// Resident set size of this process, in bytes (Linux).

@@ -4,6 +4,7 @@
 //! date one change at a time, and the recount is its reference.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -27,8 +28,9 @@ pub struct QueueUsage {
     pub waiting: BTreeMap<(Alternatives, Cards), u64>,
     /// Demands with no object yet (replicas a scale-up would add).
     pub planned: Vec<Demand>,
-    /// Pods that could not be charged, for logs.
-    pub problems: BTreeMap<ObjectKey, String>,
+    /// Pods that could not be charged, for logs. Shared: every decision copies its
+    /// queue's usage, and these can be many while no decision reads them.
+    pub problems: Arc<BTreeMap<ObjectKey, String>>,
 }
 
 /// What one pod adds to its queue's usage.
@@ -173,7 +175,7 @@ impl QueueUsage {
                 *self.waiting.entry((a.clone(), *n)).or_default() += 1;
             }
             Share::Problem(e) => {
-                self.problems.insert(key.clone(), e.clone());
+                Arc::make_mut(&mut self.problems).insert(key.clone(), e.clone());
             }
         }
     }
@@ -198,7 +200,10 @@ impl QueueUsage {
                 }
                 ok
             }
-            Share::Problem(_) => self.problems.remove(key).is_some(),
+            Share::Problem(_) => {
+                self.problems.contains_key(key)
+                    && Arc::make_mut(&mut self.problems).remove(key).is_some()
+            }
         }
     }
 
