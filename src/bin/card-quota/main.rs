@@ -34,12 +34,27 @@ fn main() -> anyhow::Result<()> {
         .init();
     // One process-wide TLS provider: ring (no aws-lc), for the server and kube's client.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    match cli.command {
+    let result = match cli.command {
+        Command::Serve(a) => return serve::run(a),
         Command::Replay(a) => commands::replay(a),
-        Command::Demo => Ok(card_quota::cli::demo::run(&mut std::io::stdout().lock())?),
+        Command::Demo => {
+            card_quota::cli::demo::run(&mut std::io::stdout().lock()).map_err(Into::into)
+        }
         Command::Certs(a) => commands::certs(a),
         Command::Manifests(a) => commands::manifests(a),
-        Command::Serve(a) => serve::run(a),
         Command::Status(a) => commands::status(a),
+    };
+    // A reader that stops early (`card-quota status | head`) is not a failure of the
+    // command that printed for it.
+    match result {
+        Err(e) if closed_output(&e) => Ok(()),
+        r => r,
     }
+}
+
+fn closed_output(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
