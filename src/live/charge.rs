@@ -135,9 +135,9 @@ pub struct Committer {
     /// When this replica first read each entry: pruning's clock.
     clock: Mutex<HashMap<(QueueName, EntryId), Instant>>,
     behind: Mutex<HashMap<QueueName, Behind>>,
-    /// Requests take turns here before they lock the snapshot, so that one waiting
-    /// behind another awaits instead of parking a runtime thread; the watchers lock the
-    /// snapshot directly and so wait for at most one decision.
+    /// Requests take turns here before they lock the snapshot for their preview, so
+    /// that one waiting behind another awaits instead of parking a runtime thread; the
+    /// watchers lock the snapshot directly and wait for at most one preview or batch.
     turn: tokio::sync::Mutex<()>,
 }
 
