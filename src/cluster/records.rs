@@ -164,48 +164,19 @@ impl PodRecord {
             let lp = label.split('/').next().unwrap_or_default();
             demand.keys().any(|r| r.split('/').next() == Some(lp))
         };
-        // The common case (every model usable, no pin on the resource's vendor) costs no
-        // allocation: usage is recomputed over every pending pod of a queue.
-        if a.models().iter().all(fits_shape) && !self.pinned.keys().any(prefix_pinned) {
-            return Some(a.clone());
-        }
         // Models whose resource the pod does not request cannot be used (an MPS model
         // for a pod requesting whole cards).
-        let shaped;
-        let a = if a.models().iter().all(fits_shape) {
-            a
-        } else {
-            let usable: Vec<CardName> = a
-                .models()
-                .iter()
-                .filter(|m| fits_shape(m))
-                .cloned()
-                .collect();
-            match Alternatives::from_models(usable) {
-                Some(u) if u.models().len() < a.models().len() => {
-                    shaped = u;
-                    &shaped
-                }
-                _ => a,
-            }
-        };
-        // Narrowed by the pins on the resource's vendor; nothing is allocated when they
-        // allow every model (a pod pinned to its own first choice).
+        let shaped = narrowed(a, fits_shape);
+        let a = shaped.as_ref().unwrap_or(a);
+        // Then the pins on the resource's vendor.
         let allows = |m: &CardName| {
             self.pinned
                 .iter()
                 .filter(|(label, _)| prefix_pinned(label))
                 .all(|(_, v)| v.iter().any(|p| p == product_of(m)))
         };
-        if a.models().iter().all(allows) {
-            return Some(a.clone());
-        }
-        let allowed: Vec<CardName> = a.models().iter().filter(|m| allows(m)).cloned().collect();
-        match Alternatives::from_models(allowed) {
-            Some(narrow) if narrow.models().len() < a.models().len() => Some(narrow),
-            // Nothing narrower (or a conflict, refused at admission): as named.
-            _ => Some(a.clone()),
-        }
+        // Nothing narrower (or a conflict, refused at admission): as named.
+        Some(narrowed(a, allows).unwrap_or_else(|| a.clone()))
     }
 
     /// The PodGroup the pod names, as a key in the pod's namespace.
@@ -590,4 +561,15 @@ pub fn workload_record(
         replicas: replicas.unwrap_or(1),
         owned_by_deployment,
     })
+}
+
+/// The models of `a` that `keep` keeps, when that is fewer than all and more than none.
+/// Allocates nothing when every model is kept: usage is recomputed over every pending
+/// pod of a queue.
+fn narrowed(a: &Alternatives, keep: impl Fn(&CardName) -> bool) -> Option<Alternatives> {
+    if a.models().iter().all(&keep) {
+        return None;
+    }
+    let kept: Vec<CardName> = a.models().iter().filter(|m| keep(m)).cloned().collect();
+    Alternatives::from_models(kept).filter(|k| k.models().len() < a.models().len())
 }
