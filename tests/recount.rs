@@ -1,13 +1,13 @@
 //! Incremental usage (recompute only the queues the snapshot marked dirty) agrees with a
 //! full recount after any sequence of pod, node, queue and PodGroup events.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use card_quota::cards::ObjectKey;
 use card_quota::cards::QueueName;
+use card_quota::cards::{CardName, ObjectKey};
 use card_quota::controller::plan::{queue_state, recount_check};
-use card_quota::decide::fit::{usage_after, Change};
-use card_quota::ledger::{queue_usage, QueueUsage, Row, UsageKey};
+use card_quota::decide::fit::{fit, usage_after, Change};
+use card_quota::ledger::{check, queue_usage, QueueUsage, Row, UsageKey, DEFAULT_BUDGET};
 use card_quota::snapshot::load::{remove, upsert};
 use card_quota::snapshot::{Dirty, Snapshot};
 use proptest::prelude::*;
@@ -257,7 +257,16 @@ proptest! {
             let change = Change { add_pods: vec![p.clone()], ..Default::default() };
             let mut with = s.clone();
             with.upsert_pod(p);
-            prop_assert_eq!(usage_after(&s, &q, &change, now), recount(&with, &q, now), "queue {}", q);
+            let after = usage_after(&s, &q, &change, now);
+            prop_assert_eq!(&after, &recount(&with, &q, now), "queue {}", q);
+            // The verdict read in place agrees with a check of the whole usage copied,
+            // and so do the numbers a binding reads.
+            let models: BTreeSet<CardName> = PRODUCTS.iter().map(|m| CardName::parse(m).unwrap()).collect();
+            let f = fit(&s, &q, &change, &models, now);
+            prop_assert_eq!(f.verdict, check(&after.rooms(), &after.demands(), DEFAULT_BUDGET), "queue {}", q);
+            for m in &models {
+                prop_assert_eq!(f.after.allocated(m), after.allocated.get(m).copied().unwrap_or_default());
+            }
             let gone = ObjectKey::new("ml", "p3");
             let change = Change { remove_pods: vec![gone.clone()], ..Default::default() };
             let mut without = s.clone();

@@ -1,12 +1,13 @@
 //! "Does this change fit?": the usage of a queue before and after a change, and the
 //! exact feasibility check restricted to the models the change can affect.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cards::{Alternatives, CardName, ObjectKey, QueueName};
 use crate::cluster::{PodGroupRecord, PodRecord};
 use crate::ledger::usage::{merge_members, reservation};
-use crate::ledger::{check, Demand, QueueUsage, Share, Verdict, DEFAULT_BUDGET};
+use crate::ledger::{Adjusted, Demand, QueueUsage, Share, Verdict};
 use crate::snapshot::Snapshot;
 
 /// A hypothetical change to one queue's objects.
@@ -25,7 +26,8 @@ pub struct Change {
 #[derive(Debug, Clone)]
 pub struct Fit<'a> {
     pub verdict: Verdict,
-    pub after: QueueUsage,
+    /// The queue's usage with the change made (read in place, not copied).
+    pub after: Adjusted<'a>,
     snap: &'a Snapshot,
     queue: &'a QueueName,
     now: jiff::Timestamp,
@@ -43,16 +45,27 @@ pub fn usage_of(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> Que
     snap.usage(queue, now)
 }
 
-/// Usage of `queue` after `change`: the queue's tally with the change's pods and
-/// PodGroups taken out or counted in, and the reservations of the groups they touch
-/// counted again. O(models and touched groups), whatever the queue's size.
+/// Usage of `queue` after `change`, as a whole (see [`adjusted_after`]).
 pub fn usage_after(
     snap: &Snapshot,
     queue: &QueueName,
     change: &Change,
     now: jiff::Timestamp,
 ) -> QueueUsage {
-    let mut u = snap.usage(queue, now);
+    adjusted_after(snap, queue, change, now).usage()
+}
+
+/// Usage of `queue` after `change`: the queue's tally with the change's pods and
+/// PodGroups taken out or counted in, and the reservations of the groups they touch
+/// counted again. O(touched models and groups), whatever the queue's size: the
+/// tally's numbers are read in place.
+pub fn adjusted_after<'a>(
+    snap: &'a Snapshot,
+    queue: &QueueName,
+    change: &Change,
+    now: jiff::Timestamp,
+) -> Adjusted<'a> {
+    let mut u = snap.adjusted(queue, now);
     // Member changes per touched group, applied on top of its current members.
     let mut touched: BTreeMap<ObjectKey, Vec<(Share, bool)>> = BTreeMap::new();
     for k in &change.remove_groups {
@@ -61,11 +74,13 @@ pub fn usage_after(
     for g in &change.add_groups {
         touched.entry(g.key.clone()).or_default();
     }
-    let replaced: BTreeSet<&ObjectKey> = change
+    let mut replaced: Vec<&ObjectKey> = change
         .remove_pods
         .iter()
         .chain(change.add_pods.iter().map(|p| &p.key))
         .collect();
+    replaced.sort_unstable();
+    replaced.dedup();
     for k in replaced {
         let Some(p) = snap.pod(k).filter(|p| p.is_active(now)) else {
             continue;
@@ -73,10 +88,18 @@ pub fn usage_after(
         if snap.pod_queue(k) != Some(queue) {
             continue;
         }
-        let share = Share::of(p, snap);
-        u.sub_share(k, &share);
+        // The share the tally counts the pod with, when it keeps one.
+        let computed;
+        let share = match snap.tally().settled_share(k) {
+            Some(s) => s,
+            None => {
+                computed = Share::of(p, snap);
+                &computed
+            }
+        };
+        u.sub_share(k, share);
         if let Some(g) = p.group_key() {
-            touched.entry(g).or_default().push((share, false));
+            touched.entry(g).or_default().push((share.clone(), false));
         }
     }
     for p in change.add_pods.iter().filter(|p| p.is_active(now)) {
@@ -115,37 +138,9 @@ pub fn usage_after(
     u
 }
 
-/// Demands of `u` in the component of models reachable from `touched`.
-fn component(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Vec<Demand> {
-    let demands = u.demands();
-    let mut models = touched.clone();
-    let mut taken = vec![false; demands.len()];
-    loop {
-        let mut grew = false;
-        for (i, d) in demands.iter().enumerate() {
-            if !taken[i] && d.models.models().iter().any(|m| models.contains(m)) {
-                taken[i] = true;
-                for m in d.models.models() {
-                    grew |= models.insert(m.clone());
-                }
-            }
-        }
-        if !grew {
-            break;
-        }
-    }
-    demands
-        .into_iter()
-        .zip(taken)
-        .filter(|(_, t)| *t)
-        .map(|(d, _)| d)
-        .collect()
-}
-
 /// Is the demand of `u` that can reach `touched` feasible?
 pub fn feasible(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Verdict {
-    let demands = component(u, touched);
-    check(&u.rooms(), &demands, DEFAULT_BUDGET)
+    Adjusted::new(Cow::Borrowed(u), Cow::Borrowed(&u.quota)).feasible(touched)
 }
 
 /// Checks `change` against `queue`: feasible after the change.
@@ -156,8 +151,8 @@ pub fn fit<'a>(
     touched: &BTreeSet<CardName>,
     now: jiff::Timestamp,
 ) -> Fit<'a> {
-    let after = usage_after(snap, queue, change, now);
-    let verdict = feasible(&after, touched);
+    let after = adjusted_after(snap, queue, change, now);
+    let verdict = after.feasible(touched);
     Fit {
         verdict,
         after,

@@ -306,8 +306,7 @@ pub fn allocate(
     touched.extend(charges.iter().map(|(m, _)| m.clone()));
     let f = fit(snap, queue, &change, &touched, now);
     for (model, cards) in &charges {
-        let allocated = f.after.allocated.get(model).copied().unwrap_or_default();
-        if allocated > f.after.quota.get(model) {
+        if f.after.allocated(model) > f.after.quota().get(model) {
             return Err(Decision::deny(
                 INSUFFICIENT,
                 insufficient(

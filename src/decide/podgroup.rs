@@ -168,11 +168,18 @@ fn moved(
     };
     let fits = |c: &Change| {
         let f = fit(snap, &queue, c, &touched, now);
-        let within = f
-            .after
+        let after = f.after.usage();
+        let over: Vec<_> = after
             .allocated
             .iter()
-            .all(|(m, a)| *a <= f.after.quota.get(m) || f.before().allocated.get(m) >= Some(a));
+            .filter(|(m, a)| **a > after.quota.get(m))
+            .collect();
+        // Over quota only where the queue already was, and not further.
+        let within = over.is_empty() || {
+            let before = f.before();
+            over.iter()
+                .all(|(m, a)| before.allocated.get(*m) >= Some(*a))
+        };
         (f.verdict, within, f)
     };
     let (verdict, within, f) = fits(full);

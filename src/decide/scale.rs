@@ -1,15 +1,17 @@
 //! Scale-ups: the `scale` subresource (HPA, kubectl scale) and `spec.replicas` updates
 //! of Deployments, ReplicaSets and StatefulSets. Clamp (default) or deny; scale-downs pass.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use crate::cards::ObjectKey;
 use crate::cluster::records::workload_record;
 use crate::cluster::{PodRecord, WorkloadKind};
-use crate::ledger::{Demand, Verdict};
+use crate::ledger::{Adjusted, Demand, Verdict};
 use crate::snapshot::Snapshot;
 
-use super::fit::{feasible, models_of, usage_of};
+use super::fit::{models_of, usage_of};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, RETRY};
 use super::patch::set_replicas;
 use super::pod::card_demand;
@@ -171,9 +173,9 @@ fn resize(
     // The queue's usage is computed once; only the count of added replicas varies.
     let before = usage_of(snap, &queue, now);
     let fits = |k: u64| {
-        let mut u = before.clone();
+        let mut u = Adjusted::new(Cow::Borrowed(&before), Cow::Borrowed(&before.quota));
         u.add_planned(&Demand::pods(demand.alternatives.clone(), demand.cards, k));
-        feasible(&u, &touched)
+        u.feasible(&touched)
     };
     // No more replicas fit than the room of the models they may use holds: beyond
     // that the answer is known without a search.

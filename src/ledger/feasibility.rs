@@ -73,6 +73,34 @@ pub enum Verdict {
 /// Search budget in visited states; a few milliseconds at worst.
 pub const DEFAULT_BUDGET: u64 = 200_000;
 
+/// Positions of the models a check touches. Usually a handful, where a linear search
+/// beats hashing their names; a hash map takes over for large components.
+#[derive(Default)]
+struct ModelIndex<'a> {
+    list: Vec<&'a CardName>,
+    map: HashMap<&'a CardName, usize>,
+}
+
+impl<'a> ModelIndex<'a> {
+    const LINEAR: usize = 16;
+
+    /// The position of `m`, given by `new` the first time `m` is seen.
+    fn at(&mut self, m: &'a CardName, new: impl FnOnce() -> usize) -> usize {
+        if self.list.len() < Self::LINEAR {
+            if let Some(i) = self.list.iter().position(|k| *k == m) {
+                return i;
+            }
+            let i = new();
+            self.list.push(m);
+            if self.list.len() == Self::LINEAR {
+                self.map = self.list.iter().copied().zip(0..).collect();
+            }
+            return i;
+        }
+        *self.map.entry(m).or_insert_with(new)
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Group {
     models: Vec<usize>,
@@ -80,29 +108,72 @@ struct Group {
     count: u128,
 }
 
+/// A borrowed [`Demand`]: what the check reads, so a caller can list a queue's
+/// demands without copying them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need<'a> {
+    pub models: &'a Alternatives,
+    pub cards: Cards,
+    pub divisible: bool,
+    pub count: u64,
+}
+
+impl Need<'_> {
+    fn total(&self) -> Cards {
+        self.cards.times(self.count)
+    }
+}
+
+impl Demand {
+    /// This demand, borrowed.
+    pub fn need(&self) -> Need<'_> {
+        Need {
+            models: &self.models,
+            cards: self.cards,
+            divisible: self.divisible,
+            count: self.count,
+        }
+    }
+}
+
 /// Checks whether `demands` fit in `rooms` (quota minus allocated, per model; may be
 /// negative after a quota cut). A model absent from `rooms` has room 0.
 pub fn check(rooms: &BTreeMap<CardName, i128>, demands: &[Demand], budget: u64) -> Verdict {
-    // Index the models the demands touch.
-    let mut index: HashMap<&CardName, usize> = HashMap::new();
+    let needs: Vec<Need<'_>> = demands.iter().map(Demand::need).collect();
+    check_needs(|m| rooms.get(m).copied().unwrap_or(0), &needs, budget)
+}
+
+/// [`check`] over borrowed demands, with each model's room from `room_of`.
+pub fn check_needs(
+    room_of: impl Fn(&CardName) -> i128,
+    demands: &[Need<'_>],
+    budget: u64,
+) -> Verdict {
+    let mut index = ModelIndex::default();
     let mut room: Vec<i128> = Vec::new();
+    let mut idx_of: Vec<Vec<usize>> = Vec::with_capacity(demands.len());
     for d in demands {
-        for m in d.models.models() {
-            index.entry(m).or_insert_with(|| {
-                room.push(rooms.get(m).copied().unwrap_or(0));
-                room.len() - 1
-            });
-        }
+        let idx = d
+            .models
+            .models()
+            .iter()
+            .map(|m| {
+                index.at(m, || {
+                    room.push(room_of(m));
+                    room.len() - 1
+                })
+            })
+            .collect();
+        idx_of.push(idx);
     }
     let mut single = vec![false; room.len()];
     let mut wholes: HashMap<(Vec<usize>, u128), u128> = HashMap::new();
     let mut divisibles: HashMap<Vec<usize>, u128> = HashMap::new();
-    for d in demands {
+    for (d, idx) in demands.iter().zip(idx_of) {
         let total = d.total().get();
         if total == 0 {
             continue;
         }
-        let idx: Vec<usize> = d.models.models().iter().map(|m| index[m]).collect();
         if idx.len() == 1 {
             let r = &mut room[idx[0]];
             *r = r.saturating_sub(i128::try_from(total).unwrap_or(i128::MAX));

@@ -7,6 +7,7 @@
 //! asks (there are few of them). [`super::queue_usage`] stays the reference: a
 //! periodic recount checks the tally and rebuilds it on a mismatch.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 
 use crate::cards::{Alternatives, Cards, ObjectKey, QueueName, Quota};
@@ -225,6 +226,14 @@ impl Tally {
             .filter(move |p| p.is_active(now))
     }
 
+    /// The share a pod is counted with, unless it is terminating (counted when asked).
+    pub fn settled_share(&self, key: &ObjectKey) -> Option<&Share> {
+        match self.pods.get(key)? {
+            Counted::Settled { share, .. } => Some(share),
+            Counted::Terminating { .. } => None,
+        }
+    }
+
     /// The usage of `queue` at `now` under `quota`.
     pub fn usage<'a>(
         &self,
@@ -235,8 +244,28 @@ impl Tally {
         nodes: &impl NodeModels,
         now: jiff::Timestamp,
     ) -> QueueUsage {
-        let mut u = self.sums.get(queue).cloned().unwrap_or_default();
+        let mut u = self.counted(queue, pod, group, nodes, now).into_owned();
         u.quota = quota;
+        u
+    }
+
+    /// The usage of `queue` at `now`, its quota left empty: borrowed from the sums
+    /// unless pods of the queue are terminating (then they are counted into a copy).
+    pub fn counted<'a, 's>(
+        &'s self,
+        queue: &QueueName,
+        pod: impl Fn(&ObjectKey) -> Option<&'a PodRecord> + Copy,
+        group: impl Fn(&ObjectKey) -> Option<&'a PodGroupRecord>,
+        nodes: &impl NodeModels,
+        now: jiff::Timestamp,
+    ) -> Cow<'s, QueueUsage> {
+        if self.terminating_in(queue, pod, now).next().is_none() {
+            return match self.sums.get(queue) {
+                Some(u) => Cow::Borrowed(u),
+                None => Cow::Owned(QueueUsage::default()),
+            };
+        }
+        let mut u = self.sums.get(queue).cloned().unwrap_or_default();
         let mut regroup: BTreeSet<ObjectKey> = BTreeSet::new();
         for p in self.terminating_in(queue, pod, now) {
             u.add_share(&p.key, &Share::of(p, nodes));
@@ -257,7 +286,7 @@ impl Tally {
             let members = self.members_now(&g, queue, pod, nodes, now);
             u.add_reservation(&reservation(req, &members));
         }
-        u
+        Cow::Owned(u)
     }
 
     /// Queues with anything counted.

@@ -2,14 +2,15 @@
 //! that keep a decision proportional to its queue, not to the cluster. Backed by
 //! watch events in `serve` and by a YAML stream in `replay`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_PREFIXES};
-use crate::cards::{CardName, NodeCards, ObjectKey, QueueName};
+use crate::cards::{CardName, NodeCards, ObjectKey, QueueName, Quota};
 
 use crate::ledger::entries::Watermark;
-use crate::ledger::{QueueUsage, Tally};
+use crate::ledger::{Adjusted, QueueUsage, Tally};
 
 use crate::cluster::records::{
     PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
@@ -629,6 +630,22 @@ impl Snapshot {
             &self.nodes,
             now,
         )
+    }
+
+    /// The usage of `queue` at `now`, ready for a change on top, without a copy.
+    pub fn adjusted(&self, queue: &QueueName, now: jiff::Timestamp) -> Adjusted<'_> {
+        let quota = match self.queue(queue).and_then(|q| q.quota.as_ref()) {
+            Some(Ok(q)) => Cow::Borrowed(q),
+            _ => Cow::Owned(Quota::default()),
+        };
+        let base = self.tally.counted(
+            queue,
+            |k| self.pods.get(k),
+            |k| self.groups.get(k),
+            &self.nodes,
+            now,
+        );
+        Adjusted::new(base, quota)
     }
 
     /// The members `group` has in `queue` at `now`, merged by models.

@@ -1,0 +1,296 @@
+//! A queue's usage after a hypothetical change, read without copying the queue's
+//! usage: the usage as counted (borrowed) with the change's few differences on top. A
+//! decision reads the room and the competing demand of the models it can affect;
+//! [`Adjusted::usage`] builds every number only when a caller needs them all.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::cards::{Alternatives, CardName, Cards, ObjectKey, Quota};
+
+use super::feasibility::{check_needs, Demand, Need, Verdict, DEFAULT_BUDGET};
+use super::usage::{QueueUsage, Share};
+
+/// What a change adds to and takes from one entry. The entry after it is
+/// `max(0, before - taken) + added`: take-backs come first, as in the tally.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Moved<T> {
+    added: T,
+    taken: T,
+}
+
+/// The entry of `k` in a short list of moves (a change touches a few entries).
+fn moved<'v, K: PartialEq + Clone, T: Default>(
+    list: &'v mut Vec<(K, Moved<T>)>,
+    k: &K,
+) -> &'v mut Moved<T> {
+    let i = match list.iter().position(|(x, _)| x == k) {
+        Some(i) => i,
+        None => {
+            list.push((k.clone(), Moved::default()));
+            list.len() - 1
+        }
+    };
+    &mut list[i].1
+}
+
+fn find<'v, K: PartialEq, T>(list: &'v [(K, Moved<T>)], k: &K) -> Option<&'v Moved<T>> {
+    list.iter().find(|(x, _)| x == k).map(|(_, m)| m)
+}
+
+fn cards_after(before: Cards, m: Option<&Moved<Cards>>) -> Cards {
+    match m {
+        Some(m) => before.saturating_sub(m.taken) + m.added,
+        None => before,
+    }
+}
+
+fn count_after(before: u64, m: Option<&Moved<u64>>) -> u64 {
+    match m {
+        Some(m) => before.saturating_sub(m.taken).saturating_add(m.added),
+        None => before,
+    }
+}
+
+/// The differences a change makes, per entry of [`QueueUsage`].
+#[derive(Debug, Clone, Default)]
+struct Diff {
+    allocated: Vec<(CardName, Moved<Cards>)>,
+    pending: Vec<(Alternatives, Moved<Cards>)>,
+    reserved: Vec<(Alternatives, Moved<Cards>)>,
+    waiting: Vec<((Alternatives, Cards), Moved<u64>)>,
+    planned: Vec<Demand>,
+    /// Problems set (`Some`) or cleared (`None`), in order.
+    problems: Vec<(ObjectKey, Option<String>)>,
+}
+
+/// A queue's usage, as counted, with a change's differences on top.
+#[derive(Debug, Clone)]
+pub struct Adjusted<'a> {
+    base: Cow<'a, QueueUsage>,
+    quota: Cow<'a, Quota>,
+    diff: Diff,
+}
+
+impl<'a> Adjusted<'a> {
+    /// `base` unchanged, under `quota` (the base's own quota field is not read).
+    pub fn new(base: Cow<'a, QueueUsage>, quota: Cow<'a, Quota>) -> Self {
+        Self {
+            base,
+            quota,
+            diff: Diff::default(),
+        }
+    }
+
+    /// Counts a pod's share, as [`QueueUsage::add_share`] does.
+    pub fn add_share(&mut self, key: &ObjectKey, share: &Share) {
+        match share {
+            Share::Nothing => {}
+            Share::Allocated(c) => {
+                for (m, n) in c {
+                    moved(&mut self.diff.allocated, m).added += *n;
+                }
+            }
+            Share::Pending(a, n) => {
+                moved(&mut self.diff.pending, a).added += *n;
+                let w = moved(&mut self.diff.waiting, &(a.clone(), *n));
+                w.added = w.added.saturating_add(1);
+            }
+            Share::Problem(e) => self.diff.problems.push((key.clone(), Some(e.clone()))),
+        }
+    }
+
+    /// Takes back a counted share, as [`QueueUsage::sub_share`] does.
+    pub fn sub_share(&mut self, key: &ObjectKey, share: &Share) {
+        match share {
+            Share::Nothing => {}
+            Share::Allocated(c) => {
+                for (m, n) in c {
+                    moved(&mut self.diff.allocated, m).taken += *n;
+                }
+            }
+            Share::Pending(a, n) => {
+                moved(&mut self.diff.pending, a).taken += *n;
+                let w = moved(&mut self.diff.waiting, &(a.clone(), *n));
+                w.taken = w.taken.saturating_add(1);
+            }
+            Share::Problem(_) => self.diff.problems.push((key.clone(), None)),
+        }
+    }
+
+    /// Counts a PodGroup's reservation.
+    pub fn add_reservation(&mut self, r: &[(Alternatives, Cards)]) {
+        for (a, n) in r {
+            moved(&mut self.diff.reserved, a).added += *n;
+        }
+    }
+
+    /// Takes back a counted reservation.
+    pub fn sub_reservation(&mut self, r: &[(Alternatives, Cards)]) {
+        for (a, n) in r {
+            moved(&mut self.diff.reserved, a).taken += *n;
+        }
+    }
+
+    /// Adds a demand with no object yet (replicas a scale-up would add).
+    pub fn add_planned(&mut self, d: &Demand) {
+        moved(&mut self.diff.pending, &d.models).added += d.total();
+        self.diff.planned.push(d.clone());
+    }
+
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Cards allocated on `m` after the change.
+    pub fn allocated(&self, m: &CardName) -> Cards {
+        let before = self.base.allocated.get(m).copied().unwrap_or_default();
+        cards_after(before, find(&self.diff.allocated, m))
+    }
+
+    /// Room on `m` after the change: quota minus allocated (negative after a quota cut).
+    pub fn room(&self, m: &CardName) -> i128 {
+        self.quota
+            .get(m)
+            .signed_minus(Cards::ZERO)
+            .saturating_sub(self.allocated(m).signed_minus(Cards::ZERO))
+    }
+
+    /// Every open demand after the change, borrowed: reservations, pending pods,
+    /// planned replicas (the order of [`QueueUsage::demands`]).
+    fn needs(&self) -> Vec<Need<'_>> {
+        let b = &*self.base;
+        let d = &self.diff;
+        let mut out = Vec::with_capacity(b.reserved.len() + b.waiting.len() + b.planned.len() + 4);
+        for (a, n) in &b.reserved {
+            let n = cards_after(*n, find(&d.reserved, a));
+            if !n.is_zero() {
+                out.push(Need {
+                    models: a,
+                    cards: n,
+                    divisible: true,
+                    count: 1,
+                });
+            }
+        }
+        for (a, m) in &d.reserved {
+            if !b.reserved.contains_key(a) {
+                let n = cards_after(Cards::ZERO, Some(m));
+                if !n.is_zero() {
+                    out.push(Need {
+                        models: a,
+                        cards: n,
+                        divisible: true,
+                        count: 1,
+                    });
+                }
+            }
+        }
+        for (k, c) in &b.waiting {
+            let c = count_after(*c, find(&d.waiting, k));
+            if c > 0 {
+                out.push(Need {
+                    models: &k.0,
+                    cards: k.1,
+                    divisible: false,
+                    count: c,
+                });
+            }
+        }
+        for (k, m) in &d.waiting {
+            if !b.waiting.contains_key(k) {
+                let c = count_after(0, Some(m));
+                if c > 0 {
+                    out.push(Need {
+                        models: &k.0,
+                        cards: k.1,
+                        divisible: false,
+                        count: c,
+                    });
+                }
+            }
+        }
+        out.extend(b.planned.iter().chain(&d.planned).map(Demand::need));
+        out
+    }
+
+    /// Is the demand that can reach `touched` feasible after the change? Only the
+    /// models connected to `touched` through some demand are checked.
+    pub fn feasible(&self, touched: &BTreeSet<CardName>) -> Verdict {
+        let needs = self.needs();
+        let part = component(&needs, touched);
+        check_needs(|m| self.room(m), &part, DEFAULT_BUDGET)
+    }
+
+    /// The whole usage after the change.
+    pub fn usage(&self) -> QueueUsage {
+        let mut u = self.base.clone().into_owned();
+        u.quota = self.quota.clone().into_owned();
+        let d = &self.diff;
+        for (m, mv) in &d.allocated {
+            apply(&mut u.allocated, m, cards_after, mv);
+        }
+        for (a, mv) in &d.pending {
+            apply(&mut u.pending, a, cards_after, mv);
+        }
+        for (a, mv) in &d.reserved {
+            apply(&mut u.reserved, a, cards_after, mv);
+        }
+        for (k, mv) in &d.waiting {
+            apply(&mut u.waiting, k, count_after, mv);
+        }
+        u.planned.extend(d.planned.iter().cloned());
+        if !d.problems.is_empty() {
+            let p = Arc::make_mut(&mut u.problems);
+            for (k, e) in &d.problems {
+                match e {
+                    Some(e) => p.insert(k.clone(), e.clone()),
+                    None => p.remove(k),
+                };
+            }
+        }
+        u
+    }
+}
+
+/// Sets `k` in `map` to its value after `mv`, dropping it at zero.
+fn apply<K: Ord + Clone, T: Copy + Default + PartialEq>(
+    map: &mut std::collections::BTreeMap<K, T>,
+    k: &K,
+    after: fn(T, Option<&Moved<T>>) -> T,
+    mv: &Moved<T>,
+) {
+    let v = after(map.get(k).copied().unwrap_or_default(), Some(mv));
+    if v == T::default() {
+        map.remove(k);
+    } else {
+        map.insert(k.clone(), v);
+    }
+}
+
+/// The demands in the component of models reachable from `touched`.
+fn component<'n>(needs: &[Need<'n>], touched: &BTreeSet<CardName>) -> Vec<Need<'n>> {
+    let mut models: BTreeSet<&CardName> = touched.iter().collect();
+    let mut taken = vec![false; needs.len()];
+    loop {
+        let mut grew = false;
+        for (i, d) in needs.iter().enumerate() {
+            if !taken[i] && d.models.models().iter().any(|m| models.contains(m)) {
+                taken[i] = true;
+                for m in d.models.models() {
+                    grew |= models.insert(m);
+                }
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    needs
+        .iter()
+        .zip(taken)
+        .filter(|(_, t)| *t)
+        .map(|(d, _)| *d)
+        .collect()
+}
