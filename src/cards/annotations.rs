@@ -232,12 +232,15 @@ pub fn parse_request(object: &str, raw: &str) -> Result<CardRequest, AnnotationE
 
 /// Parses `volcano.sh/card.name` of `object` (e.g. `pod ml/x`).
 pub fn parse_card_name(object: &str, raw: &str) -> Result<Alternatives, AnnotationError> {
-    Alternatives::parse(raw).map_err(|e| err(object, CARD_NAME, Problem::BadName(e)))
+    parse_card_name_of(|| object.to_string(), raw)
 }
 
-/// Parses a single model (`volcano.sh/card.charged`).
-pub fn parse_charged(object: &str, raw: &str) -> Result<CardName, AnnotationError> {
-    CardName::parse(raw).map_err(|e| err(object, CHARGED, Problem::BadName(e)))
+/// [`parse_card_name`] naming the object only when the value is refused.
+pub fn parse_card_name_of(
+    object: impl FnOnce() -> String,
+    raw: &str,
+) -> Result<Alternatives, AnnotationError> {
+    Alternatives::parse(raw).map_err(|e| err(&object(), CARD_NAME, Problem::BadName(e)))
 }
 
 /// The queue a pod names itself, in Volcano's order: label `volcano.sh/queue-name`,

@@ -310,6 +310,8 @@ fn anns(meta: &ObjectMeta) -> BTreeMap<String, String> {
     meta.annotations.clone().unwrap_or_default()
 }
 
+static NO_STRINGS: BTreeMap<String, String> = BTreeMap::new();
+
 /// Builds a pod record. `card_prefixes` are the vendor prefixes nodes announce.
 pub fn pod_record(
     pod: &Pod,
@@ -346,9 +348,10 @@ fn record_from_parts(
     card_prefixes: &[String],
     seq: u64,
 ) -> PodRecord {
-    let a = anns(meta);
-    let labels = meta.labels.clone().unwrap_or_default();
-    let object = format!("pod {key}");
+    // Read in place: records are built for every pod event and admission.
+    let a = meta.annotations.as_ref().unwrap_or(&NO_STRINGS);
+    let labels = meta.labels.as_ref().unwrap_or(&NO_STRINGS);
+    let object = || format!("pod {key}");
     let is_card = |r: &str| is_card_resource(r, card_prefixes.iter().map(String::as_str));
     // Every extended resource is read; those under no known card prefix wait as latent
     // demand for a node to announce their vendor.
@@ -377,16 +380,14 @@ fn record_from_parts(
             .get(CARD_QUEUE)
             .filter(|q| !q.is_empty())
             .map(|q| QueueName::new(q.clone())),
-        named_queue: annotations::named_queue(&labels, &a),
+        named_queue: annotations::named_queue(labels, a),
         latent,
         group: a.get(GROUP_NAME).filter(|g| !g.is_empty()).cloned(),
         demand,
         card_name: a
             .get(CARD_NAME)
-            .map(|v| annotations::parse_card_name(&object, v).map_err(Box::new)),
-        charged: a
-            .get(CHARGED)
-            .and_then(|v| annotations::parse_charged(&object, v).ok()),
+            .map(|v| annotations::parse_card_name_of(object, v).map_err(Box::new)),
+        charged: a.get(CHARGED).and_then(|v| CardName::parse(v).ok()),
         node: spec
             .and_then(|s| s.node_name.clone())
             .filter(|n| !n.is_empty()),

@@ -8,8 +8,9 @@
 //! periodic recount checks the tally and rebuilds it on a mismatch.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
+use crate::cards::hashing::Map;
 use crate::cards::{Alternatives, Cards, ObjectKey, QueueName, Quota};
 use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
 
@@ -32,19 +33,19 @@ enum Counted {
 /// The incremental usage of every queue.
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
-    sums: HashMap<QueueName, QueueUsage>,
-    pods: HashMap<ObjectKey, Counted>,
+    sums: Map<QueueName, QueueUsage>,
+    pods: Map<ObjectKey, Counted>,
     /// Settled members of each PodGroup, by the queue the members are charged to.
-    members: HashMap<(ObjectKey, QueueName), Members>,
+    members: Map<(ObjectKey, QueueName), Members>,
     /// Each PodGroup's counted reservation and the queue it is counted in.
-    groups: HashMap<ObjectKey, (QueueName, Vec<(Alternatives, Cards)>)>,
-    terminating: HashMap<QueueName, BTreeSet<ObjectKey>>,
+    groups: Map<ObjectKey, (QueueName, Vec<(Alternatives, Cards)>)>,
+    terminating: Map<QueueName, BTreeSet<ObjectKey>>,
     /// Take-backs that found nothing to take (bookkeeping errors).
     errors: u64,
 }
 
 fn remove_from<K: std::hash::Hash + Eq>(
-    index: &mut HashMap<K, BTreeSet<ObjectKey>>,
+    index: &mut Map<K, BTreeSet<ObjectKey>>,
     k: &K,
     key: &ObjectKey,
 ) {

@@ -3,9 +3,10 @@
 //! watch events in `serve` and by a YAML stream in `replay`.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::cards::hashing::{Map, Set};
 use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_PREFIXES};
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName, Quota};
 
@@ -30,22 +31,22 @@ pub struct UnknownGroup(pub String);
 /// The cluster as the decisions see it.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
-    nodes: HashMap<String, NodeCards>,
+    nodes: Map<String, NodeCards>,
     prefix_counts: BTreeMap<String, usize>,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
     /// model -> the node label (key, value) that places a pod on it.
     model_pins: BTreeMap<CardName, (String, String)>,
     queues: BTreeMap<QueueName, QueueRecord>,
-    groups: HashMap<ObjectKey, PodGroupRecord>,
-    pods: HashMap<ObjectKey, PodRecord>,
-    other_pods: HashSet<ObjectKey>,
+    groups: Map<ObjectKey, PodGroupRecord>,
+    pods: Map<ObjectKey, PodRecord>,
+    other_pods: Set<ObjectKey>,
     /// Cardless pods that request extended resources under a vendor prefix no node
     /// announces yet, kept whole so a node bringing the prefix can make them card pods.
-    latent_pods: HashMap<ObjectKey, PodRecord>,
-    workloads: HashMap<(WorkloadKind, ObjectKey), WorkloadRecord>,
-    pods_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
-    groups_by_queue: HashMap<QueueName, BTreeSet<ObjectKey>>,
-    pods_by_group: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    latent_pods: Map<ObjectKey, PodRecord>,
+    workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
+    pods_by_queue: Map<QueueName, BTreeSet<ObjectKey>>,
+    groups_by_queue: Map<QueueName, BTreeSet<ObjectKey>>,
+    pods_by_group: Map<ObjectKey, BTreeSet<ObjectKey>>,
     ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
     /// How far the pod and PodGroup watches have come (resourceVersions).
     progress: Watermark,
@@ -85,7 +86,7 @@ impl NodeModels for Snapshot {
     }
 }
 
-impl NodeModels for HashMap<String, NodeCards> {
+impl NodeModels for Map<String, NodeCards> {
     fn node_model(&self, node: &str, resource: &str) -> Option<Option<&CardName>> {
         self.get(node).map(|n| n.model_for(resource))
     }
