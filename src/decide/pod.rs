@@ -10,6 +10,7 @@ use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
+use crate::cluster::pod_parts::read_pod;
 use crate::cluster::records::pod_record;
 use crate::cluster::PodRecord;
 use crate::ledger::usage::reservation;
@@ -54,7 +55,7 @@ fn record(
     snap: &Snapshot,
     seq: u64,
 ) -> Result<(Pod, PodRecord), Decision> {
-    let pod: Pod = obj.typed().map_err(|e| {
+    let pod: Pod = obj.read_with(read_pod).map_err(|e| {
         Decision::deny(
             BAD_REQUEST,
             format!("request object is not a valid Pod: {e}"),

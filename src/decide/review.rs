@@ -50,6 +50,16 @@ impl Object {
         serde_json::from_str(self.raw.get()).or_else(|_| T::deserialize(self.tree()))
     }
 
+    /// The object read by `read`, a reader that keeps only the parts a decision needs
+    /// (such as [`crate::cluster::pod_parts::read_pod`]). Text `read` refuses is read
+    /// whole as `T` through the tree, so errors read as [`Object::typed`]'s.
+    pub fn read_with<T: serde::de::DeserializeOwned>(
+        &self,
+        read: impl FnOnce(&str) -> Result<T, serde_json::Error>,
+    ) -> Result<T, serde_json::Error> {
+        read(self.raw.get()).or_else(|_| T::deserialize(self.tree()))
+    }
+
     /// `metadata.name`, when the object has one.
     pub fn metadata_name(&self) -> Option<String> {
         #[derive(Deserialize)]
