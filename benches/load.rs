@@ -5,9 +5,12 @@
 //!
 //! Interleaved A B A B: each round drives the floor, then card-quota, at 64 connections
 //! (throughput) and at 4 (latency); the ratios printed are the medians over rounds.
+//! Two workloads, each with its ratios: a minimal pod (670 bytes of review) and the same
+//! pod as an API server sends it, defaulted and with managed fields (3.5 KB).
 //!
 //! `cargo bench --bench load` (LOAD_SECONDS, LOAD_ROUNDS, LOAD_CONNECTIONS,
-//! LOAD_FEW_CONNECTIONS override the defaults; LOAD_ONLY=floor or card-quota drives one).
+//! LOAD_FEW_CONNECTIONS override the defaults; LOAD_ONLY=floor or card-quota drives one;
+//! LOAD_POD=minimal or full runs one workload).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,6 +29,9 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
 const OBJECTS: &str = include_str!("../src/cli/demo/snapshot.yaml");
+
+#[path = "support/full_pod.rs"]
+mod full_pod;
 
 // The allocator the card-quota binary uses, so that both servers here run on it.
 #[global_allocator]
@@ -190,23 +196,34 @@ fn main() {
         );
         // A card pod the demo's serving queue admits (the same name each time, so the
         // offline snapshot does not grow).
-        let review = R::pod(
-            "CREATE",
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "load-0", "namespace": "serving",
-                    "annotations": {"scheduling.volcano.sh/queue-name": "serving", "volcano.sh/card.name": "NVIDIA-GeForce-RTX-4090"}},
-                "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
-        )
-        .uid("load")
-        .build();
-        let body = Bytes::from(serde_json::to_vec(&review).unwrap());
+        let minimal = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "load-0", "namespace": "serving",
+                "annotations": {"scheduling.volcano.sh/queue-name": "serving", "volcano.sh/card.name": "NVIDIA-GeForce-RTX-4090"}},
+            "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+                "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+        // Two workloads: a minimal pod, and the same pod as an API server sends it
+        // (managed fields, sidecar, environment, volumes, probes). LOAD_POD=minimal or
+        // full runs one.
+        let which = std::env::var("LOAD_POD").unwrap_or_default();
+        let workloads: Vec<(&str, Bytes)> = [
+            ("minimal pod", minimal.clone()),
+            ("full-size pod", full_pod::full_pod(minimal)),
+        ]
+        .into_iter()
+        .filter(|(name, _)| which.is_empty() || name.starts_with(which.as_str()))
+        .map(|(name, pod)| {
+            let review = R::pod("CREATE", pod).uid("load").build();
+            (name, Bytes::from(serde_json::to_vec(&review).unwrap()))
+        })
+        .collect();
 
         let (snap, _) = load(OBJECTS).unwrap();
         let state = Arc::new(server::State::new(snap, Config::default()));
-        let out = server::handle_review(&state, &body, true).await.unwrap();
-        let v: Value = serde_json::from_slice(&out).unwrap();
-        assert_eq!(v["response"]["allowed"], true, "the load request must be admitted: {v}");
+        for (_, body) in &workloads {
+            let out = server::handle_review(&state, body, true).await.unwrap();
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            assert_eq!(v["response"]["allowed"], true, "the load request must be admitted: {v}");
+        }
         let (_stop, stop_rx) = tokio::sync::watch::channel(false);
         let l1 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let p1 = l1.local_addr().unwrap().port();
@@ -230,44 +247,47 @@ fn main() {
             .into_iter()
             .filter(|(name, _)| only.is_empty() || name.starts_with(only.as_str()))
             .collect();
-        println!(
-            "load: AdmissionReview POST /mutate over TLS, {rounds} rounds of A B A B at {conns} and {few} connections, {secs} s each"
-        );
-        // Interleaved, so that both servers see the same machine state.
-        let (mut throughput, mut tail) = (Vec::new(), Vec::new());
-        let mut errors = 0;
-        for round in 1..=rounds {
-            println!("round {round}");
-            let mut by_conns = Vec::new();
-            for n in [conns, few] {
-                let mut results = Vec::new();
-                for (name, port) in &servers {
-                    let r = drive(*port, client.clone(), body.clone(), n, secs).await;
-                    show(name, n, &r);
-                    results.push(r);
+        for (workload, body) in &workloads {
+            println!(
+                "load, {workload}: AdmissionReview POST /mutate over TLS ({} bytes), {rounds} rounds of A B A B at {conns} and {few} connections, {secs} s each",
+                body.len()
+            );
+            // Interleaved, so that both servers see the same machine state.
+            let (mut throughput, mut tail) = (Vec::new(), Vec::new());
+            let mut errors = 0;
+            for round in 1..=rounds {
+                println!("round {round}");
+                let mut by_conns = Vec::new();
+                for n in [conns, few] {
+                    let mut results = Vec::new();
+                    for (name, port) in &servers {
+                        let r = drive(*port, client.clone(), body.clone(), n, secs).await;
+                        show(name, n, &r);
+                        results.push(r);
+                    }
+                    by_conns.push(results);
                 }
-                by_conns.push(results);
+                if let [[f64c, w64c], [f4c, w4c]] = [&by_conns[0][..], &by_conns[1][..]] {
+                    throughput.push(w64c.rps / f64c.rps);
+                    tail.push(w4c.p99.as_secs_f64() / f4c.p99.as_secs_f64());
+                    errors += w64c.errors + w4c.errors;
+                }
             }
-            if let [[f64c, w64c], [f4c, w4c]] = [&by_conns[0][..], &by_conns[1][..]] {
-                throughput.push(w64c.rps / f64c.rps);
-                tail.push(w4c.p99.as_secs_f64() / f4c.p99.as_secs_f64());
-                errors += w64c.errors + w4c.errors;
+            if !throughput.is_empty() {
+                let median = |v: &mut Vec<f64>| {
+                    v.sort_by(f64::total_cmp);
+                    let n = v.len();
+                    (v[(n - 1) / 2] + v[n / 2]) / 2.0
+                };
+                let (t, p) = (median(&mut throughput), median(&mut tail));
+                println!(
+                    "{workload}: ratio card-quota / floor, requests/s at {conns} connections: {t:.2} (median of {rounds}; goal >= 0.80)"
+                );
+                println!(
+                    "{workload}: ratio card-quota / floor, p99 at {few} connections: {p:.2} (median of {rounds}; goal <= 1.25)"
+                );
+                assert_eq!(errors, 0, "card-quota failed requests: the ratios mean nothing");
             }
-        }
-        if !throughput.is_empty() {
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                let n = v.len();
-                (v[(n - 1) / 2] + v[n / 2]) / 2.0
-            };
-            let (t, p) = (median(&mut throughput), median(&mut tail));
-            println!(
-                "ratio card-quota / floor, requests/s at {conns} connections: {t:.2} (median of {rounds}; goal >= 0.80)"
-            );
-            println!(
-                "ratio card-quota / floor, p99 at {few} connections: {p:.2} (median of {rounds}; goal <= 1.25)"
-            );
-            assert_eq!(errors, 0, "card-quota failed requests: the ratios mean nothing");
         }
     });
     let _ = std::fs::remove_dir_all(dir);
