@@ -438,6 +438,28 @@ mod tests {
     }
 
     #[test]
+    fn a_chain_of_forty_models_is_indexed_past_the_linear_search() {
+        // Pods on M_i|M_i+1 (i < 40), one card of room per model: 40 pods fit, 41 do
+        // not. The models outnumber the index's linear part, so its map is used too.
+        let mut r: BTreeMap<CardName, i128> =
+            (0..40).map(|i| (name(&format!("M{i}")), 1)).collect();
+        let chain = |n: usize| -> Vec<Demand> {
+            (0..n)
+                .map(|i| pod(&format!("M{}|M{}", i % 40, (i + 1) % 40), 1))
+                .collect()
+        };
+        assert_eq!(check(&r, &chain(40), DEFAULT_BUDGET), Verdict::Feasible);
+        assert_eq!(check(&r, &chain(41), DEFAULT_BUDGET), Verdict::Infeasible);
+        // A room past the linear part read at its own position: M30 holds 3.
+        r.insert(name("M30"), 3);
+        let mut d = chain(40);
+        d.push(pod("M30", 2));
+        assert_eq!(check(&r, &d, DEFAULT_BUDGET), Verdict::Feasible);
+        d.push(pod("M30", 1));
+        assert_eq!(check(&r, &d, DEFAULT_BUDGET), Verdict::Infeasible);
+    }
+
+    #[test]
     fn negative_room_on_a_used_model_is_infeasible() {
         let r = rooms(&[("A", -1), ("B", 5)]);
         assert_eq!(check(&r, &[pod("B", 1)], DEFAULT_BUDGET), Verdict::Feasible);
