@@ -4,7 +4,7 @@
 //! [`Adjusted::usage`] builds every number only when a caller needs them all.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::cards::{Alternatives, CardName, Cards, ObjectKey, Quota};
@@ -18,6 +18,22 @@ use super::usage::{QueueUsage, Share};
 struct Moved<T> {
     added: T,
     taken: T,
+}
+
+/// Which side of a [`Moved`] a change counts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Added,
+    Taken,
+}
+
+impl Side {
+    fn of<T>(self, m: &mut Moved<T>) -> &mut T {
+        match self {
+            Self::Added => &mut m.added,
+            Self::Taken => &mut m.taken,
+        }
+    }
 }
 
 /// The entry of `k` in a short list of moves (a change touches a few entries).
@@ -85,51 +101,47 @@ impl<'a> Adjusted<'a> {
 
     /// Counts a pod's share, as [`QueueUsage::add_share`] does.
     pub fn add_share(&mut self, key: &ObjectKey, share: &Share) {
-        match share {
-            Share::Nothing => {}
-            Share::Allocated(c) => {
-                for (m, n) in c {
-                    moved(&mut self.diff.allocated, m).added += *n;
-                }
-            }
-            Share::Pending(a, n) => {
-                moved(&mut self.diff.pending, a).added += *n;
-                let w = moved(&mut self.diff.waiting, &(a.clone(), *n));
-                w.added = w.added.saturating_add(1);
-            }
-            Share::Problem(e) => self.diff.problems.push((key.clone(), Some(e.clone()))),
-        }
+        self.move_share(key, share, Side::Added);
     }
 
     /// Takes back a counted share, as [`QueueUsage::sub_share`] does.
     pub fn sub_share(&mut self, key: &ObjectKey, share: &Share) {
+        self.move_share(key, share, Side::Taken);
+    }
+
+    fn move_share(&mut self, key: &ObjectKey, share: &Share, side: Side) {
         match share {
             Share::Nothing => {}
             Share::Allocated(c) => {
                 for (m, n) in c {
-                    moved(&mut self.diff.allocated, m).taken += *n;
+                    *side.of(moved(&mut self.diff.allocated, m)) += *n;
                 }
             }
             Share::Pending(a, n) => {
-                moved(&mut self.diff.pending, a).taken += *n;
-                let w = moved(&mut self.diff.waiting, &(a.clone(), *n));
-                w.taken = w.taken.saturating_add(1);
+                *side.of(moved(&mut self.diff.pending, a)) += *n;
+                let w = side.of(moved(&mut self.diff.waiting, &(a.clone(), *n)));
+                *w = w.saturating_add(1);
             }
-            Share::Problem(_) => self.diff.problems.push((key.clone(), None)),
+            Share::Problem(e) => {
+                let set = (side == Side::Added).then(|| e.clone());
+                self.diff.problems.push((key.clone(), set));
+            }
         }
     }
 
     /// Counts a PodGroup's reservation.
     pub fn add_reservation(&mut self, r: &[(Alternatives, Cards)]) {
-        for (a, n) in r {
-            moved(&mut self.diff.reserved, a).added += *n;
-        }
+        self.move_reservation(r, Side::Added);
     }
 
     /// Takes back a counted reservation.
     pub fn sub_reservation(&mut self, r: &[(Alternatives, Cards)]) {
+        self.move_reservation(r, Side::Taken);
+    }
+
+    fn move_reservation(&mut self, r: &[(Alternatives, Cards)], side: Side) {
         for (a, n) in r {
-            moved(&mut self.diff.reserved, a).taken += *n;
+            *side.of(moved(&mut self.diff.reserved, a)) += *n;
         }
     }
 
@@ -163,53 +175,21 @@ impl<'a> Adjusted<'a> {
         let b = &*self.base;
         let d = &self.diff;
         let mut out = Vec::with_capacity(b.reserved.len() + b.waiting.len() + b.planned.len() + 4);
-        for (a, n) in &b.reserved {
-            let n = cards_after(*n, find(&d.reserved, a));
-            if !n.is_zero() {
-                out.push(Need {
-                    models: a,
-                    cards: n,
-                    divisible: true,
-                    count: 1,
-                });
-            }
+        for (a, n) in merged(&b.reserved, &d.reserved, cards_after) {
+            out.push(Need {
+                models: a,
+                cards: n,
+                divisible: true,
+                count: 1,
+            });
         }
-        for (a, m) in &d.reserved {
-            if !b.reserved.contains_key(a) {
-                let n = cards_after(Cards::ZERO, Some(m));
-                if !n.is_zero() {
-                    out.push(Need {
-                        models: a,
-                        cards: n,
-                        divisible: true,
-                        count: 1,
-                    });
-                }
-            }
-        }
-        for (k, c) in &b.waiting {
-            let c = count_after(*c, find(&d.waiting, k));
-            if c > 0 {
-                out.push(Need {
-                    models: &k.0,
-                    cards: k.1,
-                    divisible: false,
-                    count: c,
-                });
-            }
-        }
-        for (k, m) in &d.waiting {
-            if !b.waiting.contains_key(k) {
-                let c = count_after(0, Some(m));
-                if c > 0 {
-                    out.push(Need {
-                        models: &k.0,
-                        cards: k.1,
-                        divisible: false,
-                        count: c,
-                    });
-                }
-            }
+        for ((a, n), count) in merged(&b.waiting, &d.waiting, count_after) {
+            out.push(Need {
+                models: a,
+                cards: *n,
+                divisible: false,
+                count,
+            });
         }
         out.extend(b.planned.iter().chain(&d.planned).map(Demand::need));
         out
@@ -254,9 +234,23 @@ impl<'a> Adjusted<'a> {
     }
 }
 
+/// The non-zero entries of `base` with `diff` applied, those only in `diff` included.
+fn merged<'m, K: Ord + PartialEq, T: Copy + Default + PartialEq>(
+    base: &'m BTreeMap<K, T>,
+    diff: &'m [(K, Moved<T>)],
+    after: fn(T, Option<&Moved<T>>) -> T,
+) -> impl Iterator<Item = (&'m K, T)> {
+    let changed = base.iter().map(move |(k, v)| (k, after(*v, find(diff, k))));
+    let new = diff
+        .iter()
+        .filter(|(k, _)| !base.contains_key(k))
+        .map(move |(k, m)| (k, after(T::default(), Some(m))));
+    changed.chain(new).filter(|(_, v)| *v != T::default())
+}
+
 /// Sets `k` in `map` to its value after `mv`, dropping it at zero.
 fn apply<K: Ord + Clone, T: Copy + Default + PartialEq>(
-    map: &mut std::collections::BTreeMap<K, T>,
+    map: &mut BTreeMap<K, T>,
     k: &K,
     after: fn(T, Option<&Moved<T>>) -> T,
     mv: &Moved<T>,
