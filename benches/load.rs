@@ -5,12 +5,13 @@
 //!
 //! Interleaved A B A B: each round drives the floor, then card-quota, at 64 connections
 //! (throughput) and at 4 (latency); the ratios printed are the medians over rounds.
-//! Two workloads, each with its ratios: a minimal pod (670 bytes of review) and the same
-//! pod as an API server sends it, defaulted and with managed fields (3.5 KB).
+//! Three workloads, each with its ratios: a minimal pod (670 bytes of review); the same
+//! pod as kube-apiserver sent it (2.5 KB, captured); and a full-size pod with a sidecar,
+//! environment, volumes and probes (3.5 KB).
 //!
 //! `cargo bench --bench load` (LOAD_SECONDS, LOAD_ROUNDS, LOAD_CONNECTIONS,
 //! LOAD_FEW_CONNECTIONS override the defaults; LOAD_ONLY=floor or card-quota drives one;
-//! LOAD_POD=minimal or full runs one workload).
+//! LOAD_POD=minimal, apiserver or full runs one workload).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +30,12 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
 const OBJECTS: &str = include_str!("../src/cli/demo/snapshot.yaml");
+
+/// The same minimal pod as kube-apiserver v1.20.2 sent it for `kubectl create`
+/// (defaulted, managed fields, service-account volume, tolerations; 2.5 KB), captured
+/// from the control plane `e2e/` runs against.
+const APISERVER_POD_REVIEW: &str =
+    include_str!("../tests/fixtures/apiserver-pod-create-review.json");
 
 #[path = "support/full_pod.rs"]
 mod full_pod;
@@ -84,8 +91,21 @@ async fn serve_floor(listener: tokio::net::TcpListener, cfg: Arc<rustls::ServerC
     }
 }
 
+/// CPU time this process has used (user + system), from /proc/self/stat; `None` off Linux.
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on.
+    Some(Duration::from_millis(ticks * 10))
+}
+
 struct Result_ {
     rps: f64,
+    /// Cores busy on average (client and server together), when known.
+    cores: Option<f64>,
     p50: Duration,
     p99: Duration,
     errors: usize,
@@ -100,6 +120,7 @@ async fn drive(
 ) -> Result_ {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
+    let cpu_start = cpu_time();
     let mut tasks = Vec::new();
     for _ in 0..conns {
         let client = client.clone();
@@ -150,6 +171,9 @@ async fn drive(
         errors += e;
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let cores = cpu_start
+        .zip(cpu_time())
+        .map(|(a, b)| (b - a).as_secs_f64() / elapsed);
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
@@ -158,6 +182,7 @@ async fn drive(
     };
     Result_ {
         rps: all.len() as f64 / elapsed,
+        cores,
         p50: pct(0.50),
         p99: pct(0.99),
         errors,
@@ -201,21 +226,23 @@ fn main() {
                 "annotations": {"scheduling.volcano.sh/queue-name": "serving", "volcano.sh/card.name": "NVIDIA-GeForce-RTX-4090"}},
             "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
-        // Two workloads: a minimal pod, and the same pod as an API server sends it
-        // (managed fields, sidecar, environment, volumes, probes). LOAD_POD=minimal or
-        // full runs one.
+        // Three workloads: a minimal pod; the same pod as kube-apiserver sent it; a
+        // full-size pod (managed fields, sidecar, environment, volumes, probes).
+        // LOAD_POD=minimal, apiserver or full runs one.
         let which = std::env::var("LOAD_POD").unwrap_or_default();
-        let workloads: Vec<(&str, Bytes)> = [
+        let built = [
             ("minimal pod", minimal.clone()),
             ("full-size pod", full_pod::full_pod(minimal)),
         ]
-        .into_iter()
-        .filter(|(name, _)| which.is_empty() || name.starts_with(which.as_str()))
         .map(|(name, pod)| {
             let review = R::pod("CREATE", pod).uid("load").build();
             (name, Bytes::from(serde_json::to_vec(&review).unwrap()))
-        })
-        .collect();
+        });
+        let workloads: Vec<(&str, Bytes)> = built
+            .into_iter()
+            .chain([("apiserver pod", Bytes::from_static(APISERVER_POD_REVIEW.as_bytes()))])
+            .filter(|(name, _)| which.is_empty() || name.starts_with(which.as_str()))
+            .collect();
 
         let (snap, _) = load(OBJECTS).unwrap();
         let state = Arc::new(server::State::new(snap, Config::default()));
@@ -234,11 +261,12 @@ fn main() {
 
         let show = |name: &str, n: usize, r: &Result_| {
             println!(
-                "  {name:<28} {n:>2} conns {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}",
+                "  {name:<28} {n:>2} conns {:>9.0} req/s  p50 {:>7.3} ms  p99 {:>7.3} ms  errors {}  cores busy {}",
                 r.rps,
                 r.p50.as_secs_f64() * 1e3,
                 r.p99.as_secs_f64() * 1e3,
-                r.errors
+                r.errors,
+                r.cores.map_or("?".to_string(), |c| format!("{c:.2}")),
             );
         };
         // LOAD_ONLY=card-quota or floor drives one server (for profiling it alone).

@@ -522,3 +522,47 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_header_timeout() {
         "closed after {closed_after:?}"
     );
 }
+
+/// A pod-create review as kube-apiserver v1.20.2 sent it for `kubectl create` of a
+/// one-container pod (defaulted, with managed fields, the service-account volume,
+/// default tolerations, `options`, `oldObject: null`): captured from the control plane
+/// of `e2e/`, not built here.
+const APISERVER_POD_REVIEW: &str = include_str!("fixtures/apiserver-pod-create-review.json");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_review_as_an_api_server_sends_it_is_pinned_then_admitted() {
+    let tmp = tempdir("apiserver-review");
+    certs(&tmp);
+    let server = Server::start(&tmp, &[]);
+    let review: Value = serde_json::from_str(APISERVER_POD_REVIEW).unwrap();
+    let m = server.review("/mutate", review.clone()).await;
+    assert_eq!(m["response"]["uid"], "318f167d-aec1-4d72-b994-8fee54410d71");
+    assert_eq!(m["response"]["allowed"], true, "{m}");
+    let patch = patch_of(&m);
+    assert_eq!(
+        patch,
+        json!([
+            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.queue", "value": "serving"},
+            {"op": "add", "path": "/metadata/annotations/volcano.sh~1card.pinned",
+             "value": "NVIDIA-GeForce-RTX-4090: the first of NVIDIA-GeForce-RTX-4090 with room in queue serving"},
+            {"op": "add", "path": "/spec/nodeSelector", "value": {"nvidia.com/gpu.product": "NVIDIA-GeForce-RTX-4090"}},
+        ])
+    );
+    // The API server then sends the patched pod to /validate, where it is charged:
+    // serving's RTX-4090 quota is 2 with 1 in use, so a second such pod is refused.
+    let mut patched = review.clone();
+    let ops: json_patch::Patch = serde_json::from_value(patch).unwrap();
+    json_patch::patch(&mut patched["request"]["object"], &ops).unwrap();
+    let v = server.review("/validate", patched.clone()).await;
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    let mut second = patched;
+    second["request"]["uid"] = json!("second");
+    second["request"]["name"] = json!("load-1");
+    second["request"]["object"]["metadata"]["name"] = json!("load-1");
+    let v = server.review("/validate", second).await;
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    assert_eq!(
+        v["response"]["status"]["message"],
+        "queue serving has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 2"
+    );
+}
