@@ -127,6 +127,35 @@ EOF
   echo "could not set the status of node $1"; exit 100
 }
 
+SERVER_MINOR=$(k version -o json 2>/dev/null | jq -r '.serverVersion.minor // "0"' | tr -dc 0-9)
+SERVER_MINOR=${SERVER_MINOR:-0}
+# namespace NAME [LABEL]: creates it and waits for what every pod in it needs first: the
+# 'default' ServiceAccount and (before 1.24) its token Secret, both made by
+# kube-controller-manager. Without them the API server refuses pods before any webhook.
+namespace() {
+  k create namespace "$1" >/dev/null || { echo "could not create namespace $1"; exit 100; }
+  [ -z "${2:-}" ] || k label namespace "$1" "$2" >/dev/null
+  local want='{.metadata.name}'
+  [ "$SERVER_MINOR" -ge 24 ] || want='{.secrets[0].name}'
+  wait_for 60 bash -c "[ -n \"\$(kubectl -n $1 get sa default -o jsonpath='$want' 2>/dev/null)\" ]" || {
+    echo "namespace $1: no 'default' ServiceAccount with a token after 60 s; kube-controller-manager:"
+    controller_manager_state
+    exit 100
+  }
+}
+
+# Where the test control plane keeps kube-controller-manager (for diagnostics only).
+KCM_DIR=${CP_DIR:-$HOME/.cache/card-quota-k8s}/bookworm/k8s
+controller_manager_state() {
+  if [ -f "$KCM_DIR/kube-controller-manager.pid" ]; then
+    local pid; pid=$(cat "$KCM_DIR/kube-controller-manager.pid")
+    if kill -0 "$pid" 2>/dev/null; then echo "  running (pid $pid)"; else echo "  NOT running (pid $pid gone)"; fi
+    echo "  last lines of its log:"; tail -20 "$KCM_DIR/logs/kube-controller-manager.log" 2>/dev/null | cut -c1-300 | sed 's/^/    /'
+  else
+    echo "  (not the test control plane: no pid file under $KCM_DIR)"
+  fi
+}
+
 serve() { # name port metrics-port policy
   # Only the API server's webhook client certificate (signed by the cluster CA) gets in.
   "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
@@ -145,9 +174,9 @@ k get crd queues.scheduling.volcano.sh podgroups.scheduling.volcano.sh >/dev/nul
 # dead port, which would refuse every later run's pods: sweep them first.
 k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
   grep -E '/cq-(e2e|burst)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
-k create namespace "$NS" >/dev/null && k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
-k create namespace "$NS2" >/dev/null && k label namespace "$NS2" "card-quota-e2e=$RUN-b" >/dev/null
-k create namespace "$SYS" >/dev/null; mkdir -p "$WORK/binds"
+namespace "$NS" "card-quota-e2e=$RUN"
+namespace "$NS2" "card-quota-e2e=$RUN-b"
+namespace "$SYS"; mkdir -p "$WORK/binds"
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 CA=$(base64 -w0 < "$WORK/certs/ca.crt")
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
@@ -210,7 +239,11 @@ PY
   sleep 1
   ok=0
   for i in 1 2 3; do
-    k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' >/dev/null 2>&1 && ok=$((ok + 1))
+    if k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' >"$WORK/loris-$i.out" 2>&1; then
+      ok=$((ok + 1))
+    else
+      log "pod loris-$i: $(tr '\n' ' ' < "$WORK/loris-$i.out" | cut -c1-400)"
+    fi
   done
   wait "$LORIS"
   log "slowloris: $(cat "$WORK/slowloris.out")"
@@ -622,7 +655,7 @@ check "... card-quota status shows the queue full" bash -c \
 # refuse while it is down, except the scale hook (Ignore). docs/install.md says so.
 kill "$PID_A" "$PID_B" 2>/dev/null
 for _ in $(seq 1 50); do kill -0 "$PID_A" 2>/dev/null || kill -0 "$PID_B" 2>/dev/null || break; sleep 0.2; done
-k create namespace "$NS-out" >/dev/null
+namespace "$NS-out"
 k apply -f - >/dev/null <<YAML
 apiVersion: scheduling.volcano.sh/v1beta1
 kind: PodGroup
@@ -660,5 +693,9 @@ echo "card-quota e2e ($((PASSED + FAILED)) scenarios, $(( $(date +%s) - START ))
 printf '  %s\n' "${RESULTS[@]}"
 if [ "$FAILED" -gt 0 ]; then
   for f in "$WORK"/*.log; do echo "--- $f (last 15 lines)"; tail -15 "$f" | cut -c1-300; done
+  echo "--- warning events in $NS (last 15)"
+  k -n "$NS" get events --field-selector type=Warning --sort-by=.lastTimestamp 2>&1 | tail -15 | cut -c1-300
+  echo "--- kube-controller-manager"
+  controller_manager_state
 fi
 exit "$FAILED"
