@@ -25,7 +25,8 @@ enum Ev {
         alts: usize,
         cards: u32,
         node: Option<usize>,
-        group: bool,
+        /// The PodGroup it names (a pod may move between groups).
+        group: Option<usize>,
         /// 0-1 running or pending, 2 Succeeded, 3 terminating (grace left), 4
         /// terminating (grace over).
         state: u8,
@@ -64,7 +65,7 @@ enum Ev {
 
 fn ev() -> impl Strategy<Value = Ev> {
     prop_oneof![
-        4 => (0..12usize, 0..3usize, 0..5usize, 1..4u32, proptest::option::of(0..4usize), any::<bool>(), 0..5u8, proptest::option::weighted(0.2, 0..3usize))
+        4 => (0..12usize, 0..3usize, 0..5usize, 1..4u32, proptest::option::of(0..4usize), proptest::option::of(0..3usize), 0..5u8, proptest::option::weighted(0.2, 0..3usize))
             .prop_map(|(pod, queue, alts, cards, node, group, state, stamp)| Ev::Pod { pod, queue, alts, cards, node, group, state, stamp }),
         1 => (0..12usize).prop_map(|pod| Ev::DeletePod { pod }),
         1 => (0..4usize, 0..3usize, 0..9u32).prop_map(|(node, product, gpus)| Ev::Node { node, product, gpus }),
@@ -93,8 +94,8 @@ fn apply(s: &mut Snapshot, e: &Ev) {
             if let Some(q) = stamp {
                 anns["volcano.sh/card.queue"] = json!(QUEUES[*q]);
             }
-            if *group {
-                anns["scheduling.k8s.io/group-name"] = json!(format!("g{}", pod % 3));
+            if let Some(g) = group {
+                anns["scheduling.k8s.io/group-name"] = json!(format!("g{g}"));
             } else {
                 anns["scheduling.volcano.sh/queue-name"] = json!(QUEUES[*queue]);
             }
@@ -181,6 +182,29 @@ fn full(s: &Snapshot, now: jiff::Timestamp) -> BTreeMap<QueueName, BTreeMap<Usag
         .collect()
 }
 
+/// Each PodGroup's card pods as the snapshot's index lists them.
+fn group_index(s: &Snapshot) -> BTreeMap<String, BTreeSet<String>> {
+    (0..3)
+        .map(|g| {
+            let key = ObjectKey::new("ml", format!("g{g}"));
+            let pods = s.group_pods(&key).map(|p| p.key.name.clone()).collect();
+            (format!("g{g}"), pods)
+        })
+        .collect()
+}
+
+/// The same, found by looking at every pod.
+fn group_scan(s: &Snapshot) -> BTreeMap<String, BTreeSet<String>> {
+    let mut by: BTreeMap<String, BTreeSet<String>> =
+        (0..3).map(|g| (format!("g{g}"), BTreeSet::new())).collect();
+    for k in s.pod_keys() {
+        if let Some(g) = s.pod(&k).and_then(|p| p.group.clone()) {
+            by.entry(g).or_default().insert(k.name.clone());
+        }
+    }
+    by
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
     #[test]
@@ -200,6 +224,7 @@ proptest! {
                 if rows.is_empty() { kept.remove(&q); } else { kept.insert(q, rows); }
             }
             prop_assert_eq!(&kept, &full(&s, now), "after {:?}", e);
+            prop_assert_eq!(group_index(&s), group_scan(&s), "after {:?}", e);
         }
     }
 }

@@ -523,8 +523,8 @@ impl Snapshot {
             p.seq = old.seq;
         }
         let previous = self.tally.queue_of(&p.key).cloned();
-        self.remove_pod(&p.key);
         if !p.is_card_pod() || !self.gates(&p) {
+            self.remove_pod(&p.key);
             // Pods of schedulers card-quota does not gate hold nothing here, whatever
             // they request.
             if p.latent.is_empty() || !self.gates(&p) {
@@ -533,6 +533,16 @@ impl Snapshot {
                 self.latent_pods.insert(p.key.clone(), p);
             }
             return;
+        }
+        // A card pod replacing one: the tally swaps the old share for the new in the one
+        // re-count below, so the old pod leaves only the indexes here.
+        self.other_pods.remove(&p.key);
+        self.latent_pods.remove(&p.key);
+        let old_group = self.pods.remove(&p.key).and_then(|old| old.group);
+        if old_group != p.group {
+            if let Some(g) = old_group {
+                self.leave_group(&ObjectKey::new(p.key.namespace.clone(), g), &p.key);
+            }
         }
         if let Some(g) = &p.group {
             self.pods_by_group
@@ -562,13 +572,16 @@ impl Snapshot {
             self.unindex_pod(key);
             self.retally_pod(key, None);
             if let Some(g) = &old.group {
-                let gk = ObjectKey::new(old.key.namespace.clone(), g.clone());
-                if let Some(s) = self.pods_by_group.get_mut(&gk) {
-                    s.remove(key);
-                    if s.is_empty() {
-                        self.pods_by_group.remove(&gk);
-                    }
-                }
+                self.leave_group(&ObjectKey::new(old.key.namespace.clone(), g.clone()), key);
+            }
+        }
+    }
+
+    fn leave_group(&mut self, group: &ObjectKey, pod: &ObjectKey) {
+        if let Some(s) = self.pods_by_group.get_mut(group) {
+            s.remove(pod);
+            if s.is_empty() {
+                self.pods_by_group.remove(group);
             }
         }
     }
