@@ -1166,6 +1166,35 @@ fn a_pod_without_constraints_is_pinned_to_its_first_model_with_room_then_the_nex
     assert_eq!(w.usage("mixed", "NVIDIA-H200|RTX-4090"), Value::Null);
 }
 
+/// A pod whose models with nodes are full, but which has room on a model no node offers
+/// yet, is admitted unpinned: no pin tried on the way is left on it.
+#[test]
+fn a_pod_with_room_only_on_a_model_no_node_offers_is_admitted_unpinned() {
+    let mut w = World::with(&format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: spill, annotations: {volcano.sh/card.quota: '{"RTX-4090":1,"NVIDIA-A100":2}'}}
+status: {state: Open}
+"#
+    ));
+    let first = pod("first", "spill", Some("RTX-4090|NVIDIA-A100"), "1");
+    let r = w.send(R::pod("CREATE", first.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        pinned_by(&r, &first).0,
+        json!({"nvidia.com/gpu.product": "RTX-4090"})
+    );
+    let second = pod("second", "spill", Some("RTX-4090|NVIDIA-A100"), "1");
+    let r = w.send(R::pod("CREATE", second.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(pinned_by(&r, &second), (Value::Null, Value::Null));
+    assert_eq!(w.usage("spill", "RTX-4090")["pending"], 1);
+    assert_eq!(w.usage("spill", "RTX-4090|NVIDIA-A100")["pending"], 1);
+}
+
 #[test]
 fn an_agreeing_node_selector_is_kept_and_a_conflicting_one_is_refused() {
     let mut w = two_queue_world();

@@ -395,9 +395,15 @@ fn admit(
     let mut node_selector = None;
     let mut fits_pinned = false;
     if steer {
-        match choose_pin(&rec, &demand, &queue, snap, now) {
+        let pinned = match choose_pin(rec, &demand, &queue, snap, now) {
             Err(d) => return d.with_event(owner),
-            Ok(Some((model, (label, product)))) => {
+            Ok((r, pinned)) => {
+                rec = r;
+                pinned
+            }
+        };
+        match pinned {
+            Some((model, (label, product))) => {
                 annotations.push((
                     PINNED,
                     format!(
@@ -405,12 +411,11 @@ fn admit(
                         demand.alternatives
                     ),
                 ));
-                rec.pinned.insert(label.clone(), vec![product.clone()]);
                 node_selector = Some((label, product));
                 // choose_pin checked exactly this pod (pinned) against the queue.
                 fits_pinned = true;
             }
-            Ok(None) => {}
+            None => {}
         }
     }
     let mut patch = annotations_at(at, &annotations);
@@ -660,15 +665,16 @@ type Pin = (CardName, (String, String));
 /// pod counts on its own pin (Kueue's flavor assignment). `None` when none has room on
 /// its own (the pod is then decided unpinned). A pod whose own node constraints allow
 /// none of its models is refused, naming both.
+///
+/// The record is checked as it is (no copy) and given back: pinned to the chosen model,
+/// or as it came when there is none.
 fn choose_pin(
-    rec: &PodRecord,
+    mut rec: PodRecord,
     demand: &CardDemand,
     queue: &QueueName,
     snap: &Snapshot,
     now: jiff::Timestamp,
-) -> Result<Option<Pin>, Decision> {
-    let mut named = rec.clone();
-    named.card_name = Some(Ok(demand.alternatives.clone()));
+) -> Result<(PodRecord, Option<Pin>), Decision> {
     let prefix = demand.resource.split('/').next().unwrap_or_default();
     for (label, values) in &rec.pinned {
         if label.split('/').next() != Some(prefix) {
@@ -691,8 +697,11 @@ fn choose_pin(
             ));
         }
     }
-    let Some(candidates) = named.effective_alternatives() else {
-        return Ok(None);
+    // The pod as it would be charged: under the alternatives its demand was read with.
+    let card_name = rec.card_name.replace(Ok(demand.alternatives.clone()));
+    let Some(candidates) = rec.effective_alternatives() else {
+        rec.card_name = card_name;
+        return Ok((rec, None));
     };
     let touched = models_of([&demand.alternatives]);
     // A pod of a PodGroup with a card.request goes first to the models its group's
@@ -713,25 +722,34 @@ fn choose_pin(
         }
         None => BTreeSet::new(),
     };
-    let (first, rest): (Vec<&CardName>, Vec<&CardName>) = candidates
+    let (first, rest): (Vec<CardName>, Vec<CardName>) = candidates
         .models()
         .iter()
-        .partition(|m| reserved.contains(*m));
+        .cloned()
+        .partition(|m| reserved.contains(m));
     // One change, its pod re-pinned for each candidate in turn.
+    let own_pins = rec.pinned.clone();
     let mut change = Change {
-        add_pods: vec![named],
+        add_pods: vec![rec],
         ..Default::default()
     };
+    let mut chosen = None;
     for m in first.into_iter().chain(rest) {
-        let Some(pin) = snap.pin_of(m) else {
+        let Some(pin) = snap.pin_of(&m) else {
             continue;
         };
         let pod = &mut change.add_pods[0];
-        pod.pinned.clone_from(&rec.pinned);
+        pod.pinned.clone_from(&own_pins);
         pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
         if fit(snap, queue, &change, &touched, now).verdict == Verdict::Feasible {
-            return Ok(Some((m.clone(), pin.clone())));
+            chosen = Some((m, pin.clone()));
+            break;
         }
     }
-    Ok(None)
+    let mut rec = change.add_pods.swap_remove(0);
+    rec.card_name = card_name;
+    if chosen.is_none() {
+        rec.pinned = own_pins;
+    }
+    Ok((rec, chosen))
 }
