@@ -402,20 +402,17 @@ fn admit(
                 pinned
             }
         };
-        match pinned {
-            Some((model, (label, product))) => {
-                annotations.push((
-                    PINNED,
-                    format!(
-                        "{model}: the first of {} with room in queue {queue}",
-                        demand.alternatives
-                    ),
-                ));
-                node_selector = Some((label, product));
-                // choose_pin checked exactly this pod (pinned) against the queue.
-                fits_pinned = true;
-            }
-            None => {}
+        if let Some((model, (label, product))) = pinned {
+            annotations.push((
+                PINNED,
+                format!(
+                    "{model}: the first of {} with room in queue {queue}",
+                    demand.alternatives
+                ),
+            ));
+            node_selector = Some((label, product));
+            // choose_pin checked exactly this pod (pinned) against the queue.
+            fits_pinned = true;
         }
     }
     let mut patch = annotations_at(at, &annotations);
