@@ -1113,6 +1113,46 @@ spec: {nodeName: npu-1, containers: [{name: c, image: x, resources: {limits: {ex
     );
 }
 
+/// The webhook reads a pod before it locks the snapshot; a node announcing the pod's
+/// vendor in between must count as it would had the pod been read after it.
+#[test]
+fn a_pod_read_before_its_vendor_announces_cards_is_decided_as_the_snapshot_has_it() {
+    use card_quota::decide::{decide, read_ahead, review::parse_review};
+    let yaml = r#"
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: npu, annotations: {volcano.sh/card.quota: '{"X-NPU":1}'}}
+status: {state: Open}
+"#;
+    let w = World::with(yaml);
+    let mut snap = w.snap.clone();
+    let (cfg, now) = (Config::default(), jiff::Timestamp::now());
+    let body = R::pod(
+        "CREATE",
+        pod_res("p", "npu", Some("X-NPU"), "example.com/npu", "1"),
+    )
+    .build();
+    let read = parse_review(&body).unwrap();
+    read_ahead(&read);
+    // No node announces example.com yet: X-NPU's resource is unknown.
+    let before = decide(&read, &snap, &cfg, now);
+    assert!(!before.allowed && before.charge.is_none(), "{before:?}");
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
+        "status": {"allocatable": {"example.com/npu": "8"}}});
+    card_quota::snapshot::load::upsert(&mut snap, &node).unwrap();
+    let after = decide(&read, &snap, &cfg, now);
+    let fresh = decide(&parse_review(&body).unwrap(), &snap, &cfg, now);
+    assert!(
+        after.allowed && after.charge.is_some(),
+        "charged once the vendor is known: {after:?}"
+    );
+    assert_eq!(
+        (after.allowed, &after.message, &after.patch, &after.charge),
+        (fresh.allowed, &fresh.message, &fresh.patch, &fresh.charge)
+    );
+}
+
 // ---- Steering: pods pinned to the model they were admitted for ------------------------
 
 /// The `spec.nodeSelector` a CREATE's patch leaves on the pod, and its pin annotation.

@@ -1,6 +1,7 @@
 //! Pod CREATE / UPDATE (task level) and the allocation check shared with bindings.
 
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -49,26 +50,80 @@ pub fn decide(
     }
 }
 
-fn record(
-    req: &AdmissionRequest,
-    obj: &Object,
-    snap: &Snapshot,
-    seq: u64,
-) -> Result<(Pod, PodRecord), Decision> {
+/// A pod object as read from a request: the pod's parts and its record, with every
+/// extended resource outside the default vendor prefixes still latent (the snapshot's
+/// prefixes are applied per decision, by [`record`]).
+#[derive(Debug, Clone)]
+pub struct ReadPod {
+    pod: Pod,
+    record: PodRecord,
+}
+
+/// A request's pod objects, each read at most once: a request may be decided several
+/// times (the ledger's re-checks, a batch), and is read before the snapshot is locked.
+#[derive(Debug, Clone, Default)]
+pub struct PodReads {
+    // Boxed: a Pod is kilobytes, and the request moves between tasks.
+    object: OnceLock<Result<Box<ReadPod>, Decision>>,
+    old: OnceLock<Result<Box<ReadPod>, Decision>>,
+}
+
+/// Which of a request's objects.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Object,
+    Old,
+}
+
+fn read(req: &AdmissionRequest, obj: &Object) -> Result<Box<ReadPod>, Decision> {
     let pod: Pod = obj.read_with(read_pod).map_err(|e| {
         Decision::deny(
             BAD_REQUEST,
             format!("request object is not a valid Pod: {e}"),
         )
     })?;
-    let mut rec = pod_record(&pod, req.ns(), &snap.card_prefixes(), seq)
+    let mut record = pod_record(&pod, req.ns(), &[], u64::MAX)
         .map_err(|e| Decision::deny(BAD_REQUEST, e.to_string()))?;
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
         if let Some(n) = req.name.as_ref().filter(|n| !n.is_empty()) {
-            rec.key.name = n.clone();
+            record.key.name = n.clone();
         }
     }
-    Ok((pod, rec))
+    Ok(Box::new(ReadPod { pod, record }))
+}
+
+/// Reads a pod request's objects into records, so that deciding it later under the
+/// snapshot's lock does not.
+pub(super) fn read_ahead(req: &AdmissionRequest) {
+    if let Some(obj) = req.object.as_ref().filter(|o| !o.is_null()) {
+        let _ = req.pods.object.get_or_init(|| read(req, obj));
+    }
+    if req.operation == "UPDATE" {
+        if let Some(old) = req.old_object.as_ref().filter(|o| !o.is_null()) {
+            let _ = req.pods.old.get_or_init(|| read(req, old));
+        }
+    }
+}
+
+/// The pod of one of the request's objects and its record as `snap` sees it (its
+/// vendor prefixes decide which resources are card demand).
+fn record<'r>(
+    req: &'r AdmissionRequest,
+    side: Side,
+    obj: &Object,
+    snap: &Snapshot,
+) -> Result<(&'r Pod, PodRecord), Decision> {
+    let cell = match side {
+        Side::Object => &req.pods.object,
+        Side::Old => &req.pods.old,
+    };
+    let read = cell
+        .get_or_init(|| read(req, obj))
+        .as_ref()
+        .map_err(Clone::clone)?;
+    let mut rec = read.record.clone();
+    rec.reclassify(|r| snap.is_card_resource(r));
+    Ok((&read.pod, rec))
 }
 
 /// The controller that owns an object, for Events about a refused one (which has no
@@ -451,7 +506,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         Ok(o) => o,
         Err(d) => return d,
     };
-    let (pod, rec) = match record(req, obj, snap, u64::MAX) {
+    let (pod, rec) = match record(req, Side::Object, obj, snap) {
         Ok(r) => r,
         Err(d) => return d,
     };
@@ -486,7 +541,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
             )
         }
     };
-    if let Some(stamped) = annotation(&pod, CARD_QUEUE) {
+    if let Some(stamped) = annotation(pod, CARD_QUEUE) {
         if stamped != queue.as_str() {
             let stamped = shown(stamped);
             return Decision::deny(
@@ -497,7 +552,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
             );
         }
     }
-    if let Some(charged) = annotation(&pod, CHARGED) {
+    if let Some(charged) = annotation(pod, CHARGED) {
         if rec.node.is_none() || latent_only {
             let charged = shown(charged);
             return Decision::deny(
@@ -516,10 +571,10 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         );
         return d;
     }
-    let steer = cfg.pin && rec.node.is_none() && !names_its_node(&pod) && !owned_by_daemonset(&pod);
-    let d = admit(&pod, rec, queue, snap, now, true, steer);
+    let steer = cfg.pin && rec.node.is_none() && !names_its_node(pod) && !owned_by_daemonset(pod);
+    let d = admit(pod, rec, queue, snap, now, true, steer);
     // A pod created on its node is charged its node's model, whatever it claims.
-    if let (true, Some(claimed)) = (d.allowed, annotation(&pod, CHARGED)) {
+    if let (true, Some(claimed)) = (d.allowed, annotation(pod, CHARGED)) {
         if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
             if p.charged.as_ref().map(CardName::as_str) != Some(claimed) {
                 let claimed = shown(claimed);
@@ -545,7 +600,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         Ok(o) => o,
         Err(d) => return d,
     };
-    let (pod, new) = match record(req, obj, snap, u64::MAX) {
+    let (pod, new) = match record(req, Side::Object, obj, snap) {
         Ok(r) => r,
         Err(d) => return d,
     };
@@ -555,14 +610,14 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
             format!("UPDATE of pod {} has no oldObject", new.key),
         );
     };
-    let (old_pod, old) = match record(req, old_obj, snap, u64::MAX) {
+    let (old_pod, old) = match record(req, Side::Old, old_obj, snap) {
         Ok(r) => r,
         Err(d) => return d,
     };
     let may_hold_cards = |p: &PodRecord| p.is_card_pod() || !p.latent.is_empty();
     if may_hold_cards(&old) || may_hold_cards(&new) {
         for a in IMMUTABLE_ANNOTATIONS {
-            let (was, now_) = (annotation(&old_pod, a), annotation(&pod, a));
+            let (was, now_) = (annotation(old_pod, a), annotation(pod, a));
             if was != now_ {
                 let show =
                     |v: Option<&str>| v.map_or("unset".to_string(), |v| format!("{:?}", shown(v)));
@@ -622,7 +677,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     if let Some(stored) = snap.pod(&changed.key) {
         changed.seq = stored.seq;
     }
-    admit(&pod, changed, queue, snap, now, false, false)
+    admit(pod, changed, queue, snap, now, false, false)
 }
 
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`

@@ -121,6 +121,9 @@ pub struct AdmissionRequest {
     pub old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+    /// The pod objects, once read (see [`crate::decide::pod::read_ahead`]).
+    #[serde(skip)]
+    pub(crate) pods: crate::decide::pod::PodReads,
 }
 
 impl AdmissionRequest {

@@ -254,6 +254,12 @@ impl Snapshot {
         self.prefix_counts.keys().cloned().collect()
     }
 
+    /// Is `resource` a card resource: under a default vendor prefix or one a node
+    /// announces?
+    pub fn is_card_resource(&self, resource: &str) -> bool {
+        is_card_resource(resource, self.prefix_counts.keys().map(String::as_str))
+    }
+
     /// Resources that request `model` on some node.
     pub fn resources_of(&self, model: &CardName) -> Option<&BTreeMap<String, usize>> {
         self.model_resources.get(model)
