@@ -249,5 +249,30 @@ fn recount(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, decisions, burst, recount);
+/// One AdmissionReview body through the webhook's handler, without the network: read,
+/// decide against the demo snapshot, apply offline, count, encode the answer. The load
+/// bench's minimal pod; this is the part of its cost that is card-quota's own.
+fn webhook(c: &mut Criterion) {
+    use card_quota::webhook::server::{handle_review, State};
+    let (snap, _) = card_quota::snapshot::load::load(include_str!("../src/cli/demo/snapshot.yaml"))
+        .expect("the demo snapshot loads");
+    let state = State::new(snap, Config::default());
+    let minimal = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "load-0", "namespace": "serving",
+            "annotations": {"scheduling.volcano.sh/queue-name": "serving", "volcano.sh/card.name": "NVIDIA-GeForce-RTX-4090"}},
+        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+    let body = serde_json::to_vec(&R::pod("CREATE", minimal).uid("load").build()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let out = rt.block_on(handle_review(&state, &body, true)).unwrap();
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    c.bench_function("webhook handler, minimal pod create (demo snapshot)", |b| {
+        b.iter(|| rt.block_on(handle_review(&state, &body, true)))
+    });
+}
+
+criterion_group!(benches, decisions, burst, recount, webhook);
 criterion_main!(benches);

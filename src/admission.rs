@@ -33,6 +33,57 @@ pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse 
     }
 }
 
+/// The whole AdmissionReview answer of a decision: the bytes of
+/// `encode_answer(&response(uid, d, with_patch))`, written straight into one buffer
+/// (the webhook's hot path). The patch goes from its JSON to base64 in place: no
+/// intermediate string, and no second pass escaping base64, which needs none.
+pub fn encode_response(uid: &str, d: &Decision, with_patch: bool) -> serde_json::Result<Vec<u8>> {
+    use base64::Engine;
+    let patch = match with_patch && d.allowed && !d.patch.is_empty() {
+        true => Some(serde_json::to_vec(&d.patch).unwrap_or_else(|_| b"[]".to_vec())),
+        false => None,
+    };
+    let encoded = patch
+        .as_ref()
+        .map_or(0, |p| base64::encoded_len(p.len(), true).unwrap_or(0));
+    let message = d.message.as_ref().map_or(0, String::len);
+    let warnings: usize = d.warnings.iter().map(|w| w.len() + 4).sum();
+    let mut buf = Vec::with_capacity(192 + uid.len() + encoded + message + warnings);
+    buf.extend_from_slice(
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#,
+    );
+    serde_json::to_writer(&mut buf, uid)?;
+    buf.extend_from_slice(match d.allowed {
+        true => br#","allowed":true"#.as_slice(),
+        false => br#","allowed":false"#.as_slice(),
+    });
+    if !d.allowed {
+        buf.extend_from_slice(br#","status":"#);
+        let status = Status {
+            code: 403,
+            message: d.message.clone().unwrap_or_else(|| "denied".to_string()),
+            reason: d.reason.map(|r| r.as_str().to_string()),
+        };
+        serde_json::to_writer(&mut buf, &status)?;
+    }
+    if let Some(patch) = &patch {
+        buf.extend_from_slice(br#","patchType":"JSONPatch","patch":""#);
+        let start = buf.len();
+        buf.resize(start + encoded, 0);
+        let written = base64::engine::general_purpose::STANDARD
+            .encode_slice(patch, &mut buf[start..])
+            .map_err(|e| serde_json::Error::io(std::io::Error::other(e)))?;
+        buf.truncate(start + written);
+        buf.push(b'"');
+    }
+    if !d.warnings.is_empty() {
+        buf.extend_from_slice(br#","warnings":"#);
+        serde_json::to_writer(&mut buf, &d.warnings)?;
+    }
+    buf.extend_from_slice(b"}}");
+    Ok(buf)
+}
+
 /// A denial for a body that is not a usable AdmissionReview.
 pub fn bad_review(uid: &str, message: String) -> AdmissionResponse {
     AdmissionResponse {
@@ -165,15 +216,40 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
     // without a name goes through its object, to get the name the API server would give.
     if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
         if !p.key.name.is_empty() {
-            // The same two numbers the object path takes (a generated name, the record).
-            snap.next_seq();
-            let mut p = (**p).clone();
-            p.seq = snap.next_seq();
-            snap.upsert_pod(p);
+            store_admitted(snap, (**p).clone());
             return Ok(());
         }
     }
     apply_object(snap, req, d, kind_name)
+}
+
+/// [`apply`], moving an admitted pod's record out of the decision instead of copying
+/// it (the offline webhook, which answers without the charge).
+pub fn apply_spending(
+    snap: &mut Snapshot,
+    req: &AdmissionRequest,
+    d: &mut Decision,
+) -> Result<(), ApplyError> {
+    let stores_record = d.allowed
+        && !req.is_dry_run()
+        && RequestKind::of(req) == RequestKind::Pod
+        && matches!(req.operation.as_str(), "CREATE" | "UPDATE");
+    if stores_record {
+        let named = |c: &mut Box<crate::decide::Charge>| matches!(&c.effect, Effect::Pod(p) if !p.key.name.is_empty());
+        if let Some(Effect::Pod(p)) = d.charge.take_if(named).map(|c| c.effect) {
+            store_admitted(snap, *p);
+            return Ok(());
+        }
+    }
+    apply(snap, req, d)
+}
+
+/// Stores an admitted pod's record, numbered as the object path numbers it.
+fn store_admitted(snap: &mut Snapshot, mut p: crate::cluster::PodRecord) {
+    // The same two numbers the object path takes (a generated name, the record).
+    snap.next_seq();
+    p.seq = snap.next_seq();
+    snap.upsert_pod(p);
 }
 
 /// Stores the request's object, patched and defaulted, as the API server would.
@@ -343,6 +419,46 @@ mod tests {
             "spec": spec})
     }
 
+    /// The hot path's answer is byte for byte the answer built as an AdmissionResponse:
+    /// admitted with and without a patch, refused with a message that needs escaping,
+    /// and with warnings.
+    #[test]
+    fn a_decision_encoded_directly_reads_as_its_response() {
+        use crate::decide::messages::INSUFFICIENT;
+        use crate::decide::review::encode_answer;
+        let mut patched = Decision::allow().with_warning("a \"quoted\" warning\n");
+        patched.patch = crate::decide::patch::annotations_at(
+            crate::decide::patch::AnnotationsAt::NoMetadata,
+            &[("volcano.sh/card.queue", "q/ü\u{1}".to_string())],
+        );
+        assert!(!patched.patch.is_empty());
+        let decisions = [
+            Decision::allow(),
+            patched,
+            Decision::deny(INSUFFICIENT, "queue \"q\" is full\t<tab>"),
+            Decision::deny(INSUFFICIENT, "x")
+                .with_warning("w1")
+                .with_warning("w2"),
+            Decision {
+                allowed: false,
+                ..Default::default()
+            },
+        ];
+        for d in &decisions {
+            for with_patch in [true, false] {
+                for uid in ["", "u-1", "weird \"uid\"\\"] {
+                    let direct = encode_response(uid, d, with_patch).unwrap();
+                    let built = encode_answer(&response(uid, d, with_patch)).unwrap();
+                    assert_eq!(
+                        String::from_utf8_lossy(&direct),
+                        String::from_utf8_lossy(&built),
+                        "{d:?} with_patch={with_patch}"
+                    );
+                }
+            }
+        }
+    }
+
     /// Storing a charged pod's record (the shortcut) must leave the snapshot exactly as
     /// storing its patched object would.
     #[test]
@@ -400,7 +516,7 @@ mod tests {
                 ),
             ),
         ];
-        let (mut shortcut, mut object) = (base.clone(), base);
+        let (mut shortcut, mut spent, mut object) = (base.clone(), base.clone(), base);
         let cfg = Config::default();
         let now = jiff::Timestamp::now();
         for r in reviews {
@@ -409,11 +525,16 @@ mod tests {
             assert!(d.allowed && d.charge.is_some(), "{:?}", d.message);
             assert!(!d.patch.is_empty());
             apply(&mut shortcut, &req, &d).unwrap();
+            let mut taken = d.clone();
+            apply_spending(&mut spent, &req, &mut taken).unwrap();
+            assert!(taken.charge.is_none(), "the record was moved, not copied");
             apply_object(&mut object, &req, &d, "Pod").unwrap();
             let key = ObjectKey::new("research", req.name.clone().unwrap());
             assert_eq!(shortcut.pod(&key), object.pod(&key), "{key}");
+            assert_eq!(spent.pod(&key), object.pod(&key), "{key}");
             assert!(shortcut.pod(&key).is_some());
         }
         assert_eq!(usage_report(&shortcut, now), usage_report(&object, now));
+        assert_eq!(usage_report(&spent, now), usage_report(&object, now));
     }
 }

@@ -17,13 +17,13 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::admission::{apply, bad_review, response};
+use crate::admission::{apply_spending, bad_review, encode_response};
 use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
 use crate::decide::review::{
     encode_answer, parse_review_owned, read_review, AdmissionRequest, AdmissionResponse,
 };
-use crate::decide::{decide, Config, Decision, RequestKind};
+use crate::decide::{decide, read_ahead, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
 use crate::live::Committer;
@@ -122,10 +122,10 @@ fn is_named(req: &AdmissionRequest) -> bool {
 async fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decision {
     let _turn = state.turn.lock().await;
     let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    let d = decide(req, &snap, &state.config, jiff::Timestamp::now());
+    let mut d = decide(req, &snap, &state.config, jiff::Timestamp::now());
     // /mutate applies only effects of named objects: generated names appear later.
     if !mutate || is_named(req) {
-        if let Err(e) = apply(&mut snap, req, &d) {
+        if let Err(e) = apply_spending(&mut snap, req, &mut d) {
             tracing::warn!("{e}");
         }
     }
@@ -204,6 +204,8 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         Ok(r) => Arc::new(r),
         Err((uid, e)) => return answer(&bad_review(&uid, e.to_string())),
     };
+    // Parsing the objects takes no lock: decisions wait for each other less.
+    read_ahead(&req);
     let d = match &state.live {
         None => decide_offline(state, &req, mutate).await,
         Some(live) => decide_live(state, live, &req, mutate).await,
@@ -243,7 +245,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
         .latency
         .get_or_create(&KindLabel { kind })
         .observe(start.elapsed().as_secs_f64());
-    answer(&response(&req.uid, &d, mutate))
+    encode_response(&req.uid, &d, mutate).map_err(BodyError::Answer)
 }
 
 fn answer(response: &AdmissionResponse) -> Result<Vec<u8>, BodyError> {
