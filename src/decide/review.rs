@@ -121,7 +121,9 @@ pub struct AdmissionRequest {
     pub old_object: Option<Object>,
     #[serde(default)]
     pub dry_run: Option<bool>,
-    /// The pod objects, once read (see [`crate::decide::pod::read_ahead`]).
+    /// The pod objects, once read (see [`crate::decide::read_ahead`]). A request's
+    /// objects are what the API server sent and are never changed after parsing: the
+    /// reads stay theirs.
     #[serde(skip)]
     pub(crate) pods: crate::decide::pod::PodReads,
 }
