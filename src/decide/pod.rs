@@ -52,7 +52,7 @@ pub fn decide(
 
 /// A pod object as read from a request: the pod's parts and its record, with every
 /// extended resource outside the default vendor prefixes still latent (the snapshot's
-/// prefixes are applied per decision, by [`record`]).
+/// prefixes are applied per decision).
 #[derive(Debug, Clone)]
 pub struct ReadPod {
     pod: Pod,
