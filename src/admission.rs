@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::cards::ObjectKey;
 use crate::cluster::WorkloadKind;
 use crate::decide::review::{
-    encode_patch, parse_review, AdmissionRequest, AdmissionResponse, ReviewOut, Status,
+    encode_patch, parse_review, AdmissionRequest, AdmissionResponse, Operation, ReviewOut, Status,
 };
 use crate::decide::{decide, Config, Decision, RequestKind};
 use crate::ledger::{Effect, Row, UsageKey};
@@ -204,11 +204,11 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
         RequestKind::Scale(k) => return scale(snap, req, d, k),
         RequestKind::Other => return Ok(()),
     };
-    if req.operation == "DELETE" {
+    if req.operation == Operation::Delete {
         load::remove(snap, kind_name, req.ns(), &name);
         return Ok(());
     }
-    if req.operation != "CREATE" && req.operation != "UPDATE" {
+    if !req.operation.writes() {
         return Ok(());
     }
     // A charged pod's decision already holds the pod as admitted (patch included): it
@@ -233,7 +233,7 @@ pub fn apply_spending(
     let stores_record = d.allowed
         && !req.is_dry_run()
         && RequestKind::of(req) == RequestKind::Pod
-        && matches!(req.operation.as_str(), "CREATE" | "UPDATE");
+        && req.operation.writes();
     if stores_record {
         let named = |c: &mut Box<crate::decide::Charge>| matches!(&c.effect, Effect::Pod(p) if !p.key.name.is_empty());
         if let Some(Effect::Pod(p)) = d.charge.take_if(named).map(|c| c.effect) {
@@ -269,7 +269,7 @@ fn apply_object(
 }
 
 fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(), ApplyError> {
-    if req.operation != "CREATE" {
+    if req.operation != Operation::Create {
         return Ok(());
     }
     let Some(obj) = req.object.as_ref() else {
@@ -308,7 +308,7 @@ fn scale(
     d: &Decision,
     kind: WorkloadKind,
 ) -> Result<(), ApplyError> {
-    if req.operation != "UPDATE" {
+    if req.operation != Operation::Update {
         return Ok(());
     }
     let Some(obj) = req.object.as_ref() else {

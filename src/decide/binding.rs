@@ -10,7 +10,7 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;
 use super::pod::{allocate, card_demand};
-use super::review::AdmissionRequest;
+use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision, ObjectRef};
 
 /// The pod a Binding binds and the node it names (`None` when it names none).
@@ -28,7 +28,7 @@ pub fn target<'a>(req: &AdmissionRequest, obj: &'a Value) -> (ObjectKey, Option<
 }
 
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
-    if req.operation != "CREATE" {
+    if req.operation != Operation::Create {
         return Decision::allow();
     }
     let obj = match object_of(req) {

@@ -24,7 +24,7 @@ use super::messages::{
     NOT_ACCEPTED, RETRY,
 };
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
-use super::review::{AdmissionRequest, Object};
+use super::review::{AdmissionRequest, Object, Operation};
 use super::{raw_object_of, Config, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
@@ -43,10 +43,10 @@ pub fn decide(
     cfg: &Config,
     now: jiff::Timestamp,
 ) -> Decision {
-    match req.operation.as_str() {
-        "CREATE" => create(req, snap, cfg, now),
-        "UPDATE" => update(req, snap, now),
-        _ => Decision::allow(),
+    match req.operation {
+        Operation::Create => create(req, snap, cfg, now),
+        Operation::Update => update(req, snap, now),
+        Operation::Delete | Operation::Connect => Decision::allow(),
     }
 }
 
@@ -98,7 +98,7 @@ pub(super) fn read_ahead(req: &AdmissionRequest) {
     if let Some(obj) = req.object.as_ref().filter(|o| !o.is_null()) {
         let _ = req.pods.object.get_or_init(|| read(req, obj));
     }
-    if req.operation == "UPDATE" {
+    if req.operation == Operation::Update {
         if let Some(old) = req.old_object.as_ref().filter(|o| !o.is_null()) {
             let _ = req.pods.old.get_or_init(|| read(req, old));
         }

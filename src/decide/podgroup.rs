@@ -11,12 +11,12 @@ use crate::snapshot::Snapshot;
 use super::fit::{fit, models_of, Change};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
 use super::pod::owner_ref;
-use super::review::{AdmissionRequest, Object};
+use super::review::{AdmissionRequest, Object, Operation};
 use super::{object_of, Decision, ObjectRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
-    if req.operation != "CREATE" && req.operation != "UPDATE" {
+    if !req.operation.writes() {
         return Decision::allow();
     }
     let obj = match object_of(req) {
@@ -40,7 +40,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         }
     }
     // Events go on the PodGroup when it exists, else on the Job that creates it.
-    let regarding = if req.operation == "UPDATE" {
+    let regarding = if req.operation == Operation::Update {
         Some(ObjectRef {
             api_version: "scheduling.volcano.sh/v1beta1".into(),
             kind: "PodGroup".into(),

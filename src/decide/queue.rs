@@ -9,7 +9,7 @@ use crate::snapshot::Snapshot;
 
 use super::fit::usage_of;
 use super::messages::{BAD_REQUEST, INVALID};
-use super::review::{AdmissionRequest, Object};
+use super::review::{AdmissionRequest, Object, Operation};
 use super::{object_of, Decision};
 
 fn raw_quota(v: Option<&Value>) -> Option<&str> {
@@ -17,7 +17,7 @@ fn raw_quota(v: Option<&Value>) -> Option<&str> {
 }
 
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
-    if req.operation != "CREATE" && req.operation != "UPDATE" {
+    if !req.operation.writes() {
         return Decision::allow();
     }
     let obj = match object_of(req) {
@@ -33,7 +33,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Some(Ok(q)) => q,
         Some(Err(e)) => {
             // A stored broken quota must not block Volcano's own status updates.
-            if req.operation == "UPDATE"
+            if req.operation == Operation::Update
                 && raw_quota(req.old_object.as_ref().map(Object::tree)) == raw_quota(Some(obj))
             {
                 return Decision::allow().with_warning(format!(

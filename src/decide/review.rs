@@ -97,8 +97,66 @@ impl<'de> Deserialize<'de> for Object {
     }
 }
 
+/// `request.operation`: what the API server is about to do with the object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    /// The name the API server uses (`CREATE`...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "CREATE",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+            Self::Connect => "CONNECT",
+        }
+    }
+
+    /// A write that leaves an object behind: CREATE or UPDATE.
+    pub fn writes(self) -> bool {
+        matches!(self, Self::Create | Self::Update)
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Operation {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Operation;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("request.operation: CREATE, UPDATE, DELETE or CONNECT")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Operation, E> {
+                Ok(match s {
+                    "CREATE" => Operation::Create,
+                    "UPDATE" => Operation::Update,
+                    "DELETE" => Operation::Delete,
+                    "CONNECT" => Operation::Connect,
+                    _ => return Err(E::custom(bad_operation(s))),
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+fn bad_operation(got: &str) -> String {
+    format!("request.operation must be CREATE, UPDATE, DELETE or CONNECT, got {got:?}")
+}
+
 /// The `request` of an AdmissionReview, with the objects left as JSON text.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
     #[serde(default)]
@@ -113,8 +171,7 @@ pub struct AdmissionRequest {
     pub name: Option<String>,
     #[serde(default)]
     pub namespace: Option<String>,
-    #[serde(default)]
-    pub operation: String,
+    pub operation: Operation,
     #[serde(default)]
     pub object: Option<Object>,
     #[serde(default)]
@@ -173,6 +230,7 @@ pub fn parse_review(v: &Value) -> Result<AdmissionRequest, ReviewError> {
         .get("request")
         .filter(|r| !r.is_null())
         .ok_or(ReviewError::NoRequest)?;
+    missing_operation(req)?;
     validate(
         serde::Deserialize::deserialize(req).map_err(|e| ReviewError::BadRequest(e.to_string()))?,
     )
@@ -187,6 +245,7 @@ pub fn parse_review_owned(mut v: Value) -> Result<AdmissionRequest, ReviewError>
         .map(Value::take)
         .filter(|r| !r.is_null())
         .ok_or(ReviewError::NoRequest)?;
+    missing_operation(&req)?;
     validate(serde_json::from_value(req).map_err(|e| ReviewError::BadRequest(e.to_string()))?)
 }
 
@@ -239,16 +298,17 @@ fn validate(r: AdmissionRequest) -> Result<AdmissionRequest, ReviewError> {
     check(&r).map(|()| r)
 }
 
-fn check(r: &AdmissionRequest) -> Result<(), ReviewError> {
-    if !matches!(
-        r.operation.as_str(),
-        "CREATE" | "UPDATE" | "DELETE" | "CONNECT"
-    ) {
-        return Err(ReviewError::BadRequest(format!(
-            "request.operation must be CREATE, UPDATE, DELETE or CONNECT, got {:?}",
-            r.operation
-        )));
+/// A request without an operation is named as such, not as serde's missing field.
+fn missing_operation(req: &Value) -> Result<(), ReviewError> {
+    match req.get("operation") {
+        None | Some(Value::Null) => Err(ReviewError::BadRequest(
+            "request.operation is missing: it must be CREATE, UPDATE, DELETE or CONNECT".into(),
+        )),
+        Some(_) => Ok(()),
     }
+}
+
+fn check(r: &AdmissionRequest) -> Result<(), ReviewError> {
     if r.resource.kind.is_empty() {
         return Err(ReviewError::BadRequest(
             "request.resource.resource is missing".into(),
@@ -474,6 +534,52 @@ mod tests {
         Some(parse_review_owned(doc).map_err(|e| (uid, e)))
     }
 
+    /// An operation outside the four the API server sends, or none, is refused naming
+    /// the field and the four it may be; the four are read as themselves.
+    #[test]
+    fn operations_are_read_at_the_boundary() {
+        let review = |op: Option<Value>| {
+            let mut r = ReviewBuilder::pod("CREATE", json!({"metadata": {"name": "p"}})).build();
+            match op {
+                Some(v) => r["request"]["operation"] = v,
+                None => {
+                    r["request"].as_object_mut().unwrap().remove("operation");
+                }
+            }
+            serde_json::to_vec(&r).unwrap()
+        };
+        let read = |body: &[u8]| match read_review(body) {
+            Some(r) => r.map_err(|(_, e)| e.to_string()),
+            None => tree(body).unwrap().map_err(|(_, e)| e.to_string()),
+        };
+        for (text, op) in [
+            ("CREATE", Operation::Create),
+            ("UPDATE", Operation::Update),
+            ("DELETE", Operation::Delete),
+            ("CONNECT", Operation::Connect),
+        ] {
+            assert_eq!(read(&review(Some(json!(text)))).unwrap().operation, op);
+            assert_eq!(op.to_string(), text);
+        }
+        assert_eq!(
+            read(&review(Some(json!("PATCH")))).unwrap_err(),
+            "AdmissionReview request is malformed: request.operation must be CREATE, UPDATE, DELETE or CONNECT, got \"PATCH\""
+        );
+        assert_eq!(
+            read(&review(Some(json!("create")))).unwrap_err(),
+            "AdmissionReview request is malformed: request.operation must be CREATE, UPDATE, DELETE or CONNECT, got \"create\""
+        );
+        for missing in [None, Some(Value::Null)] {
+            assert_eq!(
+                read(&review(missing)).unwrap_err(),
+                "AdmissionReview request is malformed: request.operation is missing: it must be CREATE, UPDATE, DELETE or CONNECT"
+            );
+        }
+        assert!(read(&review(Some(json!(7))))
+            .unwrap_err()
+            .contains("expected request.operation: CREATE, UPDATE, DELETE or CONNECT"));
+    }
+
     /// Whenever the direct read answers, it answers as the tree does.
     #[test]
     fn reading_a_body_directly_agrees_with_the_json_tree() {
@@ -527,9 +633,10 @@ mod tests {
                 (a, b) => panic!("{c}: direct {:?} vs tree {:?}", a.is_ok(), b.is_ok()),
             }
         }
-        // The good body, the v1beta1 one, the refused operation, the missing resource,
-        // the null object and the extra response are all read directly.
-        assert!(direct >= 6, "{direct}");
+        // The good body, the v1beta1 one, the missing resource, the null object and the
+        // extra response are all read directly (an unknown operation goes through the
+        // tree, to be named in its error).
+        assert!(direct >= 5, "{direct}");
         assert!(read_review(b"{").is_none());
     }
 }

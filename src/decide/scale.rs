@@ -15,7 +15,7 @@ use super::fit::{models_of, usage_of};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, RETRY};
 use super::patch::set_replicas;
 use super::pod::card_demand;
-use super::review::{AdmissionRequest, Object};
+use super::review::{AdmissionRequest, Object, Operation};
 use super::{object_of, Config, Decision, EventIntent, ObjectRef, ScalePolicy};
 
 fn replicas(v: Option<&Value>) -> Option<i32> {
@@ -46,7 +46,7 @@ pub fn decide_scale(
     cfg: &Config,
     now: jiff::Timestamp,
 ) -> Decision {
-    if req.operation != "UPDATE" {
+    if req.operation != Operation::Update {
         return Decision::allow();
     }
     let obj = match object_of(req) {
@@ -97,7 +97,7 @@ pub fn decide_workload(
     cfg: &Config,
     now: jiff::Timestamp,
 ) -> Decision {
-    if req.operation != "UPDATE" {
+    if req.operation != Operation::Update {
         return Decision::allow();
     }
     let obj = match object_of(req) {

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use crate::cards::QueueName;
 use crate::decide::batch::{behind, decide_with_ledger, plan, Outcome};
 use crate::decide::messages::RETRY;
-use crate::decide::review::AdmissionRequest;
+use crate::decide::review::{AdmissionRequest, Operation};
 use crate::decide::{Config, Decision};
 use crate::ledger::entries::{EntryId, Watermark};
 use crate::ledger::LedgerRecord;
@@ -78,7 +78,7 @@ const IDLE_CACHE: Duration = Duration::from_secs(30);
 /// backoff. Returns at `until` at the latest; the decision then says what is missing.
 async fn await_binding_objects(snapshot: &Mutex<Snapshot>, req: &AdmissionRequest, until: Instant) {
     if crate::decide::RequestKind::of(req) != crate::decide::RequestKind::Binding
-        || req.operation != "CREATE"
+        || req.operation != Operation::Create
     {
         return;
     }

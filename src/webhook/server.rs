@@ -21,7 +21,7 @@ use crate::admission::{apply_spending, bad_review, encode_response};
 use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
 use crate::decide::review::{
-    encode_answer, parse_review_owned, read_review, AdmissionRequest, AdmissionResponse,
+    encode_answer, parse_review_owned, read_review, AdmissionRequest, AdmissionResponse, Operation,
 };
 use crate::decide::{decide, read_ahead, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
@@ -140,7 +140,7 @@ async fn decide_live(
     req: &Arc<AdmissionRequest>,
     mutate: bool,
 ) -> Decision {
-    if !live.synced.all() && req.operation != "DELETE" {
+    if !live.synced.all() && req.operation != Operation::Delete {
         return Decision::deny(
             RETRY,
             "card-quota's caches are still syncing with the API server; try again",
@@ -227,12 +227,7 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
     let kind = RequestKind::of(&req).label();
     let result = if d.allowed { "allowed" } else { "denied" };
     // Labels are static strings: counting a request allocates nothing.
-    let operation = match req.operation.as_str() {
-        "CREATE" => "CREATE",
-        "UPDATE" => "UPDATE",
-        "DELETE" => "DELETE",
-        _ => "CONNECT",
-    };
+    let operation = req.operation.as_str();
     let labels = AdmissionLabels {
         kind,
         operation,
