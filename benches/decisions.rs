@@ -247,6 +247,22 @@ fn recount(c: &mut Criterion) {
             })
         },
     );
+    // The other half of a watch event: a pod as the API server sends it, read into its
+    // record. The watchers do this before they lock the snapshot (with the default
+    // vendors only; the vendors nodes announce are applied under the lock).
+    let full: k8s_openapi::api::core::v1::Pod = serde_json::from_value(full_pod::full_pod(pod(
+        "p7",
+        "q7",
+        "MODEL-7",
+        1,
+        Some("n7"),
+    )))
+    .unwrap();
+    assert!(pod_record(&full, "", &[], 0).unwrap().is_card_pod());
+    c.bench_function(
+        "pod watch event, record read before the lock (full-size pod)",
+        |b| b.iter(|| pod_record(&full, "", &[], 0)),
+    );
 }
 
 /// One AdmissionReview body through the webhook's handler, without the network: read,

@@ -1,6 +1,6 @@
 //! Informer caches: kube-runtime watchers (with their relist and backoff) feeding the
-//! trimmed snapshot. Objects are turned into records on arrival and dropped, so the
-//! cache holds only what decisions read.
+//! trimmed snapshot. Objects are turned into records on arrival (before the snapshot is
+//! locked) and dropped, so the cache holds only what decisions read.
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,13 +17,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cards::{ObjectKey, QueueName};
+use crate::cards::{NodeCards, ObjectKey, QueueName};
 use crate::cluster::records::{
     node_record, pod_record, podgroup_record, queue_record, workload_record,
 };
-use crate::cluster::WorkloadKind;
+use crate::cluster::records::{QueueRecord, WorkloadRecord};
+use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
 use crate::ledger::entries::Stream;
-use crate::ledger::ledger_record;
+use crate::ledger::{ledger_record, LedgerRecord};
 use crate::snapshot::Snapshot;
 
 use super::ledgers::{object_name, selector};
@@ -97,10 +98,15 @@ pub enum MirrorError {
     },
 }
 
-/// How one kind is stored in the snapshot.
-struct Mirror<K> {
+/// How one kind is stored in the snapshot. An object is read into its record before
+/// the snapshot is locked; the lock is held only to store the record, so a watcher
+/// never makes a decision wait while it decodes an object.
+struct Mirror<K, R> {
     kind: &'static str,
-    upsert: fn(&mut Snapshot, &K) -> Result<(), MirrorError>,
+    /// The object's record, read from the object alone (no lock held).
+    read: fn(&K) -> Result<R, MirrorError>,
+    /// Stores a record, adjusting it to what the snapshot knows (under the lock).
+    store: fn(&mut Snapshot, R),
     keys: fn(&Snapshot) -> Vec<ObjectKey>,
     remove: fn(&mut Snapshot, &ObjectKey),
     /// The stream whose progress ledger watermarks are compared with.
@@ -145,36 +151,41 @@ fn as_value<K: Serialize>(o: &K, kind: &str) -> Result<Value, MirrorError> {
     Ok(v)
 }
 
-fn upsert_node(s: &mut Snapshot, n: &Node) -> Result<(), MirrorError> {
+fn read_node(n: &Node) -> Result<(String, NodeCards), MirrorError> {
     let (name, cards) = node_record(n)?;
     for p in &cards.problems {
         tracing::warn!("{p}");
     }
+    Ok((name, cards))
+}
+
+fn store_node(s: &mut Snapshot, (name, cards): (String, NodeCards)) {
     s.upsert_node(name, cards);
-    Ok(())
 }
 
-fn upsert_pod(s: &mut Snapshot, p: &Pod) -> Result<(), MirrorError> {
-    let prefixes = s.card_prefixes();
-    let seq = s.next_seq();
-    let rec = pod_record(p, "", &prefixes, seq)?;
+/// A pod's record with only the default vendors' resources as card demand: which other
+/// vendors count is the snapshot's to say, when it is stored.
+fn read_pod(p: &Pod) -> Result<PodRecord, MirrorError> {
+    Ok(pod_record(p, "", &[], 0)?)
+}
+
+fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
+    rec.reclassify(|r| s.is_card_resource(r));
+    // A new pod's arrival order; a known pod keeps its own (upsert_pod).
+    rec.seq = s.next_seq();
     s.upsert_pod(rec);
-    Ok(())
 }
 
-fn upsert_queue(s: &mut Snapshot, q: &DynamicObject) -> Result<(), MirrorError> {
-    let rec = queue_record(&as_value(q, "Queue")?)?;
-    s.remember_queue(rec);
-    Ok(())
+fn read_queue(q: &DynamicObject) -> Result<QueueRecord, MirrorError> {
+    Ok(queue_record(&as_value(q, "Queue")?)?)
 }
 
-fn upsert_ledger(s: &mut Snapshot, cm: &ConfigMap) -> Result<(), MirrorError> {
+fn read_ledger(cm: &ConfigMap) -> Result<LedgerRecord, MirrorError> {
     let rec = ledger_record(cm)?;
     if let Some(p) = &rec.problem {
         tracing::warn!("{p}; the next write replaces it");
     }
-    s.upsert_ledger(rec);
-    Ok(())
+    Ok(rec)
 }
 
 fn ledger_keys(s: &Snapshot) -> Vec<ObjectKey> {
@@ -194,36 +205,45 @@ fn remove_ledger(s: &mut Snapshot, k: &ObjectKey) {
     }
 }
 
-fn upsert_group(s: &mut Snapshot, g: &DynamicObject) -> Result<(), MirrorError> {
-    let seq = s
-        .group(&key_of(g))
-        .map(|old| old.seq)
-        .unwrap_or_else(|| s.next_seq());
-    let rec = podgroup_record(&as_value(g, "PodGroup")?, "", seq)?;
-    s.upsert_group(rec);
-    Ok(())
+fn read_group(g: &DynamicObject) -> Result<PodGroupRecord, MirrorError> {
+    Ok(podgroup_record(&as_value(g, "PodGroup")?, "", 0)?)
 }
 
-fn upsert_workload<K: Serialize + Resource>(
+fn store_group(s: &mut Snapshot, mut rec: PodGroupRecord) {
+    rec.seq = s
+        .group(&rec.key)
+        .map(|old| old.seq)
+        .unwrap_or_else(|| s.next_seq());
+    s.upsert_group(rec);
+}
+
+fn read_workload<K: Serialize + Resource>(
     kind: WorkloadKind,
-    s: &mut Snapshot,
     o: &K,
-) -> Result<(), MirrorError> {
-    let prefixes = s.card_prefixes();
-    let seq = s.next_seq();
-    let rec = workload_record(kind, &as_value(o, kind.kind())?, "", &prefixes, seq)?;
+) -> Result<WorkloadRecord, MirrorError> {
+    Ok(workload_record(
+        kind,
+        &as_value(o, kind.kind())?,
+        "",
+        &[],
+        0,
+    )?)
+}
+
+fn store_workload(s: &mut Snapshot, mut rec: WorkloadRecord) {
+    rec.template.reclassify(|r| s.is_card_resource(r));
+    rec.template.seq = s.next_seq();
     s.upsert_workload(rec);
-    Ok(())
 }
 
 fn cluster_keys(names: Vec<String>) -> Vec<ObjectKey> {
     names.into_iter().map(|n| ObjectKey::new("", n)).collect()
 }
 
-async fn run<K>(
+async fn run<K, R>(
     api: Api<K>,
     config: watcher::Config,
-    m: Mirror<K>,
+    m: Mirror<K, R>,
     snapshot: Arc<Mutex<Snapshot>>,
     synced: Arc<Synced>,
 ) where
@@ -233,6 +253,7 @@ async fn run<K>(
     let mut listed: Option<std::collections::HashSet<ObjectKey>> = None;
     let mut listed_version = 0u64;
     let mut first = true;
+    let lock = || snapshot.lock().unwrap_or_else(|e| e.into_inner());
     while let Some(ev) = stream.next().await {
         let ev = match ev {
             Ok(ev) => ev,
@@ -241,42 +262,52 @@ async fn run<K>(
                 continue;
             }
         };
-        let mut snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
         match ev {
             Event::Init => {
                 listed = Some(Default::default());
                 listed_version = 0;
             }
             Event::InitApply(o) | Event::Apply(o) => {
+                let version = version_of(&o);
                 if let Some(seen) = listed.as_mut() {
                     seen.insert((m.key)(&o));
-                    listed_version = listed_version.max(version_of(&o));
-                } else {
-                    advance(&mut snap, m.stream, version_of(&o), false);
+                    listed_version = listed_version.max(version);
                 }
-                if let Err(e) = (m.upsert)(&mut snap, &o) {
-                    tracing::warn!(
-                        kind = m.kind,
-                        "{} not cached: {}",
-                        (m.key)(&o),
-                        e.to_string().escape_debug()
-                    );
+                let read = (m.read)(&o);
+                let mut snap = lock();
+                if listed.is_none() {
+                    advance(&mut snap, m.stream, version, false);
+                }
+                match read {
+                    Ok(rec) => (m.store)(&mut snap, rec),
+                    Err(e) => {
+                        drop(snap);
+                        tracing::warn!(
+                            kind = m.kind,
+                            "{} not cached: {}",
+                            (m.key)(&o),
+                            e.to_string().escape_debug()
+                        );
+                    }
                 }
             }
             Event::Delete(o) => {
+                let mut snap = lock();
                 (m.remove)(&mut snap, &(m.key)(&o));
                 advance(&mut snap, m.stream, version_of(&o), false);
             }
             Event::InitDone => {
                 // Whatever the relist did not return was deleted while we were away.
                 let seen = listed.take().unwrap_or_default();
-                for k in (m.keys)(&snap) {
-                    if !seen.contains(&k) {
-                        (m.remove)(&mut snap, &k);
+                {
+                    let mut snap = lock();
+                    for k in (m.keys)(&snap) {
+                        if !seen.contains(&k) {
+                            (m.remove)(&mut snap, &k);
+                        }
                     }
+                    advance(&mut snap, m.stream, listed_version, true);
                 }
-                advance(&mut snap, m.stream, listed_version, true);
-                drop(snap);
                 if first {
                     first = false;
                     tracing::info!(kind = m.kind, "cache synced");
@@ -304,7 +335,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "Node",
-                upsert: upsert_node,
+                read: read_node,
+                store: store_node,
                 keys: |s| cluster_keys(s.node_names()),
                 remove: |s, k| s.remove_node(&k.name),
                 stream: None,
@@ -331,7 +363,8 @@ pub async fn start(
                 watcher::Config::default().labels(&selector()),
                 Mirror {
                     kind: "ledger ConfigMap",
-                    upsert: upsert_ledger,
+                    read: read_ledger,
+                    store: Snapshot::upsert_ledger,
                     keys: ledger_keys,
                     remove: remove_ledger,
                     stream: None,
@@ -351,7 +384,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "Queue",
-                upsert: upsert_queue,
+                read: read_queue,
+                store: Snapshot::remember_queue,
                 keys: |s| cluster_keys(s.queues().map(|q| q.name.to_string()).collect()),
                 remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
                 stream: None,
@@ -369,7 +403,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "PodGroup",
-                upsert: upsert_group,
+                read: read_group,
+                store: store_group,
                 keys: Snapshot::group_keys,
                 remove: |s, k| s.remove_group(k),
                 stream: Some(Stream::PodGroups),
@@ -387,7 +422,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "Pod",
-                upsert: upsert_pod,
+                read: read_pod,
+                store: store_pod,
                 keys: Snapshot::pod_keys,
                 remove: |s, k| s.remove_pod(k),
                 stream: Some(Stream::Pods),
@@ -405,7 +441,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "Deployment",
-                upsert: |s, o| upsert_workload(WorkloadKind::Deployment, s, o),
+                read: |o| read_workload(WorkloadKind::Deployment, o),
+                store: store_workload,
                 keys: |s| s.workload_keys(WorkloadKind::Deployment),
                 remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
                 stream: None,
@@ -423,7 +460,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "ReplicaSet",
-                upsert: |s, o| upsert_workload(WorkloadKind::ReplicaSet, s, o),
+                read: |o| read_workload(WorkloadKind::ReplicaSet, o),
+                store: store_workload,
                 keys: |s| s.workload_keys(WorkloadKind::ReplicaSet),
                 remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
                 stream: None,
@@ -441,7 +479,8 @@ pub async fn start(
             all(),
             Mirror {
                 kind: "StatefulSet",
-                upsert: |s, o| upsert_workload(WorkloadKind::StatefulSet, s, o),
+                read: |o| read_workload(WorkloadKind::StatefulSet, o),
+                store: store_workload,
                 keys: |s| s.workload_keys(WorkloadKind::StatefulSet),
                 remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
                 stream: None,
@@ -473,6 +512,84 @@ fn supervise(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    /// A watched object read before the lock and stored after is stored as the offline
+    /// loader stores it, with the vendors the snapshot knows when it is stored.
+    #[test]
+    fn objects_read_outside_the_lock_are_stored_as_the_loader_stores_them() {
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
+            "status": {"allocatable": {"example.com/npu": "8"}}});
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ml", "resourceVersion": "7",
+                "annotations": {"scheduling.volcano.sh/queue-name": "npu", "volcano.sh/card.name": "X-NPU"}},
+            "spec": {"schedulerName": "volcano", "containers": [{"name": "c",
+                "resources": {"limits": {"example.com/npu": "2", "nvidia.com/gpu": "1"}}}]}});
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "namespace": "ml"},
+            "spec": {"replicas": 3, "selector": {}, "template": pod.clone()}});
+        let group = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "g", "namespace": "ml", "annotations": {"volcano.sh/card.request": "{\"X-NPU\":2}"}},
+            "spec": {"queue": "npu", "minMember": 1}});
+        let queue = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "npu", "annotations": {"volcano.sh/card.quota": "{\"X-NPU\":4}"}}});
+        let mut loaded = Snapshot::new();
+        for o in [&node, &queue, &group, &pod, &deployment] {
+            crate::snapshot::load::upsert(&mut loaded, o).unwrap();
+        }
+        // The pod and the Deployment are read while no node announces example.com:
+        // their npu request is not card demand until stored.
+        let p = read_pod(&serde_json::from_value(pod).unwrap()).unwrap();
+        let d = read_workload::<Deployment>(
+            WorkloadKind::Deployment,
+            &serde_json::from_value(deployment).unwrap(),
+        )
+        .unwrap();
+        assert!(!p.demand.as_ref().unwrap().contains_key("example.com/npu"));
+        let g = read_group(&serde_json::from_value(group).unwrap()).unwrap();
+        let q = read_queue(&serde_json::from_value(queue).unwrap()).unwrap();
+        let mut watched = Snapshot::new();
+        store_node(
+            &mut watched,
+            read_node(&serde_json::from_value(node).unwrap()).unwrap(),
+        );
+        Snapshot::remember_queue(&mut watched, q);
+        store_group(&mut watched, g);
+        store_pod(&mut watched, p);
+        store_workload(&mut watched, d);
+        // Arrival numbers differ with the order of arrival; everything else is equal.
+        let pod_of = |s: &Snapshot| {
+            let mut p = s.pod(&ObjectKey::new("ml", "p")).cloned();
+            p.iter_mut().for_each(|p| p.seq = 0);
+            p
+        };
+        let stored = pod_of(&watched).expect("the pod is stored as a card pod");
+        assert_eq!(Some(&stored), pod_of(&loaded).as_ref());
+        assert!(stored
+            .demand
+            .as_ref()
+            .unwrap()
+            .contains_key("example.com/npu"));
+        let group_of = |s: &Snapshot| {
+            let mut g = s.group(&ObjectKey::new("ml", "g")).cloned();
+            g.iter_mut().for_each(|g| g.seq = 0);
+            g
+        };
+        assert!(group_of(&watched).is_some());
+        assert_eq!(group_of(&watched), group_of(&loaded));
+        let workload_of = |s: &Snapshot| {
+            let mut w = s
+                .workload(WorkloadKind::Deployment, &ObjectKey::new("ml", "d"))
+                .cloned();
+            w.iter_mut().for_each(|w| w.template.seq = 0);
+            w
+        };
+        assert!(workload_of(&watched).is_some());
+        assert_eq!(workload_of(&watched), workload_of(&loaded));
+        let name = QueueName::new("npu".to_string());
+        assert_eq!(watched.queue(&name), loaded.queue(&name));
+    }
 
     #[tokio::test]
     async fn a_watcher_that_dies_makes_the_process_unhealthy() {
