@@ -481,6 +481,44 @@ fn a_scale_up_over_quota_is_clamped_by_default_and_refused_under_deny() {
     );
 }
 
+/// A Deployment cached before any node announced its cards' vendor is scaled with the
+/// vendors the snapshot knows at the scale-up, not those it knew when it was cached.
+#[test]
+fn a_scale_up_counts_cards_whose_vendor_a_node_announced_after_the_workload_was_cached() {
+    let yaml = r#"
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: npu, annotations: {volcano.sh/card.quota: '{"X-NPU":4}'}}
+status: {state: Open}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: train, namespace: ml}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: train}}
+  template:
+    metadata: {annotations: {scheduling.volcano.sh/queue-name: npu, volcano.sh/card.name: X-NPU}}
+    spec:
+      schedulerName: volcano
+      containers: [{name: c, image: x, resources: {limits: {example.com/npu: "2"}}}]
+"#;
+    let mut w = World::with(yaml);
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
+        "status": {"allocatable": {"example.com/npu": "8"}}});
+    card_quota::snapshot::load::upsert(&mut w.snap, &node).unwrap();
+    // 2 added replicas of 2 cards fit in 4; 3 would not: the scale-up is clamped to 3.
+    let r = w.send(R::scale("deployments", "ml", "train", 1, 3).build());
+    assert!(r.allowed && r.patch.is_none(), "{r:?}");
+    let r = w.send(R::scale("deployments", "ml", "train", 1, 4).build());
+    assert!(r.allowed, "{r:?}");
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "replace", "path": "/spec/replicas", "value": 3}])
+    );
+}
+
 #[test]
 fn a_scale_down_is_always_allowed() {
     let mut w = World::new();

@@ -86,7 +86,11 @@ pub fn decide_scale(
         return Decision::allow();
     }
     let regarding = workload_ref(kind, &key, Some(obj));
-    resize(kind, regarding, &w.template, r0, r1, snap, cfg, now)
+    // The template was read when the workload was cached; a node may have announced its
+    // cards' vendor since.
+    let mut template = w.template.clone();
+    template.reclassify(|r| snap.is_card_resource(r));
+    resize(kind, regarding, &template, r0, r1, snap, cfg, now)
 }
 
 /// UPDATE of a Deployment / ReplicaSet / StatefulSet that raises `spec.replicas`.
