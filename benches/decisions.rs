@@ -8,7 +8,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::{json, Value};
 
 use card_quota::admission::{review, usage_report};
-use card_quota::cluster::records::pod_record;
+use card_quota::cluster::records::{pod_record, workload_record};
+use card_quota::cluster::WorkloadKind;
 use card_quota::controller::plan::{queue_state, recount_check};
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
@@ -262,6 +263,22 @@ fn recount(c: &mut Criterion) {
     c.bench_function(
         "pod watch event, record read before the lock (full-size pod)",
         |b| b.iter(|| pod_record(&full, "", &[], 0)),
+    );
+    // A Deployment of that pod: the watchers re-encode it to JSON and read its template.
+    let dep: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "train", "namespace": "bench"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "train"}},
+            "template": full_pod::full_pod(pod("p7", "q7", "MODEL-7", 1, None))}}))
+    .unwrap();
+    let read_deployment = || {
+        let v = serde_json::to_value(&dep).unwrap();
+        workload_record(WorkloadKind::Deployment, &v, "", &[], 0).unwrap()
+    };
+    assert!(read_deployment().template.is_card_pod());
+    c.bench_function(
+        "Deployment watch event, record read before the lock (full-size template)",
+        |b| b.iter(read_deployment),
     );
 }
 
