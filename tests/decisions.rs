@@ -519,6 +519,32 @@ spec:
     );
 }
 
+/// A scale-up of a workload whose template cannot be charged names the template, not a
+/// pod that does not exist.
+#[test]
+fn a_scale_up_of_a_template_with_a_bad_card_demand_names_the_template() {
+    let yaml = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: bad, namespace: ml}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: bad}}
+  template:
+    metadata: {annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
+    spec:
+      schedulerName: volcano
+      containers: [{name: c, image: x, resources: {limits: {cpu: "1"}}}]
+"#;
+    let mut w = World::with(&format!("{CLUSTER}\n---{yaml}"));
+    let r = w.send(R::scale("deployments", "ml", "bad", 1, 2).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "the pod template of deployment ml/bad names RTX-4090 but requests no nvidia.com/gpu"
+    );
+}
+
 #[test]
 fn a_scale_down_is_always_allowed() {
     let mut w = World::new();
