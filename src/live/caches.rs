@@ -19,9 +19,9 @@ use serde_json::Value;
 
 use crate::cards::{NodeCards, ObjectKey, QueueName};
 use crate::cluster::records::{
-    node_record, pod_record, podgroup_record, queue_record, workload_record,
+    node_record, pod_record, podgroup_record, queue_record, workload_record, QueueRecord,
+    WorkloadRecord,
 };
-use crate::cluster::records::{QueueRecord, WorkloadRecord};
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
 use crate::ledger::entries::Stream;
 use crate::ledger::{ledger_record, LedgerRecord};
