@@ -106,5 +106,5 @@ for p in "${backends[@]}"; do
 done
 echo "card-quota replicas: $REPLICAS; Queue writes by card-quota during the run: $writes in $((t1 - t0)) s (queue resourceVersion $rv0 -> $(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}'))"
 for p in "${backends[@]}"; do
-  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count))' | sed "s/^/  replica :$p  /" || true
+  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|rereads_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count))' | sed "s/^/  replica :$p  /" || true
 done

@@ -159,6 +159,47 @@ async fn a_conflict_makes_the_webhook_read_the_ledger_again_and_decide_again() {
     assert_eq!(api.await.unwrap(), None, "no request after the denial");
 }
 
+/// When the winner's ledger reaches the cache through the watch before the loser's 409,
+/// the loser decides again over it without reading it from the API server.
+#[tokio::test]
+async fn a_conflict_whose_winner_the_watch_already_delivered_is_decided_without_a_read() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "default");
+    let st = state(&objects(1, 2), client, Duration::from_secs(3));
+    let watch = st.clone();
+    let api = tokio::spawn(async move {
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), "POST");
+        // The other replica's ledger, charging the last card, arrives through the watch.
+        let other = r#"{"entries":{"uid-p000":{"of":"pod:ml/p000","resources":{"nvidia.com/gpu":1},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}"#;
+        let cm: k8s_openapi::api::core::v1::ConfigMap =
+            serde_json::from_value(configmap(2, other)).unwrap();
+        watch
+            .snapshot
+            .lock()
+            .unwrap()
+            .upsert_ledger(ledger_record(&cm).unwrap());
+        send.send_response(status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            "configmaps \"card-quota-ledger.q\" already exists",
+        ));
+        // Nothing else: no read, and a denial is not written.
+        tokio::time::timeout(Duration::from_millis(300), handle.next_request())
+            .await
+            .ok()
+            .flatten()
+            .map(|(r, _)| format!("{} {}", r.method(), r.uri()))
+    });
+    let resp = answer(&st, bind(1), false).await;
+    assert_eq!(resp["allowed"], false, "{resp}");
+    assert_eq!(
+        resp["status"]["message"],
+        "queue q has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+    );
+    assert_eq!(api.await.unwrap(), None, "no request after the conflict");
+}
+
 #[tokio::test]
 async fn a_ledger_at_its_cap_refuses_with_try_again_and_writes_nothing() {
     let entries: Vec<String> = (0..5000)

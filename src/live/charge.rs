@@ -55,7 +55,14 @@ pub trait CommitMetrics: Send + Sync + 'static {
     fn pruned(&self, n: usize);
     /// How long one ledger write took (any outcome).
     fn write_time(&self, took: Duration);
+    /// A failed write's ledger was read again: from the watch (`true`), or from the
+    /// API server.
+    fn reread(&self, from_watch: bool);
 }
+
+/// How long a write that lost a compare-and-swap waits for the winner's watch event
+/// before it reads the ledger from the API server instead.
+const WATCH_REREAD: Duration = Duration::from_millis(3);
 
 fn gave_up(queue: &QueueName, budget: Duration, why: &str) -> Decision {
     Decision::deny(
@@ -378,6 +385,7 @@ impl Committer {
             )
             .await;
             metrics.write_time(t.elapsed());
+            let lost_race = matches!(written, Ok(Err(WriteError::Conflict(_))));
             let retry: Vec<Waiter> = match written {
                 Ok(Ok(rec)) => {
                     metrics.write(WriteOutcome::Written);
@@ -421,7 +429,19 @@ impl Committer {
             if attempt > 1 {
                 tokio::time::sleep(jitter(attempt)).await;
             }
-            // Read the ledger itself (not the cache) and decide again.
+            // Decide again over the ledger as it is now. Another replica's write made
+            // ours fail, and its watch event often arrives as soon as our 409: then the
+            // cache already holds that ledger, and reading it again would cost a round
+            // trip for nothing. Either way the next write is compare-and-swap again.
+            if lost_race
+                && self
+                    .watched_past(snapshot, queue, batch.resource_version.as_deref())
+                    .await
+            {
+                metrics.reread(true);
+                continue;
+            }
+            metrics.reread(false);
             match tokio::time::timeout_at(until.into(), self.api.get(queue)).await {
                 Ok(Ok(rec)) => locked(snapshot).upsert_ledger(rec),
                 Ok(Err(e)) => tracing::warn!(
@@ -430,6 +450,27 @@ impl Committer {
                 ),
                 Err(_) => {}
             }
+        }
+    }
+
+    /// Waits up to [`WATCH_REREAD`] for the cache to hold a ledger of `queue` other than
+    /// the one at `tried` (the version a write just failed against). The cache keeps
+    /// only newer ledgers, so another one is the newer one.
+    async fn watched_past(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        queue: &QueueName,
+        tried: Option<&str>,
+    ) -> bool {
+        let until = Instant::now() + WATCH_REREAD;
+        loop {
+            if locked(snapshot).ledger(queue).resource_version.as_deref() != tried {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

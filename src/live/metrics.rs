@@ -20,6 +20,13 @@ pub struct LedgerMetrics {
     /// Requests per group commit (one ledger write each).
     pub batch: Histogram,
     pub write_seconds: Histogram,
+    /// Ledgers read again after a failed write, by where from.
+    pub rereads: Family<SourceLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: &'static str,
 }
 
 impl LedgerMetrics {
@@ -48,11 +55,18 @@ impl LedgerMetrics {
             "Charging requests decided together and recorded with one ledger write",
             batch.clone(),
         );
+        let rereads = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "card_quota_ledger_rereads",
+            "Ledgers read again after a write lost its compare-and-swap or failed (source: watch, when the cache already held a newer one; api otherwise)",
+            rereads.clone(),
+        );
         Self {
             writes,
             pruned,
             batch,
             write_seconds,
+            rereads,
         }
     }
 }
@@ -73,5 +87,9 @@ impl CommitMetrics for LedgerMetrics {
     }
     fn write_time(&self, took: std::time::Duration) {
         self.write_seconds.observe(took.as_secs_f64());
+    }
+    fn reread(&self, from_watch: bool) {
+        let source = if from_watch { "watch" } else { "api" };
+        self.rereads.get_or_create(&SourceLabel { source }).inc();
     }
 }
