@@ -110,6 +110,13 @@ fn pod_res(name: &str, queue: &str, card: Option<&str>, resource: &str, n: &str)
     .build()
 }
 
+/// A node of a vendor outside the default prefixes: it announces `example.com` cards.
+fn npu_node() -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
+        "status": {"allocatable": {"example.com/npu": "8"}}})
+}
+
 fn message(r: &AdmissionResponse) -> String {
     r.status
         .as_ref()
@@ -504,9 +511,7 @@ spec:
       containers: [{name: c, image: x, resources: {limits: {example.com/npu: "2"}}}]
 "#;
     let mut w = World::with(yaml);
-    let node = json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
-        "status": {"allocatable": {"example.com/npu": "8"}}});
+    let node = npu_node();
     card_quota::snapshot::load::upsert(&mut w.snap, &node).unwrap();
     // 2 added replicas of 2 cards fit in 4; 3 would not: the scale-up is clamped to 3.
     let r = w.send(R::scale("deployments", "ml", "train", 1, 3).build());
@@ -1157,9 +1162,7 @@ spec: {nodeName: npu-1, containers: [{name: c, image: x, resources: {limits: {ex
 "#;
     let mut w = World::with(yaml);
     assert_eq!(w.usage("npu", "X-NPU")["allocated"], 0);
-    let node = json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
-        "status": {"allocatable": {"example.com/npu": "8"}}});
+    let node = npu_node();
     card_quota::snapshot::load::upsert(&mut w.snap, &node).unwrap();
     assert_eq!(w.usage("npu", "X-NPU")["allocated"], 1);
     // A status change of the vendor's only node keeps the pod charged.
@@ -1201,9 +1204,7 @@ status: {state: Open}
     // No node announces example.com yet: X-NPU's resource is unknown.
     let before = decide(&read, &snap, &cfg, now);
     assert!(!before.allowed && before.charge.is_none(), "{before:?}");
-    let node = json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "npu-1", "labels": {"example.com/npu.product": "X-NPU"}},
-        "status": {"allocatable": {"example.com/npu": "8"}}});
+    let node = npu_node();
     card_quota::snapshot::load::upsert(&mut snap, &node).unwrap();
     let after = decide(&read, &snap, &cfg, now);
     let fresh = decide(&parse_review(&body).unwrap(), &snap, &cfg, now);

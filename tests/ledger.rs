@@ -116,6 +116,28 @@ fn entries_of(ledger: &str) -> serde_json::Map<String, Value> {
 
 // ---- scripted API (tower-test) ----------------------------------------------------
 
+/// Another replica's ledger, charging the last card of queue q.
+const OTHER_CHARGE: &str = r#"{"entries":{"uid-p000":{"of":"pod:ml/p000","resources":{"nvidia.com/gpu":1},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}"#;
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// The next request the scripted API gets within 300 ms, as "METHOD uri".
+async fn next_request(handle: &mut Handle) -> Option<String> {
+    tokio::time::timeout(Duration::from_millis(300), handle.next_request())
+        .await
+        .ok()
+        .flatten()
+        .map(|(r, _)| format!("{} {}", r.method(), r.uri()))
+}
+
+fn assert_refused_for_the_last_card(resp: &Value) {
+    assert_eq!(resp["allowed"], false, "{resp}");
+    assert_eq!(
+        resp["status"]["message"],
+        "queue q has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+    );
+}
+
 #[tokio::test]
 async fn a_conflict_makes_the_webhook_read_the_ledger_again_and_decide_again() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -141,21 +163,11 @@ async fn a_conflict_makes_the_webhook_read_the_ledger_again_and_decide_again() {
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), "GET");
         assert_eq!(req.uri().path(), CM_PATH);
-        let other = r#"{"entries":{"uid-p000":{"of":"pod:ml/p000","resources":{"nvidia.com/gpu":1},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}"#;
-        send.send_response(reply(StatusCode::OK, &configmap(2, other)));
+        send.send_response(reply(StatusCode::OK, &configmap(2, OTHER_CHARGE)));
         // 3. Nothing else: a denial is not written.
-        tokio::time::timeout(Duration::from_millis(300), handle.next_request())
-            .await
-            .ok()
-            .flatten()
-            .map(|(r, _)| format!("{} {}", r.method(), r.uri()))
+        next_request(&mut handle).await
     });
-    let resp = answer(&st, bind(1), false).await;
-    assert_eq!(resp["allowed"], false, "{resp}");
-    assert_eq!(
-        resp["status"]["message"],
-        "queue q has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
-    );
+    assert_refused_for_the_last_card(&answer(&st, bind(1), false).await);
     assert_eq!(api.await.unwrap(), None, "no request after the denial");
 }
 
@@ -171,9 +183,8 @@ async fn a_conflict_whose_winner_the_watch_already_delivered_is_decided_without_
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), "POST");
         // The other replica's ledger, charging the last card, arrives through the watch.
-        let other = r#"{"entries":{"uid-p000":{"of":"pod:ml/p000","resources":{"nvidia.com/gpu":1},"card":"RTX-4090","charged":"RTX-4090","node":"rtx-1"}}}"#;
         let cm: k8s_openapi::api::core::v1::ConfigMap =
-            serde_json::from_value(configmap(2, other)).unwrap();
+            serde_json::from_value(configmap(2, OTHER_CHARGE)).unwrap();
         watch
             .snapshot
             .lock()
@@ -185,18 +196,9 @@ async fn a_conflict_whose_winner_the_watch_already_delivered_is_decided_without_
             "configmaps \"card-quota-ledger.q\" already exists",
         ));
         // Nothing else: no read, and a denial is not written.
-        tokio::time::timeout(Duration::from_millis(300), handle.next_request())
-            .await
-            .ok()
-            .flatten()
-            .map(|(r, _)| format!("{} {}", r.method(), r.uri()))
+        next_request(&mut handle).await
     });
-    let resp = answer(&st, bind(1), false).await;
-    assert_eq!(resp["allowed"], false, "{resp}");
-    assert_eq!(
-        resp["status"]["message"],
-        "queue q has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
-    );
+    assert_refused_for_the_last_card(&answer(&st, bind(1), false).await);
     assert_eq!(api.await.unwrap(), None, "no request after the conflict");
 }
 
