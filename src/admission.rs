@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::cards::ObjectKey;
-use crate::cluster::WorkloadKind;
+use crate::cluster::{PodRecord, WorkloadKind};
 use crate::decide::review::{
     encode_patch, parse_review, AdmissionRequest, AdmissionResponse, Operation, ReviewOut, Status,
 };
@@ -22,14 +22,19 @@ pub fn response(uid: &str, d: &Decision, with_patch: bool) -> AdmissionResponse 
     AdmissionResponse {
         uid: uid.to_string(),
         allowed: d.allowed,
-        status: (!d.allowed).then(|| Status {
-            code: 403,
-            message: d.message.clone().unwrap_or_else(|| "denied".to_string()),
-            reason: d.reason.map(|r| r.as_str().to_string()),
-        }),
+        status: (!d.allowed).then(|| status_of(d)),
         patch_type: patch.as_ref().map(|_| "JSONPatch".to_string()),
         patch,
         warnings: d.warnings.clone(),
+    }
+}
+
+/// The `status` of a denial.
+fn status_of(d: &Decision) -> Status {
+    Status {
+        code: 403,
+        message: d.message.clone().unwrap_or_else(|| "denied".to_string()),
+        reason: d.reason.map(|r| r.as_str().to_string()),
     }
 }
 
@@ -59,12 +64,7 @@ pub fn encode_response(uid: &str, d: &Decision, with_patch: bool) -> serde_json:
     });
     if !d.allowed {
         buf.extend_from_slice(br#","status":"#);
-        let status = Status {
-            code: 403,
-            message: d.message.clone().unwrap_or_else(|| "denied".to_string()),
-            reason: d.reason.map(|r| r.as_str().to_string()),
-        };
-        serde_json::to_writer(&mut buf, &status)?;
+        serde_json::to_writer(&mut buf, &status_of(d))?;
     }
     if let Some(patch) = &patch {
         buf.extend_from_slice(br#","patchType":"JSONPatch","patch":""#);
@@ -211,16 +211,29 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
     if !req.operation.writes() {
         return Ok(());
     }
-    // A charged pod's decision already holds the pod as admitted (patch included): it
-    // is the record stored, as live mode lays it over the caches. Only a pod still
-    // without a name goes through its object, to get the name the API server would give.
-    if let Some(Effect::Pod(p)) = d.charge.as_ref().map(|c| &c.effect) {
-        if !p.key.name.is_empty() {
-            store_admitted(snap, (**p).clone());
-            return Ok(());
-        }
+    if let Some(p) = admitted_record(req, d) {
+        store_admitted(snap, p.clone());
+        return Ok(());
     }
     apply_object(snap, req, d, kind_name)
+}
+
+/// The pod record an admitted pod write stores as it is. A charged pod's decision
+/// already holds the pod as admitted (patch included), as live mode lays it over the
+/// caches; only a pod still without a name goes through its object, to get the name
+/// the API server would give.
+fn admitted_record<'d>(req: &AdmissionRequest, d: &'d Decision) -> Option<&'d PodRecord> {
+    if !d.allowed
+        || req.is_dry_run()
+        || RequestKind::of(req) != RequestKind::Pod
+        || !req.operation.writes()
+    {
+        return None;
+    }
+    match d.charge.as_ref().map(|c| &c.effect) {
+        Some(Effect::Pod(p)) if !p.key.name.is_empty() => Some(p),
+        _ => None,
+    }
 }
 
 /// [`apply`], moving an admitted pod's record out of the decision instead of copying
@@ -230,13 +243,8 @@ pub fn apply_spending(
     req: &AdmissionRequest,
     d: &mut Decision,
 ) -> Result<(), ApplyError> {
-    let stores_record = d.allowed
-        && !req.is_dry_run()
-        && RequestKind::of(req) == RequestKind::Pod
-        && req.operation.writes();
-    if stores_record {
-        let named = |c: &mut Box<crate::decide::Charge>| matches!(&c.effect, Effect::Pod(p) if !p.key.name.is_empty());
-        if let Some(Effect::Pod(p)) = d.charge.take_if(named).map(|c| c.effect) {
+    if admitted_record(req, d).is_some() {
+        if let Some(Effect::Pod(p)) = d.charge.take().map(|c| c.effect) {
             store_admitted(snap, *p);
             return Ok(());
         }
@@ -245,7 +253,7 @@ pub fn apply_spending(
 }
 
 /// Stores an admitted pod's record, numbered as the object path numbers it.
-fn store_admitted(snap: &mut Snapshot, mut p: crate::cluster::PodRecord) {
+fn store_admitted(snap: &mut Snapshot, mut p: PodRecord) {
     // The same two numbers the object path takes (a generated name, the record).
     snap.next_seq();
     p.seq = snap.next_seq();

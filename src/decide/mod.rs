@@ -15,7 +15,7 @@ pub mod scale;
 use crate::cards::QueueName;
 use crate::ledger::Effect;
 use crate::snapshot::Snapshot;
-use review::{AdmissionRequest, Operation};
+use review::AdmissionRequest;
 
 /// What to do about a scale-up that does not fully fit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -179,7 +179,7 @@ pub fn decide(
     cfg: &Config,
     now: jiff::Timestamp,
 ) -> Decision {
-    if req.operation == Operation::Delete || req.operation == Operation::Connect {
+    if !req.operation.writes() {
         // Deletions give quota back; nothing to check.
         return Decision::allow();
     }
@@ -198,8 +198,7 @@ pub fn decide(
 /// webhook does it before it takes the snapshot's lock, and once however many times the
 /// request is decided. Deciding without it reads the same.
 pub fn read_ahead(req: &AdmissionRequest) {
-    let pod_write = req.operation.writes();
-    if pod_write && RequestKind::of(req) == RequestKind::Pod {
+    if req.operation.writes() && RequestKind::of(req) == RequestKind::Pod {
         pod::read_ahead(req);
     }
 }
