@@ -10,7 +10,8 @@ use serde_json::{json, Value};
 use card_quota::admission::{review, usage_report};
 use card_quota::cluster::records::{pod_record, workload_record};
 use card_quota::cluster::WorkloadKind;
-use card_quota::controller::plan::{queue_state, recount_check};
+use card_quota::controller::plan::{queue_state, recount_check, recount_queues, recount_slice};
+use card_quota::controller::reconciler::RECOUNT_SLICE;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
 use card_quota::snapshot::load::upsert;
@@ -220,6 +221,27 @@ fn recount(c: &mut Criterion) {
         },
     );
     g.finish();
+    // What an admission can wait for while the reconciler recounts: the longest slice
+    // it holds the snapshot for (whole queues, about RECOUNT_SLICE pods each).
+    let queues = recount_queues(&s);
+    let mut holds = Vec::new();
+    for _ in 0..5 {
+        let mut at = 0;
+        while at < queues.len() {
+            let t = std::time::Instant::now();
+            let (checked, wrong) = recount_slice(&s, &queues[at..], RECOUNT_SLICE, now);
+            holds.push(t.elapsed());
+            assert!(wrong.is_empty());
+            at += checked;
+        }
+    }
+    holds.sort();
+    println!(
+        "full recount at 100k pods in slices of {RECOUNT_SLICE} pods: {} slices, longest hold {:.0} µs, median {:.0} µs (5 recounts)",
+        holds.len() / 5,
+        holds[holds.len() - 1].as_secs_f64() * 1e6,
+        holds[holds.len() / 2].as_secs_f64() * 1e6,
+    );
     // A decision at that size: a pod create into one of the 1,000 queues.
     let cfg = Config::default();
     let create = R::pod("CREATE", pod("new", "q7", "MODEL-1", 1, None)).build();

@@ -46,26 +46,55 @@ pub fn queue_state(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> 
     }
 }
 
-/// Queues whose incremental usage differs from a full recount of their objects, and
-/// whether the tally saw bookkeeping errors. Runs with each full pass.
-pub fn recount_check(snap: &Snapshot, now: jiff::Timestamp) -> (Vec<QueueName>, u64) {
-    let wrong = snap
-        .queue_names()
+/// The queues a full recount check covers: every Queue object and every queue the
+/// tally counts (a queue deleted with pods still charged to it included).
+pub fn recount_queues(snap: &Snapshot) -> Vec<QueueName> {
+    snap.queue_names()
         .into_iter()
         .chain(snap.tally().queues().cloned())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
-        .filter(|q| {
-            let recount = queue_usage(
-                Default::default(),
-                snap.queue_pods(q),
-                snap.queue_groups(q),
-                snap,
-                now,
-            );
-            !same_usage(&snap.usage(q, now), &recount)
-        })
-        .collect();
+        .collect()
+}
+
+/// Recounts queues from the front of `queues` until at least `pods` pods and PodGroups
+/// were recounted (a queue is never split: its tally and its recount must be read at
+/// one moment). Returns how many queues it checked and those whose tally disagrees.
+/// The reconciler calls it slice by slice and lets go of the snapshot in between, so
+/// an admission never waits for a whole recount.
+pub fn recount_slice(
+    snap: &Snapshot,
+    queues: &[QueueName],
+    pods: usize,
+    now: jiff::Timestamp,
+) -> (usize, Vec<QueueName>) {
+    let mut counted = 0usize;
+    let mut checked = 0usize;
+    let mut wrong = Vec::new();
+    for q in queues {
+        if checked > 0 && counted >= pods {
+            break;
+        }
+        checked += 1;
+        counted += snap.queue_size(q);
+        let recount = queue_usage(
+            Default::default(),
+            snap.queue_pods(q),
+            snap.queue_groups(q),
+            snap,
+            now,
+        );
+        if !same_usage(&snap.usage(q, now), &recount) {
+            wrong.push(q.clone());
+        }
+    }
+    (checked, wrong)
+}
+
+/// Queues whose incremental usage differs from a full recount of their objects, and
+/// whether the tally saw bookkeeping errors: [`recount_slice`] over every queue at once.
+pub fn recount_check(snap: &Snapshot, now: jiff::Timestamp) -> (Vec<QueueName>, u64) {
+    let (_, wrong) = recount_slice(snap, &recount_queues(snap), usize::MAX, now);
     (wrong, snap.tally().errors())
 }
 
@@ -249,5 +278,42 @@ spec: {nodeName: h1, containers: [{name: c, image: x, resources: {limits: {nvidi
         assert!(mem.note(&q, EXCEEDED, Some(over.clone())).is_none());
         assert!(mem.note(&q, EXCEEDED, None).is_none());
         assert!(mem.note(&q, EXCEEDED, Some(over)).is_some());
+    }
+
+    #[test]
+    fn a_recount_in_slices_checks_every_queue_once_and_finds_what_a_whole_one_finds() {
+        let mut text = String::from(SNAP);
+        for (q, pods) in [("q1", 3), ("q2", 1), ("q3", 2)] {
+            text += &format!(
+                "---\napiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {{name: {q}}}\n"
+            );
+            for i in 0..pods {
+                text += &format!(
+                    "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {q}-{i}, namespace: ml, annotations: {{scheduling.volcano.sh/queue-name: {q}}}}}\nspec: {{nodeName: h1, containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: \"1\"}}}}}}]}}\n"
+                );
+            }
+        }
+        let (mut snap, _) = load(&text).unwrap();
+        assert_eq!(recount_check(&snap, now()), (Vec::new(), 0));
+        snap.forget_in_tally(&crate::cards::ObjectKey::new("ml", "q3-1"));
+        let queues = recount_queues(&snap);
+        let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+        assert_eq!(names, ["bad", "q", "q1", "q2", "q3"]);
+        // Two pods a slice: a queue is never split, and a slice ends once it has read
+        // its two pods ("bad" holds none, "q" one, "q1" three).
+        let mut slices = Vec::new();
+        let mut wrong = Vec::new();
+        let mut at = 0;
+        while at < queues.len() {
+            let (checked, w) = recount_slice(&snap, &queues[at..], 2, now());
+            slices.push(names[at..at + checked].join(","));
+            at += checked;
+            wrong.extend(w);
+        }
+        assert_eq!(slices, ["bad,q,q1", "q2,q3"]);
+        assert_eq!(wrong, [QueueName::new("q3")]);
+        assert_eq!(recount_check(&snap, now()).0, wrong);
+        snap.rebuild_tally();
+        assert_eq!(recount_check(&snap, now()), (Vec::new(), 0));
     }
 }

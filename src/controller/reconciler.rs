@@ -4,7 +4,7 @@
 //! per queue per [`USAGE_EVERY`]), raises Events, prunes quiet ledgers and deletes the
 //! ledgers of deleted queues.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,8 +29,8 @@ use crate::snapshot::{Dirty, Snapshot};
 
 use super::events::EventSink;
 use super::plan::{
-    exceeded_message, invalid_message, queue_state, recount_check, usage_write, EventMemory,
-    QueueState, EXCEEDED, INVALID,
+    exceeded_message, invalid_message, queue_state, recount_queues, recount_slice, usage_write,
+    EventMemory, QueueState, EXCEEDED, INVALID,
 };
 
 use crate::live::FIELD_MANAGER;
@@ -38,6 +38,10 @@ use crate::live::FIELD_MANAGER;
 /// The least time between two usage writes to one Queue: a burst changes usage with
 /// every pod, and every Queue write wakes Volcano's scheduler and controllers.
 pub const USAGE_EVERY: Duration = Duration::from_secs(1);
+/// Pods a full recount reads per hold of the snapshot (about 0.2 ms).
+pub const RECOUNT_SLICE: usize = 256;
+/// Queue states read per hold of the snapshot (each reads its tally, O(models)).
+pub const STATE_SLICE: usize = 256;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -178,6 +182,50 @@ impl Reconciler {
         }
     }
 
+    /// Recounts every queue and rebuilds the tally if any disagrees. The recount goes
+    /// in slices of about [`RECOUNT_SLICE`] pods with the snapshot let go in between:
+    /// at 100k pods a whole recount holds it for tens of milliseconds, and every
+    /// admission waits for it.
+    async fn check_tally(&self, now: jiff::Timestamp) {
+        let queues = recount_queues(&self.lock());
+        let mut wrong = Vec::new();
+        let mut at = 0;
+        while at < queues.len() {
+            let (checked, w) = recount_slice(&self.lock(), &queues[at..], RECOUNT_SLICE, now);
+            at += checked;
+            wrong.extend(w);
+            tokio::task::yield_now().await;
+        }
+        let mut snap = self.lock();
+        let errors = snap.tally().errors();
+        if !wrong.is_empty() || errors > 0 {
+            tracing::warn!(
+                queues = ?wrong,
+                errors,
+                "incremental usage disagreed with a full recount; rebuilt it"
+            );
+            self.metrics
+                .tally_mismatches
+                .inc_by(wrong.len().max(1) as u64);
+            snap.rebuild_tally();
+        }
+    }
+
+    /// The state of each of `names`, [`STATE_SLICE`] queues per hold of the snapshot.
+    async fn states(&self, names: &[QueueName], now: jiff::Timestamp) -> Vec<QueueState> {
+        let mut states = Vec::with_capacity(names.len());
+        for slice in names.chunks(STATE_SLICE) {
+            {
+                let snap = self.lock();
+                states.extend(slice.iter().map(|q| queue_state(&snap, q, now)));
+            }
+            if names.len() > STATE_SLICE {
+                tokio::task::yield_now().await;
+            }
+        }
+        states
+    }
+
     /// One pass: every queue when `full`, else the queues whose objects changed.
     pub async fn pass(&mut self, full: bool) -> Pass {
         let start = Instant::now();
@@ -188,10 +236,10 @@ impl Reconciler {
                 leader = check.held().await;
             }
         }
-        let (states, ledgers) = {
-            let mut snap = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        let (names, ledgers) = {
+            let mut snap = self.lock();
             let dirty = snap.take_dirty();
-            let names: BTreeSet<QueueName> = match (full, dirty) {
+            let names: Vec<QueueName> = match (full, dirty) {
                 (true, _) | (_, Dirty::All) => {
                     let mut all = snap.queue_names();
                     all.extend(
@@ -200,27 +248,11 @@ impl Reconciler {
                             .into_iter()
                             .map(QueueName::new),
                     );
-                    all
+                    all.into_iter().collect()
                 }
-                (false, Dirty::Queues(s)) => s,
-                (false, Dirty::None) => BTreeSet::new(),
+                (false, Dirty::Queues(s)) => s.into_iter().collect(),
+                (false, Dirty::None) => Vec::new(),
             };
-            if full {
-                let (wrong, errors) = recount_check(&snap, now);
-                if !wrong.is_empty() || errors > 0 {
-                    tracing::warn!(
-                        queues = ?wrong,
-                        errors,
-                        "incremental usage disagreed with a full recount; rebuilt it"
-                    );
-                    self.metrics
-                        .tally_mismatches
-                        .inc_by(wrong.len().max(1) as u64);
-                    snap.rebuild_tally();
-                }
-            }
-            let states: Vec<QueueState> =
-                names.iter().map(|q| queue_state(&snap, q, now)).collect();
             // Ledgers with entries are pruned; empty ones of deleted queues go.
             let ledgers: Vec<(QueueName, Option<String>, bool)> = if leader {
                 snap.ledgers()
@@ -233,8 +265,12 @@ impl Reconciler {
             } else {
                 Vec::new()
             };
-            (states, ledgers)
+            (names, ledgers)
         };
+        if full {
+            self.check_tally(now).await;
+        }
+        let states = self.states(&names, now).await;
         let mut pass = Pass {
             queues: states.len(),
             leader,

@@ -625,6 +625,13 @@ impl Snapshot {
             .filter_map(|k| self.pods.get(k))
     }
 
+    /// How many card pods and PodGroups `queue` holds (what recounting it reads).
+    pub fn queue_size(&self, queue: &QueueName) -> usize {
+        let pods = self.pods_by_queue.get(queue).map_or(0, BTreeSet::len);
+        let groups = self.groups_by_queue.get(queue).map_or(0, BTreeSet::len);
+        pods + groups
+    }
+
     /// PodGroups of `queue`.
     pub fn queue_groups(&self, queue: &QueueName) -> impl Iterator<Item = &PodGroupRecord> {
         self.groups_by_queue
@@ -687,6 +694,12 @@ impl Snapshot {
     /// The incremental tally (for the recount that checks it).
     pub fn tally(&self) -> &Tally {
         &self.tally
+    }
+
+    /// Drops a pod from the tally alone, as a lost event would (tests of the recount).
+    #[cfg(test)]
+    pub(crate) fn forget_in_tally(&mut self, key: &ObjectKey) {
+        let _ = self.tally.pod(key, None, &self.nodes);
     }
 
     /// Rebuilds the tally from scratch (after a recount found it wrong).
