@@ -25,7 +25,7 @@ use crate::cluster::records::{
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
 use crate::ledger::entries::Stream;
 use crate::ledger::{ledger_record, LedgerRecord};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{KeyPick, Snapshot};
 
 use super::ledgers::{object_name, selector};
 use super::volcano::{podgroup_resource, queue_resource};
@@ -107,7 +107,9 @@ struct Mirror<K, R> {
     read: fn(&K) -> Result<R, MirrorError>,
     /// Stores a record, adjusting it to what the snapshot knows (under the lock).
     store: fn(&mut Snapshot, R),
-    keys: fn(&Snapshot) -> Vec<ObjectKey>,
+    /// The keys held that the predicate picks: only those are copied, so a relist's
+    /// sweep of 100k pods copies the deleted ones, not every key.
+    keys: fn(&Snapshot, KeyPick<'_>) -> Vec<ObjectKey>,
     remove: fn(&mut Snapshot, &ObjectKey),
     /// The stream whose progress ledger watermarks are compared with.
     stream: Option<Stream>,
@@ -188,9 +190,10 @@ fn read_ledger(cm: &ConfigMap) -> Result<LedgerRecord, MirrorError> {
     Ok(rec)
 }
 
-fn ledger_keys(s: &Snapshot) -> Vec<ObjectKey> {
+fn ledger_keys(s: &Snapshot, pick: KeyPick<'_>) -> Vec<ObjectKey> {
     s.ledgers()
         .map(|l| ObjectKey::new("", object_name(&l.queue)))
+        .filter(|k| pick(k))
         .collect()
 }
 
@@ -236,46 +239,61 @@ fn store_workload(s: &mut Snapshot, mut rec: WorkloadRecord) {
     s.upsert_workload(rec);
 }
 
-fn cluster_keys(names: Vec<String>) -> Vec<ObjectKey> {
-    names.into_iter().map(|n| ObjectKey::new("", n)).collect()
+fn cluster_keys(names: Vec<String>, pick: KeyPick<'_>) -> Vec<ObjectKey> {
+    names
+        .into_iter()
+        .map(|n| ObjectKey::new("", n))
+        .filter(|k| pick(k))
+        .collect()
 }
 
-async fn run<K, R>(
-    api: Api<K>,
-    config: watcher::Config,
+fn pod_mirror() -> Mirror<Pod, PodRecord> {
+    Mirror {
+        kind: "Pod",
+        read: read_pod,
+        store: store_pod,
+        keys: Snapshot::pod_keys_picked,
+        remove: |s, k| s.remove_pod(k),
+        stream: Some(Stream::Pods),
+        key: key_of,
+    }
+}
+
+/// One kind's cache as its watch stream feeds it, event by event.
+struct Follower<K, R> {
     m: Mirror<K, R>,
-    snapshot: Arc<Mutex<Snapshot>>,
-    synced: Arc<Synced>,
-) where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut listed: Option<std::collections::HashSet<ObjectKey>> = None;
-    let mut listed_version = 0u64;
-    let mut first = true;
-    let lock = || snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    while let Some(ev) = stream.next().await {
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::warn!(kind = m.kind, "watch failed, retrying with backoff: {e}");
-                continue;
-            }
-        };
+    /// The keys a relist in progress has returned so far.
+    listed: Option<crate::cards::hashing::Set<ObjectKey>>,
+    listed_version: u64,
+}
+
+impl<K: Resource, R> Follower<K, R> {
+    fn new(m: Mirror<K, R>) -> Self {
+        Self {
+            m,
+            listed: None,
+            listed_version: 0,
+        }
+    }
+
+    /// Applies one watch event to the snapshot; true when it ends a (re)list.
+    fn apply(&mut self, ev: Event<K>, snapshot: &Mutex<Snapshot>) -> bool {
+        let m = &self.m;
+        let lock = || snapshot.lock().unwrap_or_else(|e| e.into_inner());
         match ev {
             Event::Init => {
-                listed = Some(Default::default());
-                listed_version = 0;
+                self.listed = Some(Default::default());
+                self.listed_version = 0;
             }
             Event::InitApply(o) | Event::Apply(o) => {
                 let version = version_of(&o);
-                if let Some(seen) = listed.as_mut() {
+                if let Some(seen) = self.listed.as_mut() {
                     seen.insert((m.key)(&o));
-                    listed_version = listed_version.max(version);
+                    self.listed_version = self.listed_version.max(version);
                 }
                 let read = (m.read)(&o);
                 let mut snap = lock();
-                if listed.is_none() {
+                if self.listed.is_none() {
                     advance(&mut snap, m.stream, version, false);
                 }
                 match read {
@@ -298,22 +316,44 @@ async fn run<K, R>(
             }
             Event::InitDone => {
                 // Whatever the relist did not return was deleted while we were away.
-                let seen = listed.take().unwrap_or_default();
-                {
-                    let mut snap = lock();
-                    for k in (m.keys)(&snap) {
-                        if !seen.contains(&k) {
-                            (m.remove)(&mut snap, &k);
-                        }
-                    }
-                    advance(&mut snap, m.stream, listed_version, true);
+                let seen = self.listed.take().unwrap_or_default();
+                let mut snap = lock();
+                for k in (m.keys)(&snap, &|k| !seen.contains(k)) {
+                    (m.remove)(&mut snap, &k);
                 }
-                if first {
-                    first = false;
-                    tracing::info!(kind = m.kind, "cache synced");
-                    synced.mark();
-                }
+                advance(&mut snap, m.stream, self.listed_version, true);
+                return true;
             }
+        }
+        false
+    }
+}
+
+async fn run<K, R>(
+    api: Api<K>,
+    config: watcher::Config,
+    m: Mirror<K, R>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    synced: Arc<Synced>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let kind = m.kind;
+    let mut follower = Follower::new(m);
+    let mut first = true;
+    while let Some(ev) = stream.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                tracing::warn!(kind, "watch failed, retrying with backoff: {e}");
+                continue;
+            }
+        };
+        if follower.apply(ev, &snapshot) && first {
+            first = false;
+            tracing::info!(kind, "cache synced");
+            synced.mark();
         }
     }
 }
@@ -337,7 +377,7 @@ pub async fn start(
                 kind: "Node",
                 read: read_node,
                 store: store_node,
-                keys: |s| cluster_keys(s.node_names()),
+                keys: |s, pick| cluster_keys(s.node_names(), pick),
                 remove: |s, k| s.remove_node(&k.name),
                 stream: None,
                 key: key_of,
@@ -386,7 +426,9 @@ pub async fn start(
                 kind: "Queue",
                 read: read_queue,
                 store: Snapshot::remember_queue,
-                keys: |s| cluster_keys(s.queues().map(|q| q.name.to_string()).collect()),
+                keys: |s, pick| {
+                    cluster_keys(s.queues().map(|q| q.name.to_string()).collect(), pick)
+                },
                 remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
                 stream: None,
                 key: key_of,
@@ -420,15 +462,7 @@ pub async fn start(
         run(
             Api::<Pod>::all(client.clone()),
             all(),
-            Mirror {
-                kind: "Pod",
-                read: read_pod,
-                store: store_pod,
-                keys: Snapshot::pod_keys,
-                remove: |s, k| s.remove_pod(k),
-                stream: Some(Stream::Pods),
-                key: key_of,
-            },
+            pod_mirror(),
             snapshot.clone(),
             synced.clone(),
         ),
@@ -443,7 +477,7 @@ pub async fn start(
                 kind: "Deployment",
                 read: |o| read_workload(WorkloadKind::Deployment, o),
                 store: store_workload,
-                keys: |s| s.workload_keys(WorkloadKind::Deployment),
+                keys: |s, pick| s.workload_keys(WorkloadKind::Deployment, pick),
                 remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
                 stream: None,
                 key: key_of,
@@ -462,7 +496,7 @@ pub async fn start(
                 kind: "ReplicaSet",
                 read: |o| read_workload(WorkloadKind::ReplicaSet, o),
                 store: store_workload,
-                keys: |s| s.workload_keys(WorkloadKind::ReplicaSet),
+                keys: |s, pick| s.workload_keys(WorkloadKind::ReplicaSet, pick),
                 remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
                 stream: None,
                 key: key_of,
@@ -481,7 +515,7 @@ pub async fn start(
                 kind: "StatefulSet",
                 read: |o| read_workload(WorkloadKind::StatefulSet, o),
                 store: store_workload,
-                keys: |s| s.workload_keys(WorkloadKind::StatefulSet),
+                keys: |s, pick| s.workload_keys(WorkloadKind::StatefulSet, pick),
                 remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
                 stream: None,
                 key: key_of,
@@ -589,6 +623,53 @@ mod tests {
         assert_eq!(workload_of(&watched), workload_of(&loaded));
         let name = QueueName::new("npu".to_string());
         assert_eq!(watched.queue(&name), loaded.queue(&name));
+    }
+
+    /// A relist deletes exactly what it did not return: card pods and pods without
+    /// cards alike, and nothing it returned.
+    #[test]
+    fn a_relist_sweeps_out_the_pods_it_did_not_return() {
+        // A "-0" pod requests no cards and names no model.
+        let pod = |name: &str| -> Pod {
+            let (limits, annotations) = if name.ends_with("-0") {
+                (json!({"cpu": "1"}), json!({}))
+            } else {
+                (
+                    json!({"nvidia.com/gpu": "1"}),
+                    json!({"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}),
+                )
+            };
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ml", "resourceVersion": "9", "annotations": annotations},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}))
+            .unwrap()
+        };
+        let snapshot = Mutex::new(Snapshot::new());
+        let mut f = Follower::new(pod_mirror());
+        for name in ["kept", "gone", "kept-0", "gone-0"] {
+            assert!(!f.apply(Event::Apply(pod(name)), &snapshot));
+        }
+        let held = |s: &Mutex<Snapshot>| {
+            let mut k: Vec<String> = s
+                .lock()
+                .unwrap()
+                .pod_keys()
+                .iter()
+                .map(|k| k.name.clone())
+                .collect();
+            k.sort();
+            k
+        };
+        assert_eq!(held(&snapshot), ["gone", "gone-0", "kept", "kept-0"]);
+        assert!(!f.apply(Event::Init, &snapshot));
+        assert!(!f.apply(Event::InitApply(pod("kept")), &snapshot));
+        assert!(!f.apply(Event::InitApply(pod("kept-0")), &snapshot));
+        assert!(f.apply(Event::InitDone, &snapshot));
+        assert_eq!(held(&snapshot), ["kept", "kept-0"]);
+        let q = QueueName::new("q".to_string());
+        let s = snapshot.lock().unwrap();
+        assert_eq!(s.queue_pods(&q).count(), 1);
+        assert!(s.is_known_cardless_pod(&ObjectKey::new("ml", "kept-0")));
     }
 
     #[tokio::test]

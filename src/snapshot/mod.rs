@@ -28,6 +28,9 @@ pub mod overlay;
 #[error("PodGroup {0} is not known")]
 pub struct UnknownGroup(pub String);
 
+/// Picks object keys (a relist's sweep picks the keys the relist did not return).
+pub type KeyPick<'a> = &'a dyn Fn(&ObjectKey) -> bool;
+
 /// The cluster as the decisions see it.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -427,9 +430,10 @@ impl Snapshot {
         }
     }
 
-    /// Keys of every PodGroup held.
-    pub fn group_keys(&self) -> Vec<ObjectKey> {
-        self.groups.keys().cloned().collect()
+    /// Keys of the PodGroups held that `pick` picks (a relist's sweep picks the
+    /// unlisted, so only they are copied).
+    pub fn group_keys(&self, pick: KeyPick<'_>) -> Vec<ObjectKey> {
+        self.groups.keys().filter(|k| pick(k)).cloned().collect()
     }
 
     pub fn group(&self, key: &ObjectKey) -> Option<&PodGroupRecord> {
@@ -608,10 +612,16 @@ impl Snapshot {
 
     /// Keys of every pod held, card pods or not.
     pub fn pod_keys(&self) -> Vec<ObjectKey> {
+        self.pod_keys_picked(&|_| true)
+    }
+
+    /// Keys of the pods held (card pods or not) that `pick` picks.
+    pub fn pod_keys_picked(&self, pick: KeyPick<'_>) -> Vec<ObjectKey> {
         self.pods
             .keys()
             .chain(self.other_pods.iter())
             .chain(self.latent_pods.keys())
+            .filter(|k| pick(k))
             .cloned()
             .collect()
     }
@@ -729,11 +739,11 @@ impl Snapshot {
         self.workloads.remove(&(kind, key.clone()));
     }
 
-    /// Keys of every workload of `kind` held.
-    pub fn workload_keys(&self, kind: WorkloadKind) -> Vec<ObjectKey> {
+    /// Keys of the workloads of `kind` held that `pick` picks.
+    pub fn workload_keys(&self, kind: WorkloadKind, pick: KeyPick<'_>) -> Vec<ObjectKey> {
         self.workloads
             .keys()
-            .filter(|(k, _)| *k == kind)
+            .filter(|(k, key)| *k == kind && pick(key))
             .map(|(_, key)| key.clone())
             .collect()
     }
