@@ -548,6 +548,44 @@ spec:
         message(&r),
         "the pod template of deployment ml/bad names RTX-4090 but requests no nvidia.com/gpu"
     );
+    // A model name or a quantity that does not parse is the template's too.
+    for (kind, resource, name, limit, expected) in [
+        (
+            "StatefulSet",
+            "statefulsets",
+            "RTX-4090|",
+            "1",
+            "on the pod template of statefulset ml/broken",
+        ),
+        (
+            "ReplicaSet",
+            "replicasets",
+            "RTX-4090",
+            "1.5",
+            "the pod template of replicaset ml/broken: container c",
+        ),
+    ] {
+        let yaml = format!(
+            r#"
+apiVersion: apps/v1
+kind: {kind}
+metadata: {{name: broken, namespace: ml}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: broken}}}}
+  template:
+    metadata: {{annotations: {{scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: "{name}"}}}}
+    spec:
+      schedulerName: volcano
+      containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: "{limit}"}}}}}}]
+"#
+        );
+        let mut w = World::with(&format!("{CLUSTER}\n---{yaml}"));
+        let r = w.send(R::scale(resource, "ml", "broken", 1, 2).build());
+        assert!(!r.allowed);
+        assert!(message(&r).contains(expected), "{}", message(&r));
+        assert!(!message(&r).contains("pod ml/"), "{}", message(&r));
+    }
 }
 
 #[test]

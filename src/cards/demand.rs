@@ -21,8 +21,10 @@ pub struct DemandError {
 
 /// A pod whose card demand cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("pod {pod}: {source}")]
+#[error("{}: {source}", .subject.named(.pod))]
 pub struct PodDemandError {
+    /// A pod, or the pod template of the workload `pod` names.
+    pub subject: super::Subject,
     pub pod: super::ObjectKey,
     pub source: DemandError,
 }

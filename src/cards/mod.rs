@@ -6,8 +6,10 @@ pub mod hashing;
 pub mod names;
 pub mod nodes;
 pub mod quantity;
+pub mod subject;
 
 pub use annotations::{AnnotationError, CardRequest, Quota};
 pub use names::{Alternatives, CardName, NameError, ObjectKey, QueueName};
 pub use nodes::NodeCards;
 pub use quantity::Cards;
+pub use subject::{Subject, WorkloadKind};

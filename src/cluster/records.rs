@@ -13,8 +13,9 @@ use crate::cards::annotations::{
 };
 use crate::cards::demand::{pinned_products, pod_demand, PodDemandError, ResourceDemand};
 use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
+pub use crate::cards::WorkloadKind;
 use crate::cards::{
-    Alternatives, CardName, CardRequest, Cards, NodeCards, ObjectKey, QueueName, Quota,
+    Alternatives, CardName, CardRequest, Cards, NodeCards, ObjectKey, QueueName, Quota, Subject,
 };
 
 /// A Queue as card-quota sees it.
@@ -104,6 +105,8 @@ impl PodGroupRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodRecord {
     pub key: ObjectKey,
+    /// A pod, or the pod template of the workload `key` names.
+    pub subject: Subject,
     /// `volcano.sh/card.queue`: the queue the pod was admitted to (stamped at CREATE);
     /// its queue for charging from then on.
     pub stamped_queue: Option<QueueName>,
@@ -241,47 +244,6 @@ impl PodRecord {
     }
 }
 
-/// Which kind of workload a replica count belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum WorkloadKind {
-    Deployment,
-    ReplicaSet,
-    StatefulSet,
-}
-
-impl WorkloadKind {
-    pub fn from_kind(kind: &str) -> Option<Self> {
-        match kind {
-            "Deployment" => Some(Self::Deployment),
-            "ReplicaSet" => Some(Self::ReplicaSet),
-            "StatefulSet" => Some(Self::StatefulSet),
-            _ => None,
-        }
-    }
-    pub fn from_resource(resource: &str) -> Option<Self> {
-        match resource {
-            "deployments" => Some(Self::Deployment),
-            "replicasets" => Some(Self::ReplicaSet),
-            "statefulsets" => Some(Self::StatefulSet),
-            _ => None,
-        }
-    }
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Deployment => "Deployment",
-            Self::ReplicaSet => "ReplicaSet",
-            Self::StatefulSet => "StatefulSet",
-        }
-    }
-    pub fn lower(&self) -> &'static str {
-        match self {
-            Self::Deployment => "deployment",
-            Self::ReplicaSet => "replicaset",
-            Self::StatefulSet => "statefulset",
-        }
-    }
-}
-
 /// A Deployment / ReplicaSet / StatefulSet: its replicas and the pod it stamps out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadRecord {
@@ -331,6 +293,7 @@ pub fn pod_record(
         .unwrap_or_else(|| namespace_hint.to_string());
     let key = ObjectKey::new(namespace, name);
     Ok(record_from_parts(
+        Subject::Pod,
         &key,
         meta,
         pod.spec.as_ref(),
@@ -341,6 +304,7 @@ pub fn pod_record(
 }
 
 fn record_from_parts(
+    subject: Subject,
     key: &ObjectKey,
     meta: &ObjectMeta,
     spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
@@ -351,13 +315,14 @@ fn record_from_parts(
     // Read in place: records are built for every pod event and admission.
     let a = meta.annotations.as_ref().unwrap_or(&NO_STRINGS);
     let labels = meta.labels.as_ref().unwrap_or(&NO_STRINGS);
-    let object = || format!("pod {key}");
+    let object = || subject.named(key).to_string();
     let is_card = |r: &str| is_card_resource(r, card_prefixes.iter().map(String::as_str));
     // Every extended resource is read; those under no known card prefix wait as latent
     // demand for a node to announce their vendor.
     let mut demand = match spec {
         Some(s) => pod_demand(s, |r| r.contains('/')).map_err(|source| {
             Box::new(PodDemandError {
+                subject,
                 pod: key.clone(),
                 source,
             })
@@ -376,6 +341,7 @@ fn record_from_parts(
     }
     PodRecord {
         key: key.clone(),
+        subject,
         stamped_queue: a
             .get(CARD_QUEUE)
             .filter(|q| !q.is_empty())
@@ -499,6 +465,7 @@ pub fn podgroup_record(
 }
 
 fn template_record(
+    kind: WorkloadKind,
     key: &ObjectKey,
     t: Option<&PodTemplateSpec>,
     prefixes: &[String],
@@ -506,6 +473,7 @@ fn template_record(
 ) -> PodRecord {
     let meta = t.and_then(|t| t.metadata.clone()).unwrap_or_default();
     record_from_parts(
+        Subject::Template(kind),
         key,
         &meta,
         t.and_then(|t| t.spec.as_ref()),
@@ -557,7 +525,7 @@ pub fn workload_record(
         .any(|o| o.kind == "Deployment" && o.controller == Some(true));
     Ok(WorkloadRecord {
         kind,
-        template: template_record(&key, template.as_ref(), prefixes, seq),
+        template: template_record(kind, &key, template.as_ref(), prefixes, seq),
         key,
         replicas: replicas.unwrap_or(1),
         owned_by_deployment,

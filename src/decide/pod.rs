@@ -201,7 +201,7 @@ pub fn card_demand(
         Some(Ok(a)) => Some(a.clone()),
         None => None,
     };
-    let key = &rec.key;
+    let subject = rec.subject.named(&rec.key);
     let resource_name_of = |m: &CardName| {
         snap.resources_of(m)
             .and_then(|r| r.keys().next().cloned())
@@ -213,7 +213,7 @@ pub fn card_demand(
                 return Err(Decision::deny(
                     INVALID_DEMAND,
                     format!(
-                        "pod {key} names {} but requests no {}",
+                        "{subject} names {} but requests no {}",
                         a.first(),
                         resource_name_of(a.first())
                     ),
@@ -231,7 +231,7 @@ pub fn card_demand(
             return Err(Decision::deny(
                 INVALID_DEMAND,
                 format!(
-                    "pod {key} requests several card resources ({}); a pod runs on one card model",
+                    "{subject} requests several card resources ({}); a pod runs on one card model",
                     list.join(", ")
                 ),
             ));
@@ -255,7 +255,7 @@ pub fn card_demand(
             None => Err(Decision::deny(
                 INVALID_DEMAND,
                 format!(
-                    "pod {key} names {} but requests no {}",
+                    "{subject} names {} but requests no {}",
                     a.first(),
                     resource_name_of(a.first())
                 ),
@@ -280,7 +280,7 @@ pub fn card_demand(
     };
     Err(Decision::deny(
         INVALID_DEMAND,
-        format!("pod {key} requests {resource} but has no {CARD_NAME} and no node affinity pinning a model; {hint}"),
+        format!("{subject} requests {resource} but has no {CARD_NAME} and no node affinity pinning a model; {hint}"),
     ))
 }
 

@@ -145,16 +145,6 @@ pub fn decide_workload(
     )
 }
 
-/// A template's record is keyed by its workload, and its demand's errors name it as
-/// the pod they would name: say it is the workload's pod template (there is no such pod).
-fn of_template(mut d: Decision, kind: WorkloadKind, key: &ObjectKey) -> Decision {
-    let pod = format!("pod {key}");
-    if let Some(rest) = d.message.as_deref().and_then(|m| m.strip_prefix(&pod)) {
-        d.message = Some(format!("the pod template of {} {key}{rest}", kind.lower()));
-    }
-    d
-}
-
 #[allow(clippy::too_many_arguments)]
 fn resize(
     kind: WorkloadKind,
@@ -176,7 +166,7 @@ fn resize(
     let demand = match card_demand(template, snap, Some(&queue)) {
         Ok(Some(d)) => d,
         Ok(None) => return Decision::allow(),
-        Err(d) => return event(of_template(d, kind, &template.key)),
+        Err(d) => return event(d),
     };
     if let Err(d) = gate(snap, &queue) {
         return event(d);

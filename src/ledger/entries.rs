@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::cards::{
-    Alternatives, AnnotationError, CardName, CardRequest, Cards, ObjectKey, QueueName,
+    Alternatives, AnnotationError, CardName, CardRequest, Cards, ObjectKey, QueueName, Subject,
 };
 use crate::cluster::records::Version;
 use crate::cluster::{PodGroupRecord, PodRecord};
@@ -364,6 +364,7 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
     let object = format!("pod {key}");
     Some(PodRecord {
         key: key.clone(),
+        subject: Subject::Pod,
         stamped_queue: Some(queue.clone()),
         named_queue: None,
         group: e.group.clone(),
@@ -425,6 +426,7 @@ mod tests {
     fn pod(name: &str, uid: Option<&str>, node: Option<&str>) -> PodRecord {
         PodRecord {
             key: ObjectKey::new("ml", name),
+            subject: Subject::Pod,
             stamped_queue: Some(QueueName::new("q")),
             named_queue: None,
             group: Some("pg".into()),
