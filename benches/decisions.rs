@@ -138,6 +138,38 @@ fn burst(c: &mut Criterion) {
         "pod create, 2000 pending pods pinned to one model (a burst)",
         |b| b.iter(|| review(&create, &snap, &cfg, now, true)),
     );
+    // In live mode a burst's charges wait in the queue's ledger until the caches show
+    // their pods; each decision lays the unreflected ones over the snapshot first.
+    let body = serde_json::to_vec(&R::pod("CREATE", pod("new", "q", "RTX-4090", 1, None)).build())
+        .unwrap();
+    let req = card_quota::decide::review::read_review(&body)
+        .unwrap()
+        .unwrap();
+    for entries in [0usize, 50, 200] {
+        let mut live = snap.clone();
+        let mut ledger = card_quota::ledger::Ledger::default();
+        let prefixes = live.card_prefixes();
+        for i in 0..entries {
+            let mut p = pod(&format!("led{i}"), "q", "RTX-4090", 1, None);
+            p["metadata"]["uid"] = json!(format!("u-led{i}"));
+            let k8s: k8s_openapi::api::core::v1::Pod = serde_json::from_value(p).unwrap();
+            let rec = pod_record(&k8s, "bench", &prefixes, 0).unwrap();
+            ledger.record(&card_quota::ledger::Effect::Pod(Box::new(rec)));
+        }
+        live.upsert_ledger(card_quota::ledger::LedgerRecord {
+            queue: card_quota::cards::QueueName::new("q"),
+            resource_version: Some("1".into()),
+            ledger,
+            problem: None,
+        });
+        assert!(card_quota::decide::batch::decide_with_ledger(&mut live, &req, &cfg, now).allowed);
+        c.bench_function(
+            &format!("pod create over a ledger of {entries} unreflected charges (live preview)"),
+            |b| {
+                b.iter(|| card_quota::decide::batch::decide_with_ledger(&mut live, &req, &cfg, now))
+            },
+        );
+    }
     // Pods the queue cannot charge (a card.name that does not parse) are kept for logs;
     // a decision copies the queue's usage, but must not copy them.
     let mut snap = snap;
