@@ -1,0 +1,490 @@
+//! Model-based property test of the invariant on the live path (docs/consistency.md):
+//! two replicas, each with its own caches fed by watch events that arrive late and in
+//! their own time, share each queue's ledger through compare-and-swap writes to one
+//! simulated API server. Requests go through what `serve` runs: the mutating call
+//! (`decide_with_ledger`, its patch applied), then the validating call (a preview, then
+//! the batch `plan` and its ledger write, retried over the winner's ledger on a
+//! conflict); the reconciler prunes quiet ledgers. Some admitted pods are never stored
+//! (another webhook refused them after card-quota admitted them).
+//!
+//! After every step the API server's own objects are checked: cards of non-terminal
+//! pods bound to model m in queue q never exceed quota[q][m]. Caches may lag by up to
+//! 20 s (a step is a second), well inside the ledger's 30 s and 120 s clocks.
+//!
+//! Cases: `CARD_QUOTA_MODEL_CASES` (256 by default).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use card_quota::cards::QueueName;
+use card_quota::decide::batch::{behind, decide_with_ledger, plan, Outcome};
+use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
+use card_quota::decide::Config;
+use card_quota::ledger::entries::{EntryId, Watermark};
+use card_quota::ledger::{ledger_record, Effect};
+use card_quota::snapshot::load::{load, remove, upsert};
+use card_quota::snapshot::Snapshot;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as RunnerConfig, TestRunner};
+use serde_json::{json, Value};
+
+const NS: &str = "ml";
+const QUEUES: &[&str] = &["q1", "q2"];
+/// (node, model)
+const NODES: &[(&str, &str)] = &[("a1", "A"), ("a2", "A"), ("b1", "B")];
+const NAMES: &[&str] = &["A", "B", "A|B", "B|A"];
+/// The longest a watch event waits before a replica's cache gets it, in steps.
+const MAX_LAG: u64 = 20;
+
+fn quota(queue: &str, model: &str) -> u64 {
+    match (queue, model) {
+        ("q1", "A") => 2,
+        ("q1", "B") => 1,
+        ("q2", "A") => 1,
+        ("q2", "B") => 2,
+        _ => 0,
+    }
+}
+
+fn objects() -> String {
+    let mut docs = Vec::new();
+    for (name, model) in NODES {
+        docs.push(format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{nvidia.com/gpu.product: {model}}}}}\nstatus: {{allocatable: {{nvidia.com/gpu: \"8\"}}}}"
+        ));
+    }
+    for q in QUEUES {
+        let quota = json!({"A": quota(q, "A"), "B": quota(q, "B")}).to_string();
+        docs.push(format!(
+            "apiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {{name: {q}, annotations: {{volcano.sh/card.quota: '{quota}'}}}}\nstatus: {{state: Open}}"
+        ));
+    }
+    docs.join("\n---\n")
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A pod CREATE at replica `r`; `stored: false` is a pod another webhook refuses
+    /// after card-quota admitted it.
+    Create {
+        r: usize,
+        queue: usize,
+        name: usize,
+        cards: u32,
+        stored: bool,
+    },
+    /// The scheduler binds one of the API server's pending pods (by index) to a node.
+    Bind { r: usize, pod: usize, node: usize },
+    /// A pod (by index) is deleted at once.
+    Delete { pod: usize },
+    /// Replica `r`'s caches get the next `n` watch events of one stream.
+    Deliver { r: usize, ledgers: bool, n: usize },
+    /// Replica `r`'s reconciler prunes every ledger.
+    Prune { r: usize },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32, prop::bool::weighted(0.9))
+            .prop_map(|(r, queue, name, cards, stored)| Step::Create { r, queue, name, cards, stored }),
+        4 => (0..2usize, 0..64usize, 0..NODES.len()).prop_map(|(r, pod, node)| Step::Bind { r, pod, node }),
+        1 => (0..64usize).prop_map(|pod| Step::Delete { pod }),
+        5 => (0..2usize, any::<bool>(), 1..4usize).prop_map(|(r, ledgers, n)| Step::Deliver { r, ledgers, n }),
+        2 => (0..2usize).prop_map(|r| Step::Prune { r }),
+    ]
+}
+
+/// A watch event: the object as stored (`None`: deleted), its key and resourceVersion.
+#[derive(Debug, Clone)]
+struct Event {
+    at: u64,
+    rv: u64,
+    name: String,
+    object: Option<Value>,
+}
+
+struct Replica {
+    snap: Snapshot,
+    pods: VecDeque<Event>,
+    ledgers: VecDeque<Event>,
+    /// When this replica first read each ledger entry (pruning's clock), in steps.
+    seen: RefCell<BTreeMap<(QueueName, EntryId), u64>>,
+}
+
+/// Pruning's clock for `queue` at `step`: how long the replica has known each entry.
+fn age<'a>(
+    seen: &'a RefCell<BTreeMap<(QueueName, EntryId), u64>>,
+    queue: &'a QueueName,
+    step: u64,
+) -> impl Fn(&EntryId) -> Duration + 'a {
+    move |id| {
+        let first = *seen
+            .borrow_mut()
+            .entry((queue.clone(), id.clone()))
+            .or_insert(step);
+        Duration::from_secs(step - first)
+    }
+}
+
+impl Replica {
+    fn deliver(&mut self, ledgers: bool, n: usize, now: u64, force: bool) {
+        for _ in 0..n {
+            let queue = if ledgers {
+                &mut self.ledgers
+            } else {
+                &mut self.pods
+            };
+            let Some(ev) = queue.front() else { return };
+            if force && now.saturating_sub(ev.at) < MAX_LAG {
+                return;
+            }
+            let Some(ev) = queue.pop_front() else { return };
+            if ledgers {
+                if let Some(cm) = &ev.object {
+                    let cm = serde_json::from_value(cm.clone()).unwrap();
+                    self.snap.upsert_ledger(ledger_record(&cm).unwrap());
+                }
+                continue;
+            }
+            match &ev.object {
+                Some(pod) => {
+                    upsert(&mut self.snap, pod).unwrap();
+                }
+                None => remove(&mut self.snap, "Pod", NS, &ev.name),
+            }
+            let p = self.snap.progress();
+            self.snap.set_progress(Watermark {
+                pods: p.pods.max(ev.rv),
+                ..p
+            });
+        }
+    }
+}
+
+struct World {
+    rv: u64,
+    now: u64,
+    /// The API server's pods by name.
+    pods: BTreeMap<String, Value>,
+    /// The API server's ledger ConfigMaps by queue: (resourceVersion, text).
+    ledgers: BTreeMap<String, (u64, String)>,
+    replicas: Vec<Replica>,
+    cfg: Config,
+    next: usize,
+    admitted_binds: usize,
+    refused_binds: usize,
+    conflicts: usize,
+}
+
+fn request(doc: &Value) -> AdmissionRequest {
+    read_review(&serde_json::to_vec(doc).unwrap())
+        .expect("a review")
+        .expect("a valid review")
+}
+
+impl World {
+    fn new() -> Self {
+        let (snap, _) = load(&objects()).unwrap();
+        let replica = || Replica {
+            snap: snap.clone(),
+            pods: VecDeque::new(),
+            ledgers: VecDeque::new(),
+            seen: RefCell::new(BTreeMap::new()),
+        };
+        Self {
+            rv: 100,
+            now: 0,
+            pods: BTreeMap::new(),
+            ledgers: BTreeMap::new(),
+            replicas: vec![replica(), replica()],
+            cfg: Config::default(),
+            next: 0,
+            admitted_binds: 0,
+            refused_binds: 0,
+            conflicts: 0,
+        }
+    }
+
+    fn timestamp(&self) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + self.now as i64).unwrap()
+    }
+
+    /// Stores a pod (or deletes it) and tells every replica's watch.
+    fn store_pod(&mut self, name: &str, pod: Option<Value>) {
+        self.rv += 1;
+        let object = pod.map(|mut p| {
+            p["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+            self.pods.insert(name.to_string(), p.clone());
+            p
+        });
+        if object.is_none() {
+            self.pods.remove(name);
+        }
+        for r in &mut self.replicas {
+            r.pods.push_back(Event {
+                at: self.now,
+                rv: self.rv,
+                name: name.to_string(),
+                object: object.clone(),
+            });
+        }
+    }
+
+    /// The validating call at replica `r`: a preview, then the batch of one and its
+    /// compare-and-swap write, decided again over the newer ledger after a conflict.
+    /// Returns the admitted charge.
+    fn validate(&mut self, r: usize, doc: &Value) -> Option<Effect> {
+        let now = self.timestamp();
+        let req = request(doc);
+        let first = decide_with_ledger(&mut self.replicas[r].snap, &req, &self.cfg, now);
+        let queue = match &first.charge {
+            Some(c) if first.allowed => c.queue.clone(),
+            _ => return None,
+        };
+        for _ in 0..4 {
+            if behind(&self.replicas[r].snap, &queue).is_some() {
+                return None; // "try again": the caches are behind the ledger
+            }
+            let rep = &mut self.replicas[r];
+            let step = self.now;
+            let batch = plan(
+                &mut rep.snap,
+                &queue,
+                &[&req],
+                &self.cfg,
+                now,
+                age(&rep.seen, &queue, step),
+            );
+            let admitted = match &batch.outcomes[0] {
+                Outcome::Admit(d) => d.charge.as_ref().map(|c| c.effect.clone()),
+                Outcome::Answer(_) => return None,
+            };
+            if self.write(r, &queue, batch.resource_version.as_deref(), &batch.text) {
+                return admitted;
+            }
+            self.conflicts += 1;
+            // Lost the race: read the winner's ledger, as a GET would.
+            self.read_ledger(r, &queue);
+        }
+        None
+    }
+
+    fn read_ledger(&mut self, r: usize, queue: &QueueName) {
+        if let Some((rv, text)) = self.ledgers.get(queue.as_str()) {
+            let cm = configmap(queue.as_str(), *rv, text);
+            let rec = ledger_record(&serde_json::from_value(cm).unwrap()).unwrap();
+            self.replicas[r].snap.upsert_ledger(rec);
+        }
+    }
+
+    /// A compare-and-swap write of `queue`'s ledger; the writer keeps what it wrote.
+    fn write(&mut self, r: usize, queue: &QueueName, expected: Option<&str>, text: &str) -> bool {
+        let current = self
+            .ledgers
+            .get(queue.as_str())
+            .map(|(rv, _)| rv.to_string());
+        if current.as_deref() != expected {
+            return false;
+        }
+        self.rv += 1;
+        self.ledgers
+            .insert(queue.to_string(), (self.rv, text.to_string()));
+        let cm = configmap(queue.as_str(), self.rv, text);
+        for rep in &mut self.replicas {
+            rep.ledgers.push_back(Event {
+                at: self.now,
+                rv: self.rv,
+                name: queue.to_string(),
+                object: Some(cm.clone()),
+            });
+        }
+        self.read_ledger(r, queue);
+        true
+    }
+
+    fn apply(&mut self, s: &Step) {
+        self.now += 1;
+        for r in &mut self.replicas {
+            r.deliver(false, usize::MAX, self.now, true);
+            r.deliver(true, usize::MAX, self.now, true);
+        }
+        match *s {
+            Step::Create {
+                r,
+                queue,
+                name,
+                cards,
+                stored,
+            } => {
+                self.next += 1;
+                let pod_name = format!("p{}", self.next);
+                let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod_name, "namespace": NS,
+                        "annotations": {"scheduling.volcano.sh/queue-name": QUEUES[queue], "volcano.sh/card.name": NAMES[name]}},
+                    "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
+                let doc = R::pod("CREATE", pod.clone()).build();
+                let now = self.timestamp();
+                let m =
+                    decide_with_ledger(&mut self.replicas[r].snap, &request(&doc), &self.cfg, now);
+                if !m.allowed {
+                    return;
+                }
+                let mut obj = pod;
+                json_patch::patch(&mut obj, &json_patch::Patch(m.patch.clone()))
+                    .expect("card-quota's own patch applies");
+                let doc = R::pod("CREATE", obj.clone()).build();
+                if self.validate(r, &doc).is_some() && stored {
+                    obj["metadata"]["uid"] = json!(format!("uid-{pod_name}"));
+                    self.store_pod(&pod_name, Some(obj));
+                }
+            }
+            Step::Bind { r, pod, node } => {
+                let pending: Vec<String> = self
+                    .pods
+                    .iter()
+                    .filter(|(_, p)| p.pointer("/spec/nodeName").is_none())
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                if pending.is_empty() {
+                    return;
+                }
+                let name = pending[pod % pending.len()].clone();
+                let (node, model) = NODES[node];
+                let doc = R::binding(NS, &name, node).build();
+                let Some(Effect::Pod(p)) = self.validate(r, &doc) else {
+                    self.refused_binds += 1;
+                    return;
+                };
+                self.admitted_binds += 1;
+                let charged = p.charged.as_ref().map(|c| c.as_str().to_string());
+                assert_eq!(
+                    charged.as_deref(),
+                    Some(model),
+                    "the binding charges its node's model"
+                );
+                let mut stored = self.pods[&name].clone();
+                stored["spec"]["nodeName"] = json!(node);
+                stored["metadata"]["annotations"]["volcano.sh/card.charged"] = json!(model);
+                self.store_pod(&name, Some(stored));
+            }
+            Step::Delete { pod } => {
+                let names: Vec<String> = self.pods.keys().cloned().collect();
+                if let Some(name) = names.get(pod % names.len().max(1)).cloned() {
+                    self.store_pod(&name, None);
+                }
+            }
+            Step::Deliver { r, ledgers, n } => {
+                self.replicas[r].deliver(ledgers, n, self.now, false)
+            }
+            Step::Prune { r } => {
+                let queues: Vec<String> = self.ledgers.keys().cloned().collect();
+                for q in queues {
+                    let queue = QueueName::new(q.clone());
+                    if behind(&self.replicas[r].snap, &queue).is_some() {
+                        continue;
+                    }
+                    let now = self.timestamp();
+                    let step = self.now;
+                    let rep = &mut self.replicas[r];
+                    let batch = plan(
+                        &mut rep.snap,
+                        &queue,
+                        &[],
+                        &self.cfg,
+                        now,
+                        age(&rep.seen, &queue, step),
+                    );
+                    if !batch.unchanged() {
+                        let _ =
+                            self.write(r, &queue, batch.resource_version.as_deref(), &batch.text);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cards bound per (queue, model), from the API server's objects alone.
+    fn bound(&self) -> BTreeMap<(String, String), u64> {
+        let mut out = BTreeMap::new();
+        for p in self.pods.values() {
+            let Some(node) = p.pointer("/spec/nodeName").and_then(Value::as_str) else {
+                continue;
+            };
+            let model = NODES
+                .iter()
+                .find(|(n, _)| *n == node)
+                .map(|(_, m)| *m)
+                .unwrap();
+            let queue = p
+                .pointer("/metadata/annotations/volcano.sh~1card.queue")
+                .and_then(Value::as_str)
+                .expect("an admitted pod carries its queue")
+                .to_string();
+            let cards: u64 = p
+                .pointer("/spec/containers/0/resources/limits/nvidia.com~1gpu")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse().ok())
+                .unwrap();
+            *out.entry((queue, model.to_string())).or_default() += cards;
+        }
+        out
+    }
+}
+
+fn configmap(queue: &str, rv: u64, text: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("card-quota-ledger.{queue}"), "namespace": "card-quota", "resourceVersion": rv.to_string()},
+        "data": {"queue": queue, "ledger": text}})
+}
+
+fn run(steps: &[Step]) -> Result<(usize, usize, usize), TestCaseError> {
+    let mut w = World::new();
+    for (i, s) in steps.iter().enumerate() {
+        w.apply(s);
+        for ((q, m), n) in w.bound() {
+            prop_assert!(
+                n <= quota(&q, &m),
+                "step {i} ({s:?}): queue {q} has {n} {m} cards bound, quota {}",
+                quota(&q, &m)
+            );
+        }
+    }
+    Ok((w.admitted_binds, w.refused_binds, w.conflicts))
+}
+
+#[test]
+fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
+    let cases = std::env::var("CARD_QUOTA_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases,
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let totals = std::cell::Cell::new((0, 0, 0));
+    runner
+        .run(&prop::collection::vec(step(), 1..80), |steps| {
+            let (a, r, c) = run(&steps)?;
+            let (ta, tr, tc) = totals.get();
+            totals.set((ta + a, tr + r, tc + c));
+            Ok(())
+        })
+        .unwrap();
+    // The runs must have reached the line from both sides, and raced on the ledger.
+    let (admitted, refused, conflicts) = totals.get();
+    eprintln!(
+        "{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts"
+    );
+    assert!(
+        admitted > 0 && refused > 0,
+        "{admitted} binds admitted, {refused} refused"
+    );
+    assert!(
+        conflicts > 0,
+        "no compare-and-swap conflict in {cases} cases"
+    );
+}
