@@ -1,7 +1,8 @@
 //! Model-based property test of the invariant on the live path (docs/consistency.md):
 //! two replicas, each with its own caches fed by watch events that arrive late and in
 //! their own time, share each queue's ledger through compare-and-swap writes to one
-//! simulated API server. Requests go through what `serve` runs: the mutating call
+//! simulated API server. Requests, alone or several waiting in line together (one
+//! batch), go through what `serve` runs: the mutating call
 //! (`decide_with_ledger`, its patch applied), then the validating call (a preview, then
 //! the batch `plan` and its ledger write, retried over the winner's ledger on a
 //! conflict); the reconciler prunes quiet ledgers. Some admitted pods are never stored
@@ -65,17 +66,25 @@ fn objects() -> String {
 
 #[derive(Debug, Clone)]
 enum Step {
-    /// A pod CREATE at replica `r`; `stored: false` is a pod another webhook refuses
+    /// Pod CREATEs at replica `r`; `stored: false` is a pod another webhook refuses
     /// after card-quota admitted it.
     Create {
         r: usize,
         queue: usize,
         name: usize,
         cards: u32,
+        /// How many pods wait in line together (one batch, one ledger write).
+        pods: usize,
         stored: bool,
     },
-    /// The scheduler binds one of the API server's pending pods (by index) to a node.
-    Bind { r: usize, pod: usize, node: usize },
+    /// The scheduler binds some of one queue's pending pods (from an index) to nodes;
+    /// their bindings wait in line together.
+    Bind {
+        r: usize,
+        pod: usize,
+        node: usize,
+        pods: usize,
+    },
     /// A pod (by index) is deleted at once.
     Delete { pod: usize },
     /// Replica `r`'s caches get the next `n` watch events of one stream.
@@ -86,9 +95,10 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32, prop::bool::weighted(0.9))
-            .prop_map(|(r, queue, name, cards, stored)| Step::Create { r, queue, name, cards, stored }),
-        4 => (0..2usize, 0..64usize, 0..NODES.len()).prop_map(|(r, pod, node)| Step::Bind { r, pod, node }),
+        4 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32, prop_oneof![3 => Just(1usize), 1 => 2..5usize], prop::bool::weighted(0.9))
+            .prop_map(|(r, queue, name, cards, pods, stored)| Step::Create { r, queue, name, cards, pods, stored }),
+        4 => (0..2usize, 0..64usize, 0..NODES.len(), prop_oneof![3 => Just(1usize), 1 => 2..4usize])
+            .prop_map(|(r, pod, node, pods)| Step::Bind { r, pod, node, pods }),
         1 => (0..64usize).prop_map(|pod| Step::Delete { pod }),
         5 => (0..2usize, any::<bool>(), 1..4usize).prop_map(|(r, ledgers, n)| Step::Deliver { r, ledgers, n }),
         2 => (0..2usize).prop_map(|r| Step::Prune { r }),
@@ -231,43 +241,65 @@ impl World {
         }
     }
 
-    /// The validating call at replica `r`: a preview, then the batch of one and its
-    /// compare-and-swap write, decided again over the newer ledger after a conflict.
-    /// Returns the admitted charge.
-    fn validate(&mut self, r: usize, doc: &Value) -> Option<Effect> {
+    /// The validating calls of `docs` at replica `r`, waiting in line together (one
+    /// queue): a preview each, then one batch and its compare-and-swap write; after a
+    /// conflict the admitted ones are decided again over the winner's ledger (refusals
+    /// stay refusals). Returns each request's admitted charge.
+    fn validate(&mut self, r: usize, docs: &[Value]) -> Vec<Option<Effect>> {
         let now = self.timestamp();
-        let req = request(doc);
-        let first = decide_with_ledger(&mut self.replicas[r].snap, &req, &self.cfg, now);
-        let queue = match &first.charge {
-            Some(c) if first.allowed => c.queue.clone(),
-            _ => return None,
-        };
+        let reqs: Vec<AdmissionRequest> = docs.iter().map(request).collect();
+        let mut out = vec![None; reqs.len()];
+        let mut waiting: Vec<usize> = Vec::new();
+        let mut queue = None;
+        for (i, req) in reqs.iter().enumerate() {
+            let first = decide_with_ledger(&mut self.replicas[r].snap, req, &self.cfg, now);
+            if let Some(c) = first.charge.as_ref().filter(|_| first.allowed) {
+                assert!(
+                    queue.get_or_insert(c.queue.clone()) == &c.queue,
+                    "one queue a batch"
+                );
+                waiting.push(i);
+            }
+        }
+        let Some(queue) = queue else { return out };
         for _ in 0..4 {
-            if behind(&self.replicas[r].snap, &queue).is_some() {
-                return None; // "try again": the caches are behind the ledger
+            if waiting.is_empty() || behind(&self.replicas[r].snap, &queue).is_some() {
+                return out; // "try again": the caches are behind the ledger
             }
             let rep = &mut self.replicas[r];
             let step = self.now;
+            let batch_reqs: Vec<&AdmissionRequest> = waiting.iter().map(|&i| &reqs[i]).collect();
             let batch = plan(
                 &mut rep.snap,
                 &queue,
-                &[&req],
+                &batch_reqs,
                 &self.cfg,
                 now,
                 age(&rep.seen, &queue, step),
             );
-            let admitted = match &batch.outcomes[0] {
-                Outcome::Admit(d) => d.charge.as_ref().map(|c| c.effect.clone()),
-                Outcome::Answer(_) => return None,
-            };
+            let admitted: Vec<(usize, Option<Effect>)> = waiting
+                .iter()
+                .zip(&batch.outcomes)
+                .filter_map(|(&i, o)| match o {
+                    Outcome::Admit(d) => Some((i, d.charge.as_ref().map(|c| c.effect.clone()))),
+                    Outcome::Answer(_) => None,
+                })
+                .collect();
+            if admitted.is_empty() && batch.unchanged() {
+                return out;
+            }
             if self.write(r, &queue, batch.resource_version.as_deref(), &batch.text) {
-                return admitted;
+                for (i, e) in admitted {
+                    out[i] = e;
+                }
+                return out;
             }
             self.conflicts += 1;
+            waiting = admitted.into_iter().map(|(i, _)| i).collect();
             // Lost the race: read the winner's ledger, as a GET would.
             self.read_ledger(r, &queue);
         }
-        None
+        out
     }
 
     fn read_ledger(&mut self, r: usize, queue: &QueueName) {
@@ -315,59 +347,98 @@ impl World {
                 queue,
                 name,
                 cards,
+                pods,
                 stored,
             } => {
-                self.next += 1;
-                let pod_name = format!("p{}", self.next);
-                let pod = json!({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": pod_name, "namespace": NS,
-                        "annotations": {"scheduling.volcano.sh/queue-name": QUEUES[queue], "volcano.sh/card.name": NAMES[name]}},
-                    "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
-                        "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
-                let doc = R::pod("CREATE", pod.clone()).build();
                 let now = self.timestamp();
-                let m =
-                    decide_with_ledger(&mut self.replicas[r].snap, &request(&doc), &self.cfg, now);
-                if !m.allowed {
-                    return;
+                let mut objs = Vec::new();
+                for k in 0..pods {
+                    self.next += 1;
+                    let pod_name = format!("p{}", self.next);
+                    // A burst mixes the models it names.
+                    let name = NAMES[(name + k) % NAMES.len()];
+                    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": pod_name, "namespace": NS,
+                            "annotations": {"scheduling.volcano.sh/queue-name": QUEUES[queue], "volcano.sh/card.name": name}},
+                        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
+                            "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
+                    let doc = R::pod("CREATE", pod.clone()).build();
+                    let m = decide_with_ledger(
+                        &mut self.replicas[r].snap,
+                        &request(&doc),
+                        &self.cfg,
+                        now,
+                    );
+                    if !m.allowed {
+                        continue;
+                    }
+                    let mut obj = pod;
+                    json_patch::patch(&mut obj, &json_patch::Patch(m.patch.clone()))
+                        .expect("card-quota's own patch applies");
+                    objs.push((pod_name, obj));
                 }
-                let mut obj = pod;
-                json_patch::patch(&mut obj, &json_patch::Patch(m.patch.clone()))
-                    .expect("card-quota's own patch applies");
-                let doc = R::pod("CREATE", obj.clone()).build();
-                if self.validate(r, &doc).is_some() && stored {
-                    obj["metadata"]["uid"] = json!(format!("uid-{pod_name}"));
-                    self.store_pod(&pod_name, Some(obj));
+                let docs: Vec<Value> = objs
+                    .iter()
+                    .map(|(_, o)| R::pod("CREATE", o.clone()).build())
+                    .collect();
+                let admitted = self.validate(r, &docs);
+                for ((pod_name, mut obj), a) in objs.into_iter().zip(admitted) {
+                    if a.is_some() && stored {
+                        obj["metadata"]["uid"] = json!(format!("uid-{pod_name}"));
+                        self.store_pod(&pod_name, Some(obj));
+                    }
                 }
             }
-            Step::Bind { r, pod, node } => {
-                let pending: Vec<String> = self
+            Step::Bind { r, pod, node, pods } => {
+                let queue_of = |p: &Value| {
+                    p.pointer("/metadata/annotations/volcano.sh~1card.queue")
+                        .cloned()
+                };
+                let pending: Vec<(String, Option<Value>)> = self
                     .pods
                     .iter()
                     .filter(|(_, p)| p.pointer("/spec/nodeName").is_none())
-                    .map(|(n, _)| n.clone())
+                    .map(|(n, p)| (n.clone(), queue_of(p)))
                     .collect();
                 if pending.is_empty() {
                     return;
                 }
-                let name = pending[pod % pending.len()].clone();
-                let (node, model) = NODES[node];
-                let doc = R::binding(NS, &name, node).build();
-                let Some(Effect::Pod(p)) = self.validate(r, &doc) else {
-                    self.refused_binds += 1;
-                    return;
-                };
-                self.admitted_binds += 1;
-                let charged = p.charged.as_ref().map(|c| c.as_str().to_string());
-                assert_eq!(
-                    charged.as_deref(),
-                    Some(model),
-                    "the binding charges its node's model"
-                );
-                let mut stored = self.pods[&name].clone();
-                stored["spec"]["nodeName"] = json!(node);
-                stored["metadata"]["annotations"]["volcano.sh/card.charged"] = json!(model);
-                self.store_pod(&name, Some(stored));
+                // Bindings of one queue's pods wait in the same line.
+                let (_, queue) = &pending[pod % pending.len()];
+                let picked: Vec<(String, &str, &str)> = pending
+                    .iter()
+                    .filter(|(_, q)| q == queue)
+                    .cycle()
+                    .skip(pod % pending.len())
+                    .take(pods.min(pending.len()))
+                    .enumerate()
+                    .map(|(k, (name, _))| (name.clone(), NODES[(node + k) % NODES.len()]))
+                    .collect::<BTreeMap<_, _>>()
+                    .into_iter()
+                    .map(|(name, (n, m))| (name, n, m))
+                    .collect();
+                let docs: Vec<Value> = picked
+                    .iter()
+                    .map(|(name, node, _)| R::binding(NS, name, node).build())
+                    .collect();
+                let admitted = self.validate(r, &docs);
+                for ((name, node, model), a) in picked.into_iter().zip(admitted) {
+                    let Some(Effect::Pod(p)) = a else {
+                        self.refused_binds += 1;
+                        continue;
+                    };
+                    self.admitted_binds += 1;
+                    let charged = p.charged.as_ref().map(|c| c.as_str().to_string());
+                    assert_eq!(
+                        charged.as_deref(),
+                        Some(model),
+                        "the binding charges its node's model"
+                    );
+                    let mut stored = self.pods[&name].clone();
+                    stored["spec"]["nodeName"] = json!(node);
+                    stored["metadata"]["annotations"]["volcano.sh/card.charged"] = json!(model);
+                    self.store_pod(&name, Some(stored));
+                }
             }
             Step::Delete { pod } => {
                 let names: Vec<String> = self.pods.keys().cloned().collect();
