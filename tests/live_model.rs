@@ -5,8 +5,10 @@
 //! batch), go through what `serve` runs: the mutating call
 //! (`decide_with_ledger`, its patch applied), then the validating call (a preview, then
 //! the batch `plan` and its ledger write, retried over the winner's ledger on a
-//! conflict); the reconciler prunes quiet ledgers. Some admitted pods are never stored
-//! (another webhook refused them after card-quota admitted them).
+//! conflict); the reconciler prunes quiet ledgers. PodGroups with a `card.request`
+//! reserve cards, and some pods belong to them (their queue is the group's). Some
+//! admitted pods are never stored (another webhook refused them after card-quota
+//! admitted them).
 //!
 //! After every step the API server's own objects are checked: cards of non-terminal
 //! pods bound to model m in queue q never exceed quota[q][m]. Caches may lag by up to
@@ -75,6 +77,9 @@ enum Step {
         cards: u32,
         /// How many pods wait in line together (one batch, one ledger write).
         pods: usize,
+        /// The pods belong to one of the API server's PodGroups (by index), whose queue
+        /// is theirs.
+        group: Option<usize>,
         stored: bool,
     },
     /// The scheduler binds some of one queue's pending pods (from an index) to nodes;
@@ -88,19 +93,28 @@ enum Step {
     /// A pod (by index) is deleted at once.
     Delete { pod: usize },
     /// Replica `r`'s caches get the next `n` watch events of one stream.
-    Deliver { r: usize, ledgers: bool, n: usize },
+    Deliver { r: usize, stream: usize, n: usize },
+    /// A PodGroup CREATE with a `card.request` of `cards` on one of [`NAMES`].
+    Group {
+        r: usize,
+        queue: usize,
+        name: usize,
+        cards: u32,
+    },
     /// Replica `r`'s reconciler prunes every ledger.
     Prune { r: usize },
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32, prop_oneof![3 => Just(1usize), 1 => 2..5usize], prop::bool::weighted(0.9))
-            .prop_map(|(r, queue, name, cards, pods, stored)| Step::Create { r, queue, name, cards, pods, stored }),
+        4 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32, prop_oneof![3 => Just(1usize), 1 => 2..5usize], prop::option::weighted(0.3, 0..8usize), prop::bool::weighted(0.9))
+            .prop_map(|(r, queue, name, cards, pods, group, stored)| Step::Create { r, queue, name, cards, pods, group, stored }),
         4 => (0..2usize, 0..64usize, 0..NODES.len(), prop_oneof![3 => Just(1usize), 1 => 2..4usize])
             .prop_map(|(r, pod, node, pods)| Step::Bind { r, pod, node, pods }),
         1 => (0..64usize).prop_map(|pod| Step::Delete { pod }),
-        5 => (0..2usize, any::<bool>(), 1..4usize).prop_map(|(r, ledgers, n)| Step::Deliver { r, ledgers, n }),
+        6 => (0..2usize, 0..3usize, 1..4usize).prop_map(|(r, stream, n)| Step::Deliver { r, stream, n }),
+        1 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..4u32)
+            .prop_map(|(r, queue, name, cards)| Step::Group { r, queue, name, cards }),
         2 => (0..2usize).prop_map(|r| Step::Prune { r }),
     ]
 }
@@ -114,10 +128,15 @@ struct Event {
     object: Option<Value>,
 }
 
+/// The watch streams a replica reads: pods, PodGroups and ledger ConfigMaps.
+const PODS: usize = 0;
+const GROUPS: usize = 1;
+const LEDGERS: usize = 2;
+
 struct Replica {
     snap: Snapshot,
-    pods: VecDeque<Event>,
-    ledgers: VecDeque<Event>,
+    /// Events not delivered yet, per stream.
+    streams: [VecDeque<Event>; 3],
     /// When this replica first read each ledger entry (pruning's clock), in steps.
     seen: RefCell<BTreeMap<(QueueName, EntryId), u64>>,
 }
@@ -138,35 +157,38 @@ fn age<'a>(
 }
 
 impl Replica {
-    fn deliver(&mut self, ledgers: bool, n: usize, now: u64, force: bool) {
+    fn deliver(&mut self, stream: usize, n: usize, now: u64, force: bool) {
         for _ in 0..n {
-            let queue = if ledgers {
-                &mut self.ledgers
-            } else {
-                &mut self.pods
-            };
+            let queue = &mut self.streams[stream];
             let Some(ev) = queue.front() else { return };
             if force && now.saturating_sub(ev.at) < MAX_LAG {
                 return;
             }
             let Some(ev) = queue.pop_front() else { return };
-            if ledgers {
-                if let Some(cm) = &ev.object {
+            match (stream, &ev.object) {
+                (LEDGERS, Some(cm)) => {
                     let cm = serde_json::from_value(cm.clone()).unwrap();
                     self.snap.upsert_ledger(ledger_record(&cm).unwrap());
+                    continue;
                 }
-                continue;
-            }
-            match &ev.object {
-                Some(pod) => {
-                    upsert(&mut self.snap, pod).unwrap();
+                (LEDGERS, None) => continue,
+                (_, Some(o)) => {
+                    upsert(&mut self.snap, o).unwrap();
                 }
-                None => remove(&mut self.snap, "Pod", NS, &ev.name),
+                (PODS, None) => remove(&mut self.snap, "Pod", NS, &ev.name),
+                (_, None) => remove(&mut self.snap, "PodGroup", NS, &ev.name),
             }
             let p = self.snap.progress();
-            self.snap.set_progress(Watermark {
-                pods: p.pods.max(ev.rv),
-                ..p
+            self.snap.set_progress(if stream == PODS {
+                Watermark {
+                    pods: p.pods.max(ev.rv),
+                    ..p
+                }
+            } else {
+                Watermark {
+                    podgroups: p.podgroups.max(ev.rv),
+                    ..p
+                }
             });
         }
     }
@@ -177,6 +199,8 @@ struct World {
     now: u64,
     /// The API server's pods by name.
     pods: BTreeMap<String, Value>,
+    /// The API server's PodGroups by name.
+    groups: BTreeMap<String, Value>,
     /// The API server's ledger ConfigMaps by queue: (resourceVersion, text).
     ledgers: BTreeMap<String, (u64, String)>,
     replicas: Vec<Replica>,
@@ -185,6 +209,9 @@ struct World {
     admitted_binds: usize,
     refused_binds: usize,
     conflicts: usize,
+    /// PodGroups admitted, and pods of a PodGroup stored.
+    groups_admitted: usize,
+    group_pods: usize,
 }
 
 fn request(doc: &Value) -> AdmissionRequest {
@@ -198,14 +225,14 @@ impl World {
         let (snap, _) = load(&objects()).unwrap();
         let replica = || Replica {
             snap: snap.clone(),
-            pods: VecDeque::new(),
-            ledgers: VecDeque::new(),
+            streams: Default::default(),
             seen: RefCell::new(BTreeMap::new()),
         };
         Self {
             rv: 100,
             now: 0,
             pods: BTreeMap::new(),
+            groups: BTreeMap::new(),
             ledgers: BTreeMap::new(),
             replicas: vec![replica(), replica()],
             cfg: Config::default(),
@@ -213,6 +240,8 @@ impl World {
             admitted_binds: 0,
             refused_binds: 0,
             conflicts: 0,
+            groups_admitted: 0,
+            group_pods: 0,
         }
     }
 
@@ -232,11 +261,26 @@ impl World {
             self.pods.remove(name);
         }
         for r in &mut self.replicas {
-            r.pods.push_back(Event {
+            r.streams[PODS].push_back(Event {
                 at: self.now,
                 rv: self.rv,
                 name: name.to_string(),
                 object: object.clone(),
+            });
+        }
+    }
+
+    /// Stores a PodGroup and tells every replica's watch.
+    fn store_group(&mut self, name: &str, mut group: Value) {
+        self.rv += 1;
+        group["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.groups.insert(name.to_string(), group.clone());
+        for r in &mut self.replicas {
+            r.streams[GROUPS].push_back(Event {
+                at: self.now,
+                rv: self.rv,
+                name: name.to_string(),
+                object: Some(group.clone()),
             });
         }
     }
@@ -324,7 +368,7 @@ impl World {
             .insert(queue.to_string(), (self.rv, text.to_string()));
         let cm = configmap(queue.as_str(), self.rv, text);
         for rep in &mut self.replicas {
-            rep.ledgers.push_back(Event {
+            rep.streams[LEDGERS].push_back(Event {
                 at: self.now,
                 rv: self.rv,
                 name: queue.to_string(),
@@ -338,8 +382,9 @@ impl World {
     fn apply(&mut self, s: &Step) {
         self.now += 1;
         for r in &mut self.replicas {
-            r.deliver(false, usize::MAX, self.now, true);
-            r.deliver(true, usize::MAX, self.now, true);
+            for stream in [PODS, GROUPS, LEDGERS] {
+                r.deliver(stream, usize::MAX, self.now, true);
+            }
         }
         match *s {
             Step::Create {
@@ -348,18 +393,31 @@ impl World {
                 name,
                 cards,
                 pods,
+                group,
                 stored,
             } => {
                 let now = self.timestamp();
+                let names: Vec<&String> = self.groups.keys().collect();
+                let group = group
+                    .filter(|_| !names.is_empty())
+                    .map(|g| names[g % names.len()].clone());
                 let mut objs = Vec::new();
                 for k in 0..pods {
                     self.next += 1;
                     let pod_name = format!("p{}", self.next);
                     // A burst mixes the models it names.
                     let name = NAMES[(name + k) % NAMES.len()];
+                    // A PodGroup's pods name only their group: their queue is its queue.
+                    let annotations = match &group {
+                        Some(g) => {
+                            json!({"scheduling.k8s.io/group-name": g, "volcano.sh/card.name": name})
+                        }
+                        None => {
+                            json!({"scheduling.volcano.sh/queue-name": QUEUES[queue], "volcano.sh/card.name": name})
+                        }
+                    };
                     let pod = json!({"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": pod_name, "namespace": NS,
-                            "annotations": {"scheduling.volcano.sh/queue-name": QUEUES[queue], "volcano.sh/card.name": name}},
+                        "metadata": {"name": pod_name, "namespace": NS, "annotations": annotations},
                         "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
                             "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
                     let doc = R::pod("CREATE", pod.clone()).build();
@@ -384,6 +442,7 @@ impl World {
                 let admitted = self.validate(r, &docs);
                 for ((pod_name, mut obj), a) in objs.into_iter().zip(admitted) {
                     if a.is_some() && stored {
+                        self.group_pods += usize::from(group.is_some());
                         obj["metadata"]["uid"] = json!(format!("uid-{pod_name}"));
                         self.store_pod(&pod_name, Some(obj));
                     }
@@ -440,15 +499,34 @@ impl World {
                     self.store_pod(&name, Some(stored));
                 }
             }
+            Step::Group {
+                r,
+                queue,
+                name,
+                cards,
+            } => {
+                self.next += 1;
+                let group_name = format!("g{}", self.next);
+                let request = json!({NAMES[name]: cards}).to_string();
+                let group = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                    "metadata": {"name": group_name, "namespace": NS, "annotations": {"volcano.sh/card.request": request}},
+                    "spec": {"queue": QUEUES[queue], "minMember": 1},
+                    "status": {"phase": "Inqueue"}});
+                let doc = R::podgroup("CREATE", group.clone()).build();
+                if self.validate(r, &[doc]).pop().flatten().is_some() {
+                    let mut group = group;
+                    group["metadata"]["uid"] = json!(format!("uid-{group_name}"));
+                    self.store_group(&group_name, group);
+                    self.groups_admitted += 1;
+                }
+            }
             Step::Delete { pod } => {
                 let names: Vec<String> = self.pods.keys().cloned().collect();
                 if let Some(name) = names.get(pod % names.len().max(1)).cloned() {
                     self.store_pod(&name, None);
                 }
             }
-            Step::Deliver { r, ledgers, n } => {
-                self.replicas[r].deliver(ledgers, n, self.now, false)
-            }
+            Step::Deliver { r, stream, n } => self.replicas[r].deliver(stream, n, self.now, false),
             Step::Prune { r } => {
                 let queues: Vec<String> = self.ledgers.keys().cloned().collect();
                 for q in queues {
@@ -510,7 +588,11 @@ fn configmap(queue: &str, rv: u64, text: &str) -> Value {
         "data": {"queue": queue, "ledger": text}})
 }
 
-fn run(steps: &[Step]) -> Result<(usize, usize, usize), TestCaseError> {
+/// What a run went through: binds admitted and refused, ledger conflicts, PodGroups
+/// admitted, pods of a PodGroup stored.
+type Tally = [usize; 5];
+
+fn run(steps: &[Step]) -> Result<Tally, TestCaseError> {
     let mut w = World::new();
     for (i, s) in steps.iter().enumerate() {
         w.apply(s);
@@ -522,7 +604,13 @@ fn run(steps: &[Step]) -> Result<(usize, usize, usize), TestCaseError> {
             );
         }
     }
-    Ok((w.admitted_binds, w.refused_binds, w.conflicts))
+    Ok([
+        w.admitted_binds,
+        w.refused_binds,
+        w.conflicts,
+        w.groups_admitted,
+        w.group_pods,
+    ])
 }
 
 #[test]
@@ -536,20 +624,20 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         failure_persistence: None,
         ..RunnerConfig::default()
     });
-    let totals = std::cell::Cell::new((0, 0, 0));
+    let totals = std::cell::Cell::new([0usize; 5]);
     runner
         .run(&prop::collection::vec(step(), 1..80), |steps| {
-            let (a, r, c) = run(&steps)?;
-            let (ta, tr, tc) = totals.get();
-            totals.set((ta + a, tr + r, tc + c));
+            let t = run(&steps)?;
+            let mut sum = totals.get();
+            sum.iter_mut().zip(t).for_each(|(s, t)| *s += t);
+            totals.set(sum);
             Ok(())
         })
         .unwrap();
-    // The runs must have reached the line from both sides, and raced on the ledger.
-    let (admitted, refused, conflicts) = totals.get();
-    eprintln!(
-        "{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts"
-    );
+    // The runs must have reached the line from both sides, raced on the ledger, and
+    // charged pods against PodGroups' reservations.
+    let [admitted, refused, conflicts, groups, group_pods] = totals.get();
+    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored");
     assert!(
         admitted > 0 && refused > 0,
         "{admitted} binds admitted, {refused} refused"
@@ -557,5 +645,9 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
     assert!(
         conflicts > 0,
         "no compare-and-swap conflict in {cases} cases"
+    );
+    assert!(
+        groups > 0 && group_pods > 0,
+        "{groups} PodGroups, {group_pods} of their pods"
     );
 }
