@@ -260,8 +260,13 @@ impl World {
         if object.is_none() {
             self.pods.remove(name);
         }
+        self.tell(PODS, name, object);
+    }
+
+    /// Puts the event of what was just stored at `self.rv` on every replica's `stream`.
+    fn tell(&mut self, stream: usize, name: &str, object: Option<Value>) {
         for r in &mut self.replicas {
-            r.streams[PODS].push_back(Event {
+            r.streams[stream].push_back(Event {
                 at: self.now,
                 rv: self.rv,
                 name: name.to_string(),
@@ -275,14 +280,7 @@ impl World {
         self.rv += 1;
         group["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         self.groups.insert(name.to_string(), group.clone());
-        for r in &mut self.replicas {
-            r.streams[GROUPS].push_back(Event {
-                at: self.now,
-                rv: self.rv,
-                name: name.to_string(),
-                object: Some(group.clone()),
-            });
-        }
+        self.tell(GROUPS, name, Some(group));
     }
 
     /// The validating calls of `docs` at replica `r`, waiting in line together (one
@@ -367,14 +365,7 @@ impl World {
         self.ledgers
             .insert(queue.to_string(), (self.rv, text.to_string()));
         let cm = configmap(queue.as_str(), self.rv, text);
-        for rep in &mut self.replicas {
-            rep.streams[LEDGERS].push_back(Event {
-                at: self.now,
-                rv: self.rv,
-                name: queue.to_string(),
-                object: Some(cm.clone()),
-            });
-        }
+        self.tell(LEDGERS, queue.as_str(), Some(cm));
         self.read_ledger(r, queue);
         true
     }
