@@ -361,7 +361,6 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
     let EntryKey::Pod(key) = &e.of else {
         return None;
     };
-    let object = format!("pod {key}");
     Some(PodRecord {
         key: key.clone(),
         subject: Subject::Pod,
@@ -370,10 +369,12 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         group: e.group.clone(),
         demand: Ok(e.resources.clone()),
         latent: BTreeMap::new(),
-        card_name: e
-            .card
-            .as_ref()
-            .map(|c| crate::cards::annotations::parse_card_name(&object, c).map_err(Box::new)),
+        card_name: e.card.as_ref().map(|c| {
+            // The object is named only when the value is refused (a decision lays
+            // every unreflected entry, so this runs per entry per decision).
+            crate::cards::annotations::parse_card_name_of(|| format!("pod {key}"), c)
+                .map_err(Box::new)
+        }),
         charged: e.charged.as_deref().and_then(|c| CardName::parse(c).ok()),
         node: e.node.clone(),
         phase: None,

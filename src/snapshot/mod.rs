@@ -47,7 +47,9 @@ pub struct Snapshot {
     /// announces yet, kept whole so a node bringing the prefix can make them card pods.
     latent_pods: Map<ObjectKey, PodRecord>,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
-    pods_by_queue: Map<QueueName, BTreeSet<ObjectKey>>,
+    /// Hashed, not ordered: a decision's ledger overlay files and unfiles each laid pod
+    /// here, and nothing reads a queue's pods in key order (its usage is sums).
+    pods_by_queue: Map<QueueName, Set<ObjectKey>>,
     groups_by_queue: Map<QueueName, BTreeSet<ObjectKey>>,
     pods_by_group: Map<ObjectKey, BTreeSet<ObjectKey>>,
     ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
@@ -637,7 +639,7 @@ impl Snapshot {
 
     /// How many card pods and PodGroups `queue` holds (what recounting it reads).
     pub fn queue_size(&self, queue: &QueueName) -> usize {
-        let pods = self.pods_by_queue.get(queue).map_or(0, BTreeSet::len);
+        let pods = self.pods_by_queue.get(queue).map_or(0, Set::len);
         let groups = self.groups_by_queue.get(queue).map_or(0, BTreeSet::len);
         pods + groups
     }
