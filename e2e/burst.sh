@@ -10,7 +10,8 @@
 # BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
 # patch the contract requires and decides nothing (the least any implementation costs). With 2 replicas the
 # API server reaches them through a per-connection round-robin (e2e/rr-proxy.py), as
-# through a Service. Quotas are ample: every pod should be admitted. Prints pods/s per
+# through a Service, and each replica sends a charge to the replica that owns its queue
+# (--peer-routing; BURST_ROUTING=0: each records its own). Quotas are ample: every pod should be admitted. Prints pods/s per
 # case and round, the medians, and how many times the Queue object was written.
 set -euo pipefail
 BIN=${1:-target/release/card-quota}
@@ -69,8 +70,12 @@ k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-auth
 backends=()
 for i in $(seq 1 "$REPLICAS"); do
   p=$((PORT + i)); backends+=("$p")
-  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
-    --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
+  routing=()
+  # Several replicas send each charge to its queue's owner (as manifests/ deploys them);
+  # BURST_ROUTING=0 has each record what it admits.
+  [ "$REPLICAS" -gt 1 ] && [ "${BURST_ROUTING:-1}" = 1 ] && routing=(--peer-routing --advertise-address "127.0.0.1:$p")
+  POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
+    --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client "${routing[@]}" \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
   PIDS+=($!)
 done
@@ -106,5 +111,5 @@ for p in "${backends[@]}"; do
 done
 echo "card-quota replicas: $REPLICAS; Queue writes by card-quota during the run: $writes in $((t1 - t0)) s (queue resourceVersion $rv0 -> $(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}'))"
 for p in "${backends[@]}"; do
-  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|rereads_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count))' | sed "s/^/  replica :$p  /" || true
+  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|rereads_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count)|forwarded_charges_total)' | sed "s/^/  replica :$p  /" || true
 done

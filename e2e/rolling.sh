@@ -56,8 +56,11 @@ done
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 
 serve() { # name port
-  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
+  # Each queue's charges go to its owner (--peer-routing, as manifests/ deploys): a
+  # replica going away must not cost a refusal through the other's forwarding either.
+  POD_NAME=rolling-$1 "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
+    --peer-routing --advertise-address "127.0.0.1:$2" \
     --drain-seconds 3 --lease-namespace "$SYS" --lease-name card-quota-rolling >> "$WORK/$1.log" 2>&1 &
   echo $! > "$WORK/pid.$1"
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$(($2 + 1000))/readyz" >/dev/null && return; sleep 0.2; done
@@ -106,6 +109,10 @@ cargo run --quiet --release --example burst -- --pods "$PODS" --concurrency "$CO
   --retry-server-timeouts --case "rolling=$Q" --queue "$Q" | tee "$WORK/stream.out"
 wait "$roller" || true
 cat "$WORK/rollout.log"
+# Since each replica's last start: charges it sent to the queue's owner, by result.
+for p in "$PA" "$PB"; do
+  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(forwarded_charges_total|ledger_writes_total)' | sed "s/^/  replica :$p  /" || true
+done
 if ! grep -q 'restarted' "$WORK/rollout.log" || [ "$(grep -c restarted "$WORK/rollout.log")" -lt 3 ]; then
   echo "FAIL: the stream ended before three restarts; raise ROLLING_PODS"; exit 1
 fi

@@ -5,7 +5,7 @@
 # shows that it catches a violation.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ORDER=(cards cluster ledger snapshot decide admission live controller webhook cli)
+ORDER=(cards cluster ledger snapshot decide admission routing live controller webhook cli)
 
 check() { # root: a src/ tree to check
   local root=$1 bad=0 i j

@@ -1,7 +1,7 @@
 //! card-quota: hard per-card-model quotas for Volcano queues.
 //!
 //! A functional core with no I/O, each module using only those before it: `cards` →
-//! `cluster` → `ledger` → `snapshot` → `decide` → `admission`; then the shells over it:
+//! `cluster` → `ledger` → `snapshot` → `decide` → `admission` → `routing`; then the shells over it:
 //! `live` (the API server) → `controller` → `webhook` → `cli`.
 //! `scripts/layers.sh` (run by CI) keeps that order.
 
@@ -13,5 +13,6 @@ pub mod controller;
 pub mod decide;
 pub mod ledger;
 pub mod live;
+pub mod routing;
 pub mod snapshot;
 pub mod webhook;

@@ -88,6 +88,7 @@ fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
             committer: Arc::new(Committer::new(LedgerApi::new(client, NS), budget)),
             synced: Arc::new(Synced::already()),
             events: None,
+            routing: None,
         },
     ))
 }
@@ -275,6 +276,46 @@ async fn dry_runs_and_mutate_calls_are_decided_but_write_nothing() {
     assert_eq!(answer(&st, bind(0), true).await["allowed"], true);
     let next = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
     assert!(matches!(next, Err(_) | Ok(None)), "nothing may be written");
+}
+
+/// A replica restarted under a name whose peer Lease is still current gets charges
+/// forwarded before its caches sync: it answers HTTP 503 (the forwarder then records the
+/// charge itself) rather than refuse the pod, while the API server's own calls get the
+/// usual "try again".
+#[tokio::test]
+async fn a_replica_still_syncing_turns_forwarded_charges_back_to_their_sender() {
+    use card_quota::webhook::server::{handle_review_from, BodyError, Origin};
+    let (svc, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "default");
+    let (snap, _) = load(&objects(5, 1)).unwrap();
+    let st = State::live(
+        Arc::new(Mutex::new(snap)),
+        Config::default(),
+        Live {
+            committer: Arc::new(Committer::new(
+                LedgerApi::new(client, NS),
+                Duration::from_secs(3),
+            )),
+            synced: Arc::new(Synced::default()),
+            events: None,
+            routing: None,
+        },
+    );
+    let body = serde_json::to_vec(&bind(0)).unwrap();
+    let peer = handle_review_from(&st, &body, false, Origin::Peer).await;
+    assert!(matches!(peer, Err(BodyError::NotReadyForPeers)), "{peer:?}");
+    let caller = handle_review_from(&st, &body, false, Origin::Caller)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&caller).unwrap();
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    assert!(
+        v["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("still syncing"),
+        "{v}"
+    );
 }
 
 // ---- the ledger behind the shared fake API server ---------------------------------

@@ -566,3 +566,107 @@ async fn a_pod_review_as_an_api_server_sends_it_is_pinned_then_admitted() {
         "queue serving has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 2"
     );
 }
+
+/// A charge forwarded to the replica that owns its queue: the peer is trusted only when
+/// it serves the very certificate the forwarder serves, and its answer comes back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_review_gets_the_owners_answer_from_a_peer_serving_the_same_certificate() {
+    use card_quota::routing::Peer;
+    use card_quota::webhook::forward::{ForwardError, Forwarder};
+    use card_quota::webhook::tls::Reloading;
+
+    let ours = tempdir("forward-ours");
+    certs(&ours);
+    let other = tempdir("forward-other");
+    certs(&other);
+    let owner = Server::start(&ours, &[]);
+    let peer = Peer {
+        name: "owner".into(),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], owner.port)),
+    };
+    let review = R::pod("CREATE", pod("fwd", "NVIDIA-H200", "3"))
+        .uid("u-fwd")
+        .build();
+    let body = Bytes::from(serde_json::to_vec(&review).unwrap());
+    let within = Duration::from_secs(5);
+
+    let same = Forwarder::new(Arc::new(Reloading::new(ours.clone()).unwrap()), "me").unwrap();
+    let answer = same
+        .send(&peer, "/validate", body.clone(), within)
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(v["response"]["uid"], "u-fwd", "{v}");
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    // The owner applied the charge: the same pod again (another uid) no longer fits the
+    // queue's three H200s, and the owner says so through the forwarder.
+    let again = R::pod("CREATE", pod("fwd2", "NVIDIA-H200", "3"))
+        .uid("u-fwd2")
+        .build();
+    let answer = same
+        .send(
+            &peer,
+            "/validate",
+            Bytes::from(serde_json::to_vec(&again).unwrap()),
+            within,
+        )
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+
+    // A forwarder serving another certificate does not trust the peer.
+    let stranger = Forwarder::new(Arc::new(Reloading::new(other.clone()).unwrap()), "me").unwrap();
+    match stranger
+        .send(&peer, "/validate", body.clone(), within)
+        .await
+    {
+        Err(ForwardError::Request { .. }) => {}
+        other => panic!("a peer with another certificate was trusted: {other:?}"),
+    }
+    // Under --client-ca the owner takes the forwarder's client certificate, the
+    // certificate both serve, and still refuses callers the CA did not sign.
+    let cluster = ClientCa::new("cluster CA");
+    std::fs::write(ours.join("client-ca.crt"), &cluster.pem).unwrap();
+    let ca = ours.join("client-ca.crt");
+    let guarded = Server::start(
+        &ours,
+        &[
+            "--client-ca",
+            ca.to_str().unwrap(),
+            "--client-name",
+            "kube-apiserver-webhook-client",
+        ],
+    );
+    let guarded_peer = Peer {
+        name: "guarded".into(),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], guarded.port)),
+    };
+    let answer = same
+        .send(&guarded_peer, "/validate", body.clone(), within)
+        .await
+        .expect("a replica's own certificate passes the client check");
+    let v: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(v["response"]["uid"], "u-fwd", "{v}");
+    let r = post_as(
+        guarded.port,
+        &ours.join("ca.crt"),
+        None,
+        "/validate",
+        body.to_vec(),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "a caller without a certificate got past the handshake: {r:?}"
+    );
+
+    // Nobody listening: an error at once, not at the deadline.
+    let gone = Peer {
+        name: "gone".into(),
+        addr: std::net::SocketAddr::from(([127, 0, 0, 1], free_port())),
+    };
+    let t = Instant::now();
+    assert!(same.send(&gone, "/validate", body, within).await.is_err());
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}

@@ -46,12 +46,14 @@ pub const ACCESS: &[Access] = &[
         "configmaps",
         &["get", "list", "watch", "create", "update", "delete"],
     ),
-    // kube-lease-manager (get, create, patch) and live/leadership.rs (get).
+    // kube-lease-manager (get, create, patch), live/leadership.rs (get), and
+    // live/peers.rs: each replica's peer Lease (server-side apply: create, patch;
+    // delete) and everyone's (list, watch).
     (
         Scope::OwnNamespace,
         "coordination.k8s.io",
         "leases",
-        &["get", "create", "patch"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
 ];
 

@@ -148,6 +148,15 @@ pub struct Committer {
     turn: tokio::sync::Mutex<()>,
 }
 
+/// What [`Committer::preview`] found.
+#[derive(Debug)]
+pub enum Preview {
+    /// The answer: nothing to record.
+    Answer(Decision),
+    /// An admitted charge to `queue`, to be recorded before `deadline`.
+    Charge { queue: QueueName, deadline: Instant },
+}
+
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -194,17 +203,53 @@ impl Committer {
         req: Arc<AdmissionRequest>,
         record: bool,
     ) -> Decision {
+        match self.preview(snapshot, cfg, &req, record).await {
+            Preview::Answer(d) => d,
+            Preview::Charge { queue, deadline } => {
+                self.record(snapshot, cfg, metrics, req, queue, deadline)
+                    .await
+            }
+        }
+    }
+
+    /// Decides `req` from the caches with its queue's ledger laid over them: the
+    /// answer, unless it is an admitted charge still to be recorded (`record` set, not
+    /// a dry run), which [`Committer::record`] records.
+    pub async fn preview(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        cfg: &Config,
+        req: &AdmissionRequest,
+        record: bool,
+    ) -> Preview {
         let deadline = Instant::now() + self.budget;
-        await_binding_objects(snapshot, &req, Instant::now() + self.budget / 2).await;
+        await_binding_objects(snapshot, req, Instant::now() + self.budget / 2).await;
         let first = {
             let _turn = self.turn.lock().await;
             let mut snap = locked(snapshot);
-            decide_with_ledger(&mut snap, &req, cfg, jiff::Timestamp::now())
+            decide_with_ledger(&mut snap, req, cfg, jiff::Timestamp::now())
         };
-        let queue = match &first.charge {
-            Some(c) if first.allowed && record && !req.is_dry_run() => c.queue.clone(),
-            _ => return first,
-        };
+        match &first.charge {
+            Some(c) if first.allowed && record && !req.is_dry_run() => Preview::Charge {
+                queue: c.queue.clone(),
+                deadline,
+            },
+            _ => Preview::Answer(first),
+        }
+    }
+
+    /// Records the charge of `req` (admitted by [`Committer::preview`]) in `queue`'s
+    /// ledger with the requests waiting beside it, deciding it again over the ledger it
+    /// is written into; "try again" at `deadline`.
+    pub async fn record(
+        self: &Arc<Self>,
+        snapshot: &Arc<Mutex<Snapshot>>,
+        cfg: &Config,
+        metrics: &Arc<dyn CommitMetrics>,
+        req: Arc<AdmissionRequest>,
+        queue: QueueName,
+        deadline: Instant,
+    ) -> Decision {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut slots = locked(&self.slots);

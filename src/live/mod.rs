@@ -7,6 +7,7 @@ pub mod charge;
 pub mod leadership;
 pub mod ledgers;
 pub mod metrics;
+pub mod peers;
 pub mod volcano;
 
 pub use charge::Committer;

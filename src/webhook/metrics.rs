@@ -20,6 +20,14 @@ pub struct AdmissionLabels {
     pub result: &'static str,
 }
 
+/// What became of a charge sent to the replica that owns its queue.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// `answered` (the owner's answer was passed on), `failed` (decided here after
+    /// trying), `skipped` (decided here: the owner failed a moment ago).
+    pub result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: &'static str,
@@ -34,6 +42,8 @@ pub struct WebhookMetrics {
     pub connections_refused: Counter,
     /// TLS handshakes that failed (no or wrong client certificate, or not TLS).
     pub handshakes_refused: Counter,
+    /// Charges sent to the replica that owns their queue.
+    pub forwarded: Family<ForwardLabels, Counter>,
 }
 
 impl WebhookMetrics {
@@ -72,12 +82,19 @@ impl WebhookMetrics {
             "TLS handshakes that failed: no or unaccepted client certificate, or not TLS",
             handshakes_refused.clone(),
         );
+        let forwarded = Family::<ForwardLabels, Counter>::default();
+        registry.register(
+            "card_quota_forwarded_charges",
+            "Charges sent to the replica that owns their queue, by result",
+            forwarded.clone(),
+        );
         Self {
             requests,
             latency,
             budget_exhausted,
             connections_refused,
             handshakes_refused,
+            forwarded,
         }
     }
 }

@@ -25,11 +25,14 @@ use crate::decide::review::{
 };
 use crate::decide::{decide, read_ahead, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
-use crate::live::charge::CommitMetrics;
+use crate::live::charge::{CommitMetrics, Preview};
+use crate::live::peers::Peers;
 use crate::live::Committer;
+use crate::routing::{Peer, FORWARDED_HEADER};
 use crate::snapshot::Snapshot;
 
-use super::metrics::{AdmissionLabels, KindLabel, Metrics};
+use super::forward::Forwarder;
+use super::metrics::{AdmissionLabels, ForwardLabels, KindLabel, Metrics};
 
 /// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
 pub const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -41,6 +44,62 @@ pub struct Live {
     pub synced: Arc<Synced>,
     /// Where refusal Events go.
     pub events: Option<Arc<EventSink>>,
+    /// Sends charges of queues another replica owns to it (`None`: records them all).
+    pub routing: Option<Routing>,
+}
+
+/// How long a peer that failed is passed over before it is tried again.
+const PEER_PAUSE: Duration = Duration::from_secs(5);
+
+/// Charges to queues another replica owns go to that replica.
+pub struct Routing {
+    pub peers: Arc<Peers>,
+    pub forwarder: Forwarder,
+    /// Peers that failed lately, and when: their charges are recorded here meanwhile,
+    /// so that a hung peer costs one timeout, not one per request.
+    failed: Mutex<std::collections::HashMap<String, Instant>>,
+}
+
+impl Routing {
+    pub fn new(peers: Arc<Peers>, forwarder: Forwarder) -> Self {
+        Self {
+            peers,
+            forwarder,
+            failed: Mutex::default(),
+        }
+    }
+
+    /// The owner of `queue` when it is another replica that has not failed lately.
+    fn target(&self, queue: &crate::cards::QueueName) -> Result<Option<Peer>, Peer> {
+        let Some(peer) = self.peers.route(queue) else {
+            return Ok(None);
+        };
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        match failed.get(&peer.name) {
+            Some(at) if at.elapsed() < PEER_PAUSE => Err(peer),
+            Some(_) => {
+                failed.remove(&peer.name);
+                Ok(Some(peer))
+            }
+            None => Ok(Some(peer)),
+        }
+    }
+
+    fn failed(&self, peer: &Peer) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(peer.name.clone(), Instant::now());
+    }
+}
+
+/// Who sent a review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The API server (or any other caller).
+    Caller,
+    /// Another replica, forwarding a charge to the queue's owner: never forwarded again.
+    Peer,
 }
 
 /// Shared state of one server process.
@@ -139,23 +198,93 @@ async fn decide_live(
     live: &Live,
     req: &Arc<AdmissionRequest>,
     mutate: bool,
-) -> Decision {
+    body: &[u8],
+    origin: Origin,
+) -> Answer {
     if !live.synced.all() && req.operation != Operation::Delete {
-        return Decision::deny(
+        return Answer::Decided(Decision::deny(
             RETRY,
             "card-quota's caches are still syncing with the API server; try again",
-        );
+        ));
     }
     let metrics: Arc<dyn CommitMetrics> = state.metrics.ledger.clone();
-    live.committer
-        .decide_and_record(
+    let routing = match (&live.routing, mutate, origin) {
+        (Some(r), false, Origin::Caller) => r,
+        _ => {
+            let d = live
+                .committer
+                .decide_and_record(
+                    &state.snapshot,
+                    &state.config,
+                    &metrics,
+                    req.clone(),
+                    !mutate,
+                )
+                .await;
+            return Answer::Decided(d);
+        }
+    };
+    let (queue, deadline) = match live
+        .committer
+        .preview(&state.snapshot, &state.config, req, true)
+        .await
+    {
+        Preview::Answer(d) => return Answer::Decided(d),
+        Preview::Charge { queue, deadline } => (queue, deadline),
+    };
+    let count = |result| {
+        state
+            .metrics
+            .webhook
+            .forwarded
+            .get_or_create(&ForwardLabels { result })
+            .inc();
+    };
+    match routing.target(&queue) {
+        Ok(None) => {}
+        Err(peer) => {
+            count("skipped");
+            tracing::debug!(queue = %queue, "owner {} failed lately; recording here", peer.name);
+        }
+        Ok(Some(peer)) => {
+            // Two thirds of the budget: a peer that does not answer leaves time to
+            // record the charge here.
+            let within = deadline.saturating_duration_since(Instant::now()) * 2 / 3;
+            let sent = routing
+                .forwarder
+                .send(&peer, "/validate", Bytes::copy_from_slice(body), within)
+                .await;
+            match sent {
+                Ok(answer) => {
+                    count("answered");
+                    return Answer::Forwarded(answer);
+                }
+                Err(e) => {
+                    count("failed");
+                    routing.failed(&peer);
+                    tracing::warn!(queue = %queue, "forwarding a charge to its owner failed, recording it here (owner passed over for {PEER_PAUSE:?}): {e}");
+                }
+            }
+        }
+    }
+    let d = live
+        .committer
+        .record(
             &state.snapshot,
             &state.config,
             &metrics,
             req.clone(),
-            !mutate,
+            queue,
+            deadline,
         )
-        .await
+        .await;
+    Answer::Decided(d)
+}
+
+/// A live answer: decided here, or the owner's answer to a forwarded review.
+enum Answer {
+    Decided(Decision),
+    Forwarded(Vec<u8>),
 }
 
 /// A request body that gets no AdmissionReview in answer (HTTP 400).
@@ -167,12 +296,29 @@ pub enum BodyError {
     NotAReview,
     #[error("the answer cannot be encoded: {0}")]
     Answer(serde_json::Error),
+    /// A peer forwarded a charge before this replica's caches synced (it restarted under
+    /// a name whose peer Lease is still current): the peer records it itself.
+    #[error("this replica's caches are still syncing; record the charge yourself")]
+    NotReadyForPeers,
 }
 
 /// Decides one admission body. `/mutate` answers with patches; `/validate` sees the
 /// final object and is where charges are recorded.
 pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<Vec<u8>, BodyError> {
+    handle_review_from(state, body, mutate, Origin::Caller).await
+}
+
+/// [`handle_review`] for a review from `origin`.
+pub async fn handle_review_from(
+    state: &State,
+    body: &[u8],
+    mutate: bool,
+    origin: Origin,
+) -> Result<Vec<u8>, BodyError> {
     let start = Instant::now();
+    if origin == Origin::Peer && state.live.as_ref().is_some_and(|l| !l.synced.all()) {
+        return Err(BodyError::NotReadyForPeers);
+    }
     let parsed = match read_review(body) {
         Some(r) => r,
         None => {
@@ -208,7 +354,11 @@ pub async fn handle_review(state: &State, body: &[u8], mutate: bool) -> Result<V
     read_ahead(&req);
     let d = match &state.live {
         None => decide_offline(state, &req, mutate).await,
-        Some(live) => decide_live(state, live, &req, mutate).await,
+        Some(live) => match decide_live(state, live, &req, mutate, body, origin).await {
+            Answer::Decided(d) => d,
+            // The owner counted, logged and published what it decided.
+            Answer::Forwarded(answer) => return Ok(answer),
+        },
     };
 
     if d.undecided {
@@ -263,6 +413,7 @@ async fn admission(
             ))
         }
     };
+    let parts_forwarded = req.headers().contains_key(FORWARDED_HEADER);
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -273,10 +424,21 @@ async fn admission(
             ));
         }
     };
-    Ok(match handle_review(&state, &body, mutate).await {
-        Ok(json) => reply(StatusCode::OK, "application/json", json),
-        Err(reason) => reply(StatusCode::BAD_REQUEST, "text/plain", reason.to_string()),
-    })
+    let origin = match parts_forwarded {
+        true => Origin::Peer,
+        false => Origin::Caller,
+    };
+    Ok(
+        match handle_review_from(&state, &body, mutate, origin).await {
+            Ok(json) => reply(StatusCode::OK, "application/json", json),
+            Err(reason @ BodyError::NotReadyForPeers) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                reason.to_string(),
+            ),
+            Err(reason) => reply(StatusCode::BAD_REQUEST, "text/plain", reason.to_string()),
+        },
+    )
 }
 
 async fn health(

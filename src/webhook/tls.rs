@@ -181,17 +181,34 @@ impl Reloading {
         *cur = (ck, fp);
         Ok(true)
     }
+
+    /// The certificate and key served now.
+    pub fn certified(&self) -> Arc<CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
+    }
+
+    /// The certificate served now (its end-entity certificate).
+    pub fn certificate(&self) -> Option<CertificateDer<'static>> {
+        self.certified().cert.first().cloned()
+    }
+
+    /// True when `cert` is the certificate served now: a peer replica (every replica
+    /// mounts the same Secret).
+    pub fn serves(&self, cert: &CertificateDer<'_>) -> bool {
+        self.certified()
+            .cert
+            .first()
+            .is_some_and(|c| c.as_ref() == cert.as_ref())
+    }
 }
 
 impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .0
-                .clone(),
-        )
+        Some(self.certified())
     }
 }
 
@@ -205,11 +222,14 @@ pub struct ClientAuth {
     pub names: Vec<String>,
 }
 
-/// Verifies the client's chain against the CA, then its name.
+/// Verifies the client's chain against the CA, then its name. A peer replica
+/// forwarding a charge (see `webhook::forward`) presents the certificate this replica
+/// serves, and is accepted as such.
 #[derive(Debug)]
 struct NamedClients {
     chain: Arc<dyn ClientCertVerifier>,
     names: Vec<String>,
+    peers: Arc<Reloading>,
 }
 
 /// The common name and DNS names of a certificate.
@@ -243,6 +263,9 @@ impl ClientCertVerifier for NamedClients {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
+        if self.peers.serves(end_entity) {
+            return Ok(ClientCertVerified::assertion());
+        }
         let ok = self
             .chain
             .verify_client_cert(end_entity, intermediates, now)?;
@@ -282,6 +305,7 @@ impl ClientCertVerifier for NamedClients {
 fn client_verifier(
     auth: &ClientAuth,
     provider: Arc<rustls::crypto::CryptoProvider>,
+    peers: Arc<Reloading>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let path = auth.ca.display().to_string();
     let pem = std::fs::read(&auth.ca).map_err(|source| TlsError::Io {
@@ -311,12 +335,13 @@ fn client_verifier(
     Ok(Arc::new(NamedClients {
         chain,
         names: auth.names.clone(),
+        peers,
     }))
 }
 
 /// A rustls server config (ring provider) over a reloading resolver, offering h2 and
-/// http/1.1. With `client`, callers without a certificate it accepts are refused at the
-/// handshake.
+/// http/1.1. With `client`, callers without a certificate it accepts (or the one this
+/// replica serves, which peers present) are refused at the handshake.
 pub fn server_config(
     resolver: Arc<Reloading>,
     client: Option<&ClientAuth>,
@@ -327,7 +352,7 @@ pub fn server_config(
         .map_err(TlsError::Rustls)?;
     let mut cfg = match client {
         Some(auth) => builder
-            .with_client_cert_verifier(client_verifier(auth, provider)?)
+            .with_client_cert_verifier(client_verifier(auth, provider, resolver.clone())?)
             .with_cert_resolver(resolver),
         None => builder.with_no_client_auth().with_cert_resolver(resolver),
     };

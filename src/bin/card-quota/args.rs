@@ -159,6 +159,17 @@ pub struct ServeArgs {
     pub lease_namespace: String,
     #[arg(long, default_value = "card-quota-reconciler")]
     pub lease_name: String,
+    /// Send each charge to the replica that owns its queue, found through peer Leases
+    /// in --namespace, so that one replica writes each queue's ledger (fewer, larger
+    /// writes and no conflicts between replicas). A replica that cannot reach the
+    /// owner records the charge itself. Peers present the serving certificate as their
+    /// client certificate, which --client-ca accepts from them.
+    #[arg(long)]
+    pub peer_routing: bool,
+    /// With --peer-routing: host:port where the other replicas reach this one's webhook
+    /// (default: $POD_IP and the --listen port).
+    #[arg(long, requires = "peer_routing")]
+    pub advertise_address: Option<std::net::SocketAddr>,
     /// Seconds between incremental reconciler passes.
     #[arg(long, default_value = "1")]
     pub reconcile_seconds: f64,

@@ -27,6 +27,8 @@ pub struct ServeOptions {
     lease_name: String,
     reconcile_every: std::time::Duration,
     full_every: std::time::Duration,
+    /// Where peers reach this replica, when charges are routed to queue owners.
+    advertise: Option<std::net::SocketAddr>,
 }
 
 async fn serve(
@@ -35,7 +37,9 @@ async fn serve(
 ) -> anyhow::Result<()> {
     use card_quota::controller::events::EventSink;
     use card_quota::controller::reconciler::Reconciler;
+    use card_quota::live::peers::{self, Peers};
     use card_quota::live::{Committer, LedgerApi};
+    use card_quota::webhook::forward::Forwarder;
     use card_quota::webhook::{server, tls};
     use std::sync::Arc;
     let resolver = Arc::new(tls::Reloading::new(opts.cert_dir)?);
@@ -49,6 +53,9 @@ async fn serve(
         None => tracing::warn!("no --client-ca: any caller that reaches the port can send admission reviews"),
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Set when shutdown begins: the peer Lease goes first, so that peers stop sending
+    // charges here while this replica drains.
+    let (withdraw_tx, withdraw_rx) = tokio::sync::watch::channel(false);
     let mut background = Vec::new();
     let mut lease_task = None;
     let state = match snap {
@@ -78,6 +85,26 @@ async fn serve(
             ));
             let me = lease::identity();
             let events = Arc::new(EventSink::new(client.clone(), Some(me.clone())));
+            let routing = match opts.advertise {
+                Some(addr) => {
+                    let peers =
+                        Peers::watch(client.clone(), &opts.lease_namespace, &me, stop_rx.clone());
+                    background.push(tokio::spawn(peers::advertise(
+                        client.clone(),
+                        opts.lease_namespace.clone(),
+                        peers::lease_name(&opts.lease_name, &me),
+                        me.clone(),
+                        addr,
+                        synced.clone(),
+                        withdraw_rx.clone(),
+                    )));
+                    Some(server::Routing::new(
+                        peers,
+                        Forwarder::new(resolver.clone(), &me)?,
+                    ))
+                }
+                None => None,
+            };
             let state = Arc::new(server::State::live(
                 snapshot.clone(),
                 opts.config,
@@ -85,6 +112,7 @@ async fn serve(
                     committer: committer.clone(),
                     synced: synced.clone(),
                     events: Some(events.clone()),
+                    routing,
                 },
             ));
             let (leader, task, check) =
@@ -154,6 +182,7 @@ async fn serve(
     state
         .draining
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = withdraw_tx.send(true);
     tracing::info!("shutting down: unready, serving {:?} more", opts.drain);
     tokio::select! {
         _ = tokio::time::sleep(opts.drain) => {}
@@ -190,8 +219,26 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// Where peers reach this replica under --peer-routing (`None` without it).
+fn advertise_address(a: &ServeArgs) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    if !a.peer_routing || a.offline {
+        return Ok(None);
+    }
+    if let Some(addr) = a.advertise_address {
+        return Ok(Some(addr));
+    }
+    let ip = std::env::var("POD_IP").context(
+        "--peer-routing needs --advertise-address, or $POD_IP (downward API status.podIP)",
+    )?;
+    let ip: std::net::IpAddr = ip
+        .parse()
+        .with_context(|| format!("$POD_IP is {ip:?}, not an IP address"))?;
+    Ok(Some(std::net::SocketAddr::new(ip, a.listen.port())))
+}
+
 /// Runs `serve` until SIGTERM: offline from `--objects`, else live.
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let advertise = advertise_address(&a)?;
     let opts = ServeOptions {
         listen: a.listen,
         metrics_listen: a.metrics_listen,
@@ -213,6 +260,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         lease_name: a.lease_name,
         reconcile_every: std::time::Duration::from_secs_f64(a.reconcile_seconds.max(0.05)),
         full_every: std::time::Duration::from_secs_f64(a.full_recount_seconds.max(1.0)),
+        advertise,
     };
     let rt = tokio::runtime::Runtime::new()?;
     if !a.offline {
