@@ -44,6 +44,8 @@ pub enum ForwardError {
     Body { peer: String, message: String },
     #[error("building the request to {peer}: {message}")]
     Build { peer: String, message: String },
+    #[error("the owner's answer is not passed on: {0}")]
+    Answer(String),
 }
 
 /// Accepts a server presenting the certificate this replica serves now.

@@ -31,7 +31,7 @@ use crate::live::Committer;
 use crate::routing::{Peer, FORWARDED_HEADER};
 use crate::snapshot::Snapshot;
 
-use super::forward::Forwarder;
+use super::forward::{ForwardError, Forwarder};
 use super::metrics::{AdmissionLabels, ForwardLabels, KindLabel, Metrics};
 
 /// Largest AdmissionReview body accepted (the API server caps objects at ~3 MiB).
@@ -86,10 +86,10 @@ impl Routing {
     }
 
     fn failed(&self, peer: &Peer) {
-        self.failed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(peer.name.clone(), Instant::now());
+        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        // Replicas come and go under new names: forget the pauses that are over.
+        failed.retain(|_, at| at.elapsed() < PEER_PAUSE);
+        failed.insert(peer.name.clone(), Instant::now());
     }
 }
 
@@ -254,7 +254,7 @@ async fn decide_live(
                 .forwarder
                 .send(&peer, "/validate", Bytes::copy_from_slice(body), within)
                 .await;
-            match sent {
+            match sent.and_then(|answer| answers(&answer, &req.uid).map(|()| answer)) {
                 Ok(answer) => {
                     count("answered");
                     return Answer::Forwarded(answer);
@@ -279,6 +279,34 @@ async fn decide_live(
         )
         .await;
     Answer::Decided(d)
+}
+
+/// Checks that `answer` is an AdmissionReview answering the review `uid` (what the API
+/// server will check) before it is passed on as this replica's.
+fn answers(answer: &[u8], uid: &str) -> Result<(), ForwardError> {
+    #[derive(serde::Deserialize)]
+    struct Review<'a> {
+        #[serde(borrow)]
+        response: Response<'a>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Response<'a> {
+        #[serde(borrow)]
+        uid: std::borrow::Cow<'a, str>,
+        // Required: an answer without a verdict is no answer.
+        #[serde(rename = "allowed")]
+        _allowed: bool,
+    }
+    match serde_json::from_slice::<Review>(answer) {
+        Ok(r) if r.response.uid == uid => Ok(()),
+        Ok(r) => Err(ForwardError::Answer(format!(
+            "it answers review {:?}, not {uid:?}",
+            r.response.uid
+        ))),
+        Err(e) => Err(ForwardError::Answer(format!(
+            "not an AdmissionReview answer: {e}"
+        ))),
+    }
 }
 
 /// A live answer: decided here, or the owner's answer to a forwarded review.
@@ -639,4 +667,31 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("binding {addr}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answers;
+
+    #[test]
+    fn only_an_answer_to_the_same_review_is_passed_on() {
+        let ok = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"u1","allowed":true}}"#;
+        assert!(answers(ok, "u1").is_ok());
+        let other = answers(ok, "u2").unwrap_err().to_string();
+        assert!(
+            other.contains(r#"it answers review "u1", not "u2""#),
+            "{other}"
+        );
+        for bad in [
+            &br#"{"response":{"uid":"u1"}}"#[..],
+            br#"{"request":{"uid":"u1"}}"#,
+            b"upstream connect error",
+        ] {
+            assert!(
+                answers(bad, "u1").is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 }
