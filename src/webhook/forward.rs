@@ -144,7 +144,12 @@ impl Forwarder {
             .enable_http1()
             .wrap_connector(http);
         Ok(Self {
-            client: Client::builder(TokioExecutor::new()).build(https),
+            // Idle connections go before the peer's server closes them (5 s): a request
+            // on a connection closed under it would count as the owner failing.
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(2))
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build(https),
             me: me.to_string(),
         })
     }
