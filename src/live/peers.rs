@@ -97,8 +97,8 @@ impl Peers {
 }
 
 /// Holds this replica's peer Lease while its caches are synced, renewing it every
-/// [`RENEW`], and deletes it at `stop` (so that peers stop forwarding before the
-/// listener closes).
+/// [`RENEW`], and deletes it at `stop` once synced (so that peers stop forwarding
+/// before the listener closes).
 pub async fn advertise(
     client: Client,
     namespace: String,
@@ -148,9 +148,8 @@ pub async fn advertise(
             _ = tokio::time::sleep(RENEW) => {}
         }
     }
-    if held {
-        withdraw(&api, &name).await;
-    }
+    // Also when no renewal was confirmed: one that timed out may still have been applied.
+    withdraw(&api, &name).await;
 }
 
 /// Deletes the peer Lease; true when it is gone.
