@@ -392,15 +392,14 @@ impl ClientCa {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_api_servers_client_certificate_gets_past_the_handshake() {
-    let tmp = tempdir("mtls");
-    certs(&tmp);
+/// A server that takes only client certificates a new cluster CA signed for the API
+/// server's name (`--client-ca`, `--client-name`), and that CA.
+fn guarded(dir: &Path) -> (Server, ClientCa) {
     let cluster = ClientCa::new("cluster CA");
-    std::fs::write(tmp.join("client-ca.crt"), &cluster.pem).unwrap();
-    let ca = tmp.join("client-ca.crt");
+    let ca = dir.join("client-ca.crt");
+    std::fs::write(&ca, &cluster.pem).unwrap();
     let server = Server::start(
-        &tmp,
+        dir,
         &[
             "--client-ca",
             ca.to_str().unwrap(),
@@ -408,6 +407,14 @@ async fn only_the_api_servers_client_certificate_gets_past_the_handshake() {
             "kube-apiserver-webhook-client",
         ],
     );
+    (server, cluster)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_api_servers_client_certificate_gets_past_the_handshake() {
+    let tmp = tempdir("mtls");
+    certs(&tmp);
+    let (server, cluster) = guarded(&tmp);
     let review =
         || serde_json::to_vec(&R::pod("CREATE", pod("a", "NVIDIA-H200", "1")).build()).unwrap();
     let api_server = cluster.client("kube-apiserver-webhook-client");
@@ -626,18 +633,7 @@ async fn a_forwarded_review_gets_the_owners_answer_from_a_peer_serving_the_same_
     }
     // Under --client-ca the owner takes the forwarder's client certificate, the
     // certificate both serve, and still refuses callers the CA did not sign.
-    let cluster = ClientCa::new("cluster CA");
-    std::fs::write(ours.join("client-ca.crt"), &cluster.pem).unwrap();
-    let ca = ours.join("client-ca.crt");
-    let guarded = Server::start(
-        &ours,
-        &[
-            "--client-ca",
-            ca.to_str().unwrap(),
-            "--client-name",
-            "kube-apiserver-webhook-client",
-        ],
-    );
+    let (guarded, _cluster) = guarded(&ours);
     let guarded_peer = Peer {
         name: "guarded".into(),
         addr: std::net::SocketAddr::from(([127, 0, 0, 1], guarded.port)),

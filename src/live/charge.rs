@@ -193,25 +193,6 @@ impl Committer {
         locked(&self.clock).retain(|(q, id), _| q != queue || ledger.ledger.get(id).is_some());
     }
 
-    /// Decides `req` and, when it charges and `record` is set, records the charge in
-    /// its queue's ledger before answering.
-    pub async fn decide_and_record(
-        self: &Arc<Self>,
-        snapshot: &Arc<Mutex<Snapshot>>,
-        cfg: &Config,
-        metrics: &Arc<dyn CommitMetrics>,
-        req: Arc<AdmissionRequest>,
-        record: bool,
-    ) -> Decision {
-        match self.preview(snapshot, cfg, &req, record).await {
-            Preview::Answer(d) => d,
-            Preview::Charge { queue, deadline } => {
-                self.record(snapshot, cfg, metrics, req, queue, deadline)
-                    .await
-            }
-        }
-    }
-
     /// Decides `req` from the caches with its queue's ledger laid over them: the
     /// answer, unless it is an admitted charge still to be recorded (`record` set, not
     /// a dry run), which [`Committer::record`] records.

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::admission::{apply_spending, bad_review, encode_response};
+use crate::cards::QueueName;
 use crate::controller::events::EventSink;
 use crate::decide::messages::RETRY;
 use crate::decide::review::{
@@ -69,19 +70,15 @@ impl Routing {
         }
     }
 
-    /// The owner of `queue` when it is another replica that has not failed lately.
-    fn target(&self, queue: &crate::cards::QueueName) -> Result<Option<Peer>, Peer> {
+    /// Where a charge to `queue` goes.
+    fn target(&self, queue: &QueueName) -> Target {
         let Some(peer) = self.peers.route(queue) else {
-            return Ok(None);
+            return Target::Here;
         };
-        let mut failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner());
         match failed.get(&peer.name) {
-            Some(at) if at.elapsed() < PEER_PAUSE => Err(peer),
-            Some(_) => {
-                failed.remove(&peer.name);
-                Ok(Some(peer))
-            }
-            None => Ok(Some(peer)),
+            Some(at) if at.elapsed() < PEER_PAUSE => Target::Paused(peer),
+            _ => Target::Owner(peer),
         }
     }
 
@@ -91,6 +88,16 @@ impl Routing {
         failed.retain(|_, at| at.elapsed() < PEER_PAUSE);
         failed.insert(peer.name.clone(), Instant::now());
     }
+}
+
+/// Where a charge goes.
+enum Target {
+    /// This replica owns the queue (or knows no other replica).
+    Here,
+    /// Another replica owns it.
+    Owner(Peer),
+    /// Another replica owns it but failed lately: recorded here meanwhile.
+    Paused(Peer),
 }
 
 /// Who sent a review.
@@ -207,66 +214,21 @@ async fn decide_live(
             "card-quota's caches are still syncing with the API server; try again",
         ));
     }
-    let metrics: Arc<dyn CommitMetrics> = state.metrics.ledger.clone();
-    let routing = match (&live.routing, mutate, origin) {
-        (Some(r), false, Origin::Caller) => r,
-        _ => {
-            let d = live
-                .committer
-                .decide_and_record(
-                    &state.snapshot,
-                    &state.config,
-                    &metrics,
-                    req.clone(),
-                    !mutate,
-                )
-                .await;
-            return Answer::Decided(d);
-        }
-    };
+    // Only /validate records charges; what it admits goes to the queue's owner first.
     let (queue, deadline) = match live
         .committer
-        .preview(&state.snapshot, &state.config, req, true)
+        .preview(&state.snapshot, &state.config, req, !mutate)
         .await
     {
         Preview::Answer(d) => return Answer::Decided(d),
         Preview::Charge { queue, deadline } => (queue, deadline),
     };
-    let count = |result| {
-        state
-            .metrics
-            .webhook
-            .forwarded
-            .get_or_create(&ForwardLabels { result })
-            .inc();
-    };
-    match routing.target(&queue) {
-        Ok(None) => {}
-        Err(peer) => {
-            count("skipped");
-            tracing::debug!(queue = %queue, "owner {} failed lately; recording here", peer.name);
-        }
-        Ok(Some(peer)) => {
-            // Two thirds of the budget: a peer that does not answer leaves time to
-            // record the charge here.
-            let within = deadline.saturating_duration_since(Instant::now()) * 2 / 3;
-            let sent = routing
-                .forwarder
-                .send(&peer, "/validate", Bytes::copy_from_slice(body), within)
-                .await;
-            match sent.and_then(|answer| answers(&answer, &req.uid).map(|()| answer)) {
-                Ok(answer) => {
-                    count("answered");
-                    return Answer::Forwarded(answer);
-                }
-                Err(e) => {
-                    count("failed");
-                    routing.failed(&peer);
-                    tracing::warn!(queue = %queue, "forwarding a charge to its owner failed, recording it here (owner passed over for {PEER_PAUSE:?}): {e}");
-                }
-            }
+    if let (Some(routing), Origin::Caller) = (&live.routing, origin) {
+        if let Some(answer) = forward(state, routing, req, body, &queue, deadline).await {
+            return Answer::Forwarded(answer);
         }
     }
+    let metrics: Arc<dyn CommitMetrics> = state.metrics.ledger.clone();
     let d = live
         .committer
         .record(
@@ -279,6 +241,54 @@ async fn decide_live(
         )
         .await;
     Answer::Decided(d)
+}
+
+/// Sends a charge to `queue`'s owner when another replica owns it: the owner's answer,
+/// or `None` when the charge is to be recorded here.
+async fn forward(
+    state: &State,
+    routing: &Routing,
+    req: &AdmissionRequest,
+    body: &[u8],
+    queue: &QueueName,
+    deadline: Instant,
+) -> Option<Vec<u8>> {
+    let count = |result| {
+        state
+            .metrics
+            .webhook
+            .forwarded
+            .get_or_create(&ForwardLabels { result })
+            .inc();
+    };
+    let peer = match routing.target(queue) {
+        Target::Here => return None,
+        Target::Paused(peer) => {
+            count("skipped");
+            tracing::debug!(queue = %queue, "owner {} failed lately; recording here", peer.name);
+            return None;
+        }
+        Target::Owner(peer) => peer,
+    };
+    // Two thirds of the budget: a peer that does not answer leaves time to record the
+    // charge here.
+    let within = deadline.saturating_duration_since(Instant::now()) * 2 / 3;
+    let sent = routing
+        .forwarder
+        .send(&peer, "/validate", Bytes::copy_from_slice(body), within)
+        .await;
+    match sent.and_then(|answer| answers(&answer, &req.uid).map(|()| answer)) {
+        Ok(answer) => {
+            count("answered");
+            Some(answer)
+        }
+        Err(e) => {
+            count("failed");
+            routing.failed(&peer);
+            tracing::warn!(queue = %queue, "forwarding a charge to its owner failed, recording it here (owner passed over for {PEER_PAUSE:?}): {e}");
+            None
+        }
+    }
 }
 
 /// Checks that `answer` is an AdmissionReview answering the review `uid` (what the API
@@ -441,7 +451,10 @@ async fn admission(
             ))
         }
     };
-    let parts_forwarded = req.headers().contains_key(FORWARDED_HEADER);
+    let origin = match req.headers().contains_key(FORWARDED_HEADER) {
+        true => Origin::Peer,
+        false => Origin::Caller,
+    };
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
@@ -451,10 +464,6 @@ async fn admission(
                 format!("body rejected: {e} (limit {MAX_BODY} bytes)"),
             ));
         }
-    };
-    let origin = match parts_forwarded {
-        true => Origin::Peer,
-        false => Origin::Caller,
     };
     Ok(
         match handle_review_from(&state, &body, mutate, origin).await {
