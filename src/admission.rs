@@ -437,7 +437,7 @@ mod tests {
         let mut patched = Decision::allow().with_warning("a \"quoted\" warning\n");
         patched.patch = crate::decide::patch::annotations_at(
             crate::decide::patch::AnnotationsAt::NoMetadata,
-            &[("volcano.sh/card.queue", "q/ü\u{1}".to_string())],
+            vec![("volcano.sh/card.queue", "q/ü\u{1}".to_string())],
         );
         assert!(!patched.patch.is_empty());
         let decisions = [

@@ -7,6 +7,27 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
 
+/// The JSON pointer to `tokens`, escaped (RFC 6901), built in one allocation: a patch
+/// is built on every admitted request, and `PointerBuf::from_tokens` grows its string
+/// token by token.
+pub fn pointer(tokens: &[&str]) -> PointerBuf {
+    let escapes = |t: &str| t.bytes().filter(|b| matches!(b, b'~' | b'/')).count();
+    let len = tokens.iter().map(|t| 1 + t.len() + escapes(t)).sum();
+    let mut s = String::with_capacity(len);
+    for t in tokens {
+        s.push('/');
+        for c in t.chars() {
+            match c {
+                '~' => s.push_str("~0"),
+                '/' => s.push_str("~1"),
+                c => s.push(c),
+            }
+        }
+    }
+    // Escaped as above, it always parses; `from_tokens` would build the same.
+    PointerBuf::parse(s).unwrap_or_else(|_| PointerBuf::from_tokens(tokens.iter().copied()))
+}
+
 /// What an object has of `metadata.annotations`: it decides the patch that sets one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnnotationsAt {
@@ -42,48 +63,52 @@ impl AnnotationsAt {
 /// Adds (or overwrites) one annotation on `obj`, creating the map if needed.
 pub fn set_annotation(obj: &Value, key: &str, value: &str) -> PatchOperation {
     let (path, value) = match AnnotationsAt::of(obj) {
-        AnnotationsAt::Map => return add_annotation(key, value),
-        AnnotationsAt::NoMap => (vec!["metadata", "annotations"], json!({ key: value })),
-        AnnotationsAt::NoMetadata => (vec!["metadata"], json!({"annotations": { key: value }})),
+        AnnotationsAt::Map => return add_annotation(key, value.to_string()),
+        AnnotationsAt::NoMap => (&["metadata", "annotations"][..], json!({ key: value })),
+        AnnotationsAt::NoMetadata => (&["metadata"][..], json!({"annotations": { key: value }})),
     };
     PatchOperation::Add(AddOperation {
-        path: PointerBuf::from_tokens(path),
+        path: pointer(path),
         value,
     })
 }
 
-fn add_annotation(key: &str, value: &str) -> PatchOperation {
+fn add_annotation(key: &str, value: String) -> PatchOperation {
     PatchOperation::Add(AddOperation {
-        path: PointerBuf::from_tokens(["metadata", "annotations", key]),
-        value: Value::String(value.to_string()),
+        path: pointer(&["metadata", "annotations", key]),
+        value: Value::String(value),
     })
 }
 
 /// Adds (or overwrites) several annotations on `obj` in one patch.
 pub fn set_annotations(obj: &Value, pairs: &[(&str, String)]) -> Vec<PatchOperation> {
-    annotations_at(AnnotationsAt::of(obj), pairs)
+    annotations_at(AnnotationsAt::of(obj), pairs.to_vec())
 }
 
-/// Adds (or overwrites) annotations on an object whose annotations are `at`.
-pub fn annotations_at(at: AnnotationsAt, pairs: &[(&str, String)]) -> Vec<PatchOperation> {
+/// Adds (or overwrites) annotations on an object whose annotations are `at`; the
+/// values move into the patch.
+pub fn annotations_at(at: AnnotationsAt, pairs: Vec<(&str, String)>) -> Vec<PatchOperation> {
     if pairs.is_empty() {
         return Vec::new();
     }
-    let map = || -> serde_json::Map<String, Value> {
+    let map = |pairs: Vec<(&str, String)>| -> serde_json::Map<String, Value> {
         pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), Value::String(v.clone())))
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::String(v)))
             .collect()
     };
     match at {
-        AnnotationsAt::Map => pairs.iter().map(|(k, v)| add_annotation(k, v)).collect(),
+        AnnotationsAt::Map => pairs
+            .into_iter()
+            .map(|(k, v)| add_annotation(k, v))
+            .collect(),
         AnnotationsAt::NoMap => vec![PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["metadata", "annotations"]),
-            value: Value::Object(map()),
+            path: pointer(&["metadata", "annotations"]),
+            value: Value::Object(map(pairs)),
         })],
         AnnotationsAt::NoMetadata => vec![PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["metadata"]),
-            value: json!({ "annotations": map() }),
+            path: pointer(&["metadata"]),
+            value: json!({ "annotations": map(pairs) }),
         })],
     }
 }
@@ -98,11 +123,11 @@ pub fn set_node_selector(
     match selector {
         Some(m) if m.get(label).map(String::as_str) == Some(value) => Vec::new(),
         Some(_) => vec![PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["spec", "nodeSelector", label]),
+            path: pointer(&["spec", "nodeSelector", label]),
             value: Value::String(value.to_string()),
         })],
         None => vec![PatchOperation::Add(AddOperation {
-            path: PointerBuf::from_tokens(["spec", "nodeSelector"]),
+            path: pointer(&["spec", "nodeSelector"]),
             value: json!({ label: value }),
         })],
     }
@@ -111,7 +136,7 @@ pub fn set_node_selector(
 /// Sets `spec.replicas`.
 pub fn set_replicas(replicas: i32) -> PatchOperation {
     PatchOperation::Replace(ReplaceOperation {
-        path: PointerBuf::from_tokens(["spec", "replicas"]),
+        path: pointer(&["spec", "replicas"]),
         value: json!(replicas),
     })
 }
@@ -119,6 +144,23 @@ pub fn set_replicas(replicas: i32) -> PatchOperation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pointers_are_escaped_as_from_tokens_escapes_them() {
+        for tokens in [
+            &["metadata", "annotations", "volcano.sh/card.name"][..],
+            &["a~b", "/", "~1", ""],
+            &["spec", "nodeSelector", "nvidia.com/gpu.product"],
+            &[],
+        ] {
+            let p = pointer(tokens);
+            assert_eq!(
+                p,
+                PointerBuf::from_tokens(tokens.iter().copied()),
+                "{tokens:?}"
+            );
+        }
+    }
 
     #[test]
     fn annotation_keys_with_slashes_are_escaped() {
@@ -167,7 +209,7 @@ mod tests {
             let (mut typed, mut tree) = (doc.clone(), doc.clone());
             json_patch::patch(
                 &mut typed,
-                &annotations_at(AnnotationsAt::of_meta(&pod.metadata), &pairs),
+                &annotations_at(AnnotationsAt::of_meta(&pod.metadata), pairs.to_vec()),
             )
             .unwrap();
             json_patch::patch(&mut tree, &set_annotations(&doc, &pairs)).unwrap();

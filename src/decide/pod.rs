@@ -441,7 +441,7 @@ fn admit(
                     bound.charged = Some(model.clone());
                 }
                 let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(bound)));
-                d.patch = annotations_at(at, &annotations);
+                d.patch = annotations_at(at, annotations);
                 d
             }
             Err(d) => d.with_event(owner),
@@ -470,7 +470,7 @@ fn admit(
             fits_pinned = true;
         }
     }
-    let mut patch = annotations_at(at, &annotations);
+    let mut patch = annotations_at(at, annotations);
     if let Some((label, product)) = node_selector {
         let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
         patch.extend(set_node_selector(selector, &label, &product));
@@ -567,7 +567,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         let mut d = Decision::allow();
         d.patch = annotations_at(
             AnnotationsAt::of_meta(&pod.metadata),
-            &[(CARD_QUEUE, queue.to_string())],
+            vec![(CARD_QUEUE, queue.to_string())],
         );
         return d;
     }
