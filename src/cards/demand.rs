@@ -50,10 +50,10 @@ fn container_request(c: &Container, resource: &str) -> Result<Cards, DemandError
     }
 }
 
-fn resource_names(c: &Container, out: &mut Vec<String>) {
+fn resource_names<'c>(c: &'c Container, out: &mut Vec<&'c str>) {
     if let Some(res) = &c.resources {
         for m in [&res.requests, &res.limits].into_iter().flatten() {
-            out.extend(m.keys().cloned());
+            out.extend(m.keys().map(String::as_str));
         }
     }
 }
@@ -75,11 +75,12 @@ pub fn pod_demand(
     names.sort();
     names.dedup();
     let mut out = ResourceDemand::new();
+    // Borrowed until a card resource is found: most of a pod's resources are not.
     for r in names.into_iter().filter(|r| is_card(r)) {
         let mut sidecars = Cards::ZERO;
         let mut init_peak = Cards::ZERO;
         for c in spec.init_containers.iter().flatten() {
-            let n = container_request(c, &r)?;
+            let n = container_request(c, r)?;
             if c.restart_policy.as_deref() == Some("Always") {
                 sidecars += n;
                 init_peak = init_peak.max(sidecars);
@@ -89,11 +90,11 @@ pub fn pod_demand(
         }
         let mut app = sidecars;
         for c in &spec.containers {
-            app += container_request(c, &r)?;
+            app += container_request(c, r)?;
         }
         let n = app.max(init_peak);
         if !n.is_zero() {
-            out.insert(r, n);
+            out.insert(r.to_string(), n);
         }
     }
     Ok(out)

@@ -174,6 +174,12 @@ pub fn parse_whole(q: &str) -> Result<u64, QuantityError> {
         }
         _ => return Err(syntax()),
     };
+    // A plain count ("1", "8"), as card requests are: no exponent, nothing to join.
+    if let ("", "", 1..=19) = (suffix, frac_part, int_part.len()) {
+        if !negative {
+            return int_part.parse().map_err(|_| syntax());
+        }
+    }
     let mut digits: String = format!("{int_part}{frac_part}");
     exp10 = exp10.saturating_sub(i64::try_from(frac_part.len()).unwrap_or(i64::MAX));
     // Trailing zeros move into the exponent; leading zeros carry nothing.
@@ -215,6 +221,29 @@ pub fn parse_whole(q: &str) -> Result<u64, QuantityError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Plain counts take a short path; it reads what the general one reads.
+    #[test]
+    fn plain_counts_read_as_their_decimal_forms() {
+        for n in [
+            "0",
+            "1",
+            "8",
+            "007",
+            "10",
+            "1000",
+            "9999999999999999999",
+            "18446744073709551615",
+            "18446744073709551616",
+            "-0",
+            "-3",
+            "+2",
+        ] {
+            // Errors name their input: compare their kinds.
+            let read = |q: &str| parse_whole(q).map_err(|e| std::mem::discriminant(&e));
+            assert_eq!(read(n), read(&format!("{n}.0")), "{n}");
+        }
+    }
 
     #[test]
     fn whole_quantities_parse_and_fractions_are_refused() {
