@@ -77,29 +77,39 @@ fn main() {
         let req = read();
         read_ahead(&req);
         let now = jiff::Timestamp::now();
+        // Stages that cannot run alone are measured with what comes before them, less
+        // that.
+        let read_only = per_run(|| drop(read()));
+        let decided = per_run(|| drop(decide(&req, &snap, &cfg, now)));
+        let mut spent = snap.clone();
+        let d = decide(&req, &snap, &cfg, now);
         let stages = [
-            ("read the review", per_run(|| drop(read()))),
+            ("read the review", read_only),
             (
                 "read the pod",
-                per_run(|| {
-                    let r = read();
-                    read_ahead(&r);
-                })
-                .sub(per_run(|| drop(read()))),
+                less(
+                    per_run(|| {
+                        let r = read();
+                        read_ahead(&r);
+                    }),
+                    read_only,
+                ),
             ),
-            ("decide", per_run(|| drop(decide(&req, &snap, &cfg, now)))),
-            ("encode the answer", {
-                let d = decide(&req, &snap, &cfg, now);
-                per_run(|| drop(encode_response(&req.uid, &d, true)))
-            }),
-            ("store in the offline snapshot", {
-                let mut spent = snap.clone();
-                per_run(|| {
-                    let mut d = decide(&req, &spent, &cfg, now);
-                    apply_spending(&mut spent, &req, &mut d).expect("applies");
-                })
-                .sub(per_run(|| drop(decide(&req, &snap, &cfg, now))))
-            }),
+            ("decide", decided),
+            (
+                "encode the answer",
+                per_run(|| drop(encode_response(&req.uid, &d, true))),
+            ),
+            (
+                "store in the offline snapshot",
+                less(
+                    per_run(|| {
+                        let mut d = decide(&req, &spent, &cfg, now);
+                        apply_spending(&mut spent, &req, &mut d).expect("applies");
+                    }),
+                    decided,
+                ),
+            ),
             (
                 "whole handler",
                 per_run(|| drop(rt.block_on(handle_review(&state, body, true)))),
@@ -112,12 +122,6 @@ fn main() {
     }
 }
 
-trait Sub {
-    fn sub(self, other: Self) -> Self;
-}
-
-impl Sub for (f64, f64) {
-    fn sub(self, other: Self) -> Self {
-        (self.0 - other.0, self.1 - other.1)
-    }
+fn less(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
+    (a.0 - b.0, a.1 - b.1)
 }
