@@ -473,7 +473,7 @@ fn admit(
     let mut patch = annotations_at(at, annotations);
     if let Some((label, product)) = node_selector {
         let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
-        patch.extend(set_node_selector(selector, &label, &product));
+        patch.extend(set_node_selector(selector, label, product));
     }
     if fits_pinned {
         let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
@@ -710,7 +710,7 @@ fn owned_by_daemonset(pod: &Pod) -> bool {
 }
 
 /// A chosen model and the node label (key, value) that places a pod on it.
-type Pin = (CardName, (String, String));
+type Pin<'s> = (CardName, &'s (String, String));
 
 /// The model a pending pod is pinned to: the first of its usable alternatives, in
 /// `card.name` order, that some node offers and that still has room once every pending
@@ -720,13 +720,13 @@ type Pin = (CardName, (String, String));
 ///
 /// The record is checked as it is (no copy) and given back: pinned to the chosen model,
 /// or as it came when there is none.
-fn choose_pin(
+fn choose_pin<'s>(
     mut rec: PodRecord,
     demand: &CardDemand,
     queue: &QueueName,
-    snap: &Snapshot,
+    snap: &'s Snapshot,
     now: jiff::Timestamp,
-) -> Result<(PodRecord, Option<Pin>), Decision> {
+) -> Result<(PodRecord, Option<Pin<'s>>), Decision> {
     let prefix = demand.resource.split('/').next().unwrap_or_default();
     for (label, values) in &rec.pinned {
         if label.split('/').next() != Some(prefix) {
@@ -774,11 +774,12 @@ fn choose_pin(
         }
         None => BTreeSet::new(),
     };
-    let (first, rest): (Vec<CardName>, Vec<CardName>) = candidates
-        .models()
+    // Reserved models first, then the others, each in `card.name` order.
+    let models = candidates.models();
+    let order = models
         .iter()
-        .cloned()
-        .partition(|m| reserved.contains(m));
+        .filter(|m| reserved.contains(*m))
+        .chain(models.iter().filter(|m| !reserved.contains(*m)));
     // One change, its pod re-pinned for each candidate in turn.
     let own_pins = rec.pinned.clone();
     let mut change = Change {
@@ -786,15 +787,15 @@ fn choose_pin(
         ..Default::default()
     };
     let mut chosen = None;
-    for m in first.into_iter().chain(rest) {
-        let Some(pin) = snap.pin_of(&m) else {
+    for m in order {
+        let Some(pin) = snap.pin_of(m) else {
             continue;
         };
         let pod = &mut change.add_pods[0];
         pod.pinned.clone_from(&own_pins);
         pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
         if fit(snap, queue, &change, &touched, now).verdict == Verdict::Feasible {
-            chosen = Some((m, pin.clone()));
+            chosen = Some((m.clone(), pin));
             break;
         }
     }
