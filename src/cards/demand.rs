@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Affinity, Container, PodSpec, ResourceRequirements};
 
 use super::quantity::{parse_whole, Cards, QuantityError};
 
@@ -29,8 +29,29 @@ pub struct PodDemandError {
     pub source: DemandError,
 }
 
-fn container_request(c: &Container, resource: &str) -> Result<Cards, DemandError> {
-    let Some(res) = &c.resources else {
+/// What the demand formula reads of a container: k8s-openapi's `Container` (watched
+/// pods, workload templates) or the few parts an admission reads from a review.
+pub trait ContainerResources {
+    fn name(&self) -> &str;
+    fn resources(&self) -> Option<&ResourceRequirements>;
+    /// `Always` for a sidecar (an init container that keeps running).
+    fn restart_policy(&self) -> Option<&str>;
+}
+
+impl ContainerResources for Container {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn resources(&self) -> Option<&ResourceRequirements> {
+        self.resources.as_ref()
+    }
+    fn restart_policy(&self) -> Option<&str> {
+        self.restart_policy.as_deref()
+    }
+}
+
+fn container_request<C: ContainerResources>(c: &C, resource: &str) -> Result<Cards, DemandError> {
+    let Some(res) = c.resources() else {
         return Ok(Cards::ZERO);
     };
     let q = res
@@ -42,7 +63,7 @@ fn container_request(c: &Container, resource: &str) -> Result<Cards, DemandError
         Some(q) => parse_whole(&q.0)
             .map(Cards::new)
             .map_err(|problem| DemandError {
-                container: c.name.clone(),
+                container: c.name().to_string(),
                 resource: resource.to_string(),
                 problem,
             }),
@@ -50,26 +71,35 @@ fn container_request(c: &Container, resource: &str) -> Result<Cards, DemandError
     }
 }
 
-fn resource_names<'c>(c: &'c Container, out: &mut Vec<&'c str>) {
-    if let Some(res) = &c.resources {
+fn resource_names<'c, C: ContainerResources>(c: &'c C, out: &mut Vec<&'c str>) {
+    if let Some(res) = c.resources() {
         for m in [&res.requests, &res.limits].into_iter().flatten() {
             out.extend(m.keys().map(String::as_str));
         }
     }
 }
 
-/// Card demand of a pod spec: for each card resource, `max(sum(app) + sum(sidecars),
-/// max(init_i + sidecars started before i))`. Requests default to limits.
+/// Card demand of a pod spec (see [`containers_demand`]).
 pub fn pod_demand(
     spec: &PodSpec,
     is_card: impl Fn(&str) -> bool,
 ) -> Result<ResourceDemand, DemandError> {
+    containers_demand(
+        &spec.containers,
+        spec.init_containers.as_deref().unwrap_or_default(),
+        is_card,
+    )
+}
+
+/// Card demand of a pod's containers: for each card resource, `max(sum(app) +
+/// sum(sidecars), max(init_i + sidecars started before i))`. Requests default to limits.
+pub fn containers_demand<C: ContainerResources>(
+    containers: &[C],
+    init_containers: &[C],
+    is_card: impl Fn(&str) -> bool,
+) -> Result<ResourceDemand, DemandError> {
     let mut names = Vec::new();
-    for c in spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-    {
+    for c in containers.iter().chain(init_containers) {
         resource_names(c, &mut names);
     }
     names.sort();
@@ -79,9 +109,9 @@ pub fn pod_demand(
     for r in names.into_iter().filter(|r| is_card(r)) {
         let mut sidecars = Cards::ZERO;
         let mut init_peak = Cards::ZERO;
-        for c in spec.init_containers.iter().flatten() {
+        for c in init_containers {
             let n = container_request(c, r)?;
-            if c.restart_policy.as_deref() == Some("Always") {
+            if c.restart_policy() == Some("Always") {
                 sidecars += n;
                 init_peak = init_peak.max(sidecars);
             } else {
@@ -89,7 +119,7 @@ pub fn pod_demand(
             }
         }
         let mut app = sidecars;
-        for c in &spec.containers {
+        for c in containers {
             app += container_request(c, r)?;
         }
         let n = app.max(init_peak);
@@ -105,15 +135,21 @@ pub fn pod_demand(
 /// placement must satisfy count: a nodeSelector, or an `In` expression present in every
 /// required node-affinity term.
 pub fn pinned_products(spec: &PodSpec) -> BTreeMap<String, Vec<String>> {
+    pinned_products_of(spec.node_selector.as_ref(), spec.affinity.as_ref())
+}
+
+/// [`pinned_products`] from a pod's nodeSelector and affinity.
+pub fn pinned_products_of(
+    node_selector: Option<&BTreeMap<String, String>>,
+    affinity: Option<&Affinity>,
+) -> BTreeMap<String, Vec<String>> {
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (k, v) in spec.node_selector.iter().flatten() {
+    for (k, v) in node_selector.into_iter().flatten() {
         if k.ends_with(".product") {
             out.insert(k.clone(), vec![v.clone()]);
         }
     }
-    let terms = spec
-        .affinity
-        .as_ref()
+    let terms = affinity
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|n| {
             n.required_during_scheduling_ignored_during_execution

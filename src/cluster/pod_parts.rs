@@ -1,17 +1,123 @@
 //! The parts of a Pod that card-quota reads, read from JSON text. An API server sends
 //! the whole pod in each AdmissionReview: managed fields, environment, volumes, probes.
-//! Reading all of it into k8s-openapi's `Pod` allocates every string of it. Here only
-//! the fields card-quota reads are kept, and the rest of the text is skipped.
-//! [`read_pod`] gives a `Pod` with only those fields set, so callers work with the
-//! usual type.
+//! Reading all of it into k8s-openapi's `Pod` allocates every string of it, and the
+//! `Pod` and each `Container` are over 2 KB each even when empty. Here only the fields
+//! card-quota reads are kept ([`PodParts`]), and the rest of the text is skipped.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodSpec, PodStatus, ResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Affinity, Container, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::Deserialize;
+
+use crate::cards::demand::ContainerResources;
+
+use super::records::{pod_record_of, RecordError, SpecView};
+use super::PodRecord;
+
+/// A Pod as an admission reads it: its metadata (all but managed fields), the parts of
+/// its spec a decision reads, and its phase.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodParts {
+    pub metadata: ObjectMeta,
+    pub spec: Option<SpecParts>,
+    pub phase: Option<String>,
+}
+
+/// Where the pod may run, and what its containers request.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SpecParts {
+    pub affinity: Option<Affinity>,
+    pub containers: Vec<ContainerParts>,
+    pub init_containers: Option<Vec<ContainerParts>>,
+    pub node_name: Option<String>,
+    pub node_selector: Option<BTreeMap<String, String>>,
+    pub scheduler_name: Option<String>,
+}
+
+/// A container's name, resources and restart policy (a sidecar's is `Always`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ContainerParts {
+    pub name: String,
+    pub resources: Option<ResourceRequirements>,
+    pub restart_policy: Option<String>,
+}
+
+impl ContainerResources for ContainerParts {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn resources(&self) -> Option<&ResourceRequirements> {
+        self.resources.as_ref()
+    }
+    fn restart_policy(&self) -> Option<&str> {
+        self.restart_policy.as_deref()
+    }
+}
+
+impl SpecParts {
+    fn view(&self) -> SpecView<'_, ContainerParts> {
+        SpecView {
+            containers: &self.containers,
+            init_containers: self.init_containers.as_deref().unwrap_or_default(),
+            node_name: self.node_name.as_deref(),
+            node_selector: self.node_selector.as_ref(),
+            affinity: self.affinity.as_ref(),
+            scheduler_name: self.scheduler_name.as_deref(),
+        }
+    }
+}
+
+impl PodParts {
+    /// The pod's record, as [`super::records::pod_record`] gives it for the whole pod.
+    pub fn record(
+        &self,
+        namespace_hint: &str,
+        card_prefixes: &[String],
+        seq: u64,
+    ) -> Result<PodRecord, RecordError> {
+        pod_record_of(
+            &self.metadata,
+            self.spec.as_ref().map(SpecParts::view),
+            self.phase.clone(),
+            namespace_hint,
+            card_prefixes,
+            seq,
+        )
+    }
+}
+
+fn parts_of(c: Container) -> ContainerParts {
+    ContainerParts {
+        name: c.name,
+        resources: c.resources,
+        restart_policy: c.restart_policy,
+    }
+}
+
+/// The parts of a whole `Pod` (one read some other way than [`read_pod`]).
+impl From<Pod> for PodParts {
+    fn from(p: Pod) -> Self {
+        let mut metadata = p.metadata;
+        metadata.managed_fields = None;
+        Self {
+            metadata,
+            spec: p.spec.map(|s| SpecParts {
+                affinity: s.affinity,
+                containers: s.containers.into_iter().map(parts_of).collect(),
+                init_containers: s
+                    .init_containers
+                    .map(|c| c.into_iter().map(parts_of).collect()),
+                node_name: s.node_name,
+                node_selector: s.node_selector,
+                scheduler_name: s.scheduler_name,
+            }),
+            phase: p.status.and_then(|s| s.phase),
+        }
+    }
+}
 
 /// `metadata`, every field but `managedFields` (the largest part of a real object's
 /// metadata, which nothing here reads).
@@ -34,27 +140,6 @@ struct Meta {
     uid: Option<String>,
 }
 
-/// A container's name, resources and restart policy (a sidecar's is `Always`).
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
-struct Part {
-    name: String,
-    resources: Option<ResourceRequirements>,
-    restart_policy: Option<String>,
-}
-
-/// Where the pod may run, and what its containers request.
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase", default)]
-struct Spec {
-    affinity: Option<Affinity>,
-    containers: Vec<Part>,
-    init_containers: Option<Vec<Part>>,
-    node_name: Option<String>,
-    node_selector: Option<BTreeMap<String, String>>,
-    scheduler_name: Option<String>,
-}
-
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct Status {
@@ -65,24 +150,15 @@ struct Status {
 struct Parts {
     #[serde(default)]
     metadata: Meta,
-    spec: Option<Spec>,
+    spec: Option<SpecParts>,
     status: Option<Status>,
 }
 
-fn container(p: Part) -> Container {
-    Container {
-        name: p.name,
-        resources: p.resources,
-        restart_policy: p.restart_policy,
-        ..Default::default()
-    }
-}
-
 /// Reads a Pod's JSON keeping only what card-quota reads (see the module doc).
-pub fn read_pod(raw: &str) -> Result<Pod, serde_json::Error> {
+pub fn read_pod(raw: &str) -> Result<PodParts, serde_json::Error> {
     let p: Parts = serde_json::from_str(raw)?;
     let m = p.metadata;
-    Ok(Pod {
+    Ok(PodParts {
         metadata: ObjectMeta {
             annotations: m.annotations,
             creation_timestamp: m.creation_timestamp,
@@ -100,27 +176,15 @@ pub fn read_pod(raw: &str) -> Result<Pod, serde_json::Error> {
             self_link: m.self_link,
             uid: m.uid,
         },
-        spec: p.spec.map(|s| PodSpec {
-            affinity: s.affinity,
-            containers: s.containers.into_iter().map(container).collect(),
-            init_containers: s
-                .init_containers
-                .map(|c| c.into_iter().map(container).collect()),
-            node_name: s.node_name,
-            node_selector: s.node_selector,
-            scheduler_name: s.scheduler_name,
-            ..Default::default()
-        }),
-        status: p.status.map(|s| PodStatus {
-            phase: s.phase,
-            ..Default::default()
-        }),
+        spec: p.spec,
+        phase: p.status.and_then(|s| s.phase),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cards::demand::{containers_demand, pod_demand};
     use crate::cluster::records::pod_record;
     use serde_json::json;
 
@@ -163,9 +227,11 @@ mod tests {
         let parts = read_pod(&raw).unwrap();
         let prefixes = ["nvidia.com".to_string()];
         assert_eq!(
-            pod_record(&parts, "ml", &prefixes, 7).unwrap(),
+            parts.record("ml", &prefixes, 7).unwrap(),
             pod_record(&whole, "ml", &prefixes, 7).unwrap()
         );
+        // The parts of a whole pod (the path for text only the tree reads) are the same.
+        assert_eq!(PodParts::from(whole.clone()), parts);
         let mut meta = whole.metadata.clone();
         meta.managed_fields = None;
         assert_eq!(parts.metadata, meta);
@@ -173,9 +239,17 @@ mod tests {
         assert_eq!(p.node_selector, w.node_selector);
         assert_eq!(p.affinity, w.affinity);
         assert_eq!(p.scheduler_name, w.scheduler_name);
-        let demand = |s: &PodSpec| crate::cards::demand::pod_demand(s, |r| r.contains('/'));
-        assert_eq!(demand(&p).unwrap(), demand(&w).unwrap());
-        assert_eq!(parts.status.unwrap().phase, whole.status.unwrap().phase);
+        let is_card = |r: &str| r.contains('/');
+        assert_eq!(
+            containers_demand(
+                &p.containers,
+                p.init_containers.as_deref().unwrap(),
+                is_card
+            )
+            .unwrap(),
+            pod_demand(&w, is_card).unwrap()
+        );
+        assert_eq!(parts.phase, whole.status.unwrap().phase);
     }
 
     #[test]

@@ -4,14 +4,16 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Affinity, Container, Node, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cards::annotations::{
     self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, QUOTA, REQUEST, USAGE,
 };
-use crate::cards::demand::{pinned_products, pod_demand, PodDemandError, ResourceDemand};
+use crate::cards::demand::{
+    containers_demand, pinned_products_of, ContainerResources, PodDemandError, ResourceDemand,
+};
 use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
 pub use crate::cards::WorkloadKind;
 use crate::cards::{
@@ -281,7 +283,60 @@ pub fn pod_record(
     card_prefixes: &[String],
     seq: u64,
 ) -> Result<PodRecord, RecordError> {
-    let meta = &pod.metadata;
+    pod_record_of(
+        &pod.metadata,
+        pod.spec.as_ref().map(SpecView::of),
+        pod.status.as_ref().and_then(|s| s.phase.clone()),
+        namespace_hint,
+        card_prefixes,
+        seq,
+    )
+}
+
+/// The parts of a pod spec a record reads, borrowed from a k8s-openapi `PodSpec` or
+/// from the parts an admission reads of a review's pod.
+#[derive(Debug)]
+pub struct SpecView<'a, C> {
+    pub containers: &'a [C],
+    pub init_containers: &'a [C],
+    pub node_name: Option<&'a str>,
+    pub node_selector: Option<&'a BTreeMap<String, String>>,
+    pub affinity: Option<&'a Affinity>,
+    pub scheduler_name: Option<&'a str>,
+}
+
+// By hand: derived, they would ask `C: Copy` of the borrowed containers.
+impl<C> Clone for SpecView<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C> Copy for SpecView<'_, C> {}
+
+impl<'a> SpecView<'a, Container> {
+    /// The parts of a whole `PodSpec`.
+    pub fn of(s: &'a PodSpec) -> Self {
+        Self {
+            containers: &s.containers,
+            init_containers: s.init_containers.as_deref().unwrap_or_default(),
+            node_name: s.node_name.as_deref(),
+            node_selector: s.node_selector.as_ref(),
+            affinity: s.affinity.as_ref(),
+            scheduler_name: s.scheduler_name.as_deref(),
+        }
+    }
+}
+
+/// A pod's record from its metadata, the parts of its spec and its phase (see
+/// [`pod_record`]).
+pub fn pod_record_of<C: ContainerResources>(
+    meta: &ObjectMeta,
+    spec: Option<SpecView<'_, C>>,
+    phase: Option<String>,
+    namespace_hint: &str,
+    card_prefixes: &[String],
+    seq: u64,
+) -> Result<PodRecord, RecordError> {
     let name = meta
         .name
         .clone()
@@ -296,18 +351,18 @@ pub fn pod_record(
         Subject::Pod,
         &key,
         meta,
-        pod.spec.as_ref(),
-        pod.status.as_ref().and_then(|s| s.phase.clone()),
+        spec,
+        phase,
         card_prefixes,
         seq,
     ))
 }
 
-fn record_from_parts(
+fn record_from_parts<C: ContainerResources>(
     subject: Subject,
     key: &ObjectKey,
     meta: &ObjectMeta,
-    spec: Option<&k8s_openapi::api::core::v1::PodSpec>,
+    spec: Option<SpecView<'_, C>>,
     phase: Option<String>,
     card_prefixes: &[String],
     seq: u64,
@@ -320,13 +375,15 @@ fn record_from_parts(
     // Every extended resource is read; those under no known card prefix wait as latent
     // demand for a node to announce their vendor.
     let mut demand = match spec {
-        Some(s) => pod_demand(s, |r| r.contains('/')).map_err(|source| {
-            Box::new(PodDemandError {
-                subject,
-                pod: key.clone(),
-                source,
-            })
-        }),
+        Some(s) => containers_demand(s.containers, s.init_containers, |r| r.contains('/')).map_err(
+            |source| {
+                Box::new(PodDemandError {
+                    subject,
+                    pod: key.clone(),
+                    source,
+                })
+            },
+        ),
         None => Ok(ResourceDemand::new()),
     };
     let mut latent = ResourceDemand::new();
@@ -355,13 +412,16 @@ fn record_from_parts(
             .map(|v| annotations::parse_card_name_of(object, v).map_err(Box::new)),
         charged: a.get(CHARGED).and_then(|v| CardName::parse(v).ok()),
         node: spec
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty()),
+            .and_then(|s| s.node_name)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string),
         phase,
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
-        pinned: spec.map(pinned_products).unwrap_or_default(),
+        pinned: spec
+            .map(|s| pinned_products_of(s.node_selector, s.affinity))
+            .unwrap_or_default(),
         scheduler: Some(scheduler_name(
-            spec.and_then(|s| s.scheduler_name.as_deref())
+            spec.and_then(|s| s.scheduler_name)
                 .filter(|n| !n.is_empty())
                 .unwrap_or("default-scheduler"),
         )),
@@ -476,7 +536,7 @@ fn template_record(
         Subject::Template(kind),
         key,
         &meta,
-        t.and_then(|t| t.spec.as_ref()),
+        t.and_then(|t| t.spec.as_ref()).map(SpecView::of),
         None,
         prefixes,
         seq,

@@ -11,8 +11,7 @@ use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
-use crate::cluster::pod_parts::read_pod;
-use crate::cluster::records::pod_record;
+use crate::cluster::pod_parts::{read_pod, PodParts};
 use crate::cluster::PodRecord;
 use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
@@ -55,7 +54,7 @@ pub fn decide(
 /// prefixes are applied per decision).
 #[derive(Debug, Clone)]
 pub struct ReadPod {
-    pod: Pod,
+    pod: PodParts,
     record: PodRecord,
 }
 
@@ -63,7 +62,7 @@ pub struct ReadPod {
 /// times (the ledger's re-checks, a batch), and is read before the snapshot is locked.
 #[derive(Debug, Clone, Default)]
 pub struct PodReads {
-    // Boxed: a Pod is kilobytes, and the request moves between tasks.
+    // Boxed: the parts are most of a kilobyte, and the request moves between tasks.
     object: OnceLock<Result<Box<ReadPod>, Decision>>,
     old: OnceLock<Result<Box<ReadPod>, Decision>>,
 }
@@ -76,13 +75,14 @@ enum Side {
 }
 
 fn read(req: &AdmissionRequest, obj: &Object) -> Result<Box<ReadPod>, Decision> {
-    let pod: Pod = obj.read_with(read_pod).map_err(|e| {
+    let pod = obj.read_with::<_, Pod>(read_pod).map_err(|e| {
         Decision::deny(
             BAD_REQUEST,
             format!("request object is not a valid Pod: {e}"),
         )
     })?;
-    let mut record = pod_record(&pod, req.ns(), &[], u64::MAX)
+    let mut record = pod
+        .record(req.ns(), &[], u64::MAX)
         .map_err(|e| Decision::deny(BAD_REQUEST, e.to_string()))?;
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
         if let Some(n) = req.name.as_ref().filter(|n| !n.is_empty()) {
@@ -112,7 +112,7 @@ fn record<'r>(
     side: Side,
     obj: &Object,
     snap: &Snapshot,
-) -> Result<(&'r Pod, PodRecord), Decision> {
+) -> Result<(&'r PodParts, PodRecord), Decision> {
     let cell = match side {
         Side::Object => &req.pods.object,
         Side::Old => &req.pods.old,
@@ -389,7 +389,7 @@ pub fn allocate(
     }
 }
 
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+fn annotation<'a>(pod: &'a PodParts, key: &str) -> Option<&'a str> {
     pod.metadata
         .annotations
         .as_ref()
@@ -401,7 +401,7 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 /// demand): pending, or allocated when it names its node. `stamp` adds the queue stamp;
 /// `steer` pins a pending pod to the model it is admitted for.
 fn admit(
-    pod: &Pod,
+    pod: &PodParts,
     mut rec: PodRecord,
     queue: QueueName,
     snap: &Snapshot,
@@ -682,7 +682,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
 
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`
 /// term) is placed there whatever a pin says: it is left alone.
-fn names_its_node(pod: &Pod) -> bool {
+fn names_its_node(pod: &PodParts) -> bool {
     let terms = pod
         .spec
         .as_ref()
@@ -701,7 +701,7 @@ fn names_its_node(pod: &Pod) -> bool {
 }
 
 /// DaemonSet pods go to every node of their selector; pinning them is not ours to do.
-fn owned_by_daemonset(pod: &Pod) -> bool {
+fn owned_by_daemonset(pod: &PodParts) -> bool {
     pod.metadata
         .owner_references
         .iter()

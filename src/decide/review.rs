@@ -52,12 +52,13 @@ impl Object {
 
     /// The object read by `read`, a reader that keeps only the parts a decision needs
     /// (such as [`crate::cluster::pod_parts::read_pod`]). Text `read` refuses is read
-    /// whole as `T` through the tree, so errors read as [`Object::typed`]'s.
-    pub fn read_with<T: serde::de::DeserializeOwned>(
+    /// whole as `W` (the whole type, such as `Pod`) through the tree, so errors read as
+    /// [`Object::typed`]'s.
+    pub fn read_with<T, W: serde::de::DeserializeOwned + Into<T>>(
         &self,
         read: impl FnOnce(&str) -> Result<T, serde_json::Error>,
     ) -> Result<T, serde_json::Error> {
-        read(self.raw.get()).or_else(|_| T::deserialize(self.tree()))
+        read(self.raw.get()).or_else(|_| W::deserialize(self.tree()).map(Into::into))
     }
 
     /// `metadata.name`, when the object has one.
