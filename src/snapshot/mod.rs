@@ -563,9 +563,11 @@ impl Snapshot {
                 .insert(p.key.clone());
         }
         let q = self.index_pod(&p, previous);
-        let key = p.key.clone();
-        self.pods.insert(key.clone(), p);
-        self.retally_pod(&key, Some(q));
+        // Counted before it is stored: the record is at hand, and its key is cloned once.
+        for g in self.tally.pod(&p.key, Some((&q, &p)), &self.nodes) {
+            self.tally.group(&g, self.groups.get(&g));
+        }
+        self.pods.insert(p.key.clone(), p);
     }
 
     /// Counts a pod again in `queue`'s usage (`None`: it no longer counts), and its
