@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, Container, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{Affinity, Container, ResourceRequirements};
 
 use super::quantity::{parse_whole, Cards, QuantityError};
 
@@ -79,18 +79,6 @@ fn resource_names<'c, C: ContainerResources>(c: &'c C, out: &mut Vec<&'c str>) {
     }
 }
 
-/// Card demand of a pod spec (see [`containers_demand`]).
-pub fn pod_demand(
-    spec: &PodSpec,
-    is_card: impl Fn(&str) -> bool,
-) -> Result<ResourceDemand, DemandError> {
-    containers_demand(
-        &spec.containers,
-        spec.init_containers.as_deref().unwrap_or_default(),
-        is_card,
-    )
-}
-
 /// Card demand of a pod's containers: for each card resource, `max(sum(app) +
 /// sum(sidecars), max(init_i + sidecars started before i))`. Requests default to limits.
 pub fn containers_demand<C: ContainerResources>(
@@ -134,12 +122,7 @@ pub fn containers_demand<C: ContainerResources>(
 /// (`<prefix>/<type>.product` -> allowed values in order). Only constraints that every
 /// placement must satisfy count: a nodeSelector, or an `In` expression present in every
 /// required node-affinity term.
-pub fn pinned_products(spec: &PodSpec) -> BTreeMap<String, Vec<String>> {
-    pinned_products_of(spec.node_selector.as_ref(), spec.affinity.as_ref())
-}
-
-/// [`pinned_products`] from a pod's nodeSelector and affinity.
-pub fn pinned_products_of(
+pub fn pinned_products(
     node_selector: Option<&BTreeMap<String, String>>,
     affinity: Option<&Affinity>,
 ) -> BTreeMap<String, Vec<String>> {
@@ -193,10 +176,20 @@ pub fn pinned_products_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
     use serde_json::json;
 
     fn spec(v: serde_json::Value) -> PodSpec {
         serde_json::from_value(v).unwrap()
+    }
+
+    fn pod_demand(s: &PodSpec, is_card: fn(&str) -> bool) -> Result<ResourceDemand, DemandError> {
+        let init = s.init_containers.as_deref().unwrap_or_default();
+        containers_demand(&s.containers, init, is_card)
+    }
+
+    fn pinned(s: &PodSpec) -> BTreeMap<String, Vec<String>> {
+        pinned_products(s.node_selector.as_ref(), s.affinity.as_ref())
     }
 
     fn gpu(r: &str) -> bool {
@@ -248,20 +241,14 @@ mod tests {
             "containers": [],
             "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}
         }));
-        assert_eq!(
-            pinned_products(&s)["nvidia.com/gpu.product"],
-            vec!["NVIDIA-H200"]
-        );
+        assert_eq!(pinned(&s)["nvidia.com/gpu.product"], vec!["NVIDIA-H200"]);
         let s = spec(json!({
             "containers": [],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A", "B"]}]}
             ]}}}
         }));
-        assert_eq!(
-            pinned_products(&s)["nvidia.com/gpu.product"],
-            vec!["A", "B"]
-        );
+        assert_eq!(pinned(&s)["nvidia.com/gpu.product"], vec!["A", "B"]);
         let s = spec(json!({
             "containers": [],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
@@ -270,7 +257,7 @@ mod tests {
             ]}}}
         }));
         assert!(
-            pinned_products(&s).is_empty(),
+            pinned(&s).is_empty(),
             "a term without the key leaves it unpinned"
         );
     }

@@ -184,7 +184,7 @@ pub fn read_pod(raw: &str) -> Result<PodParts, serde_json::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cards::demand::{containers_demand, pod_demand};
+    use crate::cards::demand::containers_demand;
     use crate::cluster::records::pod_record;
     use serde_json::json;
 
@@ -247,7 +247,12 @@ mod tests {
                 is_card
             )
             .unwrap(),
-            pod_demand(&w, is_card).unwrap()
+            containers_demand(
+                &w.containers,
+                w.init_containers.as_deref().unwrap(),
+                is_card
+            )
+            .unwrap()
         );
         assert_eq!(parts.phase, whole.status.unwrap().phase);
     }

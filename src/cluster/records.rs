@@ -12,7 +12,7 @@ use crate::cards::annotations::{
     self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, QUOTA, REQUEST, USAGE,
 };
 use crate::cards::demand::{
-    containers_demand, pinned_products_of, ContainerResources, PodDemandError, ResourceDemand,
+    containers_demand, pinned_products, ContainerResources, PodDemandError, ResourceDemand,
 };
 use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
 pub use crate::cards::WorkloadKind;
@@ -418,7 +418,7 @@ fn record_from_parts<C: ContainerResources>(
         phase,
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
         pinned: spec
-            .map(|s| pinned_products_of(s.node_selector, s.affinity))
+            .map(|s| pinned_products(s.node_selector, s.affinity))
             .unwrap_or_default(),
         scheduler: Some(scheduler_name(
             spec.and_then(|s| s.scheduler_name)
