@@ -9,11 +9,11 @@
 //! implementation of the contract does at least that, so where the bound's ratio is
 //! under the goal, no decision reaches it on that host.
 //!
-//! Interleaved A B A B: each round drives the floor, then card-quota, at 64 connections
+//! Interleaved A B C A B C: each round drives the floor, card-quota and the bound, at 64 connections
 //! (throughput) and at 4 (latency), one second each by default, the clock started once
 //! every connection has shaken hands; the ratios printed are the medians over rounds
 //! (seven by default: short slices, many of them, so that a host whose speed drifts
-//! gives both servers the same share of it), with their range.
+//! gives every server the same share of it), with their range.
 //! Three workloads, each with its ratios: a minimal pod (670 bytes of review); the same
 //! pod as kube-apiserver sent it (2.5 KB, captured); and a full-size pod with a sidecar,
 //! environment, volumes and probes (3.5 KB).
