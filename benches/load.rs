@@ -62,14 +62,18 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The floor: parse the review, allow it.
-async fn floor(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let body = req
-        .into_body()
+/// A request's body (empty if it breaks off).
+async fn body_of(req: Request<Incoming>) -> Bytes {
+    req.into_body()
         .collect()
         .await
         .map(|b| b.to_bytes())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The floor: parse the review, allow it.
+async fn floor(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let body = body_of(req).await;
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let uid = v.pointer("/request/uid").cloned().unwrap_or(json!(""));
     let out = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -82,12 +86,7 @@ async fn floor(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallib
 /// The bound: card-quota's reads of the review and of the pod with its record, then
 /// `answer` (card-quota's own answer to this review) sent as is. Nothing decided or stored.
 async fn bound(req: Request<Incoming>, answer: Bytes) -> Result<Response<Full<Bytes>>, Infallible> {
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let body = body_of(req).await;
     if let Some(Ok(review)) = read_review(&body) {
         let pod = review
             .object
