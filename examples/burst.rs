@@ -60,13 +60,14 @@ struct Outcome {
     refused: usize,
     errors: usize,
     first_refusal: Option<String>,
+    first_error: Option<String>,
     seconds: f64,
 }
 
 fn pod(queue: &str, card: &str, cards: bool) -> Pod {
     let mut p = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": "burst-", "labels": {"card-quota-burst": "1"},
+        "metadata": {"labels": {"card-quota-burst": "1"},
             "annotations": {"scheduling.volcano.sh/queue-name": queue, "volcano.sh/card.name": card}},
         "spec": {"schedulerName": "volcano", "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
@@ -80,12 +81,32 @@ fn pod(queue: &str, card: &str, cards: bool) -> Pod {
     serde_json::from_value(p).expect("a valid Pod")
 }
 
+/// A name no other pod of this process or of an earlier run has. Not `generateName`:
+/// its five random characters collide about once in a few thousand-pod bursts into
+/// one namespace, and the API server (before 1.30) then fails the creation with 409
+/// after the webhooks admitted it, an error that is neither card-quota's nor the
+/// burst's to count.
+fn unique_name() -> String {
+    static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let run = RUN.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or_default();
+        (nanos ^ (u64::from(std::process::id()) << 32)) & 0xffff_ffff_ffff
+    });
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("burst-{run:012x}-{n}")
+}
+
 async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
     let template = pod(&args.queue, &args.card, cards);
     let start = Instant::now();
     let results: Vec<Result<Pod, kube::Error>> = stream::iter(0..args.pods)
         .map(|_| {
-            let p = template.clone();
+            let mut p = template.clone();
+            p.metadata.name = Some(unique_name());
             let retry = args.retry_server_timeouts;
             async move {
                 let mut attempt = 0;
@@ -112,6 +133,7 @@ async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
         refused: 0,
         errors: 0,
         first_refusal: None,
+        first_error: None,
         seconds,
     };
     for r in results {
@@ -123,7 +145,7 @@ async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
             }
             Err(e) => {
                 out.errors += 1;
-                out.first_refusal.get_or_insert(e.to_string());
+                out.first_error.get_or_insert(e.to_string());
             }
         }
     }
@@ -190,6 +212,9 @@ async fn main() -> anyhow::Result<()> {
             if let Some(m) = &o.first_refusal {
                 println!("{label}: first refusal: {m}");
             }
+            if let Some(m) = &o.first_error {
+                println!("{label}: first error: {m}");
+            }
             admitted += o.admitted;
             refused += o.refused;
             errors += o.errors;
@@ -222,6 +247,9 @@ async fn main() -> anyhow::Result<()> {
             );
             if let Some(m) = &o.first_refusal {
                 println!("       first refusal: {m}");
+            }
+            if let Some(m) = &o.first_error {
+                println!("       first error: {m}");
             }
             if !(args.keep && round == args.rounds) {
                 clear(api).await?;
