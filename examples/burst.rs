@@ -106,11 +106,13 @@ async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
     let results: Vec<Result<Pod, kube::Error>> = stream::iter(0..args.pods)
         .map(|_| {
             let mut p = template.clone();
-            p.metadata.name = Some(unique_name());
             let retry = args.retry_server_timeouts;
             async move {
                 let mut attempt = 0;
                 loop {
+                    // A new name for a retry too, as generateName would give: the
+                    // timed-out creation may have happened under the first one.
+                    p.metadata.name = Some(unique_name());
                     match api.create(&PostParams::default(), &p).await {
                         Err(kube::Error::Api(s))
                             if retry && s.reason == "ServerTimeout" && attempt < 5 =>
