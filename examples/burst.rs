@@ -82,8 +82,8 @@ fn pod(queue: &str, card: &str, cards: bool) -> Pod {
 }
 
 /// A name no other pod of this process or of an earlier run has. Not `generateName`:
-/// its five random characters collide about once in a few thousand-pod bursts into
-/// one namespace, and the API server (before 1.30) then fails the creation with 409
+/// its five random characters collide in a few percent of thousand-pod bursts into
+/// one namespace, and the API server (before 1.31 by default) then fails it with 409
 /// after the webhooks admitted it, an error that is neither card-quota's nor the
 /// burst's to count.
 fn unique_name() -> String {
