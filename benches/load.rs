@@ -1,7 +1,7 @@
 //! Load benchmark of the HTTPS webhook: real AdmissionReview POSTs over TLS from 64
 //! concurrent connections against `serve --offline` (the decision core on a snapshot),
 //! next to the same harness against a floor server that only parses the review and
-//! allows it. Prints requests/s, p50 and p99 of both and their ratio.
+//! allows it. Prints requests/s, p50 and p99 of each and their ratios to the floor.
 //!
 //! A third server, the bound, shows what the host leaves for a decision: the floor's
 //! serving loop running card-quota's own reads of the review and the pod (with its
