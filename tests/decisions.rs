@@ -361,10 +361,168 @@ fn a_pod_update_that_changes_its_card_name_is_refused() {
     assert_eq!(w.usage("q", "RTX-4090")["pending"], 2);
 }
 
-fn pg(name: &str, queue: &str, request: &str) -> Value {
+/// A PodGroup waiting in line (no phase yet), as Volcano's job controller creates it.
+fn waiting_pg(name: &str, queue: &str, request: &str) -> Value {
     json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": "ml", "annotations": {"volcano.sh/card.request": request}},
-        "spec": {"queue": queue, "minMember": 1}})
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+            "annotations": {"volcano.sh/card.request": request}},
+        "spec": {"queue": queue, "minMember": 1}, "status": {}})
+}
+
+/// A PodGroup created already enqueued: checked whole at its CREATE, and reserving.
+fn pg(name: &str, queue: &str, request: &str) -> Value {
+    let mut g = waiting_pg(name, queue, request);
+    g["status"] = json!({"phase": "Inqueue"});
+    g
+}
+
+/// vc-scheduler's enqueue: an UPDATE of the PodGroup itself, Pending -> Inqueue.
+fn enqueue(w: &mut World, waiting: &Value) -> AdmissionResponse {
+    let mut next = waiting.clone();
+    next["status"] = json!({"phase": "Inqueue"});
+    w.send(R::podgroup("UPDATE", next).old(waiting.clone()).build())
+}
+
+#[test]
+fn a_waiting_podgroup_reserves_nothing_and_is_checked_whole_at_its_enqueue() {
+    let mut w = World::new();
+    let j1 = waiting_pg("j1", "q", r#"{"NVIDIA-H200":3}"#);
+    let j2 = waiting_pg("j2", "q", r#"{"NVIDIA-H200":2}"#);
+    assert!(w.send(R::podgroup("CREATE", j1.clone()).build()).allowed);
+    assert!(w.send(R::podgroup("CREATE", j2.clone()).build()).allowed);
+    // Both wait in line: nothing is reserved, a plain pod still fits.
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 0);
+    let r = enqueue(&mut w, &j1);
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 3);
+    // j2 does not fit beside j1: its enqueue is held with the contract's message.
+    let r = enqueue(&mut w, &j2);
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200 quota: requested 2, in use 3 (allocated 0, pending 0, reserved 3), quota 3"
+    );
+    // vc-scheduler's later status writes on j1 charge nothing.
+    let mut inq = j1.clone();
+    inq["status"] = json!({"phase": "Inqueue"});
+    let mut running = j1.clone();
+    running["status"] = json!({"phase": "Running"});
+    assert!(
+        w.send(R::podgroup("UPDATE", running.clone()).old(inq).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 3);
+    // j1 completes: its cards are free and j2's next enqueue goes through.
+    let mut done = j1.clone();
+    done["status"] = json!({"phase": "Completed"});
+    assert!(
+        w.send(R::podgroup("UPDATE", done).old(running).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 0);
+    let r = enqueue(&mut w, &j2);
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 2);
+}
+
+#[test]
+fn a_waiting_podgroup_that_could_never_run_is_refused_at_once_but_one_that_waits_is_not() {
+    let mut w = World::new();
+    // Quota 3: asking for 4 can never run.
+    let r = w.send(R::podgroup("CREATE", waiting_pg("big", "q", r#"{"NVIDIA-H200":4}"#)).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 3"
+    );
+    // Entries that fit one by one but not together can never run either.
+    let r = w.send(
+        R::podgroup(
+            "CREATE",
+            waiting_pg("two", "q", r#"{"NVIDIA-H200":2,"NVIDIA-H200|RTX-4090":4}"#),
+        )
+        .build(),
+    );
+    assert!(!r.allowed);
+    assert!(message(&r).contains("requested 4"), "{}", message(&r));
+    // A queue full of other work does not refuse a waiting job: it waits.
+    assert!(
+        w.send(R::pod("CREATE", pod("p", "q", Some("NVIDIA-H200"), "3")).build())
+            .allowed
+    );
+    let r = w.send(R::podgroup("CREATE", waiting_pg("later", "q", r#"{"NVIDIA-H200":3}"#)).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 0);
+    // A malformed request is refused at once.
+    let r = w.send(R::podgroup("CREATE", waiting_pg("bad", "q", r#"{"NVIDIA-H200":0}"#)).build());
+    assert!(!r.allowed);
+    assert!(message(&r).starts_with("invalid volcano.sh/card.request on podgroup ml/bad"));
+}
+
+#[test]
+fn a_podgroup_created_enqueued_that_does_not_fit_is_refused() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("p", "q", Some("NVIDIA-H200"), "2")).build())
+            .allowed
+    );
+    let r = w.send(R::podgroup("CREATE", pg("direct", "q", r#"{"NVIDIA-H200":2}"#)).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200 quota: requested 2, in use 2 (allocated 0, pending 2, reserved 0), quota 3"
+    );
+    // A request raised on an enqueued group is checked like a new charge.
+    let small = pg("small", "q", r#"{"NVIDIA-H200":1}"#);
+    assert!(w.send(R::podgroup("CREATE", small.clone()).build()).allowed);
+    let mut more = small.clone();
+    more["metadata"]["annotations"]["volcano.sh/card.request"] = json!(r#"{"NVIDIA-H200":2}"#);
+    assert!(
+        !w.send(R::podgroup("UPDATE", more).old(small).build())
+            .allowed
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 1);
+}
+
+#[test]
+fn a_podgroup_taken_out_of_completed_is_checked_like_an_enqueue() {
+    let mut w = World::new();
+    let mut done = pg("done", "q", r#"{"NVIDIA-H200":1000}"#);
+    done["status"] = json!({"phase": "Completed"});
+    // Completed reserves nothing, so its CREATE charges nothing...
+    assert!(w.send(R::podgroup("CREATE", done.clone()).build()).allowed);
+    // ...but bringing it back is a new charge.
+    let mut back = done.clone();
+    back["status"] = json!({"phase": "Inqueue"});
+    let r = w.send(R::podgroup("UPDATE", back).old(done).build());
+    assert!(!r.allowed);
+    assert!(message(&r).contains("requested 1000"), "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 0);
+}
+
+#[test]
+fn a_duplicate_create_of_a_waiting_podgroup_leaves_no_reservation() {
+    // Volcano's job controller sends a Job's PodGroup CREATE twice within 10 ms (201,
+    // then 409): both are admitted, and neither may reserve.
+    let mut w = World::new();
+    let g = waiting_pg("dup", "q", r#"{"NVIDIA-H200":3}"#);
+    let first = w.send(R::podgroup("CREATE", g.clone()).build());
+    let second = w.send(R::podgroup("CREATE", g).build());
+    assert!(first.allowed && second.allowed);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 0);
+}
+
+#[test]
+fn a_derived_request_larger_than_the_quota_waits_instead_of_being_refused() {
+    let mut w = World::new();
+    let mut g = waiting_pg("derived", "q", "");
+    g["metadata"]["annotations"] =
+        json!({"volcano.sh/card.derived-request": r#"{"NVIDIA-H200":4}"#});
+    let r = w.send(R::podgroup("CREATE", g.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    let r = enqueue(&mut w, &g);
+    assert!(!r.allowed);
+    assert!(message(&r).contains("requested 4"), "{}", message(&r));
 }
 
 #[test]

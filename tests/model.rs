@@ -150,6 +150,12 @@ enum Op {
         group: usize,
         queue: usize,
         request: Vec<(usize, u64)>,
+        phase: usize,
+    },
+    /// A phase write on the PodGroup itself (Volcano's enqueue is Pending -> Inqueue).
+    GroupPhase {
+        group: usize,
+        phase: usize,
     },
     MoveGroup {
         group: usize,
@@ -176,6 +182,15 @@ const EDIT_KEYS: &[&str] = &[
 ];
 /// Values an edit may write.
 const EDIT_VALUES: &[&str] = &["q1", "q2", "default", "A", "B", "Bogus", "g0", "g1", "A|B"];
+/// PodGroup phases: none (as Volcano creates it), waiting, enqueued, finished.
+const PHASES: [Option<&str>; 5] = [
+    None,
+    Some("Pending"),
+    Some("Inqueue"),
+    Some("Running"),
+    Some("Completed"),
+];
+
 /// Request keys a PodGroup may use.
 const REQUEST_KEYS: &[&str] = &["A", "B", "A|B", "B|A"];
 
@@ -235,7 +250,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(pod, key, value)| Op::EditPod { pod, key, value }),
         1 => (0..PODS, any::<bool>()).prop_map(|(pod, graceful)| Op::DeletePod { pod, graceful }),
         2 => (0..GROUPS, 0..QUEUES.len(), proptest::collection::vec((0..REQUEST_KEYS.len(), quantity()), 0..3))
-            .prop_map(|(group, queue, request)| Op::CreateGroup { group, queue, request }),
+            .prop_flat_map(|(group, queue, request)| (0..PHASES.len()).prop_map(move |phase| Op::CreateGroup { group, queue, request: request.clone(), phase })),
+        2 => (0..GROUPS, 0..PHASES.len()).prop_map(|(group, phase)| Op::GroupPhase { group, phase }),
         2 => (0..GROUPS, 0..QUEUES.len()).prop_map(|(group, queue)| Op::MoveGroup { group, queue }),
         1 => (0..GROUPS).prop_map(|group| Op::DeleteGroup { group }),
         1 => prop_oneof![0i32..6, Just(i32::MAX)].prop_map(|to| Op::Scale { to }),
@@ -301,6 +317,17 @@ impl Cluster {
         doc["request"]["object"] = obj.clone();
         let v = review(&doc, &self.snap, &self.cfg, self.now, false);
         v.out.response.allowed.then_some(obj)
+    }
+
+    /// True when the queue's cards in use, all models together, are within its quota.
+    fn within_quota(&self, queue: &str) -> bool {
+        let report = usage_report(&self.snap, self.now);
+        let Some(rows) = report.get(queue) else {
+            return true;
+        };
+        let used: u128 = rows.values().map(|r| r.in_use().get()).sum();
+        let quota: u128 = rows.values().map(|r| r.quota.get()).sum();
+        used <= quota
     }
 
     /// Volcano's queue for a pod object, by the oracle's own reading (docs/annotations.md).
@@ -492,6 +519,7 @@ impl Cluster {
                 group,
                 queue,
                 request,
+                phase,
             } => {
                 let g = format!("g{group}");
                 if self.groups.contains_key(&g) {
@@ -508,9 +536,12 @@ impl Cluster {
                         json!(format!("{{{}}}", body.join(","))),
                     );
                 }
-                let obj = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                let mut obj = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
                     "metadata": {"name": g, "namespace": NS, "annotations": anns},
-                    "spec": {"queue": QUEUES[*queue], "minMember": 1}});
+                    "spec": {"queue": QUEUES[*queue], "minMember": 1}, "status": {}});
+                if let Some(p) = PHASES[*phase] {
+                    obj["status"]["phase"] = json!(p);
+                }
                 if let Some(stored) = self.admit(R::podgroup("CREATE", obj).build()) {
                     upsert(&mut self.snap, &stored).unwrap();
                     self.group_queue
@@ -530,6 +561,29 @@ impl Cluster {
                     self.group_queue
                         .insert(g.clone(), QUEUES[*queue].to_string());
                     self.groups.insert(g, stored);
+                }
+            }
+            Op::GroupPhase { group, phase } => {
+                let g = format!("g{group}");
+                let Some(old) = self.groups.get(&g).cloned() else {
+                    return;
+                };
+                let mut new = old.clone();
+                new["status"] = json!({});
+                if let Some(p) = PHASES[*phase] {
+                    new["status"]["phase"] = json!(p);
+                }
+                let queue = self.group_queue.get(&g).cloned().unwrap_or_default();
+                let fitted = self.within_quota(&queue);
+                if let Some(stored) = self.admit(R::podgroup("UPDATE", new).old(old).build()) {
+                    upsert(&mut self.snap, &stored).unwrap();
+                    self.groups.insert(g, stored);
+                    // An admitted enqueue never takes a queue that was within its quota
+                    // past it (reservations start at the enqueue, and only if they fit).
+                    assert!(
+                        !fitted || self.within_quota(&queue),
+                        "an enqueue took queue {queue} past its quota"
+                    );
                 }
             }
             Op::DeleteGroup { group } => {
@@ -591,6 +645,12 @@ impl Cluster {
             let mut want: u128 = 0;
             for (g, obj) in &self.groups {
                 if self.group_queue.get(g).map(String::as_str) != Some(*q) {
+                    continue;
+                }
+                // Waiting groups reserve nothing (they are checked at their enqueue),
+                // nor do finished ones.
+                let phase = obj.pointer("/status/phase").and_then(Value::as_str);
+                if matches!(phase, None | Some("Pending") | Some("Completed")) {
                     continue;
                 }
                 let Some(raw) = obj

@@ -12,6 +12,9 @@ use super::quantity::Cards;
 pub const QUOTA: &str = "volcano.sh/card.quota";
 /// Job / PodGroup annotation holding the job's total card request.
 pub const REQUEST: &str = "volcano.sh/card.request";
+/// Written by card-quota on a PodGroup whose Volcano Job has card demand but no
+/// `card.request`: the demand of the Job's tasks, in the grammar of `card.request`.
+pub const DERIVED_REQUEST: &str = "volcano.sh/card.derived-request";
 /// Pod annotation naming the acceptable models.
 pub const CARD_NAME: &str = "volcano.sh/card.name";
 /// Pod / Binding annotation recording the model a bound pod is charged for.
@@ -209,16 +212,25 @@ pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
 
 /// Parses `volcano.sh/card.request` of `object` (e.g. `podgroup ml/job-1`).
 pub fn parse_request(object: &str, raw: &str) -> Result<CardRequest, AnnotationError> {
-    let entries = parse_entries(raw, 1, "positive").map_err(|p| err(object, REQUEST, p))?;
+    parse_request_in(object, REQUEST, raw)
+}
+
+/// Parses a request in the grammar of `card.request` held by `annotation`.
+pub fn parse_request_in(
+    object: &str,
+    annotation: &'static str,
+    raw: &str,
+) -> Result<CardRequest, AnnotationError> {
+    let entries = parse_entries(raw, 1, "positive").map_err(|p| err(object, annotation, p))?;
     if entries.is_empty() {
-        return Err(err(object, REQUEST, Problem::Empty));
+        return Err(err(object, annotation, Problem::Empty));
     }
     let mut out: Vec<(Alternatives, Cards)> = Vec::new();
     for (k, n) in entries {
         let alts = Alternatives::parse(&k).map_err(|source| {
             err(
                 object,
-                REQUEST,
+                annotation,
                 Problem::BadKey {
                     key: shown(&k),
                     source,

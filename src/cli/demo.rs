@@ -38,6 +38,13 @@ fn podgroup(ns: &str, name: &str, request: &str) -> Value {
     })
 }
 
+/// vc-scheduler's enqueue of a waiting PodGroup: an UPDATE of the PodGroup itself.
+fn enqueue(waiting: Value) -> Value {
+    let mut next = waiting.clone();
+    next["status"] = json!({"phase": "Inqueue"});
+    R::podgroup("UPDATE", next).old(waiting).build()
+}
+
 /// Runs the demo, narrating to `out`.
 pub fn run(out: &mut impl Write) -> std::io::Result<()> {
     let (mut snap, skipped) = load(SNAPSHOT).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -63,13 +70,23 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
             &clamp,
         ),
         (
-            "Volcano creates the PodGroup of job train-a asking for 5 cards of H200 or RTX-4090 (job level: may split)",
+            "Volcano creates the PodGroup of job train-a asking for 5 cards of H200 or RTX-4090 (job level: may split): it waits in line, reserving nothing",
             R::podgroup("CREATE", podgroup("ml", "train-a", r#"{"NVIDIA-H200|NVIDIA-GeForce-RTX-4090":5}"#)).build(),
             &clamp,
         ),
         (
-            "A second job, train-b, asks for 2 H200: the reservation of train-a leaves only 1",
+            "Volcano's scheduler enqueues train-a (Pending -> Inqueue): it fits, and now reserves 5",
+            enqueue(podgroup("ml", "train-a", r#"{"NVIDIA-H200|NVIDIA-GeForce-RTX-4090":5}"#)),
+            &clamp,
+        ),
+        (
+            "A second job, train-b, asks for 2 H200: its PodGroup is created and waits",
             R::podgroup("CREATE", podgroup("ml", "train-b", r#"{"NVIDIA-H200":2}"#)).build(),
+            &clamp,
+        ),
+        (
+            "Its enqueue is held: train-a's reservation leaves 1 (the Job waits; Volcano retries every cycle)",
+            enqueue(podgroup("ml", "train-b", r#"{"NVIDIA-H200":2}"#)),
             &clamp,
         ),
         (

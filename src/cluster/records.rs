@@ -83,6 +83,9 @@ pub struct PodGroupRecord {
     pub key: ObjectKey,
     pub queue: QueueName,
     pub request: Option<Result<CardRequest, AnnotationError>>,
+    /// The request is card-quota's `card.derived-request` (from the Job's tasks), not
+    /// one the user wrote.
+    pub derived: bool,
     pub phase: Option<String>,
     pub seq: u64,
     /// `metadata.uid` and `metadata.resourceVersion`: which incarnation of the object
@@ -91,9 +94,16 @@ pub struct PodGroupRecord {
 }
 
 impl PodGroupRecord {
-    /// The request that still reserves cards: parsed, and not Completed.
+    /// True while the PodGroup waits in line: no phase yet, or `Pending`. Such a group
+    /// reserves nothing; it is checked when it leaves Pending (Volcano's enqueue).
+    pub fn is_waiting(&self) -> bool {
+        matches!(self.phase.as_deref(), None | Some("") | Some("Pending"))
+    }
+
+    /// The request that reserves cards: parsed, enqueued (left Pending: Inqueue,
+    /// Running, Unknown...), and not Completed.
     pub fn live_request(&self) -> Option<&CardRequest> {
-        if self.phase.as_deref() == Some("Completed") {
+        if self.is_waiting() || self.phase.as_deref() == Some("Completed") {
             return None;
         }
         match &self.request {
@@ -509,10 +519,21 @@ pub fn podgroup_record(
         .filter(|q| !q.is_empty())
         .map(QueueName::new)
         .unwrap_or_else(QueueName::default_queue);
+    let (request, derived) = match (a.get(REQUEST), a.get(annotations::DERIVED_REQUEST)) {
+        (Some(raw), _) => (Some(annotations::parse_request(&object, raw)), false),
+        (None, Some(raw)) => (
+            Some(annotations::parse_request_in(
+                &object,
+                annotations::DERIVED_REQUEST,
+                raw,
+            )),
+            true,
+        ),
+        (None, None) => (None, false),
+    };
     Ok(PodGroupRecord {
-        request: a
-            .get(REQUEST)
-            .map(|raw| annotations::parse_request(&object, raw)),
+        request,
+        derived,
         phase: v
             .pointer("/status/phase")
             .and_then(Value::as_str)

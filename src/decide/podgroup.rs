@@ -5,16 +5,23 @@ use std::collections::BTreeSet;
 use crate::cards::{Alternatives, CardRequest, Cards};
 use crate::cluster::records::podgroup_record;
 use crate::cluster::{PodGroupRecord, PodRecord};
-use crate::ledger::{bound_charges, Effect, Verdict};
+use crate::ledger::{bound_charges, Effect, QueueUsage, Verdict};
 use crate::snapshot::Snapshot;
 
-use super::fit::{fit, models_of, Change};
+use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
 use super::pod::owner_ref;
 use super::review::{AdmissionRequest, Object, Operation};
 use super::{object_of, Decision, ObjectRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
+/// Decides a PodGroup write (docs/decisions.md, "Jobs wait at the enqueue"). A PodGroup
+/// waiting in line (no phase, or Pending) reserves nothing: its CREATE is only checked
+/// for a request that parses and could ever fit. The write that takes it out of Pending
+/// (Volcano's enqueue), a CREATE in any other phase, and a change of the request or
+/// queue of an enqueued group must fit whole; the group then reserves its request.
+/// Refusing the enqueue holds the Job where Volcano itself waits: vc-scheduler retries
+/// every cycle, and nothing counts the refusals against the Job.
 pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
     if !req.operation.writes() {
         return Decision::allow();
@@ -33,31 +40,17 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         .map(Object::tree)
         .filter(|o| !o.is_null())
         .and_then(|o| podgroup_record(o, req.ns(), 0).ok());
+    let enqueued = !rec.is_waiting();
     if let Some(old) = &old {
-        // Status and phase updates (Volcano's own) charge nothing.
-        if old.request == rec.request && old.queue == rec.queue {
+        // Status and condition updates (Volcano's own) charge nothing; nor does a group
+        // going back to Pending or finishing. A group that starts to reserve (leaves
+        // Pending, or is taken out of Completed) is a new charge.
+        let starts = old.live_request().is_none() && rec.live_request().is_some();
+        if old.request == rec.request && old.queue == rec.queue && !starts {
             return Decision::allow();
         }
     }
-    // Events go on the PodGroup when it exists, else on the Job that creates it.
-    let regarding = if req.operation == Operation::Update {
-        Some(ObjectRef {
-            api_version: "scheduling.volcano.sh/v1beta1".into(),
-            kind: "PodGroup".into(),
-            namespace: Some(rec.key.namespace.clone()),
-            name: rec.key.name.clone(),
-            uid: obj
-                .pointer("/metadata/uid")
-                .and_then(|u| u.as_str())
-                .map(str::to_string),
-        })
-    } else {
-        let owners: Vec<OwnerReference> = obj
-            .pointer("/metadata/ownerReferences")
-            .and_then(|o| serde::Deserialize::deserialize(o).ok())
-            .unwrap_or_default();
-        owner_ref(&owners, &rec.key.namespace)
-    };
+    let regarding = regarding(req, obj, &rec);
     if let Some(old) = old.as_ref().filter(|o| o.queue != rec.queue) {
         if let Some(Err(e)) = &rec.request {
             return Decision::deny(INVALID, e.to_string()).with_event(regarding);
@@ -69,7 +62,17 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Some(Err(e)) => return Decision::deny(INVALID, e.to_string()).with_event(regarding),
         Some(Ok(r)) => r.clone(),
     };
+    if !enqueued {
+        // Waiting in line: reserves nothing, so only a request that can never run is
+        // refused (at once, rather than held forever). A derived request is not the
+        // user's to fix: its Job waits for a larger quota instead.
+        if rec.derived {
+            return Decision::allow();
+        }
+        return could_ever_fit(&rec, &request, snap, now).with_event(regarding);
+    }
     if rec.live_request().is_none() {
+        // Completed.
         return Decision::allow();
     }
     if let Err(d) = gate(snap, &rec.queue) {
@@ -89,20 +92,90 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         return Decision::allow().charging(queue, Effect::Group(Box::new(rec)));
     }
     // Name the first entry that no longer fits when the entries are added in order.
-    let mut failing = request.0.len() - 1;
-    for i in 0..request.0.len() - 1 {
+    let prefix_fits = |len: usize| {
         let mut partial = rec.clone();
-        partial.request = Some(Ok(CardRequest(request.0[..=i].to_vec())));
-        if fit(snap, &rec.queue, &change_with(partial), &touched, now).verdict != Verdict::Feasible
-        {
-            failing = i;
-            break;
-        }
-    }
-    let (key, n) = &request.0[failing];
+        partial.request = Some(Ok(CardRequest(request.0[..len].to_vec())));
+        fit(snap, &rec.queue, &change_with(partial), &touched, now).verdict == Verdict::Feasible
+    };
+    let (key, n) = &request.0[first_failing(request.0.len(), prefix_fits)];
     let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
     d.undecided = f.verdict == Verdict::Undecided;
     d.with_event(regarding)
+}
+
+/// The index of the entry whose addition first makes a prefix of `len` entries fail,
+/// given that the whole does not fit and the empty prefix does. Fitting is monotone in
+/// the prefix, so a bisection finds it in O(log len) checks.
+fn first_failing(len: usize, prefix_fits: impl Fn(usize) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, len);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if prefix_fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi.saturating_sub(1)
+}
+
+/// Where a refusal's Event goes: the PodGroup when it exists, else the Job creating it.
+fn regarding(
+    req: &AdmissionRequest,
+    obj: &serde_json::Value,
+    rec: &PodGroupRecord,
+) -> Option<ObjectRef> {
+    let owners: Vec<OwnerReference> = obj
+        .pointer("/metadata/ownerReferences")
+        .and_then(|o| serde::Deserialize::deserialize(o).ok())
+        .unwrap_or_default();
+    let owner = owner_ref(&owners, &rec.key.namespace);
+    if req.operation != Operation::Update {
+        return owner;
+    }
+    Some(ObjectRef {
+        api_version: "scheduling.volcano.sh/v1beta1".into(),
+        kind: "PodGroup".into(),
+        namespace: Some(rec.key.namespace.clone()),
+        name: rec.key.name.clone(),
+        uid: obj
+            .pointer("/metadata/uid")
+            .and_then(|u| u.as_str())
+            .map(str::to_string),
+    })
+}
+
+/// A waiting PodGroup's request could run some day: it fits the queue's quota with
+/// nothing else in use. Unknown queues and broken or missing quotas are left to the
+/// enqueue (an admin may create or fix them meanwhile).
+fn could_ever_fit(
+    rec: &PodGroupRecord,
+    request: &CardRequest,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
+    let Some(q) = snap.queue(&rec.queue) else {
+        return Decision::allow();
+    };
+    let Some(Ok(quota)) = &q.quota else {
+        return Decision::allow();
+    };
+    let mut alone = QueueUsage::new(quota.clone());
+    alone.add_reservation(&request.0);
+    let touched = models_of(request.0.iter().map(|(k, _)| k));
+    if feasible(&alone, &touched) == Verdict::Feasible {
+        return Decision::allow();
+    }
+    let prefix_fits = |len: usize| {
+        let mut u = QueueUsage::new(quota.clone());
+        u.add_reservation(&request.0[..len]);
+        feasible(&u, &touched) == Verdict::Feasible
+    };
+    let (key, n) = &request.0[first_failing(request.0.len(), prefix_fits)];
+    Decision::deny(
+        INSUFFICIENT,
+        insufficient(&rec.queue, key, *n, &snap.usage(&rec.queue, now)),
+    )
 }
 
 /// A PodGroup whose `spec.queue` changes: checked like a new charge, in the new queue,

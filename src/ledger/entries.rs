@@ -66,6 +66,14 @@ pub struct Entry {
     /// A PodGroup's `card.request`, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request: Vec<(String, Cards)>,
+    /// The phase a PodGroup was admitted into (Inqueue, Running...). Entries written
+    /// before reservations began at the enqueue have none: they reserved at CREATE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The resourceVersion the admitted write was made against: a cache that shows the
+    /// object past it, still without what the entry records, shows the write lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<u64>,
 }
 
 mod key_text {
@@ -183,6 +191,8 @@ impl Effect {
                 node: p.node.clone(),
                 pinned: p.pinned.clone(),
                 request: Vec::new(),
+                phase: None,
+                base: None,
             },
             Self::Group(g) => Entry {
                 of: self.key(),
@@ -196,6 +206,8 @@ impl Effect {
                     .live_request()
                     .map(|r| r.0.iter().map(|(a, n)| (a.to_string(), *n)).collect())
                     .unwrap_or_default(),
+                phase: g.phase.clone(),
+                base: g.version.resource_version,
             },
         }
     }
@@ -414,7 +426,10 @@ pub fn group_of(
         key: key.clone(),
         queue: queue.clone(),
         request: Some(Ok(CardRequest(request))),
-        phase: None,
+        derived: false,
+        // An entry records a reservation: one without a phase is from before
+        // reservations began at the enqueue, when every admitted group reserved.
+        phase: Some(e.phase.clone().unwrap_or_else(|| "Inqueue".to_string())),
         seq,
         version: e.version(id),
     }))

@@ -42,7 +42,18 @@ pub fn reflected(snap: &Snapshot, id: &EntryId, e: &Entry) -> bool {
             Some(p) => e.node.is_none() || p.node.is_some(),
             None => snap.pod(k).is_none() && snap.is_known_cardless_pod(k),
         },
-        EntryKey::Group(k) => cached_group(snap, id, k).is_some_and(|g| request_of(g) == e.request),
+        EntryKey::Group(k) => cached_group(snap, id, k)
+            .is_some_and(|g| request_of(g) == e.request || superseded(g, e)),
+    }
+}
+
+/// True when the cache shows the PodGroup past the version the admitted write was made
+/// against, without the reservation the entry records: that write was refused after
+/// card-quota admitted it (a resourceVersion conflict, a later webhook), or undone since.
+fn superseded(g: &PodGroupRecord, e: &Entry) -> bool {
+    match (g.version.resource_version, e.base) {
+        (Some(now), Some(base)) => now > base && request_of(g) != e.request,
+        _ => false,
     }
 }
 
@@ -65,11 +76,12 @@ pub fn fate(snap: &Snapshot, id: &EntryId, e: &Entry, age: Duration, now: jiff::
         },
         EntryKey::Group(k) => match cached_group(snap, id, k) {
             // A Completed PodGroup reserves nothing any more.
-            Some(g) if g.live_request().is_none() => Fate::Drop,
+            Some(g) if g.phase.as_deref() == Some("Completed") => Fate::Drop,
             Some(g) if request_of(g) == e.request => match g.version.resource_version {
                 Some(rv) => Fate::Reflected(Stream::PodGroups, rv),
                 None => expired(),
             },
+            Some(g) if superseded(g, e) => Fate::Drop,
             _ => expired(),
         },
     }
