@@ -53,6 +53,8 @@ pub enum Subject {
     Pod,
     /// The pod template of a workload (the record's key is the workload's).
     Template(WorkloadKind),
+    /// The pod template of one task of a Volcano Job (`batch.volcano.sh`).
+    JobTask,
 }
 
 impl Subject {
@@ -74,6 +76,7 @@ impl fmt::Display for Named<'_> {
         match self.subject {
             Subject::Pod => write!(f, "pod {}", self.key),
             Subject::Template(k) => write!(f, "the pod template of {} {}", k.lower(), self.key),
+            Subject::JobTask => write!(f, "the pod template of job {}", self.key),
         }
     }
 }

@@ -564,6 +564,83 @@ fn template_record(
     )
 }
 
+/// A Volcano Job (`batch.volcano.sh/v1alpha1`): what its tasks will create. Read only
+/// to derive the card demand of a PodGroup that carries no `card.request`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRecord {
+    pub key: ObjectKey,
+    pub uid: Option<String>,
+    /// Each task's replicas and pod template (keyed by the Job, named by the task).
+    pub tasks: Vec<(String, u32, PodRecord)>,
+}
+
+/// Builds a Volcano Job record from its JSON.
+pub fn job_record(
+    v: &Value,
+    namespace_hint: &str,
+    prefixes: &[String],
+    seq: u64,
+) -> Result<JobRecord, RecordError> {
+    let meta = meta_of(v, "Job")?;
+    let name = meta.name.clone().ok_or(RecordError::NoName("job"))?;
+    let namespace = meta
+        .namespace
+        .clone()
+        .unwrap_or_else(|| namespace_hint.to_string());
+    let key = ObjectKey::new(namespace, name);
+    let mut tasks = Vec::new();
+    for (i, t) in v
+        .pointer("/spec/tasks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let task = t
+            .get("name")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("task-{i}"), str::to_string);
+        // Volcano defaults a task's replicas to 1 (its CRD's default is 0 only when
+        // written); negative counts never pass Volcano's own webhook.
+        let replicas = t
+            .get("replicas")
+            .and_then(Value::as_i64)
+            .map_or(1, |r| u32::try_from(r.max(0)).unwrap_or(u32::MAX));
+        let template: Option<PodTemplateSpec> =
+            match t.get("template") {
+                Some(tv) => Some(serde::Deserialize::deserialize(tv).map_err(|source| {
+                    RecordError::Decode {
+                        kind: "Job",
+                        source,
+                    }
+                })?),
+                None => None,
+            };
+        let meta = template
+            .as_ref()
+            .and_then(|t| t.metadata.clone())
+            .unwrap_or_default();
+        let rec = record_from_parts(
+            Subject::JobTask,
+            &key,
+            &meta,
+            template
+                .as_ref()
+                .and_then(|t| t.spec.as_ref())
+                .map(SpecView::of),
+            None,
+            prefixes,
+            seq,
+        );
+        tasks.push((task, replicas, rec));
+    }
+    Ok(JobRecord {
+        uid: meta.uid.clone().filter(|u| !u.is_empty()),
+        key,
+        tasks,
+    })
+}
+
 /// Builds a workload record from a Deployment, ReplicaSet or StatefulSet JSON.
 pub fn workload_record(
     kind: WorkloadKind,

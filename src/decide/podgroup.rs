@@ -10,7 +10,8 @@ use crate::snapshot::Snapshot;
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
-use super::pod::owner_ref;
+use super::patch::set_annotation;
+use super::pod::{card_demand, owner_ref};
 use super::review::{AdmissionRequest, Object, Operation};
 use super::{object_of, Decision, ObjectRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -40,6 +41,47 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         .map(Object::tree)
         .filter(|o| !o.is_null())
         .and_then(|o| podgroup_record(o, req.ns(), 0).ok());
+    // A Volcano Job's PodGroup without card.request: its demand is what the Job's tasks
+    // will create, written on the group so that later checks (and matchConditions) see it.
+    // Derived at the CREATE, or at the enqueue when the CREATE did not reach card-quota;
+    // never on a group already running, whose status writes must keep passing.
+    let mut derived_patch = None;
+    if rec.request.is_none() && old.as_ref().is_none_or(PodGroupRecord::is_waiting) {
+        match derive_request(obj, &rec, snap) {
+            Derived::None => {}
+            Derived::Request(r) => {
+                derived_patch = Some(set_annotation(
+                    obj,
+                    crate::cards::annotations::DERIVED_REQUEST,
+                    &render_request(&r),
+                ));
+                rec.request = Some(Ok(r));
+                rec.derived = true;
+            }
+            Derived::Unreadable(why) => {
+                return Decision::allow().with_warning(format!(
+                    "podgroup {}: no card demand derived from its job, whose pods will be checked one by one: {why}",
+                    rec.key
+                ));
+            }
+        }
+    }
+    let mut d = decide_record(req, obj, rec, old, snap, now);
+    if let (Some(p), true) = (derived_patch, d.allowed) {
+        d.patch.push(p);
+    }
+    d
+}
+
+/// [`decide`] once the group's request is known.
+fn decide_record(
+    req: &AdmissionRequest,
+    obj: &serde_json::Value,
+    mut rec: PodGroupRecord,
+    old: Option<PodGroupRecord>,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
     let enqueued = !rec.is_waiting();
     if let Some(old) = &old {
         // Status and condition updates (Volcano's own) charge nothing; nor does a group
@@ -101,6 +143,86 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
     d.undecided = f.verdict == Verdict::Undecided;
     d.with_event(regarding)
+}
+
+/// What a PodGroup's Job says about its card demand.
+enum Derived {
+    /// Not a Volcano Job's group, the Job is not known, or its tasks ask for no cards.
+    None,
+    Request(CardRequest),
+    /// A task's pod template has card demand card-quota cannot read (why).
+    Unreadable(String),
+}
+
+/// The card demand of the Volcano Job that owns `obj`: each task's replicas times its
+/// template's cards, under the template's alternatives. Tasks with the same
+/// alternatives add up (a request names each key once). The job-level request may
+/// split across models; its pods are still checked one by one when they are created.
+fn derive_request(obj: &serde_json::Value, rec: &PodGroupRecord, snap: &Snapshot) -> Derived {
+    let owners: Vec<OwnerReference> = obj
+        .pointer("/metadata/ownerReferences")
+        .and_then(|o| serde::Deserialize::deserialize(o).ok())
+        .unwrap_or_default();
+    let Some(owner) = owners.iter().find(|o| {
+        o.kind == "Job"
+            && o.api_version.starts_with("batch.volcano.sh/")
+            && o.controller == Some(true)
+    }) else {
+        return Derived::None;
+    };
+    let key = crate::cards::ObjectKey::new(rec.key.namespace.clone(), owner.name.clone());
+    let Some(job) = snap.job(&key) else {
+        return Derived::None;
+    };
+    // Another Job of the same name (deleted and created again) is not this group's.
+    if job
+        .uid
+        .as_deref()
+        .is_some_and(|u| !owner.uid.is_empty() && u != owner.uid)
+    {
+        return Derived::None;
+    }
+    let mut entries: Vec<(Alternatives, Cards)> = Vec::new();
+    for (task, replicas, template) in &job.tasks {
+        if *replicas == 0 || !template.is_card_pod() {
+            continue;
+        }
+        let demand = match card_demand(template, snap, None) {
+            Ok(Some(d)) => d,
+            Ok(None) => continue,
+            Err(d) => {
+                return Derived::Unreadable(format!(
+                    "task {task}: {}",
+                    d.message.unwrap_or_default()
+                ))
+            }
+        };
+        let cards = demand.cards.times(u64::from(*replicas));
+        match entries.iter_mut().find(|(a, _)| *a == demand.alternatives) {
+            Some((_, n)) => *n += cards,
+            None => entries.push((demand.alternatives, cards)),
+        }
+    }
+    if entries.is_empty() {
+        Derived::None
+    } else {
+        Derived::Request(CardRequest(entries))
+    }
+}
+
+/// A request in the grammar of `card.request`, entries in order.
+fn render_request(r: &CardRequest) -> String {
+    let body: Vec<String> =
+        r.0.iter()
+            .map(|(a, n)| {
+                format!(
+                    "{}:{}",
+                    serde_json::to_string(&a.to_string()).unwrap_or_default(),
+                    n.get()
+                )
+            })
+            .collect();
+    format!("{{{}}}", body.join(","))
 }
 
 /// The index of the entry whose addition first makes a prefix of `len` entries fail,

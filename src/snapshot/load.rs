@@ -6,7 +6,8 @@ use serde_json::Value;
 use crate::cards::{ObjectKey, QueueName};
 
 use crate::cluster::records::{
-    node_record, pod_record, podgroup_record, queue_record, workload_record, RecordError,
+    job_record, node_record, pod_record, podgroup_record, queue_record, workload_record,
+    RecordError,
 };
 use crate::cluster::WorkloadKind;
 use crate::ledger::record::{is_ledger, ledger_record};
@@ -102,6 +103,11 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             snap.upsert_pod(pod_record(&p, "default", &prefixes, seq)?);
             Ok(Some("Pod"))
         }
+        "Job" if is_volcano_job(v) => {
+            let prefixes = snap.card_prefixes();
+            snap.upsert_job(job_record(v, "default", &prefixes, seq)?);
+            Ok(Some("Job"))
+        }
         other => match WorkloadKind::from_kind(other) {
             Some(k) => {
                 let prefixes = snap.card_prefixes();
@@ -113,6 +119,13 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
     }
 }
 
+/// True for a Volcano Job (`batch.volcano.sh`), not a Kubernetes `batch/v1` Job.
+fn is_volcano_job(v: &Value) -> bool {
+    v.get("apiVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|a| a.starts_with("batch.volcano.sh/"))
+}
+
 /// Removes one object by kind and key.
 pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
     let key = ObjectKey::new(namespace, name);
@@ -121,6 +134,7 @@ pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
         "Queue" => snap.remove_queue(&QueueName::new(name)),
         "PodGroup" => snap.remove_group(&key),
         "Pod" => snap.remove_pod(&key),
+        "Job" => snap.remove_job(&key),
         other => {
             if let Some(k) = WorkloadKind::from_kind(other) {
                 snap.remove_workload(k, &key);

@@ -14,7 +14,7 @@ use crate::ledger::entries::Watermark;
 use crate::ledger::{Adjusted, QueueUsage, Tally};
 
 use crate::cluster::records::{
-    PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
+    JobRecord, PodGroupRecord, PodRecord, QueueRecord, WorkloadKind, WorkloadRecord,
 };
 use crate::cluster::NodeModels;
 use crate::ledger::LedgerRecord;
@@ -47,6 +47,8 @@ pub struct Snapshot {
     /// announces yet, kept whole so a node bringing the prefix can make them card pods.
     latent_pods: Map<ObjectKey, PodRecord>,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
+    /// Volcano Jobs: the demand of a PodGroup without `card.request` comes from them.
+    jobs: Map<ObjectKey, JobRecord>,
     /// Hashed, not ordered: a decision's ledger overlay files and unfiles each laid pod
     /// here, and nothing reads a queue's pods in key order (its usage is sums).
     pods_by_queue: Map<QueueName, Set<ObjectKey>>,
@@ -754,5 +756,24 @@ impl Snapshot {
 
     pub fn workload(&self, kind: WorkloadKind, key: &ObjectKey) -> Option<&WorkloadRecord> {
         self.workloads.get(&(kind, key.clone()))
+    }
+
+    // ---- Volcano Jobs -------------------------------------------------------------
+
+    pub fn upsert_job(&mut self, j: JobRecord) {
+        self.jobs.insert(j.key.clone(), j);
+    }
+
+    pub fn remove_job(&mut self, key: &ObjectKey) {
+        self.jobs.remove(key);
+    }
+
+    /// Keys of the Volcano Jobs held that `pick` picks.
+    pub fn job_keys(&self, pick: KeyPick<'_>) -> Vec<ObjectKey> {
+        self.jobs.keys().filter(|k| pick(k)).cloned().collect()
+    }
+
+    pub fn job(&self, key: &ObjectKey) -> Option<&JobRecord> {
+        self.jobs.get(key)
     }
 }
