@@ -279,7 +279,21 @@ check "a PodGroup whose card.request exceeds the quota is refused with the docum
   contains "$out" "queue $Q-research has insufficient NVIDIA-H200 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 3"
 out=$(pg job-mig '{"NVIDIA-H200/mig-1g.18gb-mixed":4}' | k apply -f - 2>&1)
 check "a PodGroup within quota is admitted" contains "$out" "podgroup.scheduling.volcano.sh/job-mig created"
+sleep 1
+check "... and waits in line, reserving nothing (Pending)" usage_is "$Q-research" "NVIDIA-H200/mig-1g.18gb-mixed" reserved 0
+# Volcano's enqueue: an UPDATE of the PodGroup itself (its CRD has no status subresource).
+enqueue() { k -n "$NS" patch podgroup "$1" --type merge -p '{"status":{"phase":"Inqueue"}}' 2>&1; }
+out=$(enqueue job-mig)
+check "its enqueue (Pending -> Inqueue) is admitted" contains "$out" "podgroup.scheduling.volcano.sh/job-mig patched"
 check "the reservation shows in the Queue's usage" wait_for 20 usage_is "$Q-research" "NVIDIA-H200/mig-1g.18gb-mixed" reserved 4
+out=$(pg job-mig-2 '{"NVIDIA-H200/mig-1g.18gb-mixed":1}' | k apply -f - 2>&1)
+check "a second job's PodGroup is admitted while the first holds every slice" contains "$out" "podgroup.scheduling.volcano.sh/job-mig-2 created"
+out=$(enqueue job-mig-2)
+check "... and its enqueue is held with the contract's message (the Job waits)" contains "$out" \
+  "queue $Q-research has insufficient NVIDIA-H200/mig-1g.18gb-mixed quota: requested 1, in use 4 (allocated 0, pending 0, reserved 4), quota 4"
+check "... with an Event on the PodGroup" wait_for 20 bash -c \
+  "kubectl -n $NS get events.events.k8s.io --field-selector regarding.name=job-mig-2 -o jsonpath='{.items[*].reason}' | grep -q InsufficientCardQuota"
+k -n "$NS" delete podgroup job-mig-2 --wait=false >/dev/null 2>&1
 
 # ---- 3. Deployments, scale, bindings --------------------------------------------------
 cat <<EOF | k apply -f - >/dev/null

@@ -25,6 +25,13 @@ pub const ACCESS: &[Access] = &[
         "podgroups",
         &["list", "watch"],
     ),
+    // live/caches.rs: Volcano Jobs, to derive the demand of a PodGroup without card.request.
+    (
+        Scope::Cluster,
+        "batch.volcano.sh",
+        "jobs",
+        &["list", "watch"],
+    ),
     // ... and controller/reconciler.rs: the usage annotation (server-side apply).
     (
         Scope::Cluster,

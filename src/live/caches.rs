@@ -19,8 +19,8 @@ use serde_json::Value;
 
 use crate::cards::{NodeCards, ObjectKey, QueueName};
 use crate::cluster::records::{
-    node_record, pod_record, podgroup_record, queue_record, workload_record, QueueRecord,
-    WorkloadRecord,
+    job_record, node_record, pod_record, podgroup_record, queue_record, workload_record, JobRecord,
+    QueueRecord, WorkloadRecord,
 };
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
 use crate::ledger::entries::Stream;
@@ -28,7 +28,7 @@ use crate::ledger::{ledger_record, LedgerRecord};
 use crate::snapshot::{KeyPick, Snapshot};
 
 use super::ledgers::{object_name, selector};
-use super::volcano::{podgroup_resource, queue_resource};
+use super::volcano::{job_resource, podgroup_resource, queue_resource};
 
 /// How many kinds have listed everything at least once.
 #[derive(Debug, Default)]
@@ -231,6 +231,17 @@ fn read_workload<K: Serialize + Resource>(
         &[],
         0,
     )?)
+}
+
+fn read_job(j: &DynamicObject) -> Result<JobRecord, MirrorError> {
+    Ok(job_record(&as_value(j, "Job")?, "", &[], 0)?)
+}
+
+fn store_job(s: &mut Snapshot, mut rec: JobRecord) {
+    for (_, _, t) in &mut rec.tasks {
+        t.reclassify(|r| s.is_card_resource(r));
+    }
+    s.upsert_job(rec);
 }
 
 fn store_workload(s: &mut Snapshot, mut rec: WorkloadRecord) {
@@ -505,6 +516,24 @@ pub async fn start(
             synced.clone(),
         ),
     );
+    // Volcano Jobs are read only to derive a PodGroup's demand, and a cluster may lack
+    // their CRD: readiness does not wait for them (a PodGroup whose Job is not cached
+    // yet gets its demand at its enqueue instead).
+    tokio::spawn(run(
+        Api::<DynamicObject>::all_with(client.clone(), &job_resource()),
+        all(),
+        Mirror {
+            kind: "Job",
+            read: read_job,
+            store: store_job,
+            keys: Snapshot::job_keys,
+            remove: |s, k| s.remove_job(k),
+            stream: None,
+            key: key_of,
+        },
+        snapshot.clone(),
+        Arc::new(Synced::already()),
+    ));
     supervise(
         &synced,
         "StatefulSet",

@@ -13,3 +13,9 @@ pub fn podgroup_resource() -> ApiResource {
     let gvk = GroupVersionKind::gvk("scheduling.volcano.sh", "v1beta1", "PodGroup");
     ApiResource::from_gvk_with_plural(&gvk, "podgroups")
 }
+
+/// Volcano's Job resource (namespaced).
+pub fn job_resource() -> ApiResource {
+    let gvk = GroupVersionKind::gvk("batch.volcano.sh", "v1alpha1", "Job");
+    ApiResource::from_gvk_with_plural(&gvk, "jobs")
+}
