@@ -29,6 +29,9 @@ research  NVIDIA-H200/mig-1g.18gb-mixed  4      0          1        2         1
 serving   NVIDIA-H200                    1      0          0        0         1
 serving   RTX-4090                       2      0          0        0         2
 serving   RTX-4090|NVIDIA-H200           -      0          1        0         -
+
+WAITING PODGROUP  QUEUE    REQUEST        WAITING
+ml/queued         serving  NVIDIA-H200:1  -
 "
     );
 }

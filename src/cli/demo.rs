@@ -156,6 +156,9 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
                     "   -> Event {} on {} {}",
                     e.reason, e.regarding.kind, e.regarding.name
                 )?;
+                if let Some(a) = &e.also {
+                    writeln!(out, "   -> and on {} {}", a.kind, a.name)?;
+                }
             }
             if let Some(req) = &r.request {
                 if let Err(e) = apply(&mut snap, req, d) {

@@ -42,7 +42,7 @@ pub fn render(
         report.retain(|k, _| k == q);
     }
     Ok(match format {
-        Format::Table => usage_table(&report),
+        Format::Table => usage_table(&report) + &waiting_table(snap, queue, now),
         Format::Json => format!(
             "{}\n",
             serde_json::to_string_pretty(&report)
@@ -52,4 +52,56 @@ pub fn render(
             serde_norway::to_string(&report).map_err(|e| StatusError::Encode(e.to_string()))?
         }
     })
+}
+
+/// The Jobs held at Volcano's enqueue (PodGroups with card demand still Pending),
+/// oldest first; empty when none waits.
+pub fn waiting_table(snap: &Snapshot, queue: Option<&str>, now: jiff::Timestamp) -> String {
+    let rows: Vec<[String; 4]> = snap
+        .waiting_groups()
+        .into_iter()
+        .filter(|g| queue.is_none_or(|q| g.queue.as_str() == q))
+        .map(|g| {
+            let request = match &g.request {
+                Some(Ok(r)) => {
+                    r.0.iter()
+                        .map(|(a, n)| format!("{a}:{n}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                }
+                _ => String::new(),
+            };
+            let waited = g
+                .created
+                .map(|c| format!("{}s", now.duration_since(c).as_secs().max(0)))
+                .unwrap_or_else(|| "-".to_string());
+            [g.key.to_string(), g.queue.to_string(), request, waited]
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let header = [
+        "WAITING PODGROUP".to_string(),
+        "QUEUE".into(),
+        "REQUEST".into(),
+        "WAITING".into(),
+    ];
+    let all: Vec<&[String; 4]> = std::iter::once(&header).chain(rows.iter()).collect();
+    let width = |i: usize| all.iter().map(|r| r[i].len()).max().unwrap_or(0);
+    let widths = [width(0), width(1), width(2)];
+    let mut out = String::from("\n");
+    for r in all {
+        out.push_str(&format!(
+            "{:w0$}  {:w1$}  {:w2$}  {}\n",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        ));
+    }
+    out
 }

@@ -87,6 +87,8 @@ pub struct PodGroupRecord {
     /// one the user wrote.
     pub derived: bool,
     pub phase: Option<String>,
+    /// `metadata.creationTimestamp`: how long a waiting group has waited.
+    pub created: Option<jiff::Timestamp>,
     pub seq: u64,
     /// `metadata.uid` and `metadata.resourceVersion`: which incarnation of the object
     /// this is, and how far the cache that holds it has come (ledger pruning).
@@ -534,6 +536,7 @@ pub fn podgroup_record(
     Ok(PodGroupRecord {
         request,
         derived,
+        created: meta.creation_timestamp.as_ref().map(|t| t.0),
         phase: v
             .pointer("/status/phase")
             .and_then(Value::as_str)

@@ -12,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::cluster::PodGroupRecord;
 use crate::ledger::{Row, UsageKey};
 use crate::live::metrics::ResultLabel;
 
@@ -26,6 +27,11 @@ pub struct ModeLabel {
     pub mode: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabel {
+    pub queue_name: String,
+}
+
 /// What the reconciler measured and did.
 pub struct ReconcilerMetrics {
     pub capacity: Family<QueueCardLabels, Gauge>,
@@ -38,6 +44,10 @@ pub struct ReconcilerMetrics {
     pub usage_writes: Family<ResultLabel, Counter>,
     /// Queues whose incremental usage disagreed with a full recount (then rebuilt).
     pub tally_mismatches: Counter,
+    /// Jobs held at Volcano's enqueue, per queue and request key.
+    pub jobs_waiting: Family<QueueCardLabels, Gauge>,
+    /// The longest such wait per queue, in seconds.
+    pub longest_wait: Family<QueueLabel, Gauge>,
     /// Card names published per queue, so gone queues and models are removed.
     published: Mutex<HashMap<String, BTreeSet<String>>>,
 }
@@ -106,7 +116,21 @@ impl ReconcilerMetrics {
             "Queues whose incremental usage differed from the periodic full recount (the tally is then rebuilt)",
             tally_mismatches.clone(),
         );
+        let jobs_waiting = Family::<QueueCardLabels, Gauge>::default();
+        registry.register(
+            "card_quota_jobs_waiting",
+            "PodGroups with card demand waiting in line (Pending), per queue and request key",
+            jobs_waiting.clone(),
+        );
+        let longest_wait = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "card_quota_job_longest_wait_seconds",
+            "How long the oldest PodGroup with card demand has waited in line, per queue",
+            longest_wait.clone(),
+        );
         Self {
+            jobs_waiting,
+            longest_wait,
             capacity,
             allocated,
             request,
@@ -162,6 +186,40 @@ impl ReconcilerMetrics {
             published.remove(queue);
         } else {
             published.insert(queue.to_string(), now);
+        }
+    }
+
+    /// Sets the waiting-job gauges to `waiting` (every waiting group, all queues).
+    pub fn publish_waiting(&self, waiting: &[&PodGroupRecord], now: jiff::Timestamp) {
+        let mut count: BTreeMap<(String, String), i64> = BTreeMap::new();
+        let mut longest: BTreeMap<String, i64> = BTreeMap::new();
+        for g in waiting {
+            let Some(Ok(r)) = &g.request else { continue };
+            for (a, _) in &r.0 {
+                *count
+                    .entry((g.queue.to_string(), a.to_string()))
+                    .or_default() += 1;
+            }
+            let waited = g
+                .created
+                .map_or(0, |c| now.duration_since(c).as_secs().max(0));
+            let e = longest.entry(g.queue.to_string()).or_default();
+            *e = (*e).max(waited);
+        }
+        self.jobs_waiting.clear();
+        self.longest_wait.clear();
+        for ((queue_name, card_name), n) in count {
+            self.jobs_waiting
+                .get_or_create(&QueueCardLabels {
+                    queue_name,
+                    card_name,
+                })
+                .set(n);
+        }
+        for (queue_name, s) in longest {
+            self.longest_wait
+                .get_or_create(&QueueLabel { queue_name })
+                .set(s);
         }
     }
 

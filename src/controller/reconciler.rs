@@ -168,6 +168,7 @@ impl Reconciler {
             reason,
             message,
             warning: true,
+            also: None,
         };
         match self.events.publish(&intent, "Reconcile").await {
             Ok(()) => true,
@@ -280,6 +281,10 @@ impl Reconciler {
             let keep = s.exists || !s.rows.is_empty();
             self.metrics
                 .publish_queue(s.queue.as_str(), keep.then_some(&s.rows));
+        }
+        {
+            let snap = self.lock();
+            self.metrics.publish_waiting(&snap.waiting_groups(), now);
         }
         if leader {
             for s in &states {

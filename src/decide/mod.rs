@@ -63,6 +63,8 @@ pub struct EventIntent {
     pub reason: &'static str,
     pub message: String,
     pub warning: bool,
+    /// A second object the same Event is shown on (a held PodGroup's Volcano Job).
+    pub also: Option<ObjectRef>,
 }
 
 /// What a charging decision adds to a queue (recorded in the consistency ledger).
@@ -119,7 +121,15 @@ impl Decision {
                 reason: reason.as_str(),
                 message: m,
                 warning: true,
+                also: None,
             }));
+        }
+        self
+    }
+    /// Also shows the Event of a denial on `also` (no-op without an Event).
+    pub fn with_event_also(mut self, also: Option<ObjectRef>) -> Self {
+        if let Some(e) = self.event.as_mut() {
+            e.also = also;
         }
         self
     }

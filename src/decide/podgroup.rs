@@ -77,12 +77,11 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
 fn decide_record(
     req: &AdmissionRequest,
     obj: &serde_json::Value,
-    mut rec: PodGroupRecord,
+    rec: PodGroupRecord,
     old: Option<PodGroupRecord>,
     snap: &Snapshot,
     now: jiff::Timestamp,
 ) -> Decision {
-    let enqueued = !rec.is_waiting();
     if let Some(old) = &old {
         // Status and condition updates (Volcano's own) charge nothing; nor does a group
         // going back to Pending or finishing. A group that starts to reserve (leaves
@@ -92,8 +91,21 @@ fn decide_record(
             return Decision::allow();
         }
     }
-    let regarding = regarding(req, obj, &rec);
-    if let Some(old) = old.as_ref().filter(|o| o.queue != rec.queue) {
+    let (regarding, owner) = regarding(req, obj, &rec);
+    decide_charge(rec, old.as_ref(), regarding, snap, now).with_event_also(owner)
+}
+
+/// [`decide_record`] past the writes that charge nothing; a refusal's Event goes on
+/// `regarding`.
+fn decide_charge(
+    mut rec: PodGroupRecord,
+    old: Option<&PodGroupRecord>,
+    regarding: Option<ObjectRef>,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
+    let enqueued = !rec.is_waiting();
+    if let Some(old) = old.filter(|o| o.queue != rec.queue) {
         if let Some(Err(e)) = &rec.request {
             return Decision::deny(INVALID, e.to_string()).with_event(regarding);
         }
@@ -241,21 +253,22 @@ fn first_failing(len: usize, prefix_fits: impl Fn(usize) -> bool) -> usize {
     hi.saturating_sub(1)
 }
 
-/// Where a refusal's Event goes: the PodGroup when it exists, else the Job creating it.
+/// Where a refusal's Event goes: the PodGroup when it exists (and its Job, which
+/// `kubectl describe vcjob` shows), else the Job creating it.
 fn regarding(
     req: &AdmissionRequest,
     obj: &serde_json::Value,
     rec: &PodGroupRecord,
-) -> Option<ObjectRef> {
+) -> (Option<ObjectRef>, Option<ObjectRef>) {
     let owners: Vec<OwnerReference> = obj
         .pointer("/metadata/ownerReferences")
         .and_then(|o| serde::Deserialize::deserialize(o).ok())
         .unwrap_or_default();
     let owner = owner_ref(&owners, &rec.key.namespace);
     if req.operation != Operation::Update {
-        return owner;
+        return (owner, None);
     }
-    Some(ObjectRef {
+    let group = Some(ObjectRef {
         api_version: "scheduling.volcano.sh/v1beta1".into(),
         kind: "PodGroup".into(),
         namespace: Some(rec.key.namespace.clone()),
@@ -264,7 +277,8 @@ fn regarding(
             .pointer("/metadata/uid")
             .and_then(|u| u.as_str())
             .map(str::to_string),
-    })
+    });
+    (group, owner)
 }
 
 /// A waiting PodGroup's request could run some day: it fits the queue's quota with

@@ -235,6 +235,7 @@ fn resize(
         reason: INSUFFICIENT.as_str(),
         message: text,
         warning: true,
+        also: None,
     }));
     d
 }

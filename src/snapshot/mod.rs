@@ -758,6 +758,18 @@ impl Snapshot {
         self.workloads.get(&(kind, key.clone()))
     }
 
+    /// PodGroups with card demand waiting in line (no phase or Pending): the Jobs
+    /// card-quota holds at Volcano's enqueue, oldest first.
+    pub fn waiting_groups(&self) -> Vec<&PodGroupRecord> {
+        let mut w: Vec<&PodGroupRecord> = self
+            .groups
+            .values()
+            .filter(|g| g.is_waiting() && matches!(g.request, Some(Ok(_))))
+            .collect();
+        w.sort_by(|a, b| (a.created, &a.key).cmp(&(b.created, &b.key)));
+        w
+    }
+
     // ---- Volcano Jobs -------------------------------------------------------------
 
     pub fn upsert_job(&mut self, j: JobRecord) {

@@ -409,6 +409,12 @@ pub async fn handle_review_from(
         // repeats. Dry runs change nothing, so they say nothing.
         let sink = state.live.as_ref().and_then(|l| l.events.as_ref());
         if let (Some(sink), false) = (sink, req.is_dry_run()) {
+            if let Some(also) = &ev.also {
+                let mut on_also = (**ev).clone();
+                on_also.regarding = also.clone();
+                on_also.also = None;
+                sink.publish_in_background(on_also);
+            }
             sink.publish_in_background((**ev).clone());
         }
     }
