@@ -613,6 +613,52 @@ fn a_jobs_podgroup_whose_create_missed_card_quota_is_derived_at_its_enqueue() {
 }
 
 #[test]
+fn under_strict_order_a_job_that_fits_waits_behind_an_older_held_one() {
+    let strict = r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: fifo, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":3}', volcano.sh/card.order: strict}}
+status: {state: Open}
+"#;
+    for order in ["strict", "best-effort"] {
+        let mut w = World::with(&format!(
+            "{CLUSTER}{}",
+            strict.replace("strict}", &format!("{order}}}"))
+        ));
+        assert!(
+            w.send(R::pod("CREATE", pod("p", "fifo", Some("NVIDIA-H200"), "2")).build())
+                .allowed
+        );
+        let mut big = waiting_pg("big", "fifo", r#"{"NVIDIA-H200":2}"#);
+        big["metadata"]["creationTimestamp"] = json!("2026-11-26T08:00:00Z");
+        let mut small = waiting_pg("small", "fifo", r#"{"NVIDIA-H200":1}"#);
+        small["metadata"]["creationTimestamp"] = json!("2026-11-26T08:00:05Z");
+        assert!(w.send(R::podgroup("CREATE", big.clone()).build()).allowed);
+        assert!(w.send(R::podgroup("CREATE", small.clone()).build()).allowed);
+        assert!(!enqueue(&mut w, &big).allowed);
+        let r = enqueue(&mut w, &small);
+        if order == "strict" {
+            assert!(!r.allowed);
+            assert_eq!(
+                message(&r),
+                "queue fifo enqueues jobs in order (volcano.sh/card.order: strict): podgroup ml/big waits for its cards first"
+            );
+        } else {
+            assert!(r.allowed, "{}", message(&r));
+        }
+    }
+    // Any other value is refused when the queue is applied.
+    let q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "fifo", "annotations": {"volcano.sh/card.order": "fifo"}}});
+    let r = World::new().send(R::queue("CREATE", q).build());
+    assert_eq!(
+        message(&r),
+        r#"invalid volcano.sh/card.order on queue fifo: expected "strict" or "best-effort", got "fifo""#
+    );
+}
+
+#[test]
 fn a_derived_request_larger_than_the_quota_waits_instead_of_being_refused() {
     let mut w = World::new();
     let mut g = waiting_pg("derived", "q", "");

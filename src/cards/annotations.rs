@@ -15,6 +15,10 @@ pub const REQUEST: &str = "volcano.sh/card.request";
 /// Written by card-quota on a PodGroup whose Volcano Job has card demand but no
 /// `card.request`: the demand of the Job's tasks, in the grammar of `card.request`.
 pub const DERIVED_REQUEST: &str = "volcano.sh/card.derived-request";
+/// Queue annotation choosing the order among Jobs held at Volcano's enqueue:
+/// `best-effort` (the default: a Job that fits goes ahead of older held ones) or
+/// `strict` (a Job waits while an older Job of the queue is held).
+pub const ORDER: &str = "volcano.sh/card.order";
 /// Pod annotation naming the acceptable models.
 pub const CARD_NAME: &str = "volcano.sh/card.name";
 /// Pod / Binding annotation recording the model a bound pod is charged for.
@@ -367,5 +371,27 @@ mod tests {
             e,
             r#"invalid volcano.sh/card.name on pod ml/x: empty alternative in "A||B" (expected A or A|B|C)"#
         );
+    }
+}
+
+/// The order among a queue's Jobs held at the enqueue (`volcano.sh/card.order`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Order {
+    /// A Job that fits is enqueued even while older ones are held (Kueue's BestEffortFIFO).
+    #[default]
+    BestEffort,
+    /// A Job waits while an older Job of the same queue is held (Kueue's StrictFIFO).
+    Strict,
+}
+
+/// Parses `volcano.sh/card.order` of `object`.
+pub fn parse_order(object: &str, raw: &str) -> Result<Order, String> {
+    match raw {
+        "best-effort" => Ok(Order::BestEffort),
+        "strict" => Ok(Order::Strict),
+        other => Err(format!(
+            "invalid {ORDER} on {object}: expected \"strict\" or \"best-effort\", got {:?}",
+            shown(other)
+        )),
     }
 }

@@ -34,6 +34,8 @@ pub struct QueueRecord {
     pub resource_version: Option<String>,
     /// The `volcano.sh/card.usage` annotation as stored (the reconciler's last write).
     pub usage: Option<String>,
+    /// `volcano.sh/card.order`, or why it does not parse.
+    pub order: Result<annotations::Order, String>,
 }
 
 /// Where a bound pod's model comes from when it carries no `card.charged`.
@@ -488,6 +490,11 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
         resource_version: meta.resource_version.clone(),
         uid: meta.uid.clone(),
         usage: a.get(USAGE).cloned(),
+        order: a
+            .get(annotations::ORDER)
+            .map_or(Ok(annotations::Order::default()), |raw| {
+                annotations::parse_order(&object, raw)
+            }),
         quota: a
             .get(QUOTA)
             .map(|raw| annotations::parse_quota(&object, raw)),

@@ -142,6 +142,22 @@ fn decide_charge(
     };
     let f = fit(snap, &rec.queue, &change_with(rec.clone()), &touched, now);
     if f.verdict == Verdict::Feasible {
+        if let Some(first) = old
+            .is_some_and(PodGroupRecord::is_waiting)
+            .then(|| held_before(&rec, snap, now))
+            .flatten()
+        {
+            return Decision::deny(
+                INSUFFICIENT,
+                format!(
+                    "queue {} enqueues jobs in order ({}: strict): podgroup {} waits for its cards first",
+                    rec.queue,
+                    crate::cards::annotations::ORDER,
+                    first
+                ),
+            )
+            .with_event(regarding);
+        }
         let queue = rec.queue.clone();
         return Decision::allow().charging(queue, Effect::Group(Box::new(rec)));
     }
@@ -155,6 +171,39 @@ fn decide_charge(
     let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
     d.undecided = f.verdict == Verdict::Undecided;
     d.with_event(regarding)
+}
+
+/// Under strict order, the oldest group of the queue that waits in line before `rec`
+/// and whose request does not fit now (card-quota holds it): `rec` waits behind it.
+fn held_before(
+    rec: &PodGroupRecord,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Option<crate::cards::ObjectKey> {
+    let strict = snap
+        .queue(&rec.queue)
+        .is_some_and(|q| q.order == Ok(crate::cards::annotations::Order::Strict));
+    if !strict {
+        return None;
+    }
+    let mine = (rec.created, &rec.key);
+    snap.waiting_groups()
+        .into_iter()
+        .filter(|g| g.queue == rec.queue && g.key != rec.key && (g.created, &g.key) < mine)
+        .find(|g| {
+            let Some(Ok(req)) = &g.request else {
+                return false;
+            };
+            let mut enqueued = (*g).clone();
+            enqueued.phase = Some("Inqueue".to_string());
+            let touched = models_of(req.0.iter().map(|(k, _)| k));
+            let change = Change {
+                add_groups: vec![enqueued],
+                ..Default::default()
+            };
+            fit(snap, &rec.queue, &change, &touched, now).verdict != Verdict::Feasible
+        })
+        .map(|g| g.key.clone())
 }
 
 /// What a PodGroup's Job says about its card demand.

@@ -28,6 +28,9 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Ok(r) => r,
         Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
     };
+    if let Err(e) = &rec.order {
+        return Decision::deny(INVALID, e.clone());
+    }
     let quota = match &rec.quota {
         None => return Decision::allow(),
         Some(Ok(q)) => q,
