@@ -95,6 +95,23 @@ fn decisions(c: &mut Criterion) {
         "pod create, a full-size pod, 1000 pending pods, 20 models",
         |b| b.iter(|| review(&full, &snap, &cfg, now, true)),
     );
+    // A Job held at Volcano's enqueue: vc-scheduler sends this UPDATE once a cycle per
+    // waiting Job, and each is refused (a 16-entry request, none of which fits whole).
+    let entries: Vec<String> = (0..16)
+        .map(|i| format!("\"MODEL-{i}|MODEL-{}\":900", (i + 1) % 20))
+        .collect();
+    let waiting = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "held", "namespace": "bench", "uid": "held-uid",
+            "annotations": {"volcano.sh/card.request": format!("{{{}}}", entries.join(","))}},
+        "spec": {"queue": "q", "minMember": 1}, "status": {}});
+    let mut enqueued = waiting.clone();
+    enqueued["status"] = json!({"phase": "Inqueue"});
+    let held = R::podgroup("UPDATE", enqueued).old(waiting).build();
+    assert!(!review(&held, &snap, &cfg, now, true).out.response.allowed);
+    c.bench_function(
+        "held enqueue (16-entry request), 1000 pending pods, 20 models",
+        |b| b.iter(|| review(&held, &snap, &cfg, now, true)),
+    );
     // Identical replicas are one counted demand: a scale to 2^31 - 1 costs what a scale
     // to 2 does (it once listed every replica and aborted on a 68 GB allocation).
     let mut snap = snap;

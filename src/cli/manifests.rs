@@ -341,6 +341,25 @@ mod tests {
     }
 
     #[test]
+    fn the_pod_hooks_select_the_card_vendors_card_quota_reads() {
+        let text = include_str!("../../manifests/webhooks.yaml");
+        let want: Vec<String> = crate::cards::nodes::DEFAULT_CARD_PREFIXES
+            .iter()
+            .map(|p| format!("'{p}/'"))
+            .collect();
+        let list = format!("[{}]", want.join(", "));
+        let conditions: Vec<&str> = text
+            .split("- name: card-demand")
+            .skip(1)
+            .map(|c| c.split("- name:").next().unwrap_or(""))
+            .collect();
+        assert_eq!(conditions.len(), 2, "both pod hooks");
+        for c in conditions {
+            assert_eq!(c.matches(&list).count(), 4, "{c}");
+        }
+    }
+
+    #[test]
     fn a_url_gives_only_webhook_configurations_pointing_at_it() {
         let d = certs();
         crate::webhook::tls::generate("x", "y", &[], &[], &d.0).unwrap();

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Jobs wait, never die: Volcano Jobs held at Volcano's enqueue by card-quota, on a real
+# API server (Kubernetes >= 1.30: the install's matchConditions are used as rendered).
+#
+#   KUBECONFIG=<kubeconfig> CP_DIR=<test control plane> e2e/jobs-wait.sh [path/to/card-quota]
+#
+# Volcano's part is played from its recorded writes (e2e/volcano-standin.sh) with the
+# control plane's vc-*.kubeconfig identities; E2E_VOLCANO=real leaves it to the real
+# Volcano. E2E_HOLD_SECONDS (default 300) is how long the held Jobs wait before room is
+# made. Exit status: number of failed checks.
+set -uo pipefail
+
+BIN=${1:-target/release/card-quota}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+: "${KUBECONFIG:?set KUBECONFIG}"
+: "${CP_DIR:?set CP_DIR to the test control plane (its vc-*.kubeconfig files)}"
+export KUBECONFIG
+RUN=${E2E_RUN:-$(date +%s | tail -c 6)$RANDOM}
+NS=cq-jobs-$RUN
+SYS=cq-jobs-$RUN-system
+Q=cq-jobs-$RUN
+NODE=$Q-h200
+PORT=${E2E_PORT:-19543}
+HOLD=${E2E_HOLD_SECONDS:-300}
+WORK=$(mktemp -d /tmp/cq-jobs.XXXXXX)
+START=$(date +%s)
+PASSED=0
+FAILED=0
+PIDS=()
+
+log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
+pass() { PASSED=$((PASSED + 1)); log "PASS: $1"; }
+fail() { FAILED=$((FAILED + 1)); log "FAIL: $1"; shift; for l in "$@"; do echo "      $l"; done; }
+k() { kubectl "$@"; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; }
+contains() { grep -qF -- "$2" <<<"$1"; }
+wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
+usage_field() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}' | jq -r --arg m "$2" --arg f "$3" '.[$m][$f] // 0'; }
+usage_is() { [ "$(usage_field "$1" "$2" "$3")" = "$4" ]; }
+export -f k usage_field usage_is
+
+cleanup() {
+  touch "$WORK/vc/stop" 2>/dev/null
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1
+  k delete namespace "$NS" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
+  k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
+  k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
+  if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
+}
+trap cleanup EXIT
+
+minor=$(k version -o json | jq -r '.serverVersion.minor' | tr -dc 0-9)
+if [ "${minor:-0}" -lt 30 ]; then echo "Kubernetes 1.$minor has no webhook matchConditions; this e2e needs 1.30+"; exit 100; fi
+k get crd jobs.batch.volcano.sh podgroups.scheduling.volcano.sh queues.scheduling.volcano.sh >/dev/null || { echo "Volcano's CRDs are not installed"; exit 100; }
+
+# shellcheck source=e2e/volcano-standin.sh
+. "$(dirname "$0")/volcano-standin.sh"
+
+# ---- setup: one replica, the install's webhooks with their matchConditions --------------
+for ns in "$NS" "$SYS"; do k create namespace "$ns" >/dev/null; done
+k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
+wait_for 60 k -n "$NS" get sa default || { echo "no default ServiceAccount in $NS"; exit 100; }
+# Volcano's programs get broad rights from its chart; the stand-in's identities too.
+k create clusterrolebinding "$Q-vc" --clusterrole=cluster-admin \
+  --user=system:serviceaccount:volcano-system:volcano-scheduler \
+  --user=system:serviceaccount:volcano-system:volcano-controllers >/dev/null
+"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
+k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}
+EOF
+k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+  | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
+serve() {
+  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$PORT" --metrics-listen "127.0.0.1:$((PORT + 1000))" \
+    --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
+    --lease-namespace "$SYS" --lease-name card-quota-jobs --reconcile-seconds 0.5 >> "$WORK/serve.log" 2>&1 &
+  SERVE=$!
+  PIDS+=($SERVE)
+  wait_for 30 curl -sf "http://127.0.0.1:$((PORT + 1000))/readyz" || { echo "card-quota never became ready"; cat "$WORK/serve.log"; exit 100; }
+}
+serve
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" --name "$Q" \
+  --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
+queue() { printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","labels":{"card-quota-e2e":"%s"},"annotations":{"volcano.sh/card.quota":"%s"}},"spec":{"weight":1}}' \
+  "$1" "$RUN" "$(sed 's/"/\\"/g' <<<"$2")" | k apply -f - 2>&1; }
+queue "$Q-a" '{"NVIDIA-H200":2}' >/dev/null
+queue "$Q-c" '{"NVIDIA-H200":1}' >/dev/null
+queue "$Q-d" '{"NVIDIA-H200":2}' >/dev/null
+sleep 1
+vc_loop
+
+# ---- Job A fills queue a; Job B (card.request) and Job C (none: 2 x 1 H200 into a
+# queue of 1) wait --------------------------------------------------------------------------
+vc_job ja "$Q-a" 2 '{"NVIDIA-H200":2}'
+check "job A is enqueued and its 2 pods are bound" wait_for 30 bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l volcano.sh/job-name=ja -o jsonpath='{.items[*].spec.nodeName}' | wc -w)\" = 2 ]"
+vc_job jb "$Q-a" 2 '{"NVIDIA-H200":2}'
+vc_job jc "$Q-c" 2 ''
+check "job C's PodGroup carries the demand derived from its tasks" wait_for 20 bash -c \
+  "kubectl -n $NS get podgroup -o json | jq -e '.items[] | select(.metadata.ownerReferences[0].name == \"jc\") | .metadata.annotations[\"volcano.sh/card.derived-request\"] == \"{\\\"NVIDIA-H200\\\":2}\"' >/dev/null"
+log "holding jobs B and C for $HOLD s"
+sleep "$HOLD"
+held_b=$(wc -l < "$WORK/vc/jb.held" 2>/dev/null || echo 0)
+held_c=$(wc -l < "$WORK/vc/jc.held" 2>/dev/null || echo 0)
+log "enqueue refusals while held: B $held_b, C $held_c; last: $(tail -1 "$WORK/vc/jb.held" 2>/dev/null | cut -c1-240)"
+# vc-scheduler retries once a cycle (1 s); the stand-in's kubectl calls stretch its cycle.
+check "B's enqueue was refused once a cycle while held ($held_b in $HOLD s)" [ "$held_b" -ge $((HOLD / 3)) ]
+check "... with the contract's message" grep -q "queue $Q-a has insufficient NVIDIA-H200 quota: requested 2, in use 2" "$WORK/vc/jb.held"
+check "C's enqueue was refused too ($held_c)" [ "$held_c" -ge $((HOLD / 3)) ]
+check "B and C stay Pending with no pod created" bash -c "[ \"\$(pods_of jb)\$(pods_of jc)\" = 00 ]"
+check "... and their job syncs never failed: nothing would terminate them ($(sync_failures jb) + $(sync_failures jc))" \
+  [ "$(( $(sync_failures jb) + $(sync_failures jc) ))" = 0 ]
+check "the hold is an Event on B's PodGroup" bash -c \
+  "kubectl -n $NS get events.events.k8s.io -o json | jq -e --arg n \"\$(pg_of jb)\" '[.items[] | select(.regarding.kind == \"PodGroup\" and .regarding.name == \$n and .reason == \"InsufficientCardQuota\")] | length > 0' >/dev/null"
+check "... and on Job B" bash -c \
+  "kubectl -n $NS get events.events.k8s.io -o json | jq -e '[.items[] | select(.regarding.kind == \"Job\" and .regarding.name == \"jb\" and .reason == \"InsufficientCardQuota\")] | length > 0' >/dev/null"
+out=$("$BIN" status 2>&1)
+check "card-quota status lists the waiting jobs" bash -c 'grep -q "^WAITING PODGROUP" <<<"$1" && grep -q "$2" <<<"$1"' _ "$out" "$(pg_of jb)"
+check "the waiting-jobs metric counts them" bash -c \
+  "curl -s http://127.0.0.1:$((PORT + 1000))/metrics | grep -q 'card_quota_jobs_waiting{queue_name=\"$Q-a\",card_name=\"NVIDIA-H200\"} 1'"
+
+t0=$(date +%s)
+vc_finish ja
+check "A finished: B is enqueued and its pods are created within 10 s" wait_for 10 bash -c "[ \"\$(pods_of jb)\" = 2 ]"
+log "B's pods $(( $(date +%s) - t0 )) s after A finished"
+queue "$Q-c" '{"NVIDIA-H200":2}' >/dev/null
+t0=$(date +%s)
+check "C runs within 10 s of its queue's quota raise" wait_for 10 bash -c "[ \"\$(pods_of jc)\" = 2 ]"
+log "C's pods $(( $(date +%s) - t0 )) s after the raise"
+check "usage of queue a: B's 2 cards" wait_for 20 bash -c "usage_is $Q-a NVIDIA-H200 allocated 2 && usage_is $Q-a NVIDIA-H200 reserved 0"
+
+# ---- two CREATEs of one PodGroup; a PodGroup created Inqueue ---------------------------------
+vc_job jd "$Q-d" 2 '{"NVIDIA-H200":2}'
+check "D's duplicate CREATE was refused by the API server (409), not by card-quota" grep -q AlreadyExists "$WORK/vc/jd.log"
+wait_for 20 bash -c "[ \"\$(pods_of jd)\" = 2 ]"
+vc_finish jd
+check "nothing stays reserved once D's PodGroup is deleted" wait_for 20 bash -c \
+  "! kubectl -n $NS get podgroup \"\$(pg_of jd)\" >/dev/null 2>&1; usage_is $Q-d NVIDIA-H200 reserved 0 && usage_is $Q-d NVIDIA-H200 pending 0"
+out=$(k apply -f - 2>&1 <<EOF
+{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"PodGroup","metadata":{"name":"direct","namespace":"$NS","annotations":{"volcano.sh/card.request":"{\"NVIDIA-H200\":3}"}},"spec":{"queue":"$Q-d","minMember":1},"status":{"phase":"Inqueue"}}
+EOF
+)
+check "a PodGroup created Inqueue that does not fit is refused" contains "$out" "queue $Q-d has insufficient NVIDIA-H200 quota: requested 3"
+
+# ---- card-quota down: only card work waits ---------------------------------------------------
+kill "$SERVE"; wait "$SERVE" 2>/dev/null
+vc_job je "$Q-d" 1 '' 0
+check "card-quota down: a cardless Job's PodGroup is created" bash -c "[ -n \"\$(pg_of je)\" ]"
+check "... enqueued, and its pod created" wait_for 20 bash -c "[ \"\$(pods_of je)\" = 1 ]"
+out=$(k patch queue "$Q-d" --type json -p '[{"op":"add","path":"/spec/parent","value":"root"}]' 2>&1)
+check "... a Queue is patched with spec.parent: root as Volcano does" contains "$out" "patched"
+vc_job jf "$Q-d" 1 '{"NVIDIA-H200":1}'
+check "... a card Job's PodGroup is created (it only waits)" bash -c "[ -n \"\$(pg_of jf)\" ]"
+sleep 3
+check "... but its enqueue waits for card-quota (fail closed)" bash -c "[ \"\$(phase_of jf)\" != Inqueue ] && [ \"\$(phase_of jf)\" != Running ]"
+serve
+check "card-quota back: the card Job is enqueued and runs" wait_for 30 bash -c "[ \"\$(pods_of jf)\" = 1 ]"
+check "... and the cardless pod is bound" wait_for 20 bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l volcano.sh/job-name=je -o jsonpath='{.items[*].spec.nodeName}')\" = $NODE ]"
+check "usage is exact after the restart" wait_for 20 bash -c "usage_is $Q-d NVIDIA-H200 allocated 1 && usage_is $Q-d NVIDIA-H200 reserved 0"
+
+log "RESULT: $PASSED passed, $FAILED failed"
+exit "$FAILED"
