@@ -145,7 +145,7 @@ namespace() {
 }
 
 # Where the test control plane keeps kube-controller-manager (for diagnostics only).
-KCM_DIR=${CP_DIR:-$HOME/.cache/card-quota-k8s}/bookworm/k8s
+KCM_DIR=${CP_DIR:-$HOME/.cache/card-quota-k8s-135}
 controller_manager_state() {
   if [ -f "$KCM_DIR/kube-controller-manager.pid" ]; then
     local pid; pid=$(cat "$KCM_DIR/kube-controller-manager.pid")
@@ -208,7 +208,7 @@ check "... the metric counts it" bash -c "curl -s http://127.0.0.1:$((PORT_A + 1
 # A slowloris that passes the handshake: it needs a client certificate the replicas
 # accept, i.e. one signed by the cluster CA. The test control plane keeps the API
 # server's own; elsewhere set E2E_WEBHOOK_CLIENT_CERT and E2E_WEBHOOK_CLIENT_KEY.
-WH_CRT=${E2E_WEBHOOK_CLIENT_CERT:-${CP_DIR:-$HOME/.cache/card-quota-k8s}/bookworm/k8s/pki/webhook-client.crt}
+WH_CRT=${E2E_WEBHOOK_CLIENT_CERT:-${CP_DIR:-$HOME/.cache/card-quota-k8s-135}/pki/webhook-client.crt}
 WH_KEY=${E2E_WEBHOOK_CLIENT_KEY:-${WH_CRT%.crt}.key}
 if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
   python3 - "$PORT_A" "$WORK/certs/ca.crt" "$WH_CRT" "$WH_KEY" > "$WORK/slowloris.out" 2>&1 <<'PY' &
