@@ -103,6 +103,9 @@ enum Step {
     },
     /// Replica `r`'s reconciler prunes every ledger.
     Prune { r: usize },
+    /// vc-scheduler's enqueue of a waiting PodGroup (by index): an UPDATE Pending ->
+    /// Inqueue against the object as the API server holds it, decided at replica `r`.
+    Enqueue { r: usize, group: usize },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -116,6 +119,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..4u32)
             .prop_map(|(r, queue, name, cards)| Step::Group { r, queue, name, cards }),
         2 => (0..2usize).prop_map(|r| Step::Prune { r }),
+        2 => (0..2usize, 0..8usize).prop_map(|(r, group)| Step::Enqueue { r, group }),
     ]
 }
 
@@ -499,15 +503,37 @@ impl World {
                 self.next += 1;
                 let group_name = format!("g{}", self.next);
                 let request = json!({NAMES[name]: cards}).to_string();
+                // Every other group is created waiting in line, as Volcano creates them,
+                // and reserves only once an Enqueue step admits it.
+                let phase = if self.next % 2 == 0 { json!({"phase": "Inqueue"}) } else { json!({}) };
                 let group = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
                     "metadata": {"name": group_name, "namespace": NS, "annotations": {"volcano.sh/card.request": request}},
                     "spec": {"queue": QUEUES[queue], "minMember": 1},
-                    "status": {"phase": "Inqueue"}});
+                    "status": phase});
                 let doc = R::podgroup("CREATE", group.clone()).build();
                 if self.validate(r, &[doc]).pop().flatten().is_some() {
                     let mut group = group;
                     group["metadata"]["uid"] = json!(format!("uid-{group_name}"));
                     self.store_group(&group_name, group);
+                    self.groups_admitted += 1;
+                }
+            }
+            Step::Enqueue { r, group } => {
+                let waiting: Vec<String> = self
+                    .groups
+                    .iter()
+                    .filter(|(_, g)| g.pointer("/status/phase").is_none())
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                let Some(name) = waiting.get(group % waiting.len().max(1)).cloned() else {
+                    return;
+                };
+                let old = self.groups[&name].clone();
+                let mut new = old.clone();
+                new["status"] = json!({"phase": "Inqueue"});
+                let doc = R::podgroup("UPDATE", new.clone()).old(old).build();
+                if self.validate(r, &[doc]).pop().flatten().is_some() {
+                    self.store_group(&name, new);
                     self.groups_admitted += 1;
                 }
             }
