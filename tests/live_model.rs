@@ -505,7 +505,11 @@ impl World {
                 let request = json!({NAMES[name]: cards}).to_string();
                 // Every other group is created waiting in line, as Volcano creates them,
                 // and reserves only once an Enqueue step admits it.
-                let phase = if self.next % 2 == 0 { json!({"phase": "Inqueue"}) } else { json!({}) };
+                let phase = if self.next % 2 == 0 {
+                    json!({"phase": "Inqueue"})
+                } else {
+                    json!({})
+                };
                 let group = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
                     "metadata": {"name": group_name, "namespace": NS, "annotations": {"volcano.sh/card.request": request}},
                     "spec": {"queue": QUEUES[queue], "minMember": 1},

@@ -40,11 +40,25 @@ pub fn reflected(snap: &Snapshot, id: &EntryId, e: &Entry) -> bool {
     match &e.of {
         EntryKey::Pod(k) => match cached_pod(snap, id, k) {
             Some(p) => e.node.is_none() || p.node.is_some(),
-            None => snap.pod(k).is_none() && snap.is_known_cardless_pod(k),
+            None => match snap.pod(k) {
+                Some(other) => name_held(other, id),
+                None => snap.is_known_cardless_pod(k),
+            },
         },
         EntryKey::Group(k) => cached_group(snap, id, k)
             .is_some_and(|g| request_of(g) == e.request || superseded(g, e)),
     }
+}
+
+/// True when another incarnation holds the entry's name and is not going away: a CREATE
+/// under that name cannot have succeeded while it exists, so the entry is a CREATE the
+/// API server refused after card-quota admitted it (a client's retry answered 409
+/// AlreadyExists). Such an entry never hides the pod that exists. A pod deleted and
+/// created again shows its old incarnation terminating or finished first; after a
+/// forced deletion the cache may not, and the new pod then counts as soon as the cache
+/// shows the deletion (a lag of one watch event).
+fn name_held(other: &PodRecord, id: &EntryId) -> bool {
+    id.is_uid() && other.version.uid.is_some() && other.deletion.is_none() && !other.is_finished()
 }
 
 /// True when the cache shows the PodGroup past the version the admitted write was made
@@ -226,11 +240,19 @@ status: {phase: Succeeded}
             fate(&snap, &id, &e, young, now),
             Fate::Reflected(Stream::Pods, 70)
         );
-        // The same name under another uid is another pod: not reflected.
+        // The same name under another uid while "seen" exists and is not going away: a
+        // CREATE the API server refused (409) after admission. It never hides "seen",
+        // and expires.
         let (id, e) = entry(&snap, "seen", "u-new", None);
-        assert!(!reflected(&snap, &id, &e));
+        assert!(reflected(&snap, &id, &e));
         assert_eq!(fate(&snap, &id, &e, young, now), Fate::Keep);
         assert_eq!(fate(&snap, &id, &e, TTL + young, now), Fate::Drop);
+        // Once "seen" is terminating, the name may be taken again: the entry counts.
+        let mut going = snap.clone();
+        let mut p = going.pod(&ObjectKey::new("ml", "seen")).unwrap().clone();
+        p.deletion = Some(now + Duration::from_secs(30));
+        going.upsert_pod(p);
+        assert!(!reflected(&going, &id, &e));
         // A binding the cache does not show yet waits, then is a phantom.
         let (id, e) = entry(&snap, "seen", "u-seen", Some("n1"));
         assert_eq!(fate(&snap, &id, &e, young, now), Fate::Keep);
