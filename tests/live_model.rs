@@ -505,7 +505,7 @@ impl World {
                 let request = json!({NAMES[name]: cards}).to_string();
                 // Every other group is created waiting in line, as Volcano creates them,
                 // and reserves only once an Enqueue step admits it.
-                let phase = if self.next % 2 == 0 {
+                let phase = if self.next.is_multiple_of(2) {
                     json!({"phase": "Inqueue"})
                 } else {
                     json!({})
