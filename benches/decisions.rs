@@ -98,7 +98,7 @@ fn decisions(c: &mut Criterion) {
     // A Job held at Volcano's enqueue: vc-scheduler sends this UPDATE once a cycle per
     // waiting Job, and each is refused (a 16-entry request, none of which fits whole).
     let entries: Vec<String> = (0..16)
-        .map(|i| format!("\"MODEL-{i}|MODEL-{}\":900", (i + 1) % 20))
+        .map(|i| format!("\"MODEL-{i}|MODEL-{}\":1500", (i + 1) % 20))
         .collect();
     let waiting = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
         "metadata": {"name": "held", "namespace": "bench", "uid": "held-uid",

@@ -659,6 +659,37 @@ status: {state: Open}
 }
 
 #[test]
+fn oversized_card_names_and_requests_are_refused_with_the_limit() {
+    let mut w = World::new();
+    let many: Vec<String> = (0..33).map(|i| format!("M{i}")).collect();
+    let r = w.send(R::pod("CREATE", pod("wide", "q", Some(&many.join("|")), "1")).build());
+    assert_eq!(
+        message(&r),
+        "invalid volcano.sh/card.name on pod ml/wide: 33 alternatives; at most 32 are allowed"
+    );
+    let entries: Vec<String> = (0..65).map(|i| format!("\"M{i}\":1")).collect();
+    let r = w.send(
+        R::podgroup(
+            "CREATE",
+            waiting_pg("wide", "q", &format!("{{{}}}", entries.join(","))),
+        )
+        .build(),
+    );
+    assert_eq!(
+        message(&r),
+        "invalid volcano.sh/card.request on podgroup ml/wide: 65 entries; at most 64 are allowed"
+    );
+    let long = "X".repeat(300);
+    let r = w.send(R::pod("CREATE", pod("long", "q", Some(&long), "1")).build());
+    assert!(
+        message(&r).ends_with("is 300 characters long; at most 253 are allowed"),
+        "{}",
+        message(&r)
+    );
+    assert!(message(&r).len() < 250, "{}", message(&r));
+}
+
+#[test]
 fn a_derived_request_larger_than_the_quota_waits_instead_of_being_refused() {
     let mut w = World::new();
     let mut g = waiting_pg("derived", "q", "");

@@ -61,7 +61,12 @@ pub enum Problem {
     BadName(NameError),
     #[error("the object lists no models")]
     Empty,
+    #[error("{count} entries; at most {MAX_REQUEST_ENTRIES} are allowed")]
+    TooManyEntries { count: usize },
 }
+
+/// How many entries one `card.request` may hold: bounds the job-level checks.
+pub const MAX_REQUEST_ENTRIES: usize = 64;
 
 /// A malformed annotation on a named object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -228,6 +233,15 @@ pub fn parse_request_in(
     let entries = parse_entries(raw, 1, "positive").map_err(|p| err(object, annotation, p))?;
     if entries.is_empty() {
         return Err(err(object, annotation, Problem::Empty));
+    }
+    if entries.len() > MAX_REQUEST_ENTRIES {
+        return Err(err(
+            object,
+            annotation,
+            Problem::TooManyEntries {
+                count: entries.len(),
+            },
+        ));
     }
     let mut out: Vec<(Alternatives, Cards)> = Vec::new();
     for (k, n) in entries {

@@ -20,7 +20,17 @@ pub enum NameError {
     DuplicateAlternative { model: String, list: String },
     #[error("model name {0:?} contains '|' where a single model is expected")]
     Composite(String),
+    #[error("{count} alternatives; at most {MAX_ALTERNATIVES} are allowed")]
+    TooManyAlternatives { count: usize },
+    #[error("model name {name:?} is {len} characters long; at most {MAX_NAME_LEN} are allowed")]
+    TooLong { name: String, len: usize },
 }
+
+/// How many models one `A|B|C` may list: bounds the work of every decision that reads
+/// it (a pod's pin search, the feasibility check) whatever a user writes.
+pub const MAX_ALTERNATIVES: usize = 32;
+/// The longest model name: a product label value (63) with a MIG or MPS suffix fits.
+pub const MAX_NAME_LEN: usize = 253;
 
 /// A user-supplied string as messages quote it: at most 64 characters, the rest
 /// summarised, so a hostile value cannot blow up a refusal, a log line or an Event.
@@ -43,6 +53,12 @@ impl CardName {
         }
         if s.contains('|') {
             return Err(NameError::Composite(shown(s)));
+        }
+        if s.len() > MAX_NAME_LEN {
+            return Err(NameError::TooLong {
+                name: shown(s),
+                len: s.len(),
+            });
         }
         Ok(Self(Arc::from(s)))
     }
@@ -69,7 +85,11 @@ impl Alternatives {
         if s.is_empty() {
             return Err(NameError::Empty);
         }
-        let mut out: Vec<CardName> = Vec::new();
+        let count = s.split('|').count();
+        if count > MAX_ALTERNATIVES {
+            return Err(NameError::TooManyAlternatives { count });
+        }
+        let mut out: Vec<CardName> = Vec::with_capacity(count);
         for part in s.split('|') {
             if part.is_empty() {
                 return Err(NameError::EmptyAlternative(shown(s)));
