@@ -47,7 +47,8 @@ cleanup() {
   k delete namespace "$NS" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
-  k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrolebinding "$Q-vc" "$Q" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrole "$Q" --ignore-not-found >/dev/null 2>&1
   if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
 }
 trap cleanup EXIT
@@ -74,7 +75,20 @@ k create -f - >/dev/null <<EOF
 EOF
 k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
   | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
+# card-quota runs as the install's own ServiceAccount, with the install's RBAC (the
+# cluster-wide role renamed for this run), from a TokenRequest: a verb the manifests do
+# not grant fails this e2e.
+"$BIN" manifests --cert-dir "$WORK/certs" --namespace "$SYS" | k create --dry-run=client -o json -f - |
+  jq --arg n "$Q" '(if .kind == "List" then .items[] else . end)
+    | select(.kind | test("^(ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding)$"))
+    | if .kind == "ClusterRole" then .metadata.name = $n
+      elif .kind == "ClusterRoleBinding" then .metadata.name = $n | .roleRef.name = $n else . end' |
+  k apply -f - >/dev/null
+TOKEN=$(k -n "$SYS" create token card-quota --duration=2h)
+k config view --raw --minify -o json | jq --arg t "$TOKEN" \
+  '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/card-quota.kubeconfig"
 serve() {
+  KUBECONFIG="$WORK/card-quota.kubeconfig" \
   "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$PORT" --metrics-listen "127.0.0.1:$((PORT + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --lease-namespace "$SYS" --lease-name card-quota-jobs --reconcile-seconds 0.5 >> "$WORK/serve.log" 2>&1 &
@@ -83,7 +97,7 @@ serve() {
   wait_for 30 curl -sf "http://127.0.0.1:$((PORT + 1000))/readyz" || { echo "card-quota never became ready"; cat "$WORK/serve.log"; exit 100; }
 }
 serve
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" --name "$Q" \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" --name "$Q" --namespace "$SYS" \
   --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
 queue() { printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","labels":{"card-quota-e2e":"%s"},"annotations":{"volcano.sh/card.quota":"%s"}},"spec":{"weight":1}}' \
   "$1" "$RUN" "$(sed 's/"/\\"/g' <<<"$2")" | k apply -f - 2>&1; }
