@@ -1,4 +1,5 @@
-//! PodGroup CREATE / UPDATE with `volcano.sh/card.request` (job level; becomes reserved).
+//! PodGroup CREATE / UPDATE: a Job's card demand (`card.request`, or derived from its Volcano
+//! Job) waits in line while Pending and is checked whole, then reserved, at its enqueue.
 
 use std::collections::BTreeSet;
 
