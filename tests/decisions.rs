@@ -1847,4 +1847,30 @@ fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted()
     let mut all = World::new();
     card_quota::snapshot::load::upsert(&mut all.snap, &other).unwrap();
     assert_eq!(all.usage("q", "NVIDIA-H200")["pending"], 3);
+    // A pod that names its node is an allocation whatever its scheduler: checked at its
+    // CREATE (the queue is full: refused) and, once it exists, counted.
+    let mut placed = pod("placed", "q", Some("NVIDIA-H200"), "1");
+    placed["spec"]["schedulerName"] = json!("no-such-scheduler");
+    placed["spec"]["nodeName"] = json!("h200-1");
+    let r = w.send(R::pod("CREATE", placed.clone()).build());
+    assert!(!r.allowed, "a queue full of gated pods refuses it");
+    assert!(
+        message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
+    let mut w = World {
+        snap: {
+            let mut s = Snapshot::new();
+            s.set_gated_schedulers(Some(["volcano".to_string()].into()));
+            for doc in card_quota::snapshot::load::documents(CLUSTER).unwrap() {
+                card_quota::snapshot::load::upsert(&mut s, &doc).unwrap();
+            }
+            s
+        },
+        cfg: Config::default(),
+    };
+    placed["metadata"]["annotations"]["volcano.sh/card.charged"] = json!("NVIDIA-H200");
+    card_quota::snapshot::load::upsert(&mut w.snap, &placed).unwrap();
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
 }

@@ -166,7 +166,7 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
             {
                 let expr = match c["name"].as_str().unwrap_or_default() {
                     "gated-schedulers" => format!(
-                        "object.spec.schedulerName in {}",
+                        "object.spec.schedulerName in {} || (has(object.spec.nodeName) && object.spec.nodeName != '')",
                         cel_list(&scope.schedulers)
                     ),
                     "gated-binders" => {
@@ -420,7 +420,7 @@ mod tests {
             }
         }
         assert!(!text.contains("namespace: card-quota"), "{text}");
-        assert!(text.contains("object.spec.schedulerName in ['default-scheduler']"));
+        assert!(text.contains("object.spec.schedulerName in ['default-scheduler'] || (has(object.spec.nodeName) && object.spec.nodeName != '')"));
         assert!(
             text.contains(r"request.userInfo.username in ['system:kube-scheduler', 'o\'brien']")
         );

@@ -110,10 +110,12 @@ impl Snapshot {
         self.gated = names;
     }
 
-    /// True when card-quota gates and counts this pod.
+    /// True when card-quota gates and counts this pod: a pod of a gated scheduler, or
+    /// any pod with a node (created with `nodeName`, or bound by any binder), whose cards
+    /// are in use whatever scheduled it.
     pub fn gates(&self, p: &PodRecord) -> bool {
         match (&self.gated, &p.scheduler) {
-            (Some(set), Some(s)) => set.contains(&**s),
+            (Some(set), Some(s)) => set.contains(&**s) || p.node.is_some(),
             _ => true,
         }
     }
