@@ -104,6 +104,11 @@ impl PodGroupRecord {
         matches!(self.phase.as_deref(), None | Some("") | Some("Pending"))
     }
 
+    /// A group with a readable card demand that waits in line: a Job held at the enqueue.
+    pub fn waits_in_line(&self) -> bool {
+        self.is_waiting() && matches!(self.request, Some(Ok(_)))
+    }
+
     /// The request that reserves cards: parsed, enqueued (left Pending: Inqueue,
     /// Running, Unknown...), and not Completed.
     pub fn live_request(&self) -> Option<&CardRequest> {

@@ -190,7 +190,11 @@ impl ReconcilerMetrics {
     }
 
     /// Sets the waiting-job gauges to `waiting` (every waiting group, all queues).
-    pub fn publish_waiting(&self, waiting: &[&PodGroupRecord], now: jiff::Timestamp) {
+    pub fn publish_waiting<'a>(
+        &self,
+        waiting: impl IntoIterator<Item = &'a PodGroupRecord>,
+        now: jiff::Timestamp,
+    ) {
         let mut count: BTreeMap<(String, String), i64> = BTreeMap::new();
         let mut longest: BTreeMap<String, i64> = BTreeMap::new();
         for g in waiting {

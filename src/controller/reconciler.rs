@@ -284,7 +284,8 @@ impl Reconciler {
         }
         {
             let snap = self.lock();
-            self.metrics.publish_waiting(&snap.waiting_groups(), now);
+            self.metrics
+                .publish_waiting(snap.waiting_groups_unordered(), now);
         }
         if leader {
             for s in &states {

@@ -188,9 +188,14 @@ fn held_before(
         return None;
     }
     let mine = (rec.created, &rec.key);
-    snap.waiting_groups()
+    // Only this queue's groups (its index), oldest first.
+    let mut older: Vec<&PodGroupRecord> = snap
+        .queue_groups(&rec.queue)
+        .filter(|g| g.waits_in_line() && g.key != rec.key && (g.created, &g.key) < mine)
+        .collect();
+    older.sort_by(|a, b| (a.created, &a.key).cmp(&(b.created, &b.key)));
+    older
         .into_iter()
-        .filter(|g| g.queue == rec.queue && g.key != rec.key && (g.created, &g.key) < mine)
         .find(|g| {
             let Some(Ok(req)) = &g.request else {
                 return false;
@@ -221,10 +226,7 @@ enum Derived {
 /// alternatives add up (a request names each key once). The job-level request may
 /// split across models; its pods are still checked one by one when they are created.
 fn derive_request(obj: &serde_json::Value, rec: &PodGroupRecord, snap: &Snapshot) -> Derived {
-    let owners: Vec<OwnerReference> = obj
-        .pointer("/metadata/ownerReferences")
-        .and_then(|o| serde::Deserialize::deserialize(o).ok())
-        .unwrap_or_default();
+    let owners = owners_of(obj);
     let Some(owner) = owners.iter().find(|o| {
         o.kind == "Job"
             && o.api_version.starts_with("batch.volcano.sh/")
@@ -303,6 +305,13 @@ fn first_failing(len: usize, prefix_fits: impl Fn(usize) -> bool) -> usize {
     hi.saturating_sub(1)
 }
 
+/// The object's owner references (none when they do not read).
+fn owners_of(obj: &serde_json::Value) -> Vec<OwnerReference> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(|o| serde::Deserialize::deserialize(o).ok())
+        .unwrap_or_default()
+}
+
 /// Where a refusal's Event goes: the PodGroup when it exists (and its Job, which
 /// `kubectl describe vcjob` shows), else the Job creating it.
 fn regarding(
@@ -310,10 +319,7 @@ fn regarding(
     obj: &serde_json::Value,
     rec: &PodGroupRecord,
 ) -> (Option<ObjectRef>, Option<ObjectRef>) {
-    let owners: Vec<OwnerReference> = obj
-        .pointer("/metadata/ownerReferences")
-        .and_then(|o| serde::Deserialize::deserialize(o).ok())
-        .unwrap_or_default();
+    let owners = owners_of(obj);
     let owner = owner_ref(&owners, &rec.key.namespace);
     if req.operation != Operation::Update {
         return (owner, None);

@@ -761,13 +761,14 @@ impl Snapshot {
     }
 
     /// PodGroups with card demand waiting in line (no phase or Pending): the Jobs
-    /// card-quota holds at Volcano's enqueue, oldest first.
+    /// card-quota holds at Volcano's enqueue, in no particular order.
+    pub fn waiting_groups_unordered(&self) -> impl Iterator<Item = &PodGroupRecord> {
+        self.groups.values().filter(|g| g.waits_in_line())
+    }
+
+    /// [`Snapshot::waiting_groups_unordered`], oldest first.
     pub fn waiting_groups(&self) -> Vec<&PodGroupRecord> {
-        let mut w: Vec<&PodGroupRecord> = self
-            .groups
-            .values()
-            .filter(|g| g.is_waiting() && matches!(g.request, Some(Ok(_))))
-            .collect();
+        let mut w: Vec<&PodGroupRecord> = self.waiting_groups_unordered().collect();
         w.sort_by(|a, b| (a.created, &a.key).cmp(&(b.created, &b.key)));
         w
     }
