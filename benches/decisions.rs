@@ -165,7 +165,7 @@ fn burst(c: &mut Criterion) {
     for entries in [0usize, 50, 200] {
         let mut live = snap.clone();
         let mut ledger = card_quota::ledger::Ledger::default();
-        let prefixes = live.card_prefixes();
+        let prefixes = live.card_kinds();
         for i in 0..entries {
             let mut p = pod(&format!("led{i}"), "q", "RTX-4090", 1, None);
             p["metadata"]["uid"] = json!(format!("u-led{i}"));
@@ -305,7 +305,7 @@ fn recount(c: &mut Criterion) {
     // One watch event: a pod of queue q7 is bound; the reconciler recounts q7 only.
     let k8s_pod: k8s_openapi::api::core::v1::Pod =
         serde_json::from_value(pod("p7", "q7", "MODEL-7", 1, Some("n7"))).unwrap();
-    let prefixes = s.card_prefixes();
+    let prefixes = s.card_kinds();
     let rec = pod_record(&k8s_pod, "bench", &prefixes, 0).unwrap();
     let _ = s.take_dirty();
     c.bench_function(

@@ -258,6 +258,39 @@ fn a_pod_without_cards_is_never_charged() {
 }
 
 #[test]
+fn an_rdma_host_device_beside_a_gpu_is_not_a_second_card() {
+    // The NVIDIA Network Operator's GPUDirect RDMA resource lives under the same prefix.
+    let mut w = World::with(&format!(
+        "{CLUSTER}---\n{}",
+        r#"apiVersion: v1
+kind: Node
+metadata: {name: h200-rdma, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "8", nvidia.com/hostdev: "8"}}"#
+    ));
+    let p = support::pod("rdma")
+        .queue("q")
+        .card("NVIDIA-H200")
+        .resource("nvidia.com/gpu", "2")
+        .resource("nvidia.com/hostdev", "1")
+        .build();
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    let r = w.send(R::binding("ml", "rdma", "h200-rdma").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2);
+    // A pod with only the host device asks for no card.
+    let p = support::pod("nic")
+        .queue("q")
+        .resource("nvidia.com/hostdev", "1")
+        .build();
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 0);
+}
+
+#[test]
 fn binding_charges_the_node_model_and_stamps_card_charged() {
     let mut w = World::new();
     // Unpinned (serve --no-pin), so that the pending pod shows under both models.

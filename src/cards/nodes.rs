@@ -18,8 +18,14 @@ pub fn mps_model(product: &str, memory_mib: u64, replicas: u64) -> String {
     format!("{product}/mps-{gib}g*1/{replicas}")
 }
 
-/// Prefixes treated as card vendors even before any node announces a product label.
+/// Prefixes treated as card vendors even before any node announces a product label
+/// (the pod hooks' `matchConditions` select pods requesting anything under them).
 pub const DEFAULT_CARD_PREFIXES: &[&str] = &["nvidia.com", "amd.com", "huawei.com"];
+
+/// Card types (`<prefix>/<type>`) known before any node announces one: their resources
+/// are cards from the start. Other types become cards when a node labels
+/// `<prefix>/<type>.product`.
+pub const DEFAULT_CARD_KINDS: &[&str] = &["nvidia.com/gpu", "amd.com/gpu", "huawei.com/npu"];
 
 /// One product label: `<prefix>/<type>.product`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +42,8 @@ pub struct NodeCards {
     pub resources: BTreeMap<String, (CardName, u64)>,
     /// Vendor prefixes that carry a product label on this node.
     pub prefixes: Vec<String>,
+    /// Card types (`<prefix>/<type>`) that carry a product label on this node.
+    pub kinds: Vec<String>,
     /// Products named by `<prefix>/<type>.product` labels.
     pub products: Vec<String>,
     /// resource -> the product label its model was discovered from (key, value): what
@@ -82,6 +90,10 @@ pub fn discover(
     });
     let mut out = NodeCards {
         prefixes: products.iter().map(|p| p.prefix.clone()).collect(),
+        kinds: products
+            .iter()
+            .map(|p| format!("{}/{}", p.prefix, p.kind))
+            .collect(),
         products: products.iter().map(|p| p.product.clone()).collect(),
         ..Default::default()
     };
@@ -94,13 +106,16 @@ pub fn discover(
         if candidates.is_empty() {
             continue;
         }
-        // Several product labels under one prefix: prefer the one whose type the resource names.
-        let base = suffix.split('.').next().unwrap_or(suffix);
-        let p = candidates
-            .iter()
-            .find(|p| p.kind == base)
-            .copied()
-            .unwrap_or(candidates[0]);
+        // Only the labelled type's resources are cards: `<type>`, `<type>.shared` and
+        // MIG profiles. Other resources under the prefix (`nvidia.com/hostdev` for
+        // GPUDirect RDMA) are not.
+        let is_mig = suffix.starts_with("mig-");
+        let base = suffix.strip_suffix(".shared").unwrap_or(suffix);
+        let p = match candidates.iter().find(|p| p.kind == base) {
+            Some(p) => *p,
+            None if is_mig => candidates[0],
+            None => continue,
+        };
         let count = match parse_whole(qty) {
             Ok(n) => n,
             Err(e) => {
@@ -151,14 +166,23 @@ pub fn product_of(model: &CardName) -> &str {
     model.as_str().split('/').next().unwrap_or_default()
 }
 
-/// True when `resource` is an extended resource under a card vendor prefix.
-pub fn is_card_resource<'a>(resource: &str, mut prefixes: impl Iterator<Item = &'a str>) -> bool {
-    match resource.split_once('/') {
-        Some((prefix, _)) => {
-            DEFAULT_CARD_PREFIXES.contains(&prefix) || prefixes.any(|p| p == prefix)
-        }
-        None => false,
-    }
+/// True when `resource` requests a card: `<prefix>/<type>` or `<prefix>/<type>.shared`
+/// of a known card type, or a MIG profile `<prefix>/mig-*` of a known card vendor.
+/// `kinds` are the types nodes announce, beside [`DEFAULT_CARD_KINDS`].
+pub fn is_card_resource<'a>(resource: &str, kinds: impl Iterator<Item = &'a str>) -> bool {
+    let Some((prefix, suffix)) = resource.split_once('/') else {
+        return false;
+    };
+    let mig = suffix.starts_with("mig-");
+    let base = suffix.strip_suffix(".shared").unwrap_or(suffix);
+    DEFAULT_CARD_KINDS
+        .iter()
+        .copied()
+        .chain(kinds)
+        .any(|k| match k.split_once('/') {
+            Some((p, t)) => p == prefix && (mig || t == base),
+            None => false,
+        })
 }
 
 /// The resource shape a model name implies when no node shows the model:
@@ -225,6 +249,43 @@ mod tests {
             ]
         );
         assert!(n.problems.is_empty());
+    }
+
+    #[test]
+    fn other_resources_under_a_card_prefix_are_not_cards() {
+        let labels = map(&[("nvidia.com/gpu.product", "NVIDIA-H200")]);
+        let alloc = map(&[("nvidia.com/gpu", "8"), ("nvidia.com/hostdev", "4")]);
+        let n = discover("n", &labels, &alloc);
+        assert_eq!(n.resources.len(), 1, "{n:?}");
+        assert!(n.model_for("nvidia.com/hostdev").is_none());
+        assert!(n.problems.is_empty());
+        assert_eq!(n.kinds, vec!["nvidia.com/gpu".to_string()]);
+    }
+
+    #[test]
+    fn card_resources_are_those_of_card_types() {
+        let none = std::iter::empty();
+        assert!(is_card_resource("nvidia.com/gpu", none.clone()));
+        assert!(is_card_resource("nvidia.com/gpu.shared", none.clone()));
+        assert!(is_card_resource("nvidia.com/mig-1g.18gb", none.clone()));
+        assert!(is_card_resource("huawei.com/npu", none.clone()));
+        assert!(!is_card_resource("nvidia.com/hostdev", none.clone()));
+        assert!(!is_card_resource("rdma/hca", none.clone()));
+        assert!(!is_card_resource("cpu", none.clone()));
+        assert!(!is_card_resource("example.com/tpu", none));
+        let announced = ["example.com/tpu"];
+        assert!(is_card_resource(
+            "example.com/tpu",
+            announced.iter().copied()
+        ));
+        assert!(is_card_resource(
+            "example.com/mig-2g",
+            announced.iter().copied()
+        ));
+        assert!(!is_card_resource(
+            "example.com/nic",
+            announced.iter().copied()
+        ));
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl PodParts {
     pub fn record(
         &self,
         namespace_hint: &str,
-        card_prefixes: &[String],
+        card_kinds: &[String],
         seq: u64,
     ) -> Result<PodRecord, RecordError> {
         pod_record_of(
@@ -83,7 +83,7 @@ impl PodParts {
             self.spec.as_ref().map(SpecParts::view),
             self.phase.clone(),
             namespace_hint,
-            card_prefixes,
+            card_kinds,
             seq,
         )
     }

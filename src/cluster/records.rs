@@ -137,8 +137,8 @@ pub struct PodRecord {
     /// Card resources requested (effective request), or why they could not be read.
     /// Boxed: a parse error is rare, and a pod record is kept for every pod.
     pub demand: Result<ResourceDemand, Box<PodDemandError>>,
-    /// Extended resources under vendor prefixes no node announces as cards (yet):
-    /// they become card demand when a node brings the prefix.
+    /// Extended resources of no known card type (yet): they become card demand when
+    /// a node labels their type (`<prefix>/<type>.product`).
     pub latent: ResourceDemand,
     /// `volcano.sh/card.name`, or why it does not parse (boxed: rare, and large).
     pub card_name: Option<Result<Alternatives, Box<AnnotationError>>>,
@@ -295,11 +295,11 @@ fn anns(meta: &ObjectMeta) -> BTreeMap<String, String> {
 
 static NO_STRINGS: BTreeMap<String, String> = BTreeMap::new();
 
-/// Builds a pod record. `card_prefixes` are the vendor prefixes nodes announce.
+/// Builds a pod record. `card_kinds` are the card types nodes announce.
 pub fn pod_record(
     pod: &Pod,
     namespace_hint: &str,
-    card_prefixes: &[String],
+    card_kinds: &[String],
     seq: u64,
 ) -> Result<PodRecord, RecordError> {
     pod_record_of(
@@ -307,7 +307,7 @@ pub fn pod_record(
         pod.spec.as_ref().map(SpecView::of),
         pod.status.as_ref().and_then(|s| s.phase.clone()),
         namespace_hint,
-        card_prefixes,
+        card_kinds,
         seq,
     )
 }
@@ -353,7 +353,7 @@ pub fn pod_record_of<C: ContainerResources>(
     spec: Option<SpecView<'_, C>>,
     phase: Option<String>,
     namespace_hint: &str,
-    card_prefixes: &[String],
+    card_kinds: &[String],
     seq: u64,
 ) -> Result<PodRecord, RecordError> {
     let name = meta
@@ -372,7 +372,7 @@ pub fn pod_record_of<C: ContainerResources>(
         meta,
         spec,
         phase,
-        card_prefixes,
+        card_kinds,
         seq,
     ))
 }
@@ -383,16 +383,16 @@ fn record_from_parts<C: ContainerResources>(
     meta: &ObjectMeta,
     spec: Option<SpecView<'_, C>>,
     phase: Option<String>,
-    card_prefixes: &[String],
+    card_kinds: &[String],
     seq: u64,
 ) -> PodRecord {
     // Read in place: records are built for every pod event and admission.
     let a = meta.annotations.as_ref().unwrap_or(&NO_STRINGS);
     let labels = meta.labels.as_ref().unwrap_or(&NO_STRINGS);
     let object = || subject.named(key).to_string();
-    let is_card = |r: &str| is_card_resource(r, card_prefixes.iter().map(String::as_str));
-    // Every extended resource is read; those under no known card prefix wait as latent
-    // demand for a node to announce their vendor.
+    let is_card = |r: &str| is_card_resource(r, card_kinds.iter().map(String::as_str));
+    // Every extended resource is read; those of no known card type wait as latent
+    // demand for a node to announce their type.
     let mut demand = match spec {
         Some(s) => containers_demand(s.containers, s.init_containers, |r| r.contains('/')).map_err(
             |source| {

@@ -50,8 +50,8 @@ pub fn decide(
 }
 
 /// A pod object as read from a request: the pod's parts and its record, with every
-/// extended resource outside the default vendor prefixes still latent (the snapshot's
-/// prefixes are applied per decision).
+/// extended resource outside the default card types still latent (the snapshot's
+/// announced types are applied per decision).
 #[derive(Debug, Clone)]
 pub struct ReadPod {
     pod: PodParts,

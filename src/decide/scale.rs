@@ -108,7 +108,7 @@ pub fn decide_workload(
         Ok(o) => o,
         Err(d) => return d,
     };
-    let prefixes = snap.card_prefixes();
+    let prefixes = snap.card_kinds();
     let new = match workload_record(kind, obj, req.ns(), &prefixes, 0) {
         Ok(w) => w,
         Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),

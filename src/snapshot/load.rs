@@ -99,18 +99,18 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
                     kind: "Pod",
                     source,
                 })?;
-            let prefixes = snap.card_prefixes();
+            let prefixes = snap.card_kinds();
             snap.upsert_pod(pod_record(&p, "default", &prefixes, seq)?);
             Ok(Some("Pod"))
         }
         "Job" if is_volcano_job(v) => {
-            let prefixes = snap.card_prefixes();
+            let prefixes = snap.card_kinds();
             snap.upsert_job(job_record(v, "default", &prefixes, seq)?);
             Ok(Some("Job"))
         }
         other => match WorkloadKind::from_kind(other) {
             Some(k) => {
-                let prefixes = snap.card_prefixes();
+                let prefixes = snap.card_kinds();
                 snap.upsert_workload(workload_record(k, v, "default", &prefixes, seq)?);
                 Ok(Some(k.kind()))
             }

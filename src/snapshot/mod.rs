@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::cards::hashing::{Map, Set};
-use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_PREFIXES};
+use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_KINDS};
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName, Quota};
 
 use crate::ledger::entries::Watermark;
@@ -35,7 +35,9 @@ pub type KeyPick<'a> = &'a dyn Fn(&ObjectKey) -> bool;
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     nodes: Map<String, NodeCards>,
-    prefix_counts: BTreeMap<String, usize>,
+    /// Card types (`<prefix>/<type>`) announced by node product labels, with how many
+    /// nodes announce each.
+    kind_counts: BTreeMap<String, usize>,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
     /// model -> the node label (key, value) that places a pod on it.
     model_pins: BTreeMap<CardName, (String, String)>,
@@ -43,8 +45,8 @@ pub struct Snapshot {
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
-    /// Cardless pods that request extended resources under a vendor prefix no node
-    /// announces yet, kept whole so a node bringing the prefix can make them card pods.
+    /// Cardless pods that request extended resources of a type no node announces as a
+    /// card yet, kept whole so a node bringing the type can make them card pods.
     latent_pods: Map<ObjectKey, PodRecord>,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
     /// Volcano Jobs: the demand of a PodGroup without `card.request` comes from them.
@@ -135,17 +137,17 @@ impl Snapshot {
         let gone = self.detach_node(&name);
         self.dirty = Dirty::All;
         let mut changed: Vec<String> = Vec::new();
-        for p in &cards.prefixes {
-            let c = self.prefix_counts.entry(p.clone()).or_default();
+        for p in &cards.kinds {
+            let c = self.kind_counts.entry(p.clone()).or_default();
             *c += 1;
             if *c == 1 && !gone.contains(p) {
                 changed.push(p.clone());
             }
         }
-        // A prefix this node kept is no change; one it dropped is.
+        // A type this node kept is no change; one it dropped is.
         changed.extend(
             gone.into_iter()
-                .filter(|p| !self.prefix_counts.contains_key(p)),
+                .filter(|p| !self.kind_counts.contains_key(p)),
         );
         for (res, (m, _)) in &cards.resources {
             *self
@@ -186,20 +188,20 @@ impl Snapshot {
         }
     }
 
-    /// Takes a node out of the indexes; returns the vendor prefixes no node announces
-    /// any more.
+    /// Takes a node out of the indexes; returns the card types no node announces any
+    /// more.
     fn detach_node(&mut self, name: &str) -> Vec<String> {
         let Some(old) = self.nodes.remove(name) else {
             return Vec::new();
         };
         self.dirty = Dirty::All;
-        let mut gone_prefixes = Vec::new();
-        for p in &old.prefixes {
-            if let Some(c) = self.prefix_counts.get_mut(p) {
+        let mut gone_kinds = Vec::new();
+        for p in &old.kinds {
+            if let Some(c) = self.kind_counts.get_mut(p) {
                 *c -= 1;
                 if *c == 0 {
-                    self.prefix_counts.remove(p);
-                    gone_prefixes.push(p.clone());
+                    self.kind_counts.remove(p);
+                    gone_kinds.push(p.clone());
                 }
             }
         }
@@ -217,15 +219,17 @@ impl Snapshot {
                 }
             }
         }
-        gone_prefixes
+        gone_kinds
     }
 
-    /// Re-derives the card demand of pods requesting resources under `prefixes`, whose
-    /// status as card vendors just changed (docs/models.md: any prefix a node announces).
-    fn reclassify_pods(&mut self, prefixes: &[String]) {
-        let prefixes: Vec<&String> = prefixes
+    /// Re-derives the card demand of pods requesting resources under the vendors of
+    /// `kinds`, card types whose announcement just changed (docs/models.md: any type a
+    /// node labels).
+    fn reclassify_pods(&mut self, kinds: &[String]) {
+        let prefixes: Vec<&str> = kinds
             .iter()
-            .filter(|p| !DEFAULT_CARD_PREFIXES.contains(&p.as_str()))
+            .filter(|k| !DEFAULT_CARD_KINDS.contains(&k.as_str()))
+            .filter_map(|k| k.split_once('/').map(|(p, _)| p))
             .collect();
         if prefixes.is_empty() {
             return;
@@ -241,7 +245,7 @@ impl Snapshot {
             .filter(|p| touches(p))
             .cloned()
             .collect();
-        let known = self.card_prefixes();
+        let known = self.card_kinds();
         for mut p in affected {
             if p.reclassify(|r| is_card_resource(r, known.iter().map(String::as_str))) {
                 self.upsert_pod(p);
@@ -258,15 +262,14 @@ impl Snapshot {
         self.nodes.keys().cloned().collect()
     }
 
-    /// Vendor prefixes announced by node product labels.
-    pub fn card_prefixes(&self) -> Vec<String> {
-        self.prefix_counts.keys().cloned().collect()
+    /// Card types (`<prefix>/<type>`) announced by node product labels.
+    pub fn card_kinds(&self) -> Vec<String> {
+        self.kind_counts.keys().cloned().collect()
     }
 
-    /// Is `resource` a card resource: under a default vendor prefix or one a node
-    /// announces?
+    /// Is `resource` a card resource: of a default card type or one a node announces?
     pub fn is_card_resource(&self, resource: &str) -> bool {
-        is_card_resource(resource, self.prefix_counts.keys().map(String::as_str))
+        is_card_resource(resource, self.kind_counts.keys().map(String::as_str))
     }
 
     /// Resources that request `model` on some node.
