@@ -236,7 +236,7 @@ impl Snapshot {
         }
         let touches = |p: &PodRecord| {
             p.resource_prefixes()
-                .any(|x| prefixes.iter().any(|q| *q == x))
+                .any(|x| prefixes.contains(&x))
         };
         let affected: Vec<PodRecord> = self
             .pods
