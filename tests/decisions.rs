@@ -1743,6 +1743,64 @@ fn required_terms_on_other_keys_keep_their_own_selector_and_gain_the_pin() {
     );
 }
 
+/// Issue 32 #9: the pin honours every required term, not only `In` lists all terms share.
+#[test]
+fn a_pin_respects_not_in_and_every_expression_of_every_term() {
+    let gpu = "nvidia.com/gpu.product";
+    let terms = |t: Value| json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": t}}});
+    let cases = [
+        // NotIn rules out the preferred model.
+        (
+            "notin",
+            terms(
+                json!([{"matchExpressions": [{"key": gpu, "operator": "NotIn", "values": ["NVIDIA-H200"]}]}]),
+            ),
+        ),
+        // Two expressions on the key in one term: both hold.
+        (
+            "both",
+            terms(json!([{"matchExpressions": [
+                {"key": gpu, "operator": "In", "values": ["NVIDIA-H200", "RTX-4090"]},
+                {"key": gpu, "operator": "In", "values": ["RTX-4090"]}]}])),
+        ),
+        // ORed terms, one of which excludes nothing but the preferred model.
+        (
+            "ored",
+            terms(json!([
+                {"matchExpressions": [{"key": gpu, "operator": "In", "values": ["RTX-4090"]}]},
+                {"matchExpressions": [{"key": gpu, "operator": "NotIn", "values": ["NVIDIA-H200", "NVIDIA-A100"]}]}])),
+        ),
+    ];
+    for (name, affinity) in cases {
+        let mut w = two_queue_world();
+        let mut p = pod(name, "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+        p["spec"]["affinity"] = affinity;
+        let r = w.send(R::pod("CREATE", p.clone()).build());
+        assert!(r.allowed, "{name}: {}", message(&r));
+        assert_eq!(pinned_by(&r, &p).0, json!({gpu: "RTX-4090"}), "{name}");
+        assert_eq!(w.usage("mixed", "RTX-4090")["pending"], 1, "{name}");
+        assert_eq!(w.usage("mixed", "NVIDIA-H200")["pending"], 0, "{name}");
+    }
+    // Constraints that rule out every alternative are refused, not pinned.
+    let mut w = two_queue_world();
+    let mut p = pod("none", "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+    p["spec"]["affinity"] = terms(json!([{"matchExpressions": [
+        {"key": gpu, "operator": "NotIn", "values": ["NVIDIA-H200", "RTX-4090"]}]}]));
+    let r = w.send(R::pod("CREATE", p).build());
+    assert_eq!(
+        message(&r),
+        "pod ml/none accepts NVIDIA-H200|RTX-4090 but its node constraints rule out each of them (nvidia.com/gpu.product not in [NVIDIA-H200, RTX-4090])"
+    );
+    let mut p = pod("absent", "mixed", Some("NVIDIA-H200|RTX-4090"), "1");
+    p["spec"]["affinity"] =
+        terms(json!([{"matchExpressions": [{"key": gpu, "operator": "DoesNotExist"}]}]));
+    let r = w.send(R::pod("CREATE", p).build());
+    assert_eq!(
+        message(&r),
+        "pod ml/absent accepts NVIDIA-H200|RTX-4090 but its node constraints require no nvidia.com/gpu.product label"
+    );
+}
+
 #[test]
 fn daemonset_pods_pods_with_a_node_and_updates_are_left_alone() {
     let mut w = two_queue_world();

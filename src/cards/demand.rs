@@ -118,18 +118,90 @@ pub fn containers_demand<C: ContainerResources>(
     Ok(out)
 }
 
-/// Product values a pod's required scheduling constraints pin it to, per product label
-/// (`<prefix>/<type>.product` -> allowed values in order). Only constraints that every
-/// placement must satisfy count: a nodeSelector, or an `In` expression present in every
-/// required node-affinity term.
-pub fn pinned_products(
+/// What a pod's required scheduling constraints allow of one product label's values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProductRule {
+    /// Only these values (empty: no node with the label at all).
+    Only(Vec<String>),
+    /// Any value but these (empty: no constraint).
+    AllBut(Vec<String>),
+}
+
+impl ProductRule {
+    const ANY: Self = Self::AllBut(Vec::new());
+
+    /// True when a node whose label has value `v` is allowed.
+    pub fn allows(&self, v: &str) -> bool {
+        match self {
+            Self::Only(vs) => vs.iter().any(|x| x == v),
+            Self::AllBut(vs) => !vs.iter().any(|x| x == v),
+        }
+    }
+
+    /// Both rules hold (expressions of one term, or a nodeSelector beside affinity).
+    fn and(self, other: Self) -> Self {
+        use ProductRule::*;
+        match (self, other) {
+            (Only(a), Only(b)) => Only(a.into_iter().filter(|v| b.contains(v)).collect()),
+            (Only(a), AllBut(b)) | (AllBut(b), Only(a)) => {
+                Only(a.into_iter().filter(|v| !b.contains(v)).collect())
+            }
+            (AllBut(mut a), AllBut(b)) => {
+                a.extend(b.into_iter().filter(|v| !a.contains(v)).collect::<Vec<_>>());
+                AllBut(a)
+            }
+        }
+    }
+
+    /// Either rule holds (ORed node-selector terms).
+    fn or(self, other: Self) -> Self {
+        use ProductRule::*;
+        match (self, other) {
+            (Only(mut a), Only(b)) => {
+                a.extend(b.into_iter().filter(|v| !a.contains(v)).collect::<Vec<_>>());
+                Only(a)
+            }
+            (Only(a), AllBut(b)) | (AllBut(b), Only(a)) => {
+                AllBut(b.into_iter().filter(|v| !a.contains(v)).collect())
+            }
+            (AllBut(a), AllBut(b)) => AllBut(a.into_iter().filter(|v| b.contains(v)).collect()),
+        }
+    }
+
+    /// One expression's rule. `Gt`/`Lt` on a product name are left unconstrained.
+    fn of_expression(operator: &str, values: &[String]) -> Self {
+        match operator {
+            "In" => Self::Only(dedup(values)),
+            "NotIn" => Self::AllBut(dedup(values)),
+            "DoesNotExist" => Self::Only(Vec::new()),
+            _ => Self::ANY,
+        }
+    }
+}
+
+fn dedup(values: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(values.len());
+    for v in values {
+        if !out.contains(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
+/// What a pod's required scheduling constraints allow, per product label
+/// (`<prefix>/<type>.product`): its nodeSelector, and every `requiredDuringScheduling`
+/// node-affinity term (ORed; the expressions of a term ANDed; `In`, `NotIn`, `Exists`,
+/// `DoesNotExist`). Labels without a constraint are absent. Each label is judged on its
+/// own: a value allowed here may still be ruled out by another label's constraint.
+pub fn product_rules(
     node_selector: Option<&BTreeMap<String, String>>,
     affinity: Option<&Affinity>,
-) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+) -> BTreeMap<String, ProductRule> {
+    let mut out: BTreeMap<String, ProductRule> = BTreeMap::new();
     for (k, v) in node_selector.into_iter().flatten() {
         if k.ends_with(".product") {
-            out.insert(k.clone(), vec![v.clone()]);
+            out.insert(k.clone(), ProductRule::Only(vec![v.clone()]));
         }
     }
     let terms = affinity
@@ -143,34 +215,63 @@ pub fn pinned_products(
     if terms.is_empty() {
         return out;
     }
-    // Union over ORed terms of the values each term allows; a term without the key
-    // does not constrain it, so the key is pinned only if every term names it.
-    let mut per_key: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
-    for t in terms {
-        for e in t.match_expressions.iter().flatten() {
-            if e.operator == "In" && e.key.ends_with(".product") {
-                let entry = per_key.entry(e.key.clone()).or_default();
-                entry.0 += 1;
-                for v in e.values.iter().flatten() {
-                    if !entry.1.contains(v) {
-                        entry.1.push(v.clone());
-                    }
-                }
-            }
+    let keys: std::collections::BTreeSet<&str> = terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .map(|e| e.key.as_str())
+        .filter(|k| k.ends_with(".product"))
+        .collect();
+    for key in keys {
+        // A term that does not name the key does not constrain it.
+        let rule = terms
+            .iter()
+            .map(|t| {
+                t.match_expressions
+                    .iter()
+                    .flatten()
+                    .filter(|e| e.key == key)
+                    .map(|e| {
+                        ProductRule::of_expression(&e.operator, e.values.as_deref().unwrap_or(&[]))
+                    })
+                    .fold(ProductRule::ANY, ProductRule::and)
+            })
+            .reduce(ProductRule::or)
+            .unwrap_or(ProductRule::ANY);
+        if rule == ProductRule::ANY {
+            continue;
         }
-    }
-    for (k, (count, values)) in per_key {
-        if count == terms.len() && !values.is_empty() {
-            match out.get_mut(&k) {
-                // nodeSelector and affinity both apply: keep the intersection.
-                Some(existing) => existing.retain(|v| values.contains(v)),
-                None => {
-                    out.insert(k, values);
-                }
-            }
-        }
+        let rule = match out.remove(key) {
+            Some(selector) => selector.and(rule),
+            None => rule,
+        };
+        out.insert(key.to_string(), rule);
     }
     out
+}
+
+/// Product values a pod's required scheduling constraints pin it to, per product label,
+/// and the values they exclude (split from [`product_rules`], the shapes a pod record
+/// and a ledger entry keep).
+pub type ProductPins = (BTreeMap<String, Vec<String>>, BTreeMap<String, Vec<String>>);
+
+/// [`product_rules`] as (pinned values, excluded values) per label.
+pub fn pinned_products(
+    node_selector: Option<&BTreeMap<String, String>>,
+    affinity: Option<&Affinity>,
+) -> ProductPins {
+    let mut pinned = BTreeMap::new();
+    let mut excluded = BTreeMap::new();
+    for (k, rule) in product_rules(node_selector, affinity) {
+        match rule {
+            ProductRule::Only(vs) => {
+                pinned.insert(k, vs);
+            }
+            ProductRule::AllBut(vs) => {
+                excluded.insert(k, vs);
+            }
+        }
+    }
+    (pinned, excluded)
 }
 
 #[cfg(test)]
@@ -189,7 +290,61 @@ mod tests {
     }
 
     fn pinned(s: &PodSpec) -> BTreeMap<String, Vec<String>> {
-        pinned_products(s.node_selector.as_ref(), s.affinity.as_ref())
+        pinned_products(s.node_selector.as_ref(), s.affinity.as_ref()).0
+    }
+
+    fn rules(terms: serde_json::Value) -> BTreeMap<String, ProductRule> {
+        let s = spec(json!({"containers": [], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}));
+        product_rules(s.node_selector.as_ref(), s.affinity.as_ref())
+    }
+
+    fn expr(op: &str, values: &[&str]) -> serde_json::Value {
+        json!({"key": "nvidia.com/gpu.product", "operator": op, "values": values})
+    }
+
+    #[test]
+    fn every_operator_and_term_shape_is_read() {
+        let key = "nvidia.com/gpu.product";
+        let only = |v: &[&str]| ProductRule::Only(v.iter().map(|s| s.to_string()).collect());
+        let all_but = |v: &[&str]| ProductRule::AllBut(v.iter().map(|s| s.to_string()).collect());
+        // NotIn alone.
+        let r = rules(json!([{"matchExpressions": [expr("NotIn", &["A"])]}]));
+        assert_eq!(r[key], all_but(&["A"]));
+        assert!(!r[key].allows("A") && r[key].allows("B"));
+        // Two expressions in one term: both hold.
+        let r = rules(
+            json!([{"matchExpressions": [expr("In", &["A", "B"]), expr("In", &["B", "C"])]}]),
+        );
+        assert_eq!(r[key], only(&["B"]));
+        let r =
+            rules(json!([{"matchExpressions": [expr("In", &["A", "B"]), expr("NotIn", &["A"])]}]));
+        assert_eq!(r[key], only(&["B"]));
+        // ORed terms: either holds.
+        let r = rules(json!([
+            {"matchExpressions": [expr("In", &["A"])]},
+            {"matchExpressions": [expr("NotIn", &["A", "B"])]}
+        ]));
+        assert_eq!(r[key], all_but(&["B"]));
+        // Exists constrains nothing about the value; DoesNotExist allows none.
+        let r = rules(json!([{"matchExpressions": [{"key": key, "operator": "Exists"}]}]));
+        assert!(r.is_empty());
+        let r = rules(json!([{"matchExpressions": [{"key": key, "operator": "DoesNotExist"}]}]));
+        assert_eq!(r[key], only(&[]));
+        // A term without the key leaves the key free.
+        let r = rules(json!([
+            {"matchExpressions": [expr("NotIn", &["A"])]},
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}
+        ]));
+        assert!(r.is_empty());
+        // nodeSelector and affinity together.
+        let s = spec(json!({"containers": [], "nodeSelector": {key: "A"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expr("NotIn", &["A"])]}]}}}}));
+        assert_eq!(
+            product_rules(s.node_selector.as_ref(), s.affinity.as_ref())[key],
+            only(&[])
+        );
     }
 
     fn gpu(r: &str) -> bool {

@@ -148,6 +148,8 @@ pub struct PodRecord {
     pub deletion: Option<jiff::Timestamp>,
     /// Product label -> values the pod's required constraints allow.
     pub pinned: BTreeMap<String, Vec<String>>,
+    /// Product label -> values the pod's required constraints rule out (`NotIn`).
+    pub excluded: BTreeMap<String, Vec<String>>,
     /// `spec.schedulerName` (Kubernetes' `default-scheduler` when unset); `None` for a
     /// pod known only from a ledger entry, which is counted whatever the filter.
     pub scheduler: Option<std::sync::Arc<str>>,
@@ -194,10 +196,16 @@ impl PodRecord {
         let a = shaped.as_ref().unwrap_or(a);
         // Then the pins on the resource's vendor.
         let allows = |m: &CardName| {
+            let product = product_of(m);
             self.pinned
                 .iter()
                 .filter(|(label, _)| prefix_pinned(label))
-                .all(|(_, v)| v.iter().any(|p| p == product_of(m)))
+                .all(|(_, v)| v.iter().any(|p| p == product))
+                && self
+                    .excluded
+                    .iter()
+                    .filter(|(label, _)| prefix_pinned(label))
+                    .all(|(_, v)| !v.iter().any(|p| p == product))
         };
         // Nothing narrower (or a conflict, refused at admission): as named.
         Some(narrowed(a, allows).unwrap_or_else(|| a.clone()))
@@ -415,6 +423,9 @@ fn record_from_parts<C: ContainerResources>(
             card
         });
     }
+    let (pinned, excluded) = spec
+        .map(|s| pinned_products(s.node_selector, s.affinity))
+        .unwrap_or_default();
     PodRecord {
         key: key.clone(),
         subject,
@@ -436,9 +447,8 @@ fn record_from_parts<C: ContainerResources>(
             .map(str::to_string),
         phase,
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
-        pinned: spec
-            .map(|s| pinned_products(s.node_selector, s.affinity))
-            .unwrap_or_default(),
+        pinned,
+        excluded,
         scheduler: Some(scheduler_name(
             spec.and_then(|s| s.scheduler_name)
                 .filter(|n| !n.is_empty())

@@ -50,6 +50,48 @@ impl std::fmt::Display for Reason {
     }
 }
 
+/// The longest message card-quota writes (AdmissionReview status, warnings, Events):
+/// an HPA's `FailedRescale` event quotes it verbatim, and kubectl shows it on one line.
+pub const MESSAGE_CAP: usize = 300;
+
+/// Keeps a message within [`MESSAGE_CAP`] characters whatever the input: first each word
+/// longer than 48 characters (a hostile name or value) is cut to its ends, so the numbers
+/// after it survive; then, if still too long, the tail is cut.
+pub fn cap(message: String) -> String {
+    if message.chars().count() <= MESSAGE_CAP {
+        return message;
+    }
+    let shortened: String = message
+        .split(' ')
+        .map(|w| {
+            let n = w.chars().count();
+            if n <= 48 {
+                w.to_string()
+            } else {
+                let head: String = w.chars().take(20).collect();
+                let tail: String = w.chars().skip(n - 20).collect();
+                format!("{head}…{tail}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    if shortened.chars().count() <= MESSAGE_CAP {
+        return shortened;
+    }
+    let mut cut: String = shortened.chars().take(MESSAGE_CAP - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// A list of names for a message: the first three, then how many more.
+pub fn short_list(items: &[impl AsRef<str>]) -> String {
+    let shown: Vec<&str> = items.iter().take(3).map(AsRef::as_ref).collect();
+    match items.len().saturating_sub(3) {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
+    }
+}
+
 // Short names the decisions use.
 pub const INSUFFICIENT: Reason = Reason::InsufficientCardQuota;
 pub const INVALID: Reason = Reason::InvalidCardQuota;
@@ -108,4 +150,32 @@ fn gate_record(q: &QueueRecord) -> Result<(), Decision> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_stays_within_the_cap_and_keeps_its_numbers() {
+        let long = "q".repeat(253);
+        let m =
+            format!("queue {long} has insufficient {long} quota: requested 2, in use 3, quota 4");
+        let c = cap(m);
+        assert!(c.chars().count() <= MESSAGE_CAP, "{}", c.len());
+        assert!(c.ends_with("requested 2, in use 3, quota 4"), "{c}");
+        let one_word = "x".repeat(10_000);
+        assert_eq!(cap(one_word).chars().count(), 41);
+        let words = "abc ".repeat(1_000);
+        let c = cap(words);
+        assert_eq!(c.chars().count(), MESSAGE_CAP);
+        assert!(c.ends_with('…'));
+        assert_eq!(cap("short".into()), "short");
+    }
+
+    #[test]
+    fn lists_show_three_names_and_a_count() {
+        assert_eq!(short_list(&["a", "b"]), "a, b");
+        assert_eq!(short_list(&["a", "b", "c", "d", "e"]), "a, b, c and 2 more");
+    }
 }

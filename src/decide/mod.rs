@@ -102,12 +102,12 @@ impl Decision {
         Self {
             allowed: false,
             reason: Some(reason),
-            message: Some(message.into()),
+            message: Some(messages::cap(message.into())),
             ..Default::default()
         }
     }
     pub fn with_warning(mut self, w: impl Into<String>) -> Self {
-        self.warnings.push(w.into());
+        self.warnings.push(messages::cap(w.into()));
         self
     }
     /// Attaches a warning Event about a denial to `regarding` (no-op when allowed or

@@ -19,7 +19,7 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::fit::{feasible, fit, models_of, Change};
 use super::messages::{
-    gate, insufficient, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
+    gate, insufficient, short_list, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
     NOT_ACCEPTED, RETRY,
 };
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
@@ -728,26 +728,54 @@ fn choose_pin<'s>(
     now: jiff::Timestamp,
 ) -> Result<(PodRecord, Option<Pin<'s>>), Decision> {
     let prefix = demand.resource.split('/').next().unwrap_or_default();
-    for (label, values) in &rec.pinned {
-        if label.split('/').next() != Some(prefix) {
-            continue;
-        }
-        let agrees = demand
-            .alternatives
-            .models()
+    let ours = |label: &String| label.split('/').next() == Some(prefix);
+    let models = demand.alternatives.models();
+    // Each label on its own: a pin on a model any label rules out is never placed.
+    for (label, values) in rec.pinned.iter().filter(|(l, _)| ours(l)) {
+        if !models
             .iter()
-            .any(|m| values.iter().any(|v| v == product_of(m)));
-        if !agrees {
+            .any(|m| values.iter().any(|v| v == product_of(m)))
+        {
+            let need = match values.as_slice() {
+                [] => format!("no {label} label"),
+                _ => format!("{label} in [{}]", short_list(values)),
+            };
             return Err(Decision::deny(
                 INVALID_DEMAND,
                 format!(
-                    "pod {} accepts {} but its node constraints require {label} in [{}]",
-                    rec.key,
-                    demand.alternatives,
-                    values.join(", ")
+                    "pod {} accepts {} but its node constraints require {need}",
+                    rec.key, demand.alternatives
                 ),
             ));
         }
+    }
+    if !models.iter().any(|m| {
+        let p = product_of(m);
+        rec.pinned
+            .iter()
+            .filter(|(l, _)| ours(l))
+            .all(|(_, vs)| vs.iter().any(|v| v == p))
+            && rec
+                .excluded
+                .iter()
+                .filter(|(l, _)| ours(l))
+                .all(|(_, vs)| !vs.iter().any(|v| v == p))
+    }) {
+        let ruled_out: Vec<String> = rec
+            .excluded
+            .iter()
+            .filter(|(l, _)| ours(l))
+            .map(|(l, vs)| format!("{l} not in [{}]", short_list(vs)))
+            .collect();
+        return Err(Decision::deny(
+            INVALID_DEMAND,
+            format!(
+                "pod {} accepts {} but its node constraints rule out each of them ({})",
+                rec.key,
+                demand.alternatives,
+                ruled_out.join("; ")
+            ),
+        ));
     }
     // The pod as it would be charged: under the alternatives its demand was read with.
     let card_name = rec.card_name.replace(Ok(demand.alternatives.clone()));

@@ -63,6 +63,9 @@ pub struct Entry {
     /// Product pins of the pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pinned: BTreeMap<String, Vec<String>>,
+    /// Products the pod's constraints rule out.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub excluded: BTreeMap<String, Vec<String>>,
     /// A PodGroup's `card.request`, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub request: Vec<(String, Cards)>,
@@ -190,6 +193,7 @@ impl Effect {
                 charged: p.charged.as_ref().map(|c| c.to_string()),
                 node: p.node.clone(),
                 pinned: p.pinned.clone(),
+                excluded: p.excluded.clone(),
                 request: Vec::new(),
                 phase: None,
                 base: None,
@@ -202,6 +206,7 @@ impl Effect {
                 charged: None,
                 node: None,
                 pinned: BTreeMap::new(),
+                excluded: BTreeMap::new(),
                 request: g
                     .live_request()
                     .map(|r| r.0.iter().map(|(a, n)| (a.to_string(), *n)).collect())
@@ -392,6 +397,7 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         phase: None,
         deletion: None,
         pinned: e.pinned.clone(),
+        excluded: e.excluded.clone(),
         scheduler: None,
         seq,
         version: e.version(id),
@@ -458,6 +464,7 @@ mod tests {
             phase: None,
             deletion: None,
             pinned: BTreeMap::new(),
+            excluded: BTreeMap::new(),
             scheduler: None,
             seq: 7,
             version: Version {

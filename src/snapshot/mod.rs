@@ -234,10 +234,7 @@ impl Snapshot {
         if prefixes.is_empty() {
             return;
         }
-        let touches = |p: &PodRecord| {
-            p.resource_prefixes()
-                .any(|x| prefixes.contains(&x))
-        };
+        let touches = |p: &PodRecord| p.resource_prefixes().any(|x| prefixes.contains(&x));
         let affected: Vec<PodRecord> = self
             .pods
             .values()
