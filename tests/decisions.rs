@@ -310,6 +310,28 @@ fn binding_charges_the_node_model_and_stamps_card_charged() {
     assert_eq!(w.usage("q", "NVIDIA-H200|RTX-4090"), Value::Null);
 }
 
+/// Issue 32 #2: a retried bind of a bound pod never replaces its charge.
+#[test]
+fn a_second_binding_of_a_bound_pod_is_refused_and_the_first_charge_stays() {
+    let mut w = World::new();
+    w.cfg.pin = false;
+    let r = w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200|RTX-4090"), "1")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert!(w.send(R::binding("ml", "a", "rtx-1").build()).allowed);
+    for node in ["h200-1", "rtx-1"] {
+        let r = w.send(R::binding("ml", "a", node).build());
+        assert_eq!(
+            message(&r),
+            "pod ml/a is already bound to node rtx-1; a pod is bound once"
+        );
+    }
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
+    assert_eq!(
+        w.usage("q", "NVIDIA-H200"),
+        json!({"quota": 3, "allocated": 0, "pending": 0, "reserved": 0})
+    );
+}
+
 #[test]
 fn binding_to_a_model_the_pod_does_not_accept_is_refused() {
     let mut w = World::new();

@@ -106,6 +106,10 @@ enum Step {
     /// vc-scheduler's enqueue of a waiting PodGroup (by index): an UPDATE Pending ->
     /// Inqueue against the object as the API server holds it, decided at replica `r`.
     Enqueue { r: usize, group: usize },
+    /// A scheduler retries the bind of a bound pod (by index) at replica `r`, to any
+    /// node: its first bind succeeded but its client timed out. The API server answers
+    /// 409 after the webhooks ran, so nothing is stored whatever card-quota answers.
+    Rebind { r: usize, pod: usize, node: usize },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -120,6 +124,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(r, queue, name, cards)| Step::Group { r, queue, name, cards }),
         2 => (0..2usize).prop_map(|r| Step::Prune { r }),
         2 => (0..2usize, 0..8usize).prop_map(|(r, group)| Step::Enqueue { r, group }),
+        2 => (0..2usize, 0..64usize, 0..NODES.len()).prop_map(|(r, pod, node)| Step::Rebind { r, pod, node }),
     ]
 }
 
@@ -212,6 +217,8 @@ struct World {
     next: usize,
     admitted_binds: usize,
     refused_binds: usize,
+    /// Retried binds of bound pods that card-quota admitted (the API server refused them).
+    admitted_rebinds: usize,
     conflicts: usize,
     /// PodGroups admitted, and pods of a PodGroup stored.
     groups_admitted: usize,
@@ -243,6 +250,7 @@ impl World {
             next: 0,
             admitted_binds: 0,
             refused_binds: 0,
+            admitted_rebinds: 0,
             conflicts: 0,
             groups_admitted: 0,
             group_pods: 0,
@@ -494,6 +502,24 @@ impl World {
                     self.store_pod(&name, Some(stored));
                 }
             }
+            Step::Rebind { r, pod, node } => {
+                let bound: Vec<String> = self
+                    .pods
+                    .iter()
+                    .filter(|(_, p)| p.pointer("/spec/nodeName").is_some())
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                if bound.is_empty() {
+                    return;
+                }
+                let name = &bound[pod % bound.len()];
+                let doc = R::binding(NS, name, NODES[node].0).build();
+                // Whatever was admitted (and written to the ledger) is refused by the
+                // API server: already assigned.
+                if self.validate(r, &[doc])[0].is_some() {
+                    self.admitted_rebinds += 1;
+                }
+            }
             Step::Group {
                 r,
                 queue,
@@ -610,11 +636,14 @@ fn configmap(queue: &str, rv: u64, text: &str) -> Value {
 }
 
 /// What a run went through: binds admitted and refused, ledger conflicts, PodGroups
-/// admitted, pods of a PodGroup stored.
-type Tally = [usize; 5];
+/// admitted, pods of a PodGroup stored, retried binds admitted.
+type Tally = [usize; 6];
 
-fn run(steps: &[Step]) -> Result<Tally, TestCaseError> {
+/// Runs `steps`; `pin` is `serve`'s steering (off: pods accepting `A|B` stay unpinned
+/// until bound, and a binding chooses the model).
+fn run(steps: &[Step], pin: bool) -> Result<Tally, TestCaseError> {
     let mut w = World::new();
+    w.cfg.pin = pin;
     for (i, s) in steps.iter().enumerate() {
         w.apply(s);
         for ((q, m), n) in w.bound() {
@@ -631,6 +660,7 @@ fn run(steps: &[Step]) -> Result<Tally, TestCaseError> {
         w.conflicts,
         w.groups_admitted,
         w.group_pods,
+        w.admitted_rebinds,
     ])
 }
 
@@ -645,20 +675,23 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         failure_persistence: None,
         ..RunnerConfig::default()
     });
-    let totals = std::cell::Cell::new([0usize; 5]);
+    let totals = std::cell::Cell::new([0usize; 6]);
     runner
-        .run(&prop::collection::vec(step(), 1..80), |steps| {
-            let t = run(&steps)?;
-            let mut sum = totals.get();
-            sum.iter_mut().zip(t).for_each(|(s, t)| *s += t);
-            totals.set(sum);
-            Ok(())
-        })
+        .run(
+            &(any::<bool>(), prop::collection::vec(step(), 1..80)),
+            |(pin, steps)| {
+                let t = run(&steps, pin)?;
+                let mut sum = totals.get();
+                sum.iter_mut().zip(t).for_each(|(s, t)| *s += t);
+                totals.set(sum);
+                Ok(())
+            },
+        )
         .unwrap();
     // The runs must have reached the line from both sides, raced on the ledger, and
     // charged pods against PodGroups' reservations.
-    let [admitted, refused, conflicts, groups, group_pods] = totals.get();
-    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored");
+    let [admitted, refused, conflicts, groups, group_pods, rebinds] = totals.get();
+    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored, {rebinds} retried binds admitted");
     assert!(
         admitted > 0 && refused > 0,
         "{admitted} binds admitted, {refused} refused"
@@ -671,4 +704,47 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         groups > 0 && group_pods > 0,
         "{groups} PodGroups, {group_pods} of their pods"
     );
+}
+
+/// Issue 32 #2: a retried bind of a bound pod, decided at a replica whose cache has not
+/// seen the first bind, replaced the first charge (model A) by one on model B, and a
+/// second pod was then bound to A past its quota of 1. Fails without the check.
+#[test]
+fn a_retried_bind_never_replaces_the_first_charge() {
+    let create = |r| Step::Create {
+        r,
+        queue: 1, // q2: A 1, B 2
+        name: 2,  // A|B
+        cards: 1,
+        pods: 1,
+        group: None,
+        stored: true,
+    };
+    let deliver = |r, stream, n| Step::Deliver { r, stream, n };
+    let bind = |r, node| Step::Bind {
+        r,
+        pod: 0,
+        node,
+        pods: 1,
+    };
+    let steps = [
+        create(0), // p1, unpinned
+        deliver(0, LEDGERS, 3),
+        create(0), // p2
+        deliver(0, PODS, 3),
+        deliver(0, LEDGERS, 3),
+        bind(0, 0), // p1 on a1: A (p2 can still go to B)
+        // Replica 1 reads both creations and the ledger, not p1's bind.
+        deliver(1, PODS, 2),
+        deliver(1, LEDGERS, 3),
+        Step::Rebind {
+            r: 1,
+            pod: 0,
+            node: 2,
+        }, // p1 retried to b1: B
+        deliver(1, LEDGERS, 3),
+        bind(1, 1), // p2 on a2: A
+    ];
+    let tally = run(&steps, false).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(tally[5], 0, "the retried bind is refused");
 }

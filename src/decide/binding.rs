@@ -54,6 +54,15 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             format!("pod {key} is not in card-quota's cache yet; try again"),
         );
     };
+    // A scheduler retrying a bind that succeeded (its client timed out) must not replace
+    // the first charge: the API server refuses it with 409 anyway, but only after the
+    // webhooks ran. The cache, or a ledger entry laid over it, shows the first bind.
+    if let Some(bound) = &pod.node {
+        return Decision::deny(
+            BAD_REQUEST,
+            format!("pod {key} is already bound to node {bound}; a pod is bound once"),
+        );
+    }
     let queue = match snap.resolve_queue(pod) {
         Ok(q) => q,
         Err(UnknownGroup(g)) => return Decision::deny(RETRY, format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace)),
