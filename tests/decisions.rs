@@ -1987,3 +1987,48 @@ fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted()
     card_quota::snapshot::load::upsert(&mut w.snap, &placed).unwrap();
     assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
 }
+
+/// Issue 32 #1: a second kube-scheduler profile (its own `schedulerName`) binds as
+/// `system:kube-scheduler`, which card-quota gates: the binding is checked like any.
+#[test]
+fn a_gated_binder_binding_a_pod_of_an_ungated_scheduler_is_checked() {
+    let mut snap = Snapshot::new();
+    snap.set_gated_schedulers(Some(["volcano".to_string()].into()));
+    for doc in card_quota::snapshot::load::documents(CLUSTER).unwrap() {
+        card_quota::snapshot::load::upsert(&mut snap, &doc).unwrap();
+    }
+    let mut w = World {
+        snap,
+        cfg: Config::default(),
+    };
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
+            .allowed
+    );
+    let mut packed = pod("packed", "q", Some("NVIDIA-H200"), "2");
+    packed["spec"]["schedulerName"] = json!("gpu-binpack");
+    card_quota::snapshot::load::upsert(&mut w.snap, &packed).unwrap();
+    let r = w.send(R::binding("ml", "packed", "h200-1").build());
+    assert!(!r.allowed, "the queue is full");
+    assert!(
+        message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota: requested 2"),
+        "{}",
+        message(&r)
+    );
+    // With room, the binding is admitted and charged like a gated pod's.
+    let mut small = pod("small", "q", Some("RTX-4090"), "1");
+    small["spec"]["schedulerName"] = json!("gpu-binpack");
+    card_quota::snapshot::load::upsert(&mut w.snap, &small).unwrap();
+    assert_eq!(
+        w.usage("q", "RTX-4090")["pending"],
+        0,
+        "not counted while unbound"
+    );
+    let r = w.send(R::binding("ml", "small", "rtx-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "add", "path": "/metadata/annotations", "value": {"volcano.sh/card.charged": "RTX-4090"}}])
+    );
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
+}

@@ -42,7 +42,9 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             format!("binding of pod {key} has no target.name"),
         );
     };
-    let Some(pod) = snap.pod(&key) else {
+    // A pod of a scheduler card-quota does not gate, bound by one it does (a second
+    // kube-scheduler profile): the binding makes it an allocation, checked like any.
+    let Some(pod) = snap.pod(&key).or_else(|| snap.ungated_pod(&key)) else {
         if snap.latent_pod(&key).is_some() && snap.node(node).is_none() {
             return unseen_node(&key, node);
         }

@@ -48,6 +48,10 @@ pub struct Snapshot {
     /// Cardless pods that request extended resources of a type no node announces as a
     /// card yet, kept whole so a node bringing the type can make them card pods.
     latent_pods: Map<ObjectKey, PodRecord>,
+    /// Unbound pods with card demand of schedulers card-quota does not gate: counted
+    /// only once bound, and kept whole so that a gated binder's binding of one (a second
+    /// kube-scheduler profile) is checked like any other.
+    ungated_pods: Map<ObjectKey, PodRecord>,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
     /// Volcano Jobs: the demand of a PodGroup without `card.request` comes from them.
     jobs: Map<ObjectKey, JobRecord>,
@@ -239,6 +243,7 @@ impl Snapshot {
             .pods
             .values()
             .chain(self.latent_pods.values())
+            .chain(self.ungated_pods.values())
             .filter(|p| touches(p))
             .cloned()
             .collect();
@@ -535,15 +540,18 @@ impl Snapshot {
             .pods
             .get(&p.key)
             .or_else(|| self.latent_pods.get(&p.key))
+            .or_else(|| self.ungated_pods.get(&p.key))
         {
             p.seq = old.seq;
         }
         let previous = self.tally.queue_of(&p.key).cloned();
         if !p.is_card_pod() || !self.gates(&p) {
             self.remove_pod(&p.key);
-            // Pods of schedulers card-quota does not gate hold nothing here, whatever
-            // they request.
-            if p.latent.is_empty() || !self.gates(&p) {
+            // Pods of schedulers card-quota does not gate hold nothing here until they
+            // are bound, whatever they request.
+            if !self.gates(&p) && (p.is_card_pod() || !p.latent.is_empty()) {
+                self.ungated_pods.insert(p.key.clone(), p);
+            } else if p.latent.is_empty() || !self.gates(&p) {
                 self.other_pods.insert(p.key.clone());
             } else {
                 self.latent_pods.insert(p.key.clone(), p);
@@ -554,6 +562,7 @@ impl Snapshot {
         // re-count below, so the old pod leaves only the indexes here.
         self.other_pods.remove(&p.key);
         self.latent_pods.remove(&p.key);
+        self.ungated_pods.remove(&p.key);
         let old_group = self.pods.remove(&p.key).and_then(|old| old.group);
         if old_group != p.group {
             if let Some(g) = old_group {
@@ -586,6 +595,7 @@ impl Snapshot {
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.other_pods.remove(key);
         self.latent_pods.remove(key);
+        self.ungated_pods.remove(key);
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
             self.retally_pod(key, None);
@@ -613,6 +623,12 @@ impl Snapshot {
         self.latent_pods.get(key)
     }
 
+    /// An unbound pod with card demand (or latent demand) of a scheduler card-quota
+    /// does not gate.
+    pub fn ungated_pod(&self, key: &ObjectKey) -> Option<&PodRecord> {
+        self.ungated_pods.get(key)
+    }
+
     /// True when the pod is known and requests no cards.
     pub fn is_known_cardless_pod(&self, key: &ObjectKey) -> bool {
         self.other_pods.contains(key) || self.latent_pods.contains_key(key)
@@ -629,6 +645,7 @@ impl Snapshot {
             .keys()
             .chain(self.other_pods.iter())
             .chain(self.latent_pods.keys())
+            .chain(self.ungated_pods.keys())
             .filter(|k| pick(k))
             .cloned()
             .collect()
