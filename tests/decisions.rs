@@ -2032,3 +2032,72 @@ fn a_gated_binder_binding_a_pod_of_an_ungated_scheduler_is_checked() {
     );
     assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
 }
+
+/// Issue 32 #4: pods without a `card.queue` stamp (created before card-quota was
+/// installed) follow their PodGroup's queue; re-creating the group in a full queue is
+/// checked like moving it there.
+#[test]
+fn recreating_the_podgroup_of_unstamped_pods_in_a_full_queue_is_checked_like_a_move() {
+    let mut w = World::with(&format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: small, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}'}}
+status: {state: Open}
+"#
+    ));
+    let mut group = waiting_pg("old", "q", "{}");
+    group["metadata"]["annotations"] = json!({});
+    group["status"] = json!({"phase": "Running"});
+    card_quota::snapshot::load::upsert(&mut w.snap, &group).unwrap();
+    for name in ["p1", "p2"] {
+        let mut p = support::pod(name)
+            .card("NVIDIA-H200")
+            .gpus("1")
+            .stored(&format!("uid-{name}"), "5")
+            .build();
+        p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("old");
+        p["spec"]["nodeName"] = json!("h200-1");
+        card_quota::snapshot::load::upsert(&mut w.snap, &p).unwrap();
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2);
+    card_quota::snapshot::load::remove(&mut w.snap, "PodGroup", "ml", "old");
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2, "its pods stay");
+    let mut again = group.clone();
+    again["spec"]["queue"] = json!("small");
+    let r = w.send(R::podgroup("CREATE", again.clone()).build());
+    assert_eq!(
+        message(&r),
+        "podgroup ml/old cannot be created in queue small: it would move pod ml/p1 from queue q: queue small has insufficient NVIDIA-H200 quota: requested 2, in use 0 (allocated 0, pending 0, reserved 0), quota 1"
+    );
+    // Where the pods already are, nothing moves.
+    let r = w.send(R::podgroup("CREATE", group).build());
+    assert!(r.allowed, "{}", message(&r));
+}
+
+/// The reconciler's stamp on a pod from before the install: the queue it is counted in
+/// may be added; any other is still refused.
+#[test]
+fn stamping_an_unstamped_pod_with_the_queue_it_is_counted_in_is_allowed() {
+    let mut w = World::new();
+    let mut old = support::pod("legacy")
+        .queue("q")
+        .card("NVIDIA-H200")
+        .gpus("1")
+        .stored("uid-legacy", "5")
+        .build();
+    old["spec"]["nodeName"] = json!("h200-1");
+    card_quota::snapshot::load::upsert(&mut w.snap, &old).unwrap();
+    let mut new = old.clone();
+    new["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("q");
+    let r = w.send(R::pod("UPDATE", new.clone()).old(old.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    new["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("broken");
+    let r = w.send(R::pod("UPDATE", new).old(old).build());
+    assert_eq!(
+        message(&r),
+        "pod ml/legacy has card demand: volcano.sh/card.queue cannot be changed (was unset, now \"broken\")"
+    );
+}

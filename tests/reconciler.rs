@@ -83,7 +83,10 @@ async fn usage_is_server_side_applied_with_only_our_annotation_and_not_rewritten
     let first = r.pass(true).await;
     settle().await;
     let log = seen.seen().clone();
-    let applies: Vec<&Seen> = log.iter().filter(|s| s.method == "PATCH").collect();
+    let applies: Vec<&Seen> = log
+        .iter()
+        .filter(|s| s.method == "PATCH" && s.uri.starts_with("/apis/scheduling"))
+        .collect();
     assert_eq!(applies.len(), 1, "{log:#?}");
     let a = applies[0];
     assert!(
@@ -382,4 +385,37 @@ async fn a_replica_whose_lease_has_expired_stops_writing_though_the_manager_says
     let p = r.pass(true).await;
     assert!(p.leader);
     assert_eq!(p.usage_written, 1);
+}
+
+/// Issue 32 #4: a card pod without `card.queue` (from before the install) is stamped with
+/// the queue it is counted in, once, against the version it was read at.
+#[tokio::test]
+async fn a_card_pod_without_a_queue_stamp_is_stamped_with_the_queue_it_is_counted_in() {
+    let (mut r, seen, _, _tx, _) = reconciler(OBJECTS, true);
+    let pass = r.pass(true).await;
+    settle().await;
+    assert_eq!(pass.stamped, 1, "{pass:?}");
+    let log = seen.seen().clone();
+    let stamps: Vec<&Seen> = log
+        .iter()
+        .filter(|s| s.method == "PATCH" && s.uri.starts_with("/api/v1/namespaces/ml/pods/a"))
+        .collect();
+    assert_eq!(stamps.len(), 1, "{log:#?}");
+    assert_eq!(stamps[0].content_type, "application/merge-patch+json");
+    assert_eq!(
+        stamps[0].body,
+        json!({"metadata": {"resourceVersion": "41", "annotations": {"volcano.sh/card.queue": "good"}}})
+    );
+    assert_eq!(
+        seen.object("/api/v1/namespaces/ml/pods/a").unwrap()["metadata"]["annotations"]
+            ["volcano.sh/card.queue"],
+        "good"
+    );
+    // A pod changed since the cache read it is left for a later pass (409, no error).
+    let (mut r, seen, _, _tx, _) = reconciler(OBJECTS, true);
+    let mut newer = seen.object("/api/v1/namespaces/ml/pods/a").unwrap();
+    newer["metadata"]["resourceVersion"] = json!("99");
+    seen.seed(newer);
+    let pass = r.pass(true).await;
+    assert_eq!((pass.stamped, pass.errors), (0, 0), "{pass:?}");
 }

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::cards::QueueName;
+use crate::cards::{ObjectKey, QueueName};
 use crate::decide::fit::usage_of;
 use crate::ledger::tally::same_usage;
 use crate::ledger::{queue_usage, Row, UsageKey};
@@ -28,6 +28,28 @@ pub struct QueueState {
     pub stored_usage: Option<String>,
     /// The quota annotation's problem, when it does not parse.
     pub invalid: Option<String>,
+}
+
+/// A pod to stamp with the queue it is counted in: (pod, queue, its resourceVersion).
+pub type Stamp = (ObjectKey, QueueName, Option<u64>);
+
+/// Card pods without a `volcano.sh/card.queue` stamp (created before card-quota was
+/// installed, or while it was not called), with the queue each is counted in, at most
+/// `limit`. Stamped, their queue no longer follows their PodGroup: deleting it and
+/// creating one of the same name in another queue cannot move their cards.
+pub fn unstamped(snap: &Snapshot, now: jiff::Timestamp, limit: usize) -> Vec<Stamp> {
+    let mut out = Vec::new();
+    for q in snap.queue_names() {
+        for p in snap.queue_pods(&q) {
+            if out.len() >= limit {
+                return out;
+            }
+            if p.stamped_queue.is_none() && p.is_active(now) && p.version.uid.is_some() {
+                out.push((p.key.clone(), q.clone(), p.version.resource_version));
+            }
+        }
+    }
+    out
 }
 
 /// Computes the state of `queue`.

@@ -13,7 +13,7 @@ use kube::Client;
 use serde_json::json;
 use tokio::sync::watch;
 
-use crate::cards::annotations::USAGE;
+use crate::cards::annotations::{CARD_QUEUE, USAGE};
 use crate::cards::QueueName;
 use crate::cluster::records::queue_record;
 use crate::decide::{Config, EventIntent, ObjectRef};
@@ -29,11 +29,15 @@ use crate::snapshot::{Dirty, Snapshot};
 
 use super::events::EventSink;
 use super::plan::{
-    exceeded_message, invalid_message, queue_state, recount_queues, recount_slice, usage_write,
-    EventMemory, QueueState, EXCEEDED, INVALID,
+    exceeded_message, invalid_message, queue_state, recount_queues, recount_slice, unstamped,
+    usage_write, EventMemory, QueueState, Stamp, EXCEEDED, INVALID,
 };
 
 use crate::live::FIELD_MANAGER;
+
+/// Unstamped pods stamped per full pass: pods from before the install are stamped over a
+/// few passes instead of in one burst of writes.
+pub const STAMPS_PER_PASS: usize = 100;
 
 /// The least time between two usage writes to one Queue: a burst changes usage with
 /// every pod, and every Queue write wakes Volcano's scheduler and controllers.
@@ -50,6 +54,8 @@ pub struct Pass {
     pub usage_written: usize,
     pub events: usize,
     pub ledger_entries_pruned: usize,
+    /// Pods stamped with the queue they are counted in.
+    pub stamped: usize,
     pub errors: usize,
     pub leader: bool,
 }
@@ -57,6 +63,7 @@ pub struct Pass {
 /// The reconciler of one process.
 pub struct Reconciler {
     snapshot: Arc<Mutex<Snapshot>>,
+    client: Client,
     api: Api<DynamicObject>,
     committer: Arc<Committer>,
     events: Arc<EventSink>,
@@ -110,7 +117,8 @@ impl Reconciler {
     ) -> Self {
         Self {
             snapshot,
-            api: Api::all_with(client, &queue_resource()),
+            api: Api::all_with(client.clone(), &queue_resource()),
+            client,
             committer,
             events,
             metrics,
@@ -152,6 +160,24 @@ impl Reconciler {
         let rec = queue_record(&v)?;
         self.lock().remember_queue(rec);
         Ok(())
+    }
+
+    /// Stamps a pod with the queue it is counted in, against the version it was read at
+    /// (a pod changed since is stamped on a later pass, from its new version).
+    async fn stamp(&self, (pod, queue, rv): &Stamp) -> Result<(), kube::Error> {
+        let api: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace);
+        let mut meta = json!({ "annotations": { CARD_QUEUE: queue.as_str() } });
+        if let Some(rv) = rv {
+            meta["resourceVersion"] = json!(rv.to_string());
+        }
+        api.patch(
+            &pod.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": meta })),
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn event(
@@ -345,6 +371,32 @@ impl Reconciler {
                     pass.events += 1;
                 }
             }
+            if full {
+                let stamps = unstamped(&self.lock(), now, STAMPS_PER_PASS);
+                for s in &stamps {
+                    match self.stamp(s).await {
+                        Ok(()) => {
+                            pass.stamped += 1;
+                            // Not stamped again before the watch brings the pod back.
+                            let mut snap = self.lock();
+                            if let Some(mut p) = snap.pod(&s.0).cloned() {
+                                p.stamped_queue = Some(s.1.clone());
+                                snap.upsert_pod(p);
+                            }
+                        }
+                        // Changed or gone since the cache read it: a later pass sees.
+                        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {}
+                        Err(e) => {
+                            tracing::warn!(
+                                "could not stamp pod {} with queue {}: {e}",
+                                s.0,
+                                s.1.as_str().escape_debug()
+                            );
+                            pass.errors += 1;
+                        }
+                    }
+                }
+            }
             let metrics: Arc<dyn CommitMetrics> = self.ledger_metrics.clone();
             for (queue, rv, orphan) in ledgers {
                 let done = match (orphan, rv) {
@@ -413,7 +465,7 @@ impl Reconciler {
             if full {
                 last_full = Some(Instant::now());
             }
-            if p.usage_written + p.events + p.ledger_entries_pruned + p.errors > 0 {
+            if p.usage_written + p.events + p.ledger_entries_pruned + p.stamped + p.errors > 0 {
                 tracing::info!(?p, "reconciled");
             }
             tokio::select! {

@@ -616,9 +616,18 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     };
     let may_hold_cards = |p: &PodRecord| p.is_card_pod() || !p.latent.is_empty();
     if may_hold_cards(&old) || may_hold_cards(&new) {
+        // The stamp a pod from before the install gets from the reconciler: the queue
+        // it is counted in already, so nothing moves.
+        let counted_in = snap
+            .pod_queue(&old.key)
+            .cloned()
+            .or_else(|| snap.volcano_queue(&old).ok());
         for a in IMMUTABLE_ANNOTATIONS {
             let (was, now_) = (annotation(old_pod, a), annotation(pod, a));
-            if was != now_ {
+            let stamping = a == CARD_QUEUE
+                && was.is_none()
+                && now_.is_some_and(|q| counted_in.as_ref().is_some_and(|c| c.as_str() == q));
+            if was != now_ && !stamping {
                 let show =
                     |v: Option<&str>| v.map_or("unset".to_string(), |v| format!("{:?}", shown(v)));
                 return Decision::deny(

@@ -112,6 +112,14 @@ fn decide_charge(
         }
         return moved(old, rec, snap, now).with_event(regarding);
     }
+    if old.is_none() && !matches!(rec.request, Some(Err(_))) {
+        match adopted(&rec, snap, now) {
+            Some(d) if !d.allowed => return d.with_event(regarding),
+            // Its pods fit, and so does its reservation.
+            Some(d) if enqueued => return d.with_event(regarding),
+            _ => {}
+        }
+    }
     let request: CardRequest = match &rec.request {
         None => return Decision::allow(),
         Some(Err(e)) => return Decision::deny(INVALID, e.to_string()).with_event(regarding),
@@ -376,9 +384,59 @@ fn could_ever_fit(
 /// queue could have admitted.
 fn moved(
     old: &PodGroupRecord,
-    mut rec: PodGroupRecord,
+    rec: PodGroupRecord,
     snap: &Snapshot,
     now: jiff::Timestamp,
+) -> Decision {
+    let members: Vec<PodRecord> = snap
+        .group_pods(&rec.key)
+        .filter(|p| p.is_active(now))
+        .cloned()
+        .collect();
+    let what = format!(
+        "podgroup {} cannot move from queue {} to {}",
+        rec.key, old.queue, rec.queue
+    );
+    moves(rec, members, snap, now, &what)
+}
+
+/// A PodGroup CREATE that pods already name, unstamped (created before card-quota was
+/// installed, or while it was not called): their queue is the group's, so the CREATE
+/// moves them into its queue, and is checked like a move. Pods stamped with a queue stay
+/// there, and pods already counted in the group's queue do not move. `None` when no pod
+/// moves.
+fn adopted(rec: &PodGroupRecord, snap: &Snapshot, now: jiff::Timestamp) -> Option<Decision> {
+    let members: Vec<PodRecord> = snap
+        .group_pods(&rec.key)
+        .filter(|p| p.is_active(now) && p.stamped_queue.is_none())
+        .filter(|p| snap.pod_queue(&p.key) != Some(&rec.queue))
+        .cloned()
+        .collect();
+    let first = members.first()?;
+    let from = snap
+        .pod_queue(&first.key)
+        .map(|q| q.to_string())
+        .unwrap_or_else(|| "(none)".into());
+    let what = format!(
+        "podgroup {} cannot be created in queue {}: it would move pod {} from queue {from}",
+        rec.key, rec.queue, first.key
+    );
+    // A waiting group reserves nothing: only its pods move.
+    let mut pods_only = rec.clone();
+    if rec.is_waiting() {
+        pods_only.request = None;
+    }
+    Some(moves(pods_only, members, snap, now, &what))
+}
+
+/// Checks `members` (and the group's live request) as new charges in `rec`'s queue;
+/// a refusal starts with `what`.
+fn moves(
+    mut rec: PodGroupRecord,
+    members: Vec<PodRecord>,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+    what: &str,
 ) -> Decision {
     let queue = rec.queue.clone();
     if let Err(d) = gate(snap, &queue) {
@@ -387,10 +445,8 @@ fn moved(
     if let Some(stored) = snap.group(&rec.key) {
         rec.seq = stored.seq;
     }
-    let members: Vec<PodRecord> = snap
-        .group_pods(&rec.key)
-        .filter(|p| p.is_active(now))
-        .cloned()
+    let members: Vec<PodRecord> = members
+        .into_iter()
         .map(|mut p| {
             p.stamped_queue = Some(queue.clone());
             p
@@ -456,22 +512,23 @@ fn moved(
             Decision::allow()
         };
     }
-    let (key, n) = items
+    // The first item that does not fit, and what the move asks of its model so far.
+    let at = items
         .iter()
-        .find(|(_, _, c)| {
+        .position(|(_, _, c)| {
             let (v, w, _) = fits(c);
             v != Verdict::Feasible || !w
         })
-        .map(|(k, n, _)| (k.clone(), *n))
-        .unwrap_or_else(|| (items[0].0.clone(), items[0].1));
+        .unwrap_or(0);
+    let key = items[at].0.clone();
+    let n: Cards = items[..=at]
+        .iter()
+        .filter(|(k, _, _)| *k == key)
+        .map(|(_, n, _)| *n)
+        .sum();
     let mut d = Decision::deny(
         INSUFFICIENT,
-        format!(
-            "podgroup {} cannot move from queue {} to {queue}: {}",
-            rec.key,
-            old.queue,
-            insufficient(&queue, &key, n, &f.before())
-        ),
+        format!("{what}: {}", insufficient(&queue, &key, n, &f.before())),
     );
     d.undecided = verdict == Verdict::Undecided;
     d

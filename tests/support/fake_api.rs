@@ -50,6 +50,7 @@ pub fn path_of(obj: &Value) -> String {
     match kind {
         "Queue" => format!("/apis/scheduling.volcano.sh/v1beta1/queues/{name}"),
         "ConfigMap" => format!("/api/v1/namespaces/{ns}/configmaps/{name}"),
+        "Pod" => format!("/api/v1/namespaces/{ns}/pods/{name}"),
         "Lease" => format!("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}"),
         other => panic!("the fake API server does not keep {other} objects"),
     }
@@ -100,10 +101,10 @@ impl FakeApi {
         g.objects.insert(path_of(&obj), obj);
     }
 
-    /// Seeds every Queue and ConfigMap of a YAML/JSON stream.
+    /// Seeds every Queue, ConfigMap and Pod of a YAML/JSON stream.
     pub fn seed_objects(&self, text: &str) {
         for d in card_quota::snapshot::load::documents(text).unwrap() {
-            if d["kind"] == "Queue" || d["kind"] == "ConfigMap" {
+            if d["kind"] == "Queue" || d["kind"] == "ConfigMap" || d["kind"] == "Pod" {
                 self.seed(d);
             }
         }
@@ -159,7 +160,7 @@ impl FakeApi {
         g.seen.push(Seen {
             method: method.clone(),
             uri,
-            content_type,
+            content_type: content_type.clone(),
             body: body.clone(),
         });
         let not_found = || {
@@ -203,10 +204,18 @@ impl FakeApi {
                 reply(StatusCode::OK, &stored)
             }
             "PATCH" => {
+                let merge = content_type == "application/merge-patch+json";
                 let mut o = match g.objects.get(&path) {
                     Some(o) => o.clone(),
+                    // Server-side apply creates; a merge patch needs the object.
+                    None if merge => return not_found(),
                     None => body.clone(),
                 };
+                // A merge patch naming a resourceVersion is a precondition.
+                let wanted = &body["metadata"]["resourceVersion"];
+                if !wanted.is_null() && *wanted != o["metadata"]["resourceVersion"] {
+                    return conflict(&mut g, "Conflict");
+                }
                 for field in ["labels", "annotations"] {
                     if let Some(m) = body["metadata"][field].as_object() {
                         for (k, v) in m {
