@@ -60,3 +60,42 @@ fn an_unknown_queue_is_an_error_not_an_empty_table() {
         "{err}"
     );
 }
+
+/// Issue 32 #14: a broken quota is named with its problem, and `--scheduler-name` counts
+/// what `serve` with the same flags counts (a bound pod whatever its scheduler; a
+/// pending one only of a gated scheduler).
+#[test]
+fn a_broken_quota_is_named_and_scheduler_names_scope_the_count() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+            .args([
+                "status",
+                "--objects",
+                "tests/fixtures/status-scoped-objects.yaml",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let all = run(&[]);
+    assert!(
+        all.ends_with("queue bad: quota 0 for every model until its annotation is fixed: invalid volcano.sh/card.quota on queue bad: value for \"NVIDIA-H200\" must be a non-negative integer, got \"3\"\n"),
+        "{all}"
+    );
+    assert!(
+        all.contains("good   RTX-4090     1      0          1"),
+        "{all}"
+    );
+    let scoped = run(&["--scheduler-name", "volcano"]);
+    assert!(scoped.contains("bad    NVIDIA-H200  0      2"), "{scoped}");
+    assert!(
+        !scoped.contains("RTX-4090     1      0          1"),
+        "{scoped}"
+    );
+}

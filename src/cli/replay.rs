@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::admission::{apply, bad_review, review, usage_report, usage_table};
 use crate::decide::review::ReviewOut;
 use crate::decide::Config;
-use crate::snapshot::load::{documents, load};
+use crate::snapshot::load::{documents, load_gated};
 
 /// Output format of the final usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -109,12 +109,14 @@ pub fn run(
     requests: &Path,
     output: Output,
     cfg: &Config,
+    gated: Option<std::collections::BTreeSet<String>>,
     out: &mut impl Write,
 ) -> Result<(), ReplayError> {
-    let (mut snap, skipped) = load(&read(objects)?).map_err(|source| ReplayError::Objects {
-        path: objects.display().to_string(),
-        source,
-    })?;
+    let (mut snap, skipped) =
+        load_gated(&read(objects)?, gated).map_err(|source| ReplayError::Objects {
+            path: objects.display().to_string(),
+            source,
+        })?;
     for s in skipped {
         tracing::warn!("{}: {s}", objects.display());
     }

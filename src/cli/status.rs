@@ -42,7 +42,9 @@ pub fn render(
         report.retain(|k, _| k == q);
     }
     Ok(match format {
-        Format::Table => usage_table(&report) + &waiting_table(snap, queue, now),
+        Format::Table => {
+            usage_table(&report) + &problems(snap, queue) + &waiting_table(snap, queue, now)
+        }
         Format::Json => format!(
             "{}\n",
             serde_json::to_string_pretty(&report)
@@ -52,6 +54,23 @@ pub fn render(
             serde_norway::to_string(&report).map_err(|e| StatusError::Encode(e.to_string()))?
         }
     })
+}
+
+/// Queues whose `card.quota` does not parse: they count as quota 0 for every model (and
+/// refuse every charge) until it is fixed; the table alone would show only the 0.
+pub fn problems(snap: &Snapshot, queue: Option<&str>) -> String {
+    let mut out = String::new();
+    for name in snap.queue_names() {
+        if queue.is_some_and(|q| q != name.as_str()) {
+            continue;
+        }
+        if let Some(Err(e)) = snap.queue(&name).and_then(|q| q.quota.as_ref()) {
+            out.push_str(&format!(
+                "\nqueue {name}: quota 0 for every model until its annotation is fixed: {e}\n"
+            ));
+        }
+    }
+    out
 }
 
 /// The Jobs held at Volcano's enqueue (PodGroups with card demand still Pending),

@@ -146,8 +146,18 @@ pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
 /// Loads a whole stream. Nodes go first so pods see every card vendor prefix.
 /// Returns the snapshot and one line per object that was skipped, and why.
 pub fn load(text: &str) -> Result<(Snapshot, Vec<String>), LoadError> {
+    load_gated(text, None)
+}
+
+/// [`load`], gating and counting only the pods of `gated` schedulers (`None`: every
+/// pod), as `serve --scheduler-name` does.
+pub fn load_gated(
+    text: &str,
+    gated: Option<std::collections::BTreeSet<String>>,
+) -> Result<(Snapshot, Vec<String>), LoadError> {
     let docs = documents(text)?;
     let mut snap = Snapshot::new();
+    snap.set_gated_schedulers(gated);
     let mut skipped = Vec::new();
     let rank = |v: &Value| match v.get("kind").and_then(Value::as_str) {
         Some("Node") => 0,

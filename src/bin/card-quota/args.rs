@@ -51,6 +51,10 @@ pub struct ReplayArgs {
     /// that already place pods by card model).
     #[arg(long)]
     pub no_pin: bool,
+    /// Gate and count only pods with this spec.schedulerName (repeatable), as
+    /// `serve --scheduler-name` does. Default: every pod.
+    #[arg(long = "scheduler-name")]
+    pub scheduler_names: Vec<String>,
 }
 
 #[derive(Args)]
@@ -187,6 +191,15 @@ pub struct StatusArgs {
     pub queue: Option<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: status::Format,
+    /// Count only pods with this spec.schedulerName (repeatable), as
+    /// `serve --scheduler-name` does. Default: every pod.
+    #[arg(long = "scheduler-name")]
+    pub scheduler_names: Vec<String>,
+}
+
+/// The gated schedulers a repeatable `--scheduler-name` gives (`None`: every pod).
+pub fn gated(names: Vec<String>) -> Option<std::collections::BTreeSet<String>> {
+    (!names.is_empty()).then(|| names.into_iter().collect())
 }
 
 pub fn parse_label(s: &str) -> anyhow::Result<(String, String)> {

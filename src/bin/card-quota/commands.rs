@@ -3,7 +3,7 @@
 use card_quota::cli::{manifests, replay, status};
 use card_quota::decide::Config;
 
-use crate::args::{CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
+use crate::args::{gated, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
 use crate::snapshots::{live_snapshot, snapshot_file};
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
@@ -16,6 +16,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         &a.requests,
         a.output,
         &cfg,
+        gated(a.scheduler_names),
         &mut std::io::stdout().lock(),
     )?;
     Ok(())
@@ -66,9 +67,10 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
 }
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let gated = gated(a.scheduler_names);
     let snap = match a.objects {
-        Some(path) => snapshot_file(&path)?,
-        None => tokio::runtime::Runtime::new()?.block_on(live_snapshot())?,
+        Some(path) => snapshot_file(&path, gated)?,
+        None => tokio::runtime::Runtime::new()?.block_on(live_snapshot(gated))?,
     };
     print!(
         "{}",

@@ -249,8 +249,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             names: a.client_name,
         }),
         drain: std::time::Duration::from_secs_f64(a.drain_seconds.max(0.0)),
-        schedulers: (!a.scheduler_names.is_empty())
-            .then(|| a.scheduler_names.into_iter().collect()),
+        schedulers: crate::args::gated(a.scheduler_names),
         config: Config {
             scale_policy: a.scale_policy.into(),
             pin: !a.no_pin,
@@ -270,7 +269,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         return rt.block_on(serve(opts, None));
     }
     let snap = match a.objects {
-        Some(path) => snapshot_file(&path)?,
+        Some(path) => snapshot_file(&path, opts.schedulers.clone())?,
         None => card_quota::snapshot::Snapshot::new(),
     };
     rt.block_on(serve(opts, Some(snap)))

@@ -8,10 +8,14 @@ use card_quota::live::caches;
 use card_quota::snapshot::Snapshot;
 
 /// A snapshot from a YAML/JSON stream of objects; objects it cannot read are logged.
-pub fn snapshot_file(path: &std::path::Path) -> anyhow::Result<Snapshot> {
+/// `gated` limits the pods counted to those schedulers.
+pub fn snapshot_file(
+    path: &std::path::Path,
+    gated: Option<BTreeSet<String>>,
+) -> anyhow::Result<Snapshot> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (snap, skipped) = card_quota::snapshot::load::load(&text)?;
+    let (snap, skipped) = card_quota::snapshot::load::load_gated(&text, gated)?;
     for s in skipped {
         tracing::warn!("{}: {s}", path.display());
     }
@@ -39,11 +43,11 @@ pub fn start_caches(
 }
 
 /// The cluster as the webhook sees it: the same informer caches, synced once.
-pub async fn live_snapshot() -> anyhow::Result<Snapshot> {
+pub async fn live_snapshot(gated: Option<BTreeSet<String>>) -> anyhow::Result<Snapshot> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server (kubeconfig or in-cluster config)")?;
-    let (snapshot, synced) = start_caches(client, None, None);
+    let (snapshot, synced) = start_caches(client, None, gated);
     tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
         .await
         .context("listing Nodes, Queues, PodGroups, Pods and workloads took over 60s")?;
