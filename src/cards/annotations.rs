@@ -61,12 +61,16 @@ pub enum Problem {
     BadName(NameError),
     #[error("the object lists no models")]
     Empty,
-    #[error("{count} entries; at most {MAX_REQUEST_ENTRIES} are allowed")]
-    TooManyEntries { count: usize },
+    #[error("{count} entries; at most {max} are allowed")]
+    TooManyEntries { count: usize, max: usize },
 }
 
 /// How many entries one `card.request` may hold: bounds the job-level checks.
 pub const MAX_REQUEST_ENTRIES: usize = 64;
+
+/// How many models one `card.quota` may name: far more than any cluster has, and a
+/// bound on what reading a hostile quota costs.
+pub const MAX_QUOTA_ENTRIES: usize = 1024;
 
 /// A malformed annotation on a named object.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,11 +107,23 @@ enum Raw {
     Other(String),
 }
 
-struct Entries(Vec<(String, Raw)>);
+/// The entries of a JSON object in order; past `max` entries only counted (skipped
+/// unread, so an oversized annotation costs one scan, not a parse of every entry).
+struct Entries {
+    kept: Vec<(String, Raw)>,
+    total: usize,
+}
 
-impl<'de> serde::Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
+struct EntriesSeed {
+    max: usize,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for EntriesSeed {
+    type Value = Entries;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Entries, D::Error> {
+        struct V {
+            max: usize,
+        }
         impl<'de> Visitor<'de> for V {
             type Value = Entries;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -115,7 +131,19 @@ impl<'de> serde::Deserialize<'de> for Entries {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
                 let mut out = Vec::new();
-                while let Some(k) = map.next_key::<String>()? {
+                let mut total = 0;
+                loop {
+                    if total >= self.max {
+                        use serde::de::IgnoredAny;
+                        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {
+                            total += 1;
+                        }
+                        break;
+                    }
+                    let Some(k) = map.next_key::<String>()? else {
+                        break;
+                    };
+                    total += 1;
                     let v: serde_json::Value = map.next_value()?;
                     let raw = match &v {
                         serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => {
@@ -129,10 +157,10 @@ impl<'de> serde::Deserialize<'de> for Entries {
                     };
                     out.push((k, raw));
                 }
-                Ok(Entries(out))
+                Ok(Entries { kept: out, total })
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V { max: self.max })
     }
 }
 
@@ -148,21 +176,36 @@ fn json_kind(v: &serde_json::Value) -> &'static str {
 }
 
 /// Parses a JSON object of name -> integer, keeping order and catching duplicate keys.
+/// More than `max` entries is [`Problem::TooManyEntries`], found in one scan.
 fn parse_entries(
     raw: &str,
     min: i128,
     expected: &'static str,
+    max: usize,
 ) -> Result<Vec<(String, u64)>, Problem> {
-    let value: serde_json::Value =
-        serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
-    if !value.is_object() {
-        return Err(Problem::NotObject(json_kind(&value)));
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_str(raw);
+    let seed = EntriesSeed { max };
+    let parsed = seed.deserialize(&mut de).and_then(|e| de.end().map(|()| e));
+    let entries = match parsed {
+        Ok(e) => e,
+        // Say what it is when it is JSON but not an object.
+        Err(e) => {
+            return Err(match serde_json::from_str::<serde_json::Value>(raw) {
+                Ok(v) if !v.is_object() => Problem::NotObject(json_kind(&v)),
+                _ => Problem::NotJson(e.to_string()),
+            })
+        }
+    };
+    if entries.total > max {
+        return Err(Problem::TooManyEntries {
+            count: entries.total,
+            max,
+        });
     }
-    let entries: Entries =
-        serde_json::from_str(raw).map_err(|e| Problem::NotJson(e.to_string()))?;
     let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::with_capacity(entries.0.len());
-    for (k, v) in entries.0 {
+    let mut out = Vec::with_capacity(entries.kept.len());
+    for (k, v) in entries.kept {
         if !seen.insert(k.clone()) {
             return Err(Problem::DuplicateKey(shown(&k)));
         }
@@ -198,7 +241,8 @@ fn err(object: &str, annotation: &'static str, problem: Problem) -> AnnotationEr
 
 /// Parses `volcano.sh/card.quota` of `object` (e.g. `queue team-a`).
 pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
-    let entries = parse_entries(raw, 0, "non-negative").map_err(|p| err(object, QUOTA, p))?;
+    let entries = parse_entries(raw, 0, "non-negative", MAX_QUOTA_ENTRIES)
+        .map_err(|p| err(object, QUOTA, p))?;
     let mut q = BTreeMap::new();
     for (k, n) in entries {
         if k.contains('|') {
@@ -230,18 +274,10 @@ pub fn parse_request_in(
     annotation: &'static str,
     raw: &str,
 ) -> Result<CardRequest, AnnotationError> {
-    let entries = parse_entries(raw, 1, "positive").map_err(|p| err(object, annotation, p))?;
+    let entries = parse_entries(raw, 1, "positive", MAX_REQUEST_ENTRIES)
+        .map_err(|p| err(object, annotation, p))?;
     if entries.is_empty() {
         return Err(err(object, annotation, Problem::Empty));
-    }
-    if entries.len() > MAX_REQUEST_ENTRIES {
-        return Err(err(
-            object,
-            annotation,
-            Problem::TooManyEntries {
-                count: entries.len(),
-            },
-        ));
     }
     let mut out: Vec<(Alternatives, Cards)> = Vec::new();
     for (k, n) in entries {

@@ -1,7 +1,7 @@
 //! A pod's card demand from its containers (the Kubernetes effective-request rule) and
 //! the card products its scheduling constraints pin it to.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Affinity, Container, ResourceRequirements};
 
@@ -119,22 +119,23 @@ pub fn containers_demand<C: ContainerResources>(
 }
 
 /// What a pod's required scheduling constraints allow of one product label's values.
+/// Sets, not lists: a hostile pod may send 100,000 values in one expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProductRule {
     /// Only these values (empty: no node with the label at all).
-    Only(Vec<String>),
+    Only(BTreeSet<String>),
     /// Any value but these (empty: no constraint).
-    AllBut(Vec<String>),
+    AllBut(BTreeSet<String>),
 }
 
 impl ProductRule {
-    const ANY: Self = Self::AllBut(Vec::new());
+    const ANY: Self = Self::AllBut(BTreeSet::new());
 
     /// True when a node whose label has value `v` is allowed.
     pub fn allows(&self, v: &str) -> bool {
         match self {
-            Self::Only(vs) => vs.iter().any(|x| x == v),
-            Self::AllBut(vs) => !vs.iter().any(|x| x == v),
+            Self::Only(vs) => vs.contains(v),
+            Self::AllBut(vs) => !vs.contains(v),
         }
     }
 
@@ -142,12 +143,10 @@ impl ProductRule {
     fn and(self, other: Self) -> Self {
         use ProductRule::*;
         match (self, other) {
-            (Only(a), Only(b)) => Only(a.into_iter().filter(|v| b.contains(v)).collect()),
-            (Only(a), AllBut(b)) | (AllBut(b), Only(a)) => {
-                Only(a.into_iter().filter(|v| !b.contains(v)).collect())
-            }
-            (AllBut(mut a), AllBut(b)) => {
-                a.extend(b.into_iter().filter(|v| !a.contains(v)).collect::<Vec<_>>());
+            (Only(a), Only(b)) => Only(a.intersection(&b).cloned().collect()),
+            (Only(a), AllBut(b)) | (AllBut(b), Only(a)) => Only(&a - &b),
+            (AllBut(mut a), AllBut(mut b)) => {
+                a.append(&mut b);
                 AllBut(a)
             }
         }
@@ -157,36 +156,24 @@ impl ProductRule {
     fn or(self, other: Self) -> Self {
         use ProductRule::*;
         match (self, other) {
-            (Only(mut a), Only(b)) => {
-                a.extend(b.into_iter().filter(|v| !a.contains(v)).collect::<Vec<_>>());
+            (Only(mut a), Only(mut b)) => {
+                a.append(&mut b);
                 Only(a)
             }
-            (Only(a), AllBut(b)) | (AllBut(b), Only(a)) => {
-                AllBut(b.into_iter().filter(|v| !a.contains(v)).collect())
-            }
-            (AllBut(a), AllBut(b)) => AllBut(a.into_iter().filter(|v| b.contains(v)).collect()),
+            (Only(a), AllBut(b)) | (AllBut(b), Only(a)) => AllBut(&b - &a),
+            (AllBut(a), AllBut(b)) => AllBut(a.intersection(&b).cloned().collect()),
         }
     }
 
     /// One expression's rule. `Gt`/`Lt` on a product name are left unconstrained.
     fn of_expression(operator: &str, values: &[String]) -> Self {
         match operator {
-            "In" => Self::Only(dedup(values)),
-            "NotIn" => Self::AllBut(dedup(values)),
-            "DoesNotExist" => Self::Only(Vec::new()),
+            "In" => Self::Only(values.iter().cloned().collect()),
+            "NotIn" => Self::AllBut(values.iter().cloned().collect()),
+            "DoesNotExist" => Self::Only(BTreeSet::new()),
             _ => Self::ANY,
         }
     }
-}
-
-fn dedup(values: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(values.len());
-    for v in values {
-        if !out.contains(v) {
-            out.push(v.clone());
-        }
-    }
-    out
 }
 
 /// What a pod's required scheduling constraints allow, per product label
@@ -194,6 +181,7 @@ fn dedup(values: &[String]) -> Vec<String> {
 /// node-affinity term (ORed; the expressions of a term ANDed; `In`, `NotIn`, `Exists`,
 /// `DoesNotExist`). Labels without a constraint are absent. Each label is judged on its
 /// own: a value allowed here may still be ruled out by another label's constraint.
+/// One pass over the expressions, whatever the number of terms and labels.
 pub fn product_rules(
     node_selector: Option<&BTreeMap<String, String>>,
     affinity: Option<&Affinity>,
@@ -201,7 +189,7 @@ pub fn product_rules(
     let mut out: BTreeMap<String, ProductRule> = BTreeMap::new();
     for (k, v) in node_selector.into_iter().flatten() {
         if k.ends_with(".product") {
-            out.insert(k.clone(), ProductRule::Only(vec![v.clone()]));
+            out.insert(k.clone(), ProductRule::Only(BTreeSet::from([v.clone()])));
         }
     }
     let terms = affinity
@@ -212,31 +200,30 @@ pub fn product_rules(
         })
         .map(|r| r.node_selector_terms.as_slice())
         .unwrap_or(&[]);
-    if terms.is_empty() {
-        return out;
+    // label -> (rule of each term that names it, in term order).
+    let mut per_key: BTreeMap<&str, BTreeMap<usize, ProductRule>> = BTreeMap::new();
+    for (t, term) in terms.iter().enumerate() {
+        for e in term.match_expressions.iter().flatten() {
+            if !e.key.ends_with(".product") {
+                continue;
+            }
+            let rule = ProductRule::of_expression(&e.operator, e.values.as_deref().unwrap_or(&[]));
+            let slot = per_key.entry(e.key.as_str()).or_default();
+            let joined = match slot.remove(&t) {
+                Some(r) => r.and(rule),
+                None => rule,
+            };
+            slot.insert(t, joined);
+        }
     }
-    let keys: std::collections::BTreeSet<&str> = terms
-        .iter()
-        .flat_map(|t| t.match_expressions.iter().flatten())
-        .map(|e| e.key.as_str())
-        .filter(|k| k.ends_with(".product"))
-        .collect();
-    for key in keys {
-        // A term that does not name the key does not constrain it.
-        let rule = terms
-            .iter()
-            .map(|t| {
-                t.match_expressions
-                    .iter()
-                    .flatten()
-                    .filter(|e| e.key == key)
-                    .map(|e| {
-                        ProductRule::of_expression(&e.operator, e.values.as_deref().unwrap_or(&[]))
-                    })
-                    .fold(ProductRule::ANY, ProductRule::and)
-            })
-            .reduce(ProductRule::or)
-            .unwrap_or(ProductRule::ANY);
+    for (key, rules) in per_key {
+        // A term that does not name the label does not constrain it.
+        if rules.len() < terms.len() {
+            continue;
+        }
+        let Some(rule) = rules.into_values().reduce(ProductRule::or) else {
+            continue;
+        };
         if rule == ProductRule::ANY {
             continue;
         }
@@ -264,10 +251,10 @@ pub fn pinned_products(
     for (k, rule) in product_rules(node_selector, affinity) {
         match rule {
             ProductRule::Only(vs) => {
-                pinned.insert(k, vs);
+                pinned.insert(k, vs.into_iter().collect());
             }
             ProductRule::AllBut(vs) => {
-                excluded.insert(k, vs);
+                excluded.insert(k, vs.into_iter().collect());
             }
         }
     }

@@ -178,6 +178,37 @@ impl PodRecord {
         }
     }
 
+    /// For each of `models`, whether the pod's own required product constraints on the
+    /// labels `ours` picks allow it. One pass over each label's values, which a hostile
+    /// pod may make 100,000 long.
+    pub fn constraints_allow(&self, models: &[CardName], ours: impl Fn(&str) -> bool) -> Vec<bool> {
+        let mut at: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
+        for (i, m) in models.iter().enumerate() {
+            at.entry(product_of(m)).or_default().push(i);
+        }
+        let mut ok = vec![true; models.len()];
+        let named = |values: &[String]| {
+            let mut hit = vec![false; models.len()];
+            for v in values {
+                for &i in at.get(v.as_str()).into_iter().flatten() {
+                    hit[i] = true;
+                }
+            }
+            hit
+        };
+        for (_, values) in self.pinned.iter().filter(|(l, _)| ours(l)) {
+            for (o, h) in ok.iter_mut().zip(named(values)) {
+                *o &= h;
+            }
+        }
+        for (_, values) in self.excluded.iter().filter(|(l, _)| ours(l)) {
+            for (o, h) in ok.iter_mut().zip(named(values)) {
+                *o &= !h;
+            }
+        }
+        ok
+    }
+
     /// The models this pod can end up on: its alternatives, narrowed by its own
     /// required product pins (a pod pinned by card-quota's steering counts on its pin).
     pub fn effective_alternatives(&self) -> Option<Alternatives> {
@@ -195,18 +226,12 @@ impl PodRecord {
         let shaped = narrowed(a, fits_shape);
         let a = shaped.as_ref().unwrap_or(a);
         // Then the pins on the resource's vendor.
-        let allows = |m: &CardName| {
-            let product = product_of(m);
-            self.pinned
-                .iter()
-                .filter(|(label, _)| prefix_pinned(label))
-                .all(|(_, v)| v.iter().any(|p| p == product))
-                && self
-                    .excluded
-                    .iter()
-                    .filter(|(label, _)| prefix_pinned(label))
-                    .all(|(_, v)| !v.iter().any(|p| p == product))
-        };
+        if self.pinned.is_empty() && self.excluded.is_empty() {
+            return Some(a.clone());
+        }
+        let models = a.models();
+        let ok = self.constraints_allow(models, |l| prefix_pinned(&l.to_string()));
+        let allows = |m: &CardName| models.iter().position(|x| x == m).is_some_and(|i| ok[i]);
         // Nothing narrower (or a conflict, refused at admission): as named.
         Some(narrowed(a, allows).unwrap_or_else(|| a.clone()))
     }

@@ -739,12 +739,10 @@ fn choose_pin<'s>(
     let prefix = demand.resource.split('/').next().unwrap_or_default();
     let ours = |label: &String| label.split('/').next() == Some(prefix);
     let models = demand.alternatives.models();
+    let products: BTreeSet<&str> = models.iter().map(product_of).collect();
     // Each label on its own: a pin on a model any label rules out is never placed.
     for (label, values) in rec.pinned.iter().filter(|(l, _)| ours(l)) {
-        if !models
-            .iter()
-            .any(|m| values.iter().any(|v| v == product_of(m)))
-        {
+        if !values.iter().any(|v| products.contains(v.as_str())) {
             let need = match values.as_slice() {
                 [] => format!("no {label} label"),
                 _ => format!("{label} in [{}]", short_list(values)),
@@ -758,18 +756,10 @@ fn choose_pin<'s>(
             ));
         }
     }
-    if !models.iter().any(|m| {
-        let p = product_of(m);
-        rec.pinned
-            .iter()
-            .filter(|(l, _)| ours(l))
-            .all(|(_, vs)| vs.iter().any(|v| v == p))
-            && rec
-                .excluded
-                .iter()
-                .filter(|(l, _)| ours(l))
-                .all(|(_, vs)| !vs.iter().any(|v| v == p))
-    }) {
+    if !rec
+        .constraints_allow(models, |l| ours(&l.to_string()))
+        .contains(&true)
+    {
         let ruled_out: Vec<String> = rec
             .excluded
             .iter()
