@@ -190,9 +190,13 @@ serve B "$PORT_B" $((PORT_B + 1000)) clamp
 # The API server calls one URL per webhook, so the two replicas split the work by
 # namespace: A serves $NS, B serves $NS2. Pods of both namespaces share the queues,
 # so both replicas record charges in the same Queue ledgers and race for real.
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --without-match-conditions \
+# --no-pin renders the binding hooks fail-closed, as for a card-aware scheduler: the
+# scenarios below bind by hand and cut quotas under pending pods, where the binding
+# check is the line (e2e/jobs-wait.sh runs the default install: pins on, bindings
+# fail open).
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --without-match-conditions --no-pin \
   --name "$Q" --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --without-match-conditions \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --without-match-conditions --no-pin \
   --name "$Q-b" --namespace-label "card-quota-e2e=$RUN-b" | k apply -f - >/dev/null
 # Queues are cluster-scoped: one replica validating them is enough (and B is killed later).
 k get validatingwebhookconfiguration "$Q-b" -o json |

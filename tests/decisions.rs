@@ -332,6 +332,25 @@ fn a_second_binding_of_a_bound_pod_is_refused_and_the_first_charge_stays() {
     );
 }
 
+/// Issue 32: the legacy `POST /api/v1/namespaces/{ns}/bindings` is checked like the
+/// `pods/binding` subresource.
+#[test]
+fn a_binding_through_the_legacy_bindings_endpoint_is_checked_too() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+    let r = w.send(R::legacy_binding("ml", "a", "rtx-1").build());
+    assert_eq!(
+        message(&r),
+        "pod ml/a accepts NVIDIA-H200 but node rtx-1 has RTX-4090"
+    );
+    let r = w.send(R::legacy_binding("ml", "a", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+}
+
 #[test]
 fn binding_to_a_model_the_pod_does_not_accept_is_refused() {
     let mut w = World::new();

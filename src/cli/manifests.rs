@@ -51,6 +51,9 @@ pub struct Options<'a> {
     pub url: Option<&'a str>,
     /// Drop `matchConditions` (API servers before 1.30 reject them).
     pub without_match_conditions: bool,
+    /// `serve --no-pin`: the binding check is the hard line, so the binding hooks fail
+    /// closed (with pins on they are a safety net that fails open: DESIGN's blast radius).
+    pub no_pin: bool,
     /// Name of the webhook configurations (default `card-quota`).
     pub name: Option<&'a str>,
     /// Only namespaces carrying this label (`key=value`) reach the webhooks.
@@ -202,6 +205,16 @@ fn is_webhook_config(v: &Value) -> bool {
     )
 }
 
+/// A webhook on `pods/binding`.
+fn is_binding_hook(hook: &Value) -> bool {
+    hook["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r["resources"].as_array().into_iter().flatten())
+        .any(|r| r == "pods/binding")
+}
+
 /// The install objects as a YAML stream.
 pub fn render(opts: &Options) -> Result<String, ManifestError> {
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
@@ -215,6 +228,16 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
         objects.extend(docs);
     }
     apply_scope(&mut objects, &opts.scope);
+    if opts.no_pin {
+        for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
+            if let Some(args) = o
+                .pointer_mut("/spec/template/spec/containers/0/args")
+                .and_then(Value::as_array_mut)
+            {
+                args.push(json!("--no-pin"));
+            }
+        }
+    }
     if opts.url.is_some() {
         objects.retain(is_webhook_config);
     }
@@ -244,6 +267,9 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
                 if let Some(m) = hook.as_object_mut() {
                     m.remove("matchConditions");
                 }
+            }
+            if opts.no_pin && is_binding_hook(hook) {
+                hook["failurePolicy"] = json!("Fail");
             }
             if let (Some((k, v)), Some(sel)) = (
                 opts.namespace_label,
@@ -308,6 +334,51 @@ mod tests {
         }
     }
 
+    /// DESIGN 6a: with pins on, the binding hooks fail open (a binding cannot show whether
+    /// its pod has cards); `--no-pin` makes them the hard line again.
+    #[test]
+    fn binding_hooks_fail_open_with_pins_and_closed_without() {
+        let d = certs();
+        crate::webhook::tls::generate("card-quota", "card-quota", &[], &[], &d.0).unwrap();
+        for no_pin in [false, true] {
+            let text = render(&Options {
+                cert_dir: &d.0,
+                url: None,
+                without_match_conditions: false,
+                no_pin,
+                name: None,
+                namespace_label: None,
+                scope: Scope::default(),
+            })
+            .unwrap();
+            let docs = documents(&text).unwrap();
+            let hooks: Vec<&Value> = docs
+                .iter()
+                .filter(|o| is_webhook_config(o))
+                .flat_map(|o| o["webhooks"].as_array().unwrap())
+                .collect();
+            let binding: Vec<&str> = hooks
+                .iter()
+                .filter(|h| is_binding_hook(h))
+                .map(|h| h["failurePolicy"].as_str().unwrap())
+                .collect();
+            let want = if no_pin { "Fail" } else { "Ignore" };
+            assert_eq!(binding, [want, want], "no_pin {no_pin}");
+            // Pod hooks stay fail-closed either way: they see the pod's card demand.
+            assert!(hooks
+                .iter()
+                .filter(|h| h["name"] == "pods.card-quota.volcano.sh")
+                .all(|h| h["failurePolicy"] == "Fail"));
+            let args = docs
+                .iter()
+                .find(|o| o["kind"] == "Deployment")
+                .and_then(|o| o.pointer("/spec/template/spec/containers/0/args"))
+                .and_then(Value::as_array)
+                .unwrap();
+            assert_eq!(args.iter().any(|a| a == "--no-pin"), no_pin);
+        }
+    }
+
     #[test]
     fn every_webhook_gets_the_ca_and_the_secret_holds_the_serving_pair() {
         let d = certs();
@@ -316,6 +387,7 @@ mod tests {
             cert_dir: &d.0,
             url: None,
             without_match_conditions: false,
+            no_pin: false,
             name: None,
             namespace_label: None,
             scope: Scope::default(),
@@ -367,6 +439,7 @@ mod tests {
             cert_dir: &d.0,
             url: Some("https://127.0.0.1:9443/"),
             without_match_conditions: true,
+            no_pin: false,
             name: Some("e2e"),
             namespace_label: Some(("card-quota-e2e", "x1")),
             scope: Scope::default(),
@@ -403,6 +476,7 @@ mod tests {
             cert_dir: &d.0,
             url: None,
             without_match_conditions: false,
+            no_pin: false,
             name: None,
             namespace_label: None,
             scope: Scope {

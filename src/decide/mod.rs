@@ -158,7 +158,10 @@ impl RequestKind {
             ("queues", "") => Self::Queue,
             ("podgroups", "") => Self::PodGroup,
             ("pods", "") => Self::Pod,
-            ("pods", "binding") => Self::Binding,
+            // The legacy `POST /api/v1/namespaces/{ns}/bindings` binds the same way: the
+            // API server admits it as resource `bindings`, which a `pods/binding` rule
+            // does not match (found on Kubernetes 1.35).
+            ("pods", "binding") | ("bindings", "") => Self::Binding,
             (r, "scale") => WorkloadKind::from_resource(r)
                 .map(Self::Scale)
                 .unwrap_or(Self::Other),

@@ -428,6 +428,16 @@ impl ReviewBuilder {
     pub fn pod(operation: &str, pod: Value) -> Self {
         Self::new(operation, "", "v1", "pods", "Pod").object(pod)
     }
+    /// A bind through the legacy `POST /api/v1/namespaces/{ns}/bindings`.
+    pub fn legacy_binding(namespace: &str, pod: &str, node: &str) -> Self {
+        Self::new("CREATE", "", "v1", "bindings", "Binding")
+            .named(namespace, pod)
+            .object(serde_json::json!({
+                "apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": pod, "namespace": namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+            }))
+    }
     pub fn binding(namespace: &str, pod: &str, node: &str) -> Self {
         Self::new("CREATE", "", "v1", "pods", "Binding")
             .subresource("binding")

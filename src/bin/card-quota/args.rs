@@ -85,6 +85,11 @@ pub struct ManifestsArgs {
     /// Leave out matchConditions (API servers before Kubernetes 1.30).
     #[arg(long)]
     pub without_match_conditions: bool,
+    /// For `serve --no-pin` (a card-aware scheduler chooses the model): the binding
+    /// check is then the hard line and its hooks fail closed, and the Deployment runs
+    /// `serve --no-pin`. Default: pins on, binding hooks fail open (a safety net).
+    #[arg(long)]
+    pub no_pin: bool,
     /// Name of the webhook configurations.
     #[arg(long)]
     pub name: Option<String>,

@@ -56,6 +56,7 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
             cert_dir: &a.cert_dir,
             url: a.url.as_deref(),
             without_match_conditions: a.without_match_conditions,
+            no_pin: a.no_pin,
             name: a.name.as_deref(),
             namespace_label: a
                 .namespace_label
