@@ -73,7 +73,7 @@ k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-auth
 k create -f - >/dev/null <<EOF
 {"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}
 EOF
-k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8", "nvidia.com/hostdev": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8", "nvidia.com/hostdev": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
   | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
 # card-quota runs as the install's own ServiceAccount, with the install's RBAC (the
 # cluster-wide role renamed for this run), from a TokenRequest: a verb the manifests do
@@ -104,6 +104,7 @@ queue() { printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","
 queue "$Q-a" '{"NVIDIA-H200":2}' >/dev/null
 queue "$Q-c" '{"NVIDIA-H200":1}' >/dev/null
 queue "$Q-d" '{"NVIDIA-H200":2}' >/dev/null
+queue "$Q-h" '{"NVIDIA-H200":1}' >/dev/null
 sleep 1
 vc_loop
 
@@ -160,8 +161,46 @@ EOF
 )
 check "a PodGroup created Inqueue that does not fit is refused" contains "$out" "queue $Q-d has insufficient NVIDIA-H200 quota: requested 3"
 
+# ---- pods of kube-scheduler and others, with the install's conditions (issue 32) ------------
+# plain_pod NAME QUEUE SCHEDULER RESOURCES-JSON [CARD-NAME] [NODE]
+plain_pod() {
+  local anns="{\"scheduling.volcano.sh/queue-name\":\"$2\"${5:+,\"volcano.sh/card.name\":\"$5\"}}" on=''
+  [ -z "${6:-}" ] || on="\"nodeName\":\"$6\","
+  k create -f - 2>&1 <<EOF
+{"apiVersion":"v1","kind":"Pod","metadata":{"name":"$1","namespace":"$NS","annotations":$anns},
+ "spec":{"schedulerName":"$3",$on"containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"limits":$4}}]}}
+EOF
+}
+node_of() { k -n "$NS" get pod "$1" -o jsonpath='{.spec.nodeName}' 2>/dev/null; }
+export -f node_of
+out=$(plain_pod rdma "$Q-h" default-scheduler '{"nvidia.com/gpu":"1","nvidia.com/hostdev":"1"}' NVIDIA-H200)
+check "a GPU pod that also asks for an RDMA host device is admitted" contains "$out" "pod/rdma created"
+check "... kube-scheduler binds it" wait_for 20 bash -c "[ \"\$(node_of rdma)\" = $NODE ]"
+check "... and it is charged one card of one model" wait_for 20 bash -c \
+  "[ \"\$(kubectl -n $NS get pod rdma -o jsonpath='{.metadata.annotations.volcano\.sh/card\.charged}')\" = NVIDIA-H200 ] && usage_is $Q-h NVIDIA-H200 allocated 1"
+out=$("${VC_SCHED[@]}" create --raw "/api/v1/namespaces/$NS/pods/rdma/binding" -f - 2>&1 <<EOF
+{"apiVersion":"v1","kind":"Binding","metadata":{"name":"rdma","namespace":"$NS"},"target":{"apiVersion":"v1","kind":"Node","name":"$NODE"}}
+EOF
+)
+check "a scheduler's retried bind of a bound pod is refused by card-quota" contains "$out" "pod $NS/rdma is already bound to node $NODE"
+out=$(plain_pod legacy "$Q-h" nobody '{"nvidia.com/gpu":"1"}' NVIDIA-H200)
+out=$("${VC_SCHED[@]}" -n "$NS" create -f - 2>&1 <<EOF
+{"apiVersion":"v1","kind":"Binding","metadata":{"name":"legacy"},"target":{"apiVersion":"v1","kind":"Node","name":"$NODE"}}
+EOF
+)
+check "a bind through the legacy POST .../bindings into a full queue is refused" \
+  contains "$out" "queue $Q-h has insufficient NVIDIA-H200 quota"
+out=$(plain_pod placed "$Q-h" no-such-scheduler '{"nvidia.com/gpu":"1"}' NVIDIA-H200 "$NODE")
+check "a pod of an ungated scheduler created on its node, into a full queue, is refused" \
+  contains "$out" "queue $Q-h has insufficient NVIDIA-H200 quota"
+
 # ---- card-quota down: only card work waits ---------------------------------------------------
 kill "$SERVE"; wait "$SERVE" 2>/dev/null
+out=$(plain_pod web "$Q-d" default-scheduler '{"cpu":"10m"}')
+check "card-quota down: a cardless pod of kube-scheduler is created" contains "$out" "pod/web created"
+check "... and bound (the binding hooks fail open with pins on)" wait_for 20 bash -c "[ \"\$(node_of web)\" = $NODE ]"
+out=$(plain_pod gpu-down "$Q-d" default-scheduler '{"nvidia.com/gpu":"1"}' NVIDIA-H200)
+check "... while a card pod waits: its creation fails closed" contains "$out" "failed calling webhook"
 vc_job je "$Q-d" 1 '' 0
 check "card-quota down: a cardless Job's PodGroup is created" bash -c "[ -n \"\$(pg_of je)\" ]"
 check "... enqueued, and its pod created" wait_for 20 bash -c "[ \"\$(pods_of je)\" = 1 ]"
