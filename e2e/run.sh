@@ -48,6 +48,7 @@ cleanup() {
   k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   k delete namespace "$NS" "$NS2" "$NS-out" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete node -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrolebinding,clusterrole "$Q" --ignore-not-found >/dev/null 2>&1
   if [ "${E2E_KEEP:-}" = "" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
 }
 trap cleanup EXIT
@@ -158,7 +159,8 @@ controller_manager_state() {
 
 serve() { # name port metrics-port policy
   # Only the API server's webhook client certificate (signed by the cluster CA) gets in.
-  "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
+  # Each replica runs as the install's ServiceAccount (a TokenRequest, see setup).
+  KUBECONFIG="$WORK/card-quota.kubeconfig" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --scale-policy "$4" --lease-namespace "$SYS" --lease-name card-quota-e2e \
     --reconcile-seconds 0.5 > "$WORK/$1.log" 2>&1 &
@@ -180,6 +182,18 @@ namespace "$SYS"; mkdir -p "$WORK/binds"
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 CA=$(base64 -w0 < "$WORK/certs/ca.crt")
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
+# card-quota runs as the install's own ServiceAccount with the install's RBAC (the
+# cluster-wide role renamed for this run), from a TokenRequest: a verb the manifests do
+# not grant fails this e2e.
+"$BIN" manifests --cert-dir "$WORK/certs" --namespace "$SYS" | k create --dry-run=client -o json -f - |
+  jq --arg n "$Q" '(if .kind == "List" then .items[] else . end)
+    | select(.kind | test("^(ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding)$"))
+    | if .kind == "ClusterRole" then .metadata.name = $n
+      elif .kind == "ClusterRoleBinding" then .metadata.name = $n | .roleRef.name = $n else . end' |
+  k apply -f - >/dev/null
+SA_TOKEN=$(k -n "$SYS" create token card-quota --duration=2h)
+k config view --raw --minify -o json | jq --arg t "$SA_TOKEN" \
+  '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/card-quota.kubeconfig"
 
 node "$Q-h200" NVIDIA-H200 8 ',"nvidia.com/gpu.memory":"143771","nvidia.com/gpu.replicas":"2"' ',"nvidia.com/mig-1g.18gb":"7","nvidia.com/gpu.shared":"4"'
 node "$Q-rtx" RTX-4090 4 '' ''
