@@ -49,6 +49,7 @@ cleanup() {
   k delete namespace "$NS" "$NS2" "$NS-out" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete node -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   k delete clusterrolebinding,clusterrole "$Q" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
   if [ "${E2E_KEEP:-}" = "" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
 }
 trap cleanup EXIT
@@ -65,14 +66,21 @@ else
   k config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/client.key"
   CURL_AUTH=(--cert "$WORK/client.crt" --key "$WORK/client.key")
 fi
+# Bindings are posted as Volcano's scheduler (the control plane's vc-scheduler identity):
+# the install's matchConditions gate the bindings of the schedulers' accounts only.
+VC_KUBECONFIG=${CP_DIR:-$HOME/.cache/card-quota-k8s-135}/vc-scheduler.kubeconfig
+[ -r "$VC_KUBECONFIG" ] || { echo "no $VC_KUBECONFIG: set CP_DIR to the test control plane"; exit 100; }
+kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$WORK/vc.crt"
+kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/vc.key"
+CURL_AUTH=(--cert "$WORK/vc.crt" --key "$WORK/vc.key")
 api_bind() { # ns pod node -> prints the HTTP status
   curl -s -o "$WORK/binds/$2.out" -w '%{http_code}' --cacert "$WORK/api-ca.crt" "${CURL_AUTH[@]}" \
     -H 'Content-Type: application/json' -X POST "$SERVER/api/v1/namespaces/$1/pods/$2/binding" \
     -d "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$2\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$3\"}}"
 }
-bind() { # ns pod node : as the Volcano scheduler does, through kubectl
+bind() { # ns pod node : as the Volcano scheduler does
   echo "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$2\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$3\"}}" > "$WORK/b.json"
-  k create --raw "/api/v1/namespaces/$1/pods/$2/binding" -f "$WORK/b.json" 2>&1
+  kubectl --kubeconfig "$VC_KUBECONFIG" create --raw "/api/v1/namespaces/$1/pods/$2/binding" -f "$WORK/b.json" 2>&1
 }
 
 usage() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}'; }
@@ -192,6 +200,9 @@ k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-auth
       elif .kind == "ClusterRoleBinding" then .metadata.name = $n | .roleRef.name = $n else . end' |
   k apply -f - >/dev/null
 SA_TOKEN=$(k -n "$SYS" create token card-quota --duration=2h)
+# Volcano's programs get broad rights from its chart; the stand-in identity too.
+k create clusterrolebinding "$Q-vc" --clusterrole=cluster-admin \
+  --user=system:serviceaccount:volcano-system:volcano-scheduler >/dev/null
 k config view --raw --minify -o json | jq --arg t "$SA_TOKEN" \
   '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/card-quota.kubeconfig"
 
@@ -208,9 +219,9 @@ serve B "$PORT_B" $((PORT_B + 1000)) clamp
 # scenarios below bind by hand and cut quotas under pending pods, where the binding
 # check is the line (e2e/jobs-wait.sh runs the default install: pins on, bindings
 # fail open).
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --without-match-conditions --no-pin \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --no-pin \
   --name "$Q" --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --without-match-conditions --no-pin \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --no-pin \
   --name "$Q-b" --namespace-label "card-quota-e2e=$RUN-b" | k apply -f - >/dev/null
 # Queues are cluster-scoped: one replica validating them is enough (and B is killed later).
 k get validatingwebhookconfiguration "$Q-b" -o json |
@@ -254,10 +265,12 @@ while time.time() - start < 30:
 print(f"cut off after {time.time() - start:.1f}s and {i} header lines")
 PY
   LORIS=$!
+  queue "$Q-loris" '{"RTX-4090":3}' | k apply -f - >/dev/null
   sleep 1
   ok=0
   for i in 1 2 3; do
-    if k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' >"$WORK/loris-$i.out" 2>&1; then
+    # Card pods (the hooks' conditions send only those), into a queue with room.
+    if k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides="{\"apiVersion\":\"v1\",\"metadata\":{\"annotations\":{\"scheduling.volcano.sh/queue-name\":\"$Q-loris\",\"volcano.sh/card.name\":\"RTX-4090\"}},\"spec\":{\"schedulerName\":\"volcano\",\"containers\":[{\"name\":\"loris-$i\",\"image\":\"registry.k8s.io/pause:3.9\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]}}" >"$WORK/loris-$i.out" 2>&1; then
       ok=$((ok + 1))
     else
       log "pod loris-$i: $(tr '\n' ' ' < "$WORK/loris-$i.out" | cut -c1-400)"
@@ -683,9 +696,9 @@ check "... card-quota status shows the queue full" bash -c \
   'grep -Eq "^$2 +RTX-4090 +2 +0 +2 +0 +0" <<<"$1"' _ "$out" "$Q-start"
 
 # ---- 8. card-quota down: what still goes through ------------------------------------------
-# Kubernetes 1.20 has no matchConditions, so only the selectors narrow the Fail hooks:
-# outside the selected namespaces nothing reaches card-quota; inside them the Fail hooks
-# refuse while it is down, except the scale hook (Ignore). docs/install.md says so.
+# Outside the selected namespaces nothing reaches card-quota; inside them the install's
+# matchConditions let everything without cards through, and the Fail hooks hold card
+# work until a replica answers. docs/install.md says so.
 kill "$PID_A" "$PID_B" 2>/dev/null
 for _ in $(seq 1 50); do kill -0 "$PID_A" 2>/dev/null || kill -0 "$PID_B" 2>/dev/null || break; sleep 0.2; done
 namespace "$NS-out"
@@ -717,8 +730,15 @@ out=$(k -n "$NS" scale deployment train --replicas 4 2>&1)
 check "... inside them a scale-up goes through (the scale hook is Ignore)" \
   contains "$out" "deployment.apps/train scaled"
 out=$(k -n "$NS" patch podgroup job-mig --type merge -p '{"status":{"phase":"Running"}}' 2>&1)
-check "... while the Fail hooks refuse a PodGroup update there until a replica answers (no matchConditions before 1.30)" \
-  contains "$out" "failed calling webhook"
+check "... and a PodGroup status update there (matchConditions: it charges nothing)" \
+  contains "$out" "podgroup.scheduling.volcano.sh/job-mig patched"
+out=$(k -n "$NS" run "down-plain" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' 2>&1)
+check "... and a cardless pod there" contains "$out" "pod/down-plain created"
+out=$(card_pod down-card "$Q-research" NVIDIA-H200 nvidia.com/gpu 1 | k apply -f - 2>&1)
+check "... while a card pod fails closed until a replica answers" contains "$out" "failed calling webhook"
+pg down-wait '{"NVIDIA-H200":1}' | k apply -f - >/dev/null 2>&1
+out=$(enqueue down-wait)
+check "... and so does a PodGroup's enqueue (its creation went through: Ignore)" contains "$out" "failed calling webhook"
 
 # ---- summary ----------------------------------------------------------------------------
 echo
