@@ -24,7 +24,7 @@ use base64::Engine;
 use card_quota::admission::{review, usage_report};
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
-use card_quota::snapshot::load::{load, remove, upsert};
+use card_quota::snapshot::load::{load_gated, remove, upsert};
 use card_quota::snapshot::Snapshot;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
@@ -132,6 +132,9 @@ enum Op {
         resources: Vec<(usize, u64, u8)>,
         node: Option<usize>,
         forged: Option<(usize, usize)>,
+        /// Of a scheduler card-quota does not gate (a second kube-scheduler profile):
+        /// the API server does not call card-quota for it unless it names its node.
+        ungated: bool,
     },
     Bind {
         pod: usize,
@@ -230,17 +233,22 @@ fn op() -> impl Strategy<Value = Op> {
         proptest::collection::vec((0..RESOURCES.len(), quantity(), any::<u8>()), 0..3),
         proptest::option::weighted(0.3, 0..NODES.len()),
         proptest::option::weighted(0.1, (0..3usize, 0..EDIT_VALUES.len())),
+        proptest::bool::weighted(0.25),
     )
         .prop_map(
-            |(pod, queue_by, queue, group, name, resources, node, forged)| Op::CreatePod {
-                pod,
-                queue_by,
-                queue,
-                group,
-                name,
-                resources,
-                node,
-                forged,
+            |(pod, queue_by, queue, group, name, resources, node, forged, ungated)| {
+                Op::CreatePod {
+                    pod,
+                    queue_by,
+                    queue,
+                    // Its queue is what it names (a PodGroup is Volcano's).
+                    group: group.filter(|_| !ungated),
+                    name,
+                    resources,
+                    node,
+                    forged,
+                    ungated,
+                }
             },
         );
     prop_oneof![
@@ -287,7 +295,9 @@ fn decode_patch(resp: &Value) -> Option<json_patch::Patch> {
 
 impl Cluster {
     fn new() -> Self {
-        let (snap, skipped) = load(&initial_objects()).unwrap();
+        // As installed: only Volcano's pods are gated (and any pod created on its node).
+        let gated = Some(["volcano".to_string()].into());
+        let (snap, skipped) = load_gated(&initial_objects(), gated).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         Self {
             snap,
@@ -365,6 +375,7 @@ impl Cluster {
                 resources,
                 node,
                 forged,
+                ungated,
             } => {
                 let pname = format!("p{pod}");
                 if self.pods.contains_key(&pname) {
@@ -403,14 +414,22 @@ impl Cluster {
                     limits.insert(RESOURCES[*r].into(), json!(spell(*n, *how)));
                     truth.insert(RESOURCES[*r].to_string(), u128::from(*n));
                 }
+                let scheduler = if *ungated { "gpu-binpack" } else { "volcano" };
                 let mut obj = json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pname, "namespace": NS, "annotations": anns, "labels": labels},
-                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]}});
+                    "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]}});
                 if let Some(n) = node {
                     obj["spec"]["nodeName"] = json!(NODES[*n]);
                 }
                 let queue = self.volcano_queue(&obj);
-                if let Some(stored) = self.admit(R::pod("CREATE", obj).build()) {
+                // The pod hooks' conditions: an ungated scheduler's pod reaches
+                // card-quota only when it names its node.
+                let stored = if *ungated && node.is_none() {
+                    Some(obj)
+                } else {
+                    self.admit(R::pod("CREATE", obj).build())
+                };
+                if let Some(stored) = stored {
                     upsert(&mut self.snap, &stored).unwrap();
                     self.truth.insert(
                         pname.clone(),
@@ -486,7 +505,29 @@ impl Cluster {
                         }
                     }
                 }
-                if let Some(stored) = self.admit(R::pod("UPDATE", new).old(old).build()) {
+                // An unbound pod of an ungated scheduler never reaches card-quota. Its
+                // queue is what it names: the model keeps PodGroups to Volcano's pods.
+                let ungated = old.pointer("/spec/schedulerName") != Some(&json!("volcano"));
+                if ungated && EDIT_KEYS[*key] == "scheduling.k8s.io/group-name" {
+                    return;
+                }
+                let unreached = ungated && old.pointer("/spec/nodeName").is_none();
+                let stored = if unreached {
+                    Some(new)
+                } else {
+                    self.admit(R::pod("UPDATE", new).old(old).build())
+                };
+                if let Some(stored) = stored {
+                    // A pod without a stamp is in whatever queue it names now.
+                    let unstamped = stored
+                        .pointer("/metadata/annotations/volcano.sh~1card.queue")
+                        .is_none();
+                    if unstamped {
+                        let q = self.volcano_queue(&stored);
+                        if let Some(t) = self.truth.get_mut(&pname) {
+                            t.queue = q;
+                        }
+                    }
                     upsert(&mut self.snap, &stored).unwrap();
                     self.pods.insert(pname, stored);
                 }

@@ -2,12 +2,12 @@
 
 use serde_json::Value;
 
-use crate::cards::annotations::CHARGED;
+use crate::cards::annotations::{CARD_QUEUE, CHARGED};
 use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, RETRY};
+use super::messages::{gate, BAD_REQUEST, IMMUTABLE, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;
 use super::pod::{allocate, card_demand};
 use super::review::{AdmissionRequest, Operation};
@@ -56,6 +56,10 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             format!("pod {key} is not in card-quota's cache yet; try again"),
         );
     };
+    // Resources of a type no node announces yet may become cards on the node it goes to.
+    if !pod.latent.is_empty() && snap.node(node).is_none() {
+        return unseen_node(&key, node);
+    }
     // A scheduler retrying a bind that succeeded (its client timed out) must not replace
     // the first charge: the API server refuses it with 409 anyway, but only after the
     // webhooks ran. The cache, or a ledger entry laid over it, shows the first bind.
@@ -64,6 +68,22 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             BAD_REQUEST,
             format!("pod {key} is already bound to node {bound}; a pod is bound once"),
         );
+    }
+    // The pod hooks never saw an unbound pod of an ungated scheduler: a `card.queue` on
+    // it is the user's, and would charge another queue than Volcano's. Refused, as at a
+    // CREATE that carries one.
+    if snap.pod(&key).is_none() {
+        if let (Some(stamped), Ok(own)) = (&pod.stamped_queue, snap.volcano_queue(pod)) {
+            if *stamped != own {
+                return Decision::deny(
+                    IMMUTABLE,
+                    format!(
+                        "pod {key} sets {CARD_QUEUE}={:?} but its queue is {own}; card-quota writes that annotation, remove it",
+                        crate::cards::names::shown(stamped.as_str())
+                    ),
+                );
+            }
+        }
     }
     let queue = match snap.resolve_queue(pod) {
         Ok(q) => q,
