@@ -135,6 +135,9 @@ enum Op {
         /// Of a scheduler card-quota does not gate (a second kube-scheduler profile):
         /// the API server does not call card-quota for it unless it names its node.
         ungated: bool,
+        /// Created before card-quota was installed: stored unchecked and unstamped, its
+        /// queue follows its PodGroup's.
+        before_install: bool,
     },
     Bind {
         pod: usize,
@@ -233,10 +236,14 @@ fn op() -> impl Strategy<Value = Op> {
         proptest::collection::vec((0..RESOURCES.len(), quantity(), any::<u8>()), 0..3),
         proptest::option::weighted(0.3, 0..NODES.len()),
         proptest::option::weighted(0.1, (0..3usize, 0..EDIT_VALUES.len())),
-        proptest::bool::weighted(0.25),
+        (
+            proptest::bool::weighted(0.25),
+            proptest::bool::weighted(0.15),
+        ),
     )
         .prop_map(
-            |(pod, queue_by, queue, group, name, resources, node, forged, ungated)| {
+            |(pod, queue_by, queue, group, name, resources, node, forged, (ungated, before))| {
+                let before_install = before && !ungated;
                 Op::CreatePod {
                     pod,
                     queue_by,
@@ -245,9 +252,12 @@ fn op() -> impl Strategy<Value = Op> {
                     group: group.filter(|_| !ungated),
                     name,
                     resources,
-                    node,
-                    forged,
+                    // Bound before the install, it is nothing card-quota admitted.
+                    node: node.filter(|_| !before_install),
+                    // Nobody stamps a pod before the install.
+                    forged: forged.filter(|_| !before_install),
                     ungated,
+                    before_install,
                 }
             },
         );
@@ -364,6 +374,44 @@ impl Cluster {
             .to_string()
     }
 
+    /// The queue of a pod without a stamp: its PodGroup's; while the group is gone, the
+    /// queue it was in (`last`); without a group, the queue it names.
+    fn unstamped_queue(&self, pod: &Value, last: &str) -> String {
+        let group = pod
+            .pointer("/metadata/annotations/scheduling.k8s.io~1group-name")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty());
+        match group {
+            Some(g) => self
+                .group_queue
+                .get(g)
+                .cloned()
+                .unwrap_or_else(|| last.to_string()),
+            None => self.volcano_queue(pod),
+        }
+    }
+
+    /// Unstamped pods follow their PodGroup (created, moved or re-created).
+    fn follow_groups(&mut self) {
+        let moves: Vec<(String, String)> = self
+            .pods
+            .iter()
+            .filter(|(_, p)| {
+                p.pointer("/metadata/annotations/volcano.sh~1card.queue")
+                    .is_none()
+            })
+            .filter_map(|(n, p)| {
+                let last = self.truth.get(n)?.queue.clone();
+                Some((n.clone(), self.unstamped_queue(p, &last)))
+            })
+            .collect();
+        for (n, q) in moves {
+            if let Some(t) = self.truth.get_mut(&n) {
+                t.queue = q;
+            }
+        }
+    }
+
     fn step(&mut self, op: &Op) {
         match op {
             Op::CreatePod {
@@ -376,6 +424,7 @@ impl Cluster {
                 node,
                 forged,
                 ungated,
+                before_install,
             } => {
                 let pname = format!("p{pod}");
                 if self.pods.contains_key(&pname) {
@@ -424,7 +473,7 @@ impl Cluster {
                 let queue = self.volcano_queue(&obj);
                 // The pod hooks' conditions: an ungated scheduler's pod reaches
                 // card-quota only when it names its node.
-                let stored = if *ungated && node.is_none() {
+                let stored = if (*ungated && node.is_none()) || *before_install {
                     Some(obj)
                 } else {
                     self.admit(R::pod("CREATE", obj).build())
@@ -523,9 +572,11 @@ impl Cluster {
                         .pointer("/metadata/annotations/volcano.sh~1card.queue")
                         .is_none();
                     if unstamped {
-                        let q = self.volcano_queue(&stored);
-                        if let Some(t) = self.truth.get_mut(&pname) {
-                            t.queue = q;
+                        if let Some(last) = self.truth.get(&pname).map(|t| t.queue.clone()) {
+                            let q = self.unstamped_queue(&stored, &last);
+                            if let Some(t) = self.truth.get_mut(&pname) {
+                                t.queue = q;
+                            }
                         }
                     }
                     upsert(&mut self.snap, &stored).unwrap();
@@ -882,6 +933,7 @@ fn no_sequence_of_requests_binds_past_quota_or_misstates_reservations() {
         let mut c = Cluster::new();
         for (i, o) in ops.iter().enumerate() {
             c.step(o);
+            c.follow_groups();
             c.check_invariant(&ops[..=i])?;
             c.check_reservations(&ops[..=i])?;
         }
@@ -899,4 +951,55 @@ fn the_oracle_max_cover_reroutes() {
     let members = vec![(s(&["A"]), 1), (s(&["B"]), 1)];
     let entries = vec![(s(&["A", "B"]), 1), (s(&["A"]), 1)];
     assert_eq!(max_cover(&members, &entries), 2);
+}
+
+/// Issue 32 #4, the shape that found it: pods from before the install (no stamp) follow
+/// their PodGroup, so deleting it and creating one of the same name in a fuller queue
+/// moved their cards unchecked. Fails without the check at the CREATE.
+#[test]
+fn recreating_the_podgroup_of_unstamped_pods_elsewhere_is_checked() {
+    let mut c = Cluster::new();
+    let ops = [
+        Op::CreateGroup {
+            group: 0,
+            queue: 0, // q1: A 3
+            request: vec![],
+            phase: 3,
+        },
+        Op::CreatePod {
+            pod: 0,
+            queue_by: QueueBy::None,
+            queue: 0,
+            group: Some(0),
+            name: 0, // A
+            resources: vec![(0, 2, 0)],
+            node: None,
+            forged: None,
+            ungated: false,
+            before_install: true,
+        },
+        Op::Bind { pod: 0, node: 0 }, // a1: A, checked in q1
+        Op::DeleteGroup { group: 0 },
+        Op::CreateGroup {
+            group: 0,
+            queue: 1, // q2: A 1
+            request: vec![],
+            phase: 3,
+        },
+    ];
+    for (i, o) in ops.iter().enumerate() {
+        c.step(o);
+        c.follow_groups();
+        if let Err(e) = c.check_invariant(&ops[..=i]) {
+            panic!("{e}");
+        }
+    }
+    assert!(
+        c.pods["p0"].pointer("/spec/nodeName").is_some(),
+        "p0 was bound"
+    );
+    assert!(
+        !c.groups.contains_key("g0"),
+        "the group was not re-created in q2"
+    );
 }
