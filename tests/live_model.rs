@@ -110,6 +110,10 @@ enum Step {
     /// node: its first bind succeeded but its client timed out. The API server answers
     /// 409 after the webhooks ran, so nothing is stored whatever card-quota answers.
     Rebind { r: usize, pod: usize, node: usize },
+    /// A client retries the CREATE of a pod (by index) that exists: the API server gives
+    /// the retry a new uid, the webhooks run, then it answers 409 AlreadyExists, so
+    /// nothing is stored whatever card-quota answered (and recorded).
+    Retry { r: usize, pod: usize },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -125,6 +129,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..2usize).prop_map(|r| Step::Prune { r }),
         2 => (0..2usize, 0..8usize).prop_map(|(r, group)| Step::Enqueue { r, group }),
         2 => (0..2usize, 0..64usize, 0..NODES.len()).prop_map(|(r, pod, node)| Step::Rebind { r, pod, node }),
+        2 => (0..2usize, 0..64usize).prop_map(|(r, pod)| Step::Retry { r, pod }),
     ]
 }
 
@@ -219,6 +224,8 @@ struct World {
     refused_binds: usize,
     /// Retried binds of bound pods that card-quota admitted (the API server refused them).
     admitted_rebinds: usize,
+    /// Retried CREATEs of existing pods that card-quota admitted (answered 409 after).
+    admitted_retries: usize,
     conflicts: usize,
     /// PodGroups admitted, and pods of a PodGroup stored.
     groups_admitted: usize,
@@ -251,6 +258,7 @@ impl World {
             admitted_binds: 0,
             refused_binds: 0,
             admitted_rebinds: 0,
+            admitted_retries: 0,
             conflicts: 0,
             groups_admitted: 0,
             group_pods: 0,
@@ -502,6 +510,39 @@ impl World {
                     self.store_pod(&name, Some(stored));
                 }
             }
+            Step::Retry { r, pod } => {
+                let names: Vec<String> = self.pods.keys().cloned().collect();
+                if names.is_empty() {
+                    return;
+                }
+                let name = names[pod % names.len()].clone();
+                // The body the client sent first: what card-quota and the API server
+                // added since is not in it.
+                let mut body = self.pods[&name].clone();
+                if let Some(spec) = body["spec"].as_object_mut() {
+                    spec.remove("nodeName");
+                    spec.remove("nodeSelector");
+                }
+                if let Some(a) = body["metadata"]["annotations"].as_object_mut() {
+                    a.retain(|k, _| {
+                        !k.starts_with("volcano.sh/card.") || k == "volcano.sh/card.name"
+                    });
+                }
+                self.next += 1;
+                body["metadata"]["uid"] = json!(format!("uid-{name}-retry-{}", self.next));
+                let now = self.timestamp();
+                let doc = R::pod("CREATE", body.clone()).build();
+                let m =
+                    decide_with_ledger(&mut self.replicas[r].snap, &request(&doc), &self.cfg, now);
+                if !m.allowed {
+                    return;
+                }
+                json_patch::patch(&mut body, &json_patch::Patch(m.patch.clone()))
+                    .expect("card-quota's own patch applies");
+                if self.validate(r, &[R::pod("CREATE", body).build()])[0].is_some() {
+                    self.admitted_retries += 1;
+                }
+            }
             Step::Rebind { r, pod, node } => {
                 let bound: Vec<String> = self
                     .pods
@@ -636,8 +677,8 @@ fn configmap(queue: &str, rv: u64, text: &str) -> Value {
 }
 
 /// What a run went through: binds admitted and refused, ledger conflicts, PodGroups
-/// admitted, pods of a PodGroup stored, retried binds admitted.
-type Tally = [usize; 6];
+/// admitted, pods of a PodGroup stored, retried binds admitted, retried creates admitted.
+type Tally = [usize; 7];
 
 /// Runs `steps`; `pin` is `serve`'s steering (off: pods accepting `A|B` stay unpinned
 /// until bound, and a binding chooses the model).
@@ -661,6 +702,7 @@ fn run(steps: &[Step], pin: bool) -> Result<Tally, TestCaseError> {
         w.groups_admitted,
         w.group_pods,
         w.admitted_rebinds,
+        w.admitted_retries,
     ])
 }
 
@@ -675,7 +717,7 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         failure_persistence: None,
         ..RunnerConfig::default()
     });
-    let totals = std::cell::Cell::new([0usize; 6]);
+    let totals = std::cell::Cell::new([0usize; 7]);
     runner
         .run(
             &(any::<bool>(), prop::collection::vec(step(), 1..80)),
@@ -690,8 +732,8 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         .unwrap();
     // The runs must have reached the line from both sides, raced on the ledger, and
     // charged pods against PodGroups' reservations.
-    let [admitted, refused, conflicts, groups, group_pods, rebinds] = totals.get();
-    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored, {rebinds} retried binds admitted");
+    let [admitted, refused, conflicts, groups, group_pods, rebinds, retries] = totals.get();
+    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored, {rebinds} retried binds admitted, {retries} retried creates admitted (then 409)");
     assert!(
         admitted > 0 && refused > 0,
         "{admitted} binds admitted, {refused} refused"

@@ -347,7 +347,13 @@ impl Cluster {
         };
         let used: u128 = rows.values().map(|r| r.in_use().get()).sum();
         let quota: u128 = rows.values().map(|r| r.quota.get()).sum();
-        used <= quota
+        // Per model too: a pod from before the install may hold a model past its quota
+        // while the sum over models still looks fine.
+        let per_model = rows
+            .iter()
+            .filter(|(k, _)| !k.to_string().contains('|'))
+            .all(|(_, r)| r.in_use().get() <= r.quota.get());
+        used <= quota && per_model
     }
 
     /// Volcano's queue for a pod object, by the oracle's own reading (docs/annotations.md).
