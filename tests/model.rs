@@ -573,11 +573,13 @@ impl Cluster {
                     self.admit(R::pod("UPDATE", new).old(old).build())
                 };
                 if let Some(stored) = stored {
-                    // A pod without a stamp is in whatever queue it names now.
+                    // A pod without a stamp is in whatever queue it names now; so is an
+                    // unbound pod the hooks never saw (a stamp its author wrote that
+                    // differs is refused at its bind).
                     let unstamped = stored
                         .pointer("/metadata/annotations/volcano.sh~1card.queue")
                         .is_none();
-                    if unstamped {
+                    if unstamped || unreached {
                         if let Some(last) = self.truth.get(&pname).map(|t| t.queue.clone()) {
                             let q = self.unstamped_queue(&stored, &last);
                             if let Some(t) = self.truth.get_mut(&pname) {

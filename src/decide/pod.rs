@@ -660,8 +660,12 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
             // A group name added by Volcano's PodGroup controller is not a new charge;
             // when the group is not cached yet, the old queue stands.
             let (before, after) = (snap.volcano_queue(&old), snap.volcano_queue(&new));
+            // While the old group is unknown the pod stays in the queue it is counted
+            // in: a new queue that resolves is a move from there.
+            let counted = snap.pod_queue(&old.key);
             let same_queue = match (&before, &after) {
                 (Ok(a), Ok(b)) => a == b,
+                (Err(_), Ok(b)) => counted.is_none_or(|c| c == b),
                 _ => true,
             };
             if same_demand && same_queue {
