@@ -217,7 +217,7 @@ impl PodRecord {
             return Some(a.clone());
         };
         let fits_shape = |m: &CardName| demand.keys().all(|r| resource_fits_model_shape(r, m));
-        let prefix_pinned = |label: &String| {
+        let prefix_pinned = |label: &str| {
             let lp = label.split('/').next().unwrap_or_default();
             demand.keys().any(|r| r.split('/').next() == Some(lp))
         };
@@ -230,7 +230,7 @@ impl PodRecord {
             return Some(a.clone());
         }
         let models = a.models();
-        let ok = self.constraints_allow(models, |l| prefix_pinned(&l.to_string()));
+        let ok = self.constraints_allow(models, prefix_pinned);
         let allows = |m: &CardName| models.iter().position(|x| x == m).is_some_and(|i| ok[i]);
         // Nothing narrower (or a conflict, refused at admission): as named.
         Some(narrowed(a, allows).unwrap_or_else(|| a.clone()))

@@ -741,7 +741,7 @@ fn choose_pin<'s>(
     now: jiff::Timestamp,
 ) -> Result<(PodRecord, Option<Pin<'s>>), Decision> {
     let prefix = demand.resource.split('/').next().unwrap_or_default();
-    let ours = |label: &String| label.split('/').next() == Some(prefix);
+    let ours = |label: &str| label.split('/').next() == Some(prefix);
     let models = demand.alternatives.models();
     let products: BTreeSet<&str> = models.iter().map(product_of).collect();
     // Each label on its own: a pin on a model any label rules out is never placed.
@@ -760,10 +760,7 @@ fn choose_pin<'s>(
             ));
         }
     }
-    if !rec
-        .constraints_allow(models, |l| ours(&l.to_string()))
-        .contains(&true)
-    {
+    if !rec.constraints_allow(models, ours).contains(&true) {
         let ruled_out: Vec<String> = rec
             .excluded
             .iter()
