@@ -29,10 +29,13 @@ PORT=${BURST_PORT:-19543}
 WORK=$(mktemp -d /tmp/cq-burst.XXXXXX)
 PIDS=()
 k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
+# shellcheck source=e2e/lib.sh
+. "$(dirname "$0")/lib.sh"
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
+  e2e_remove_identity "$Q"
   k delete queue "$Q" --ignore-not-found >/dev/null 2>&1 || true
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q-floor" --ignore-not-found >/dev/null 2>&1 || true
   k delete namespace "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$Q-pf" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
@@ -40,10 +43,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A run killed before its cleanup leaves cluster-wide Fail-policy hooks pointing at a
-# dead port, which would refuse every later run's pods: sweep them first.
-k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
-  grep -E '/cq-(e2e|burst)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
+e2e_sweep_stale_hooks
 for ns in "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$Q-pf" "$SYS"; do k create namespace "$ns" >/dev/null; done
 k label namespace "$Q-cq" "card-quota-burst=$RUN" >/dev/null
 k label namespace "$Q-nc" "card-quota-burst=$RUN" >/dev/null
@@ -67,6 +67,8 @@ trap 'k delete node "$Q-rtx" --ignore-not-found >/dev/null 2>&1 || true; cleanup
 
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
+# Each replica runs as the install's ServiceAccount with the install's RBAC (e2e/lib.sh).
+e2e_install_identity "$BIN" "$SYS" "$Q"
 backends=()
 for i in $(seq 1 "$REPLICAS"); do
   p=$((PORT + i)); backends+=("$p")
@@ -74,7 +76,7 @@ for i in $(seq 1 "$REPLICAS"); do
   # Several replicas send each charge to its queue's owner (as manifests/ deploys them);
   # BURST_ROUTING=0 has each record what it admits.
   [ "$REPLICAS" -gt 1 ] && [ "${BURST_ROUTING:-1}" = 1 ] && routing=(--peer-routing --advertise-address "127.0.0.1:$p")
-  POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
+  KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client "${routing[@]}" \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
   PIDS+=($!)
@@ -85,14 +87,14 @@ fi
 for p in "${backends[@]}"; do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((p + 1000))/readyz" >/dev/null && break; sleep 0.3; done
 done
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$URL_PORT" --without-match-conditions \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$URL_PORT" \
   --name "$Q" --namespace-label "card-quota-burst=$RUN" | k apply -f - >/dev/null
 if [ -n "${BURST_FLOOR:-}" ]; then
   cargo build --quiet --release --example floor_webhook
   FLOOR_PORT=$((PORT + 50))
   "$HERE/../target/release/examples/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$FLOOR_PORT" > "$WORK/floor.log" 2>&1 &
   PIDS+=($!)
-  "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$FLOOR_PORT" --without-match-conditions \
+  "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$FLOOR_PORT" \
     --name "$Q-floor" --namespace-label "card-quota-floor=$RUN" | k apply -f - >/dev/null
 fi
 sleep 2

@@ -47,8 +47,8 @@ cleanup() {
   k delete namespace "$NS" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
-  k delete clusterrolebinding "$Q-vc" "$Q" --ignore-not-found >/dev/null 2>&1
-  k delete clusterrole "$Q" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
+  e2e_remove_identity "$Q"
   if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
 }
 trap cleanup EXIT
@@ -57,10 +57,13 @@ minor=$(k version -o json | jq -r '.serverVersion.minor' | tr -dc 0-9)
 if [ "${minor:-0}" -lt 30 ]; then echo "Kubernetes 1.$minor has no webhook matchConditions; this e2e needs 1.30+"; exit 100; fi
 k get crd jobs.batch.volcano.sh podgroups.scheduling.volcano.sh queues.scheduling.volcano.sh >/dev/null || { echo "Volcano's CRDs are not installed"; exit 100; }
 
+# shellcheck source=e2e/lib.sh
+. "$(dirname "$0")/lib.sh"
 # shellcheck source=e2e/volcano-standin.sh
 . "$(dirname "$0")/volcano-standin.sh"
 
 # ---- setup: one replica, the install's webhooks with their matchConditions --------------
+e2e_sweep_stale_hooks
 for ns in "$NS" "$SYS"; do k create namespace "$ns" >/dev/null; done
 k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
 wait_for 60 k -n "$NS" get sa default || { echo "no default ServiceAccount in $NS"; exit 100; }
@@ -75,18 +78,9 @@ k create -f - >/dev/null <<EOF
 EOF
 k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8", "nvidia.com/hostdev": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8", "nvidia.com/hostdev": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
   | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
-# card-quota runs as the install's own ServiceAccount, with the install's RBAC (the
-# cluster-wide role renamed for this run), from a TokenRequest: a verb the manifests do
-# not grant fails this e2e.
-"$BIN" manifests --cert-dir "$WORK/certs" --namespace "$SYS" | k create --dry-run=client -o json -f - |
-  jq --arg n "$Q" '(if .kind == "List" then .items[] else . end)
-    | select(.kind | test("^(ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding)$"))
-    | if .kind == "ClusterRole" then .metadata.name = $n
-      elif .kind == "ClusterRoleBinding" then .metadata.name = $n | .roleRef.name = $n else . end' |
-  k apply -f - >/dev/null
-TOKEN=$(k -n "$SYS" create token card-quota --duration=2h)
-k config view --raw --minify -o json | jq --arg t "$TOKEN" \
-  '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/card-quota.kubeconfig"
+# card-quota runs as the install's own ServiceAccount with the install's RBAC, from a
+# TokenRequest (e2e/lib.sh): a verb the manifests do not grant fails this e2e.
+e2e_install_identity "$BIN" "$SYS" "$Q"
 serve() {
   KUBECONFIG="$WORK/card-quota.kubeconfig" \
   "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$PORT" --metrics-listen "127.0.0.1:$((PORT + 1000))" \

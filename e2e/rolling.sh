@@ -21,20 +21,22 @@ PORT=${ROLLING_PORT:-19743}
 WORK=$(mktemp -d /tmp/cq-rolling.XXXXXX)
 PIDS=()
 k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
+# shellcheck source=e2e/lib.sh
+. "$(dirname "$0")/lib.sh"
 cleanup() {
   # The test is over: no drain, and the ports are free when this returns.
   for p in "${PIDS[@]}" $(cat "$WORK"/pid.* 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
   for p in $(cat "$WORK"/pid.* 2>/dev/null); do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
   wait 2>/dev/null || true
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
+  e2e_remove_identity "$Q"
   k delete queue "$Q" --ignore-not-found >/dev/null 2>&1 || true
   k delete node "$Q-rtx" --ignore-not-found >/dev/null 2>&1 || true
   k delete namespace "$Q" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
   [ -n "${ROLLING_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
 }
 trap cleanup EXIT
-k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
-  grep -E '/cq-(e2e|burst|rolling)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
+e2e_sweep_stale_hooks
 
 k create namespace "$Q" >/dev/null; k create namespace "$SYS" >/dev/null
 k label namespace "$Q" "card-quota-rolling=$RUN" >/dev/null
@@ -54,11 +56,13 @@ for _ in 1 2 3 4 5 6 7 8; do
 done
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
+# Each replica runs as the install's ServiceAccount with the install's RBAC (e2e/lib.sh).
+e2e_install_identity "$BIN" "$SYS" "$Q"
 
 serve() { # name port
   # Each queue's charges go to its owner (--peer-routing, as manifests/ deploys): a
   # replica going away must not cost a refusal through the other's forwarding either.
-  POD_NAME=rolling-$1 "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
+  KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=rolling-$1 "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --peer-routing --advertise-address "127.0.0.1:$2" \
     --drain-seconds 3 --lease-namespace "$SYS" --lease-name card-quota-rolling >> "$WORK/$1.log" 2>&1 &
@@ -88,7 +92,7 @@ backend replicas
 CFG
 haproxy -f "$WORK/haproxy.cfg" -db > "$WORK/haproxy.log" 2>&1 & PIDS+=($!)
 sleep 1
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" --without-match-conditions \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" \
   --name "$Q" --namespace-label "card-quota-rolling=$RUN" | k apply -f - >/dev/null
 sleep 2
 

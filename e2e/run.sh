@@ -34,6 +34,8 @@ log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
 pass() { PASSED=$((PASSED + 1)); RESULTS+=("PASS  $1"); log "PASS: $1"; }
 fail() { FAILED=$((FAILED + 1)); RESULTS+=("FAIL  $1"); log "FAIL: $1"; shift; for l in "$@"; do echo "      $l"; done; }
 k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
+# shellcheck source=e2e/lib.sh
+. "$REPO/e2e/lib.sh"
 # check NAME CONDITION-COMMAND... : a scenario step that passes when the command succeeds
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; }
 contains() { grep -qF -- "$2" <<<"$1"; }
@@ -48,7 +50,7 @@ cleanup() {
   k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   k delete namespace "$NS" "$NS2" "$NS-out" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete node -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
-  k delete clusterrolebinding,clusterrole "$Q" --ignore-not-found >/dev/null 2>&1
+  e2e_remove_identity "$Q"
   k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
   if [ "${E2E_KEEP:-}" = "" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
 }
@@ -66,13 +68,37 @@ else
   k config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/client.key"
   CURL_AUTH=(--cert "$WORK/client.crt" --key "$WORK/client.key")
 fi
-# Bindings are posted as Volcano's scheduler (the control plane's vc-scheduler identity):
-# the install's matchConditions gate the bindings of the schedulers' accounts only.
-VC_KUBECONFIG=${CP_DIR:-$HOME/.cache/card-quota-k8s-135}/vc-scheduler.kubeconfig
-[ -r "$VC_KUBECONFIG" ] || { echo "no $VC_KUBECONFIG: set CP_DIR to the test control plane"; exit 100; }
-kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$WORK/vc.crt"
-kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/vc.key"
-CURL_AUTH=(--cert "$WORK/vc.crt" --key "$WORK/vc.key")
+# Who binds the scenarios' scheduler pods. The install's matchConditions gate the
+# bindings of the schedulers' accounts only, so the e2e binds as one of them.
+# - E2E_VOLCANO=standin (default): no Volcano runs; the e2e plays vc-scheduler, with the
+#   control plane's vc-scheduler identity, on pods of schedulerName volcano.
+# - E2E_VOLCANO=real: the real Volcano runs beside; its scheduler binds every
+#   `volcano` pod. The pods the e2e binds itself use a scheduler name nobody runs
+#   ($HAND_SCHED), the install gates that name, and the e2e's own user is added to the
+#   gated binders: no check binds one of Volcano's pods by hand.
+VOLCANO=${E2E_VOLCANO:-standin}
+SCOPE=()
+case $VOLCANO in
+  standin)
+    HAND_SCHED=volcano
+    VC_KUBECONFIG=${CP_DIR:-$HOME/.cache/card-quota-k8s-135}/vc-scheduler.kubeconfig
+    [ -r "$VC_KUBECONFIG" ] || { echo "no $VC_KUBECONFIG: set CP_DIR to the test control plane (or E2E_VOLCANO=real)"; exit 100; }
+    kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$WORK/vc.crt"
+    kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/vc.key"
+    CURL_AUTH=(--cert "$WORK/vc.crt" --key "$WORK/vc.key") ;;
+  real)
+    HAND_SCHED=cq-e2e-by-hand
+    VC_KUBECONFIG=$KUBECONFIG
+    ME=$(k auth whoami -o jsonpath='{.status.userInfo.username}') || { echo "kubectl auth whoami failed"; exit 100; }
+    SCOPE=(--scheduler-name volcano --scheduler-name default-scheduler --scheduler-name "$HAND_SCHED"
+      --binder system:serviceaccount:volcano-system:volcano-scheduler --binder system:kube-scheduler --binder "$ME") ;;
+  *) echo "E2E_VOLCANO must be standin or real, not $VOLCANO"; exit 100 ;;
+esac
+# serve takes the scheduler names only.
+SERVE_SCOPE=()
+for ((i = 0; i < ${#SCOPE[@]}; i += 2)); do
+  [ "${SCOPE[i]}" = --scheduler-name ] && SERVE_SCOPE+=("${SCOPE[i]}" "${SCOPE[i + 1]}")
+done
 api_bind() { # ns pod node -> prints the HTTP status
   curl -s -o "$WORK/binds/$2.out" -w '%{http_code}' --cacert "$WORK/api-ca.crt" "${CURL_AUTH[@]}" \
     -H 'Content-Type: application/json' -X POST "$SERVER/api/v1/namespaces/$1/pods/$2/binding" \
@@ -114,7 +140,7 @@ metadata:
   labels: {card-quota-e2e: "$RUN"}
   annotations: {scheduling.volcano.sh/queue-name: $2, volcano.sh/card.name: "$3"}
 spec:
-  schedulerName: volcano
+  schedulerName: $HAND_SCHED
   containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {$4: "$5"}}}]
 ---
 EOF
@@ -171,7 +197,7 @@ serve() { # name port metrics-port policy
   KUBECONFIG="$WORK/card-quota.kubeconfig" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --scale-policy "$4" --lease-namespace "$SYS" --lease-name card-quota-e2e \
-    --reconcile-seconds 0.5 > "$WORK/$1.log" 2>&1 &
+    --reconcile-seconds 0.5 "${SERVE_SCOPE[@]}" > "$WORK/$1.log" 2>&1 &
   PIDS+=($!)
   eval "PID_$1=$!"
   wait_for 30 curl -sf "http://127.0.0.1:$3/readyz" || { echo "replica $1 never became ready"; cat "$WORK/$1.log"; exit 100; }
@@ -180,31 +206,19 @@ serve() { # name port metrics-port policy
 # ---- setup ---------------------------------------------------------------------------
 log "run $RUN against $SERVER with $BIN"
 k get crd queues.scheduling.volcano.sh podgroups.scheduling.volcano.sh >/dev/null || { echo "Volcano's Queue/PodGroup CRDs are not installed"; exit 100; }
-# A run killed before its cleanup leaves cluster-wide Fail-policy hooks pointing at a
-# dead port, which would refuse every later run's pods: sweep them first.
-k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
-  grep -E '/cq-(e2e|burst)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
+e2e_sweep_stale_hooks
 namespace "$NS" "card-quota-e2e=$RUN"
 namespace "$NS2" "card-quota-e2e=$RUN-b"
 namespace "$SYS"; mkdir -p "$WORK/binds"
 "$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 CA=$(base64 -w0 < "$WORK/certs/ca.crt")
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
-# card-quota runs as the install's own ServiceAccount with the install's RBAC (the
-# cluster-wide role renamed for this run), from a TokenRequest: a verb the manifests do
-# not grant fails this e2e.
-"$BIN" manifests --cert-dir "$WORK/certs" --namespace "$SYS" | k create --dry-run=client -o json -f - |
-  jq --arg n "$Q" '(if .kind == "List" then .items[] else . end)
-    | select(.kind | test("^(ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding)$"))
-    | if .kind == "ClusterRole" then .metadata.name = $n
-      elif .kind == "ClusterRoleBinding" then .metadata.name = $n | .roleRef.name = $n else . end' |
-  k apply -f - >/dev/null
-SA_TOKEN=$(k -n "$SYS" create token card-quota --duration=2h)
+# card-quota runs as the install's own ServiceAccount with the install's RBAC, from a
+# TokenRequest (e2e/lib.sh): a verb the manifests do not grant fails this e2e.
+e2e_install_identity "$BIN" "$SYS" "$Q"
 # Volcano's programs get broad rights from its chart; the stand-in identity too.
-k create clusterrolebinding "$Q-vc" --clusterrole=cluster-admin \
+[ "$VOLCANO" = real ] || k create clusterrolebinding "$Q-vc" --clusterrole=cluster-admin \
   --user=system:serviceaccount:volcano-system:volcano-scheduler >/dev/null
-k config view --raw --minify -o json | jq --arg t "$SA_TOKEN" \
-  '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/card-quota.kubeconfig"
 
 node "$Q-h200" NVIDIA-H200 8 ',"nvidia.com/gpu.memory":"143771","nvidia.com/gpu.replicas":"2"' ',"nvidia.com/mig-1g.18gb":"7","nvidia.com/gpu.shared":"4"'
 node "$Q-rtx" RTX-4090 4 '' ''
@@ -219,9 +233,9 @@ serve B "$PORT_B" $((PORT_B + 1000)) clamp
 # scenarios below bind by hand and cut quotas under pending pods, where the binding
 # check is the line (e2e/jobs-wait.sh runs the default install: pins on, bindings
 # fail open).
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --no-pin \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --no-pin "${SCOPE[@]}" \
   --name "$Q" --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --no-pin \
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_B" --no-pin "${SCOPE[@]}" \
   --name "$Q-b" --namespace-label "card-quota-e2e=$RUN-b" | k apply -f - >/dev/null
 # Queues are cluster-scoped: one replica validating them is enough (and B is killed later).
 k get validatingwebhookconfiguration "$Q-b" -o json |
@@ -270,7 +284,7 @@ PY
   ok=0
   for i in 1 2 3; do
     # Card pods (the hooks' conditions send only those), into a queue with room.
-    if k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides="{\"apiVersion\":\"v1\",\"metadata\":{\"annotations\":{\"scheduling.volcano.sh/queue-name\":\"$Q-loris\",\"volcano.sh/card.name\":\"RTX-4090\"}},\"spec\":{\"schedulerName\":\"volcano\",\"containers\":[{\"name\":\"loris-$i\",\"image\":\"registry.k8s.io/pause:3.9\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]}}" >"$WORK/loris-$i.out" 2>&1; then
+    if k -n "$NS" run "loris-$i" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides="{\"apiVersion\":\"v1\",\"metadata\":{\"annotations\":{\"scheduling.volcano.sh/queue-name\":\"$Q-loris\",\"volcano.sh/card.name\":\"RTX-4090\"}},\"spec\":{\"schedulerName\":\"$HAND_SCHED\",\"containers\":[{\"name\":\"loris-$i\",\"image\":\"registry.k8s.io/pause:3.9\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]}}" >"$WORK/loris-$i.out" 2>&1; then
       ok=$((ok + 1))
     else
       log "pod loris-$i: $(tr '\n' ' ' < "$WORK/loris-$i.out" | cut -c1-400)"
@@ -339,7 +353,7 @@ spec:
       labels: {app: infer}
       annotations: {scheduling.volcano.sh/queue-name: $Q-research, volcano.sh/card.name: NVIDIA-H200}
     spec:
-      schedulerName: volcano
+      schedulerName: $HAND_SCHED
       containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
 EOF
 pods_of() { k -n "$NS" get pods -l app=infer -o jsonpath='{range .items[*]}{.metadata.name}{"\n"}{end}'; }
@@ -395,7 +409,7 @@ metadata:
   labels: {card-quota-e2e: "$RUN", volcano.sh/queue-name: $2}
   annotations: {volcano.sh/card.name: NVIDIA-H200}
 spec:
-  schedulerName: volcano
+  schedulerName: $HAND_SCHED
   containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
 EOF
 }
@@ -430,7 +444,7 @@ metadata:
   labels: {card-quota-e2e: "$RUN"}
   annotations: {scheduling.k8s.io/group-name: pgdel, volcano.sh/card.name: NVIDIA-H200}
 spec:
-  schedulerName: volcano
+  schedulerName: $HAND_SCHED
   containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
 EOF
 bind "$NS" term-1 "$Q-h200" >/dev/null
@@ -598,7 +612,7 @@ log "kill burst: $ok of 100 bound; replica B killed mid-burst ($(grep -c '^201$'
 check "a replica killed mid-burst never lets more than the quota bind" bash -c "[ $ok -le 10 ] && [ \"\$(bound_in $Q-kill)\" -le 10 ]"
 
 # ---- 5b. Pod bursts through both replicas: group commit, restarts ----------------------
-BURST=(cargo run --quiet --release --manifest-path "$REPO/Cargo.toml" --example burst --)
+BURST=(cargo run --quiet --release --manifest-path "$REPO/Cargo.toml" --example burst -- --scheduler-name "$HAND_SCHED")
 serve B "$PORT_B" $((PORT_B + 1000)) clamp   # B was killed above
 pods_in() { k get pods -A -o json 2>/dev/null | jq --arg q "$1" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q)] | length'; }
 export -f pods_in
@@ -655,7 +669,7 @@ k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 
 # ---- 6. The reconciler's usage annotation, status ---------------------------------------
-out=$("$BIN" status --queue "$Q-burst" -o json 2>/dev/null)
+out=$("$BIN" status "${SERVE_SCOPE[@]}" --queue "$Q-burst" -o json 2>/dev/null)
 check "card-quota status reads the live cluster (10 allocated in the burst queue)" \
   bash -c 'jq -e --arg q "$2" ".[\$q][\"RTX-4090\"].allocated == 10" <<<"$1" >/dev/null' _ "$out" "$Q-burst"
 check "usage is written by server-side apply under field manager card-quota" bash -c \
@@ -684,14 +698,14 @@ spec:
       labels: {app: train}
       annotations: {scheduling.volcano.sh/queue-name: $Q-start, volcano.sh/card.name: RTX-4090}
     spec:
-      schedulerName: volcano
+      schedulerName: $HAND_SCHED
       containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
 YAML
 check "getting started: 2 of the Deployment's 3 pods are created, the third is refused" wait_for 30 bash -c \
   "[ \"\$(kubectl -n $NS get pods -l app=train --no-headers 2>/dev/null | wc -l)\" = 2 ]"
 check "... kubectl describe replicaset shows why, with the numbers" wait_for 30 bash -c \
   "kubectl -n $NS describe replicaset -l app=train 2>/dev/null | tr -s ' \n' ' ' | grep -q 'queue $Q-start has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2'"
-out=$("$BIN" status --queue "$Q-start" 2>/dev/null)
+out=$("$BIN" status "${SERVE_SCOPE[@]}" --queue "$Q-start" 2>/dev/null)
 check "... card-quota status shows the queue full" bash -c \
   'grep -Eq "^$2 +RTX-4090 +2 +0 +2 +0 +0" <<<"$1"' _ "$out" "$Q-start"
 

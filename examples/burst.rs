@@ -37,6 +37,10 @@ struct Args {
     queue: String,
     #[arg(long, default_value = "RTX-4090")]
     card: String,
+    /// spec.schedulerName of the pods (a name no scheduler runs keeps them pending
+    /// beside a real Volcano, whose scheduler would bind `volcano` pods).
+    #[arg(long, default_value = "volcano")]
+    scheduler_name: String,
     /// Keep the last round's pods (to inspect usage afterwards).
     #[arg(long)]
     keep: bool,
@@ -64,12 +68,13 @@ struct Outcome {
     seconds: f64,
 }
 
-fn pod(queue: &str, card: &str, cards: bool) -> Pod {
+fn pod(args: &Args, cards: bool) -> Pod {
+    let (queue, card, scheduler) = (&args.queue, &args.card, &args.scheduler_name);
     let mut p = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"labels": {"card-quota-burst": "1"},
             "annotations": {"scheduling.volcano.sh/queue-name": queue, "volcano.sh/card.name": card}},
-        "spec": {"schedulerName": "volcano", "terminationGracePeriodSeconds": 0,
+        "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
             "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9",
                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
     });
@@ -101,7 +106,7 @@ fn unique_name() -> String {
 }
 
 async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
-    let template = pod(&args.queue, &args.card, cards);
+    let template = pod(args, cards);
     let start = Instant::now();
     let results: Vec<Result<Pod, kube::Error>> = stream::iter(0..args.pods)
         .map(|_| {

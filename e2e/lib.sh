@@ -1,0 +1,29 @@
+# Helpers shared by the e2e scripts (sourced). Needs: k (kubectl wrapper), WORK.
+
+# A run killed before its cleanup leaves cluster-wide Fail-policy hooks pointing at a
+# dead port, which would refuse every later run's pods: sweep them first.
+e2e_sweep_stale_hooks() {
+  k get mutatingwebhookconfiguration,validatingwebhookconfiguration -o name 2>/dev/null |
+    grep -E '/cq-(e2e|burst|rolling|jobs)-' | xargs -r kubectl delete --ignore-not-found >/dev/null 2>&1 || true
+}
+
+# e2e_install_identity BIN SYS NAME: card-quota's ServiceAccount in SYS with the
+# install's own RBAC (the cluster-wide role and binding renamed NAME for this run), and
+# $WORK/card-quota.kubeconfig holding a TokenRequest token of that account. `serve` run
+# with it has exactly the install's rights: a verb the manifests do not grant fails the
+# e2e. Remove with e2e_remove_identity NAME.
+e2e_install_identity() {
+  local bin=$1 sys=$2 name=$3 token
+  "$bin" manifests --cert-dir "$WORK/certs" --namespace "$sys" | k create --dry-run=client -o json -f - |
+    jq --arg n "$name" '(if .kind == "List" then .items[] else . end)
+      | select(.kind | test("^(ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding)$"))
+      | if .kind == "ClusterRole" then .metadata.name = $n
+        elif .kind == "ClusterRoleBinding" then .metadata.name = $n | .roleRef.name = $n else . end' |
+    k apply -f - >/dev/null
+  token=$(k -n "$sys" create token card-quota --duration=2h)
+  k config view --raw --minify -o json | jq --arg t "$token" \
+    '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/card-quota.kubeconfig"
+}
+e2e_remove_identity() {
+  k delete clusterrolebinding,clusterrole "$1" --ignore-not-found >/dev/null 2>&1 || true
+}
