@@ -70,18 +70,28 @@ fn busy_queue() -> Snapshot {
 }
 
 fn decisions(c: &mut Criterion) {
-    let snap = busy_queue();
+    let mut snap = busy_queue();
     let cfg = Config::default();
     let create = R::pod("CREATE", pod("new", "q", "MODEL-3|MODEL-7", 2, None)).build();
     let bind = R::binding("bench", "p4", "n4").build();
     let now = jiff::Timestamp::now();
-    assert!(review(&create, &snap, &cfg, now, true).out.response.allowed);
-    assert!(review(&bind, &snap, &cfg, now, true).out.response.allowed);
+    assert!(
+        review(&create, &mut snap, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
+    assert!(
+        review(&bind, &mut snap, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
     c.bench_function("pod create, 1000 pending pods, 20 models", |b| {
-        b.iter(|| review(&create, &snap, &cfg, now, true))
+        b.iter(|| review(&create, &mut snap, &cfg, now, true))
     });
     c.bench_function("binding, 1000 pending pods, 20 models", |b| {
-        b.iter(|| review(&bind, &snap, &cfg, now, true))
+        b.iter(|| review(&bind, &mut snap, &cfg, now, true))
     });
     // A pod as an API server sends it: defaulted, with managed fields, a sidecar,
     // environment, volumes and probes (about 3 KB of JSON).
@@ -90,10 +100,15 @@ fn decisions(c: &mut Criterion) {
         full_pod::full_pod(pod("full", "q", "MODEL-3|MODEL-7", 2, None)),
     )
     .build();
-    assert!(review(&full, &snap, &cfg, now, true).out.response.allowed);
+    assert!(
+        review(&full, &mut snap, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
     c.bench_function(
         "pod create, a full-size pod, 1000 pending pods, 20 models",
-        |b| b.iter(|| review(&full, &snap, &cfg, now, true)),
+        |b| b.iter(|| review(&full, &mut snap, &cfg, now, true)),
     );
     // A Job held at Volcano's enqueue: vc-scheduler sends this UPDATE once a cycle per
     // waiting Job, and each is refused (a 16-entry request, none of which fits whole).
@@ -107,10 +122,15 @@ fn decisions(c: &mut Criterion) {
     let mut enqueued = waiting.clone();
     enqueued["status"] = json!({"phase": "Inqueue"});
     let held = R::podgroup("UPDATE", enqueued).old(waiting).build();
-    assert!(!review(&held, &snap, &cfg, now, true).out.response.allowed);
+    assert!(
+        !review(&held, &mut snap, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
     c.bench_function(
         "held enqueue (16-entry request), 1000 pending pods, 20 models",
-        |b| b.iter(|| review(&held, &snap, &cfg, now, true)),
+        |b| b.iter(|| review(&held, &mut snap, &cfg, now, true)),
     );
     // Identical replicas are one counted demand: a scale to 2^31 - 1 costs what a scale
     // to 2 does (it once listed every replica and aborted on a 68 GB allocation).
@@ -122,11 +142,11 @@ fn decisions(c: &mut Criterion) {
             "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}}))
     .unwrap();
     let scale = R::scale("deployments", "bench", "web", 1, i32::MAX).build();
-    let answer = review(&scale, &snap, &cfg, now, true).out.response;
+    let answer = review(&scale, &mut snap, &cfg, now, true).out.response;
     assert!(answer.allowed && answer.patch.is_some(), "clamped");
     c.bench_function(
         "scale-up to 2147483647 replicas, 1000 pending pods, 20 models",
-        |b| b.iter(|| review(&scale, &snap, &cfg, now, true)),
+        |b| b.iter(|| review(&scale, &mut snap, &cfg, now, true)),
     );
 }
 
@@ -146,14 +166,19 @@ fn burst_queue() -> Snapshot {
 }
 
 fn burst(c: &mut Criterion) {
-    let snap = burst_queue();
+    let mut snap = burst_queue();
     let cfg = Config::default();
     let create = R::pod("CREATE", pod("new", "q", "RTX-4090", 1, None)).build();
     let now = jiff::Timestamp::now();
-    assert!(review(&create, &snap, &cfg, now, true).out.response.allowed);
+    assert!(
+        review(&create, &mut snap, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
     c.bench_function(
         "pod create, 2000 pending pods pinned to one model (a burst)",
-        |b| b.iter(|| review(&create, &snap, &cfg, now, true)),
+        |b| b.iter(|| review(&create, &mut snap, &cfg, now, true)),
     );
     // In live mode a burst's charges wait in the queue's ledger until the caches show
     // their pods; each decision lays the unreflected ones over the snapshot first.
@@ -201,7 +226,7 @@ fn burst(c: &mut Criterion) {
     assert_eq!(snap.usage(&q, now).problems.len(), 1000);
     c.bench_function(
         "pod create, 2000 pending pods and 1000 that cannot be charged",
-        |b| b.iter(|| review(&create, &snap, &cfg, now, true)),
+        |b| b.iter(|| review(&create, &mut snap, &cfg, now, true)),
     );
 }
 
@@ -298,9 +323,14 @@ fn recount(c: &mut Criterion) {
     // A decision at that size: a pod create into one of the 1,000 queues.
     let cfg = Config::default();
     let create = R::pod("CREATE", pod("new", "q7", "MODEL-1", 1, None)).build();
-    assert!(review(&create, &s, &cfg, now, true).out.response.allowed);
+    assert!(
+        review(&create, &mut s, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
     c.bench_function("pod create at 100k pods / 10k nodes / 1k queues", |b| {
-        b.iter(|| review(&create, &s, &cfg, now, true))
+        b.iter(|| review(&create, &mut s, &cfg, now, true))
     });
     // One watch event: a pod of queue q7 is bound; the reconciler recounts q7 only.
     let k8s_pod: k8s_openapi::api::core::v1::Pod =

@@ -311,6 +311,33 @@ out=$(queue "$Q-typo" '{"NVIDIA-H100":1}' | k apply -f - 2>&1)
 check "a quota naming a model no node has is admitted with a warning" \
   contains "$out" "Warning: queue $Q-typo: no node offers card model NVIDIA-H100"
 
+# ---- 1b. Enforcement warn: a queue trials its quota before enforcing it -----------------
+k apply -f - >/dev/null <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: $Q-trial
+  labels: {card-quota-e2e: "$RUN"}
+  annotations: {volcano.sh/card.quota: '{"RTX-4090":1}', volcano.sh/card.enforcement: warn}
+spec: {weight: 1}
+EOF
+sleep 1
+card_pod trial-1 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - >/dev/null 2>&1
+out=$(card_pod trial-2 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - 2>&1)
+check "warn: a pod past the quota of a queue in warn is created" contains "$out" "pod/trial-2 created"
+check "... with a warning that says what deny would refuse" contains "$out" \
+  "Warning: card-quota would refuse this if the queue's enforcement were deny: queue $Q-trial has insufficient RTX-4090 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
+check "... an Event CardQuotaWouldRefuse on the pod" wait_for 20 bash -c \
+  "kubectl -n $NS get events.events.k8s.io --field-selector regarding.name=trial-2 -o jsonpath='{.items[*].reason}' | grep -q CardQuotaWouldRefuse"
+check "... the admissions metric counts it as warned" bash -c \
+  "curl -s http://127.0.0.1:$((PORT_A + 1000))/metrics | grep -q '^card_quota_admission_requests_total{.*result=\"warned\"} [1-9]'"
+check "... and usage stays exact: 2 pending past the quota of 1" wait_for 20 usage_is "$Q-trial" RTX-4090 pending 2
+k annotate queue "$Q-trial" volcano.sh/card.enforcement=deny --overwrite >/dev/null
+sleep 1
+out=$(card_pod trial-3 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - 2>&1)
+check "switched to deny, the next pod is refused" contains "$out" "queue $Q-trial has insufficient RTX-4090 quota: requested 1, in use 2"
+k -n "$NS" delete pod trial-1 trial-2 --wait=false >/dev/null 2>&1
+
 # ---- 2. PodGroups ---------------------------------------------------------------------
 pg() { cat <<EOF
 apiVersion: scheduling.volcano.sh/v1beta1

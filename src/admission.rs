@@ -8,10 +8,11 @@ use serde_json::Value;
 
 use crate::cards::ObjectKey;
 use crate::cluster::{PodRecord, WorkloadKind};
+use crate::decide::enforcement::decide_enforcing;
 use crate::decide::review::{
     encode_patch, parse_review, AdmissionRequest, AdmissionResponse, Operation, ReviewOut, Status,
 };
-use crate::decide::{decide, Config, Decision, RequestKind};
+use crate::decide::{Config, Decision, RequestKind};
 use crate::ledger::{Effect, Row, UsageKey};
 use crate::snapshot::load;
 use crate::snapshot::Snapshot;
@@ -110,7 +111,7 @@ pub struct Reviewed {
 /// Decides one AdmissionReview document.
 pub fn review(
     doc: &Value,
-    snap: &Snapshot,
+    snap: &mut Snapshot,
     cfg: &Config,
     now: jiff::Timestamp,
     with_patch: bool,
@@ -122,7 +123,7 @@ pub fn review(
         .to_string();
     match parse_review(doc) {
         Ok(req) => {
-            let d = decide(&req, snap, cfg, now);
+            let d = decide_enforcing(&req, snap, cfg, now);
             let out = ReviewOut::new(response(&req.uid, &d, with_patch));
             Reviewed {
                 request: Some(req),
@@ -529,7 +530,7 @@ mod tests {
         let now = jiff::Timestamp::now();
         for r in reviews {
             let req = parse_review(&r.build()).unwrap();
-            let d = decide(&req, &shortcut, &cfg, now);
+            let d = crate::decide::decide(&req, &shortcut, &cfg, now);
             assert!(d.allowed && d.charge.is_some(), "{:?}", d.message);
             assert!(!d.patch.is_empty());
             apply(&mut shortcut, &req, &d).unwrap();

@@ -5,8 +5,10 @@ mod support;
 
 use base64::Engine;
 use card_quota::admission::{apply, review, usage_report};
-use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
-use card_quota::decide::{Config, ScalePolicy};
+use card_quota::cards::QueueName;
+use card_quota::decide::enforcement::decide_enforcing;
+use card_quota::decide::review::{parse_review, AdmissionResponse, ReviewBuilder as R};
+use card_quota::decide::{Config, Enforcement, ScalePolicy};
 use card_quota::snapshot::load::load;
 use card_quota::snapshot::Snapshot;
 use serde_json::{json, Value};
@@ -79,7 +81,13 @@ impl World {
     }
     /// Decides and, when admitted, applies the effect.
     fn send(&mut self, doc: Value) -> AdmissionResponse {
-        let r = review(&doc, &self.snap, &self.cfg, jiff::Timestamp::now(), true);
+        let r = review(
+            &doc,
+            &mut self.snap,
+            &self.cfg,
+            jiff::Timestamp::now(),
+            true,
+        );
         if let (Some(req), Some(d)) = (&r.request, &r.decision) {
             apply(&mut self.snap, req, d).unwrap();
         }
@@ -2118,5 +2126,158 @@ fn stamping_an_unstamped_pod_with_the_queue_it_is_counted_in_is_allowed() {
     assert_eq!(
         message(&r),
         "pod ml/legacy has card demand: volcano.sh/card.queue cannot be changed (was unset, now \"broken\")"
+    );
+}
+
+// ---- enforcement: warn ---------------------------------------------------------------
+
+/// The warning a request admitted in warn mode carries.
+fn would_refuse(r: &AdmissionResponse) -> String {
+    r.warnings
+        .iter()
+        .find(|w| w.starts_with("card-quota would refuse this"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn under_warn_a_pod_over_quota_is_admitted_pinned_and_charged_with_a_warning() {
+    let mut w = World::new();
+    w.cfg.enforcement = Enforcement::Warn;
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
+            .allowed
+    );
+    let r = w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "1")).build());
+    assert!(r.allowed);
+    assert_eq!(
+        would_refuse(&r),
+        "card-quota would refuse this if the queue's enforcement were deny: queue q has insufficient NVIDIA-H200 quota: requested 1, in use 3 (allocated 0, pending 3, reserved 0), quota 3"
+    );
+    // The same patch as a pod that fits: stamped and pinned.
+    let p = patch(&r).to_string();
+    assert!(
+        p.contains("volcano.sh~1card.queue") && p.contains("nvidia.com/gpu.product"),
+        "{p}"
+    );
+    // Usage stays exact: past the quota.
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 4);
+    // A request that fits says nothing.
+    let r = w.send(R::pod("CREATE", pod("c", "q", Some("RTX-4090"), "1")).build());
+    assert!(r.allowed && r.warnings.is_empty(), "{:?}", r.warnings);
+    // The Event is on the pod the CREATE makes (its uid as the validating hook sees it).
+    let mut doc = pod("e", "q", Some("NVIDIA-H200"), "1");
+    doc["metadata"]["uid"] = json!("uid-e");
+    let req = parse_review(&R::pod("CREATE", doc).build()).unwrap();
+    let d = decide_enforcing(&req, &mut w.snap, &w.cfg, jiff::Timestamp::now());
+    assert!(d.allowed && d.warned);
+    let e = d.event.expect("an Event");
+    assert_eq!(
+        (
+            e.reason,
+            e.regarding.kind.as_str(),
+            e.regarding.name.as_str()
+        ),
+        ("CardQuotaWouldRefuse", "Pod", "e")
+    );
+    assert_eq!(e.regarding.uid.as_deref(), Some("uid-e"));
+    assert!(
+        e.message.starts_with(
+            "admitted in warn mode; under deny: queue q has insufficient NVIDIA-H200 quota"
+        ),
+        "{}",
+        e.message
+    );
+    // Under deny the same request is refused, and not marked.
+    w.cfg.enforcement = Enforcement::Deny;
+    let d = decide_enforcing(&req, &mut w.snap, &w.cfg, jiff::Timestamp::now());
+    assert!(!d.allowed && !d.warned);
+}
+
+#[test]
+fn a_queue_chooses_its_own_enforcement_over_the_installs() {
+    let warn_queue = r#"
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: trial, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}', volcano.sh/card.enforcement: warn}}
+"#;
+    let mut w = World::with(&format!("{CLUSTER}---{warn_queue}"));
+    // Install: deny. Queue trial: warn; queue q: the install's deny.
+    assert!(
+        w.send(R::pod("CREATE", pod("t1", "trial", Some("NVIDIA-H200"), "2")).build())
+            .allowed
+    );
+    assert_eq!(w.usage("trial", "NVIDIA-H200")["pending"], 2);
+    let r = w.send(R::pod("CREATE", pod("q1", "q", Some("NVIDIA-H200"), "4")).build());
+    assert!(!r.allowed);
+    assert!(message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota"));
+    // Install: warn; a queue annotated deny still refuses.
+    w.cfg.enforcement = Enforcement::Warn;
+    let mut strict = w.snap.queue(&QueueName::new("q")).unwrap().clone();
+    strict.enforcement = Ok(Some(Enforcement::Deny));
+    w.snap.upsert_queue(strict);
+    let r = w.send(R::pod("CREATE", pod("q2", "q", Some("NVIDIA-H200"), "4")).build());
+    assert!(!r.allowed, "{:?}", r.warnings);
+}
+
+#[test]
+fn under_warn_scale_ups_are_not_clamped_enqueues_and_bindings_pass() {
+    let mut w = World::new();
+    w.cfg.enforcement = Enforcement::Warn;
+    let r = w.send(R::scale("deployments", "ml", "web", 1, 5).build());
+    assert!(r.allowed);
+    assert!(r.patch.is_none(), "no clamp under warn");
+    assert!(would_refuse(&r).ends_with("queue q has insufficient RTX-4090 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 2"), "{:?}", r.warnings);
+    let j = waiting_pg("big", "q", r#"{"NVIDIA-H200":5}"#);
+    assert!(w.send(R::podgroup("CREATE", j.clone()).build()).allowed);
+    let r = enqueue(&mut w, &j);
+    assert!(r.allowed && !would_refuse(&r).is_empty(), "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["reserved"], 5);
+    // A bind past the quota: admitted, charged allocated.
+    assert!(
+        w.send(R::pod("CREATE", pod("r1", "q", Some("RTX-4090"), "3")).build())
+            .allowed
+    );
+    let r = w.send(R::binding("ml", "r1", "rtx-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 3);
+}
+
+#[test]
+fn warn_admits_nothing_that_is_not_about_a_quota() {
+    let mut w = World::new();
+    w.cfg.enforcement = Enforcement::Warn;
+    // A Closed queue, a bind to a model the pod does not accept, a malformed card.name.
+    let r = w.send(R::pod("CREATE", pod("c", "closed", Some("NVIDIA-H200"), "1")).build());
+    assert!(!r.allowed);
+    assert!(
+        w.send(R::pod("CREATE", pod("a", "q", Some("RTX-4090"), "1")).build())
+            .allowed
+    );
+    assert!(!w.send(R::binding("ml", "a", "h200-1").build()).allowed);
+    assert!(
+        !w.send(R::pod("CREATE", pod("x", "q", Some("A||B"), "1")).build())
+            .allowed
+    );
+    // A broken quota refuses charges under deny and warns under warn.
+    let r = w.send(R::pod("CREATE", pod("b", "broken", Some("NVIDIA-H200"), "1")).build());
+    assert!(
+        r.allowed
+            && would_refuse(&r)
+                .contains("queue broken has quota 0 for every model until its annotation is fixed"),
+        "{}",
+        message(&r)
+    );
+    // A Queue whose own quota is malformed is refused whatever the enforcement, and so is
+    // a malformed enforcement.
+    let q = |anns: Value| json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "n", "annotations": anns}});
+    assert!(
+        !w.send(R::queue("CREATE", q(json!({"volcano.sh/card.quota": "{"}))).build())
+            .allowed
+    );
+    let r = w.send(R::queue("CREATE", q(json!({"volcano.sh/card.enforcement": "audit"}))).build());
+    assert_eq!(
+        message(&r),
+        r#"invalid volcano.sh/card.enforcement on queue n: expected "deny" or "warn", got "audit""#
     );
 }

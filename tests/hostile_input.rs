@@ -171,7 +171,7 @@ fn splice(doc: &mut Value, pointer: &str, value: Value) {
     }
 }
 
-fn answered(doc: &Value, snap: &Snapshot) -> Result<(), TestCaseError> {
+fn answered(doc: &Value, snap: &mut Snapshot) -> Result<(), TestCaseError> {
     for with_patch in [true, false] {
         let r = review(
             doc,
@@ -207,12 +207,12 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_and_json_bodies_are_answered(bytes in proptest::collection::vec(any::<u8>(), 0..200), v in json_value()) {
-        let snap = snapshot();
+        let mut snap = snapshot();
         if let Ok(doc) = serde_json::from_slice::<Value>(&bytes) {
-            answered(&doc, &snap)?;
+            answered(&doc, &mut snap)?;
         }
-        answered(&v, &snap)?;
-        answered(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": v}), &snap)?;
+        answered(&v, &mut snap)?;
+        answered(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": v}), &mut snap)?;
     }
 
     #[test]
@@ -221,7 +221,7 @@ proptest! {
         quantities in proptest::collection::vec((0usize..4, quantity_text()), 1..4),
         init in any::<bool>(),
     ) {
-        let snap = snapshot();
+        let mut snap = snapshot();
         let mut doc = bases()[base].clone();
         let names = ["nvidia.com/gpu", "nvidia.com/mig-1g.18gb", "example.com/npu", "rdma/hca"];
         let limits: serde_json::Map<String, Value> = quantities
@@ -237,10 +237,10 @@ proptest! {
                 "metadata": {"name": "p", "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "q"}},
                 "spec": {"containers": container}});
             let _ = card_quota::snapshot::load::upsert(&mut snap, &pod);
-            answered(&doc, &snap)?;
+            answered(&doc, &mut snap)?;
         } else {
             splice(&mut doc, path, container);
-            answered(&doc, &snap)?;
+            answered(&doc, &mut snap)?;
         }
     }
 
@@ -249,11 +249,11 @@ proptest! {
         base in 0usize..8,
         edits in proptest::collection::vec((0..FIELDS.len(), json_value()), 1..4),
     ) {
-        let snap = snapshot();
+        let mut snap = snapshot();
         let mut doc = bases()[base].clone();
         for (f, v) in edits {
             splice(&mut doc, FIELDS[f], v);
         }
-        answered(&doc, &snap)?;
+        answered(&doc, &mut snap)?;
     }
 }

@@ -323,8 +323,8 @@ impl Cluster {
 
     /// The mutating call, its patch applied to the object, then the validating call.
     /// Returns the object as admitted, or None when refused.
-    fn admit(&self, doc: Value) -> Option<Value> {
-        let m = review(&doc, &self.snap, &self.cfg, self.now, true);
+    fn admit(&mut self, doc: Value) -> Option<Value> {
+        let m = review(&doc, &mut self.snap, &self.cfg, self.now, true);
         let resp = serde_json::to_value(&m.out.response).unwrap();
         if !m.out.response.allowed {
             return None;
@@ -335,7 +335,7 @@ impl Cluster {
         }
         let mut doc = doc;
         doc["request"]["object"] = obj.clone();
-        let v = review(&doc, &self.snap, &self.cfg, self.now, false);
+        let v = review(&doc, &mut self.snap, &self.cfg, self.now, false);
         v.out.response.allowed.then_some(obj)
     }
 
@@ -511,7 +511,7 @@ impl Cluster {
                 else {
                     return;
                 };
-                let stored = &self.pods[&pname];
+                let stored = self.pods[&pname].clone();
                 let doc = R::binding(NS, &pname, NODES[*node]).build();
                 if let Some(binding) = self.admit(doc) {
                     let mut p = stored.clone();
@@ -697,7 +697,7 @@ impl Cluster {
                 let doc = R::scale("deployments", NS, "web", 1, *to).build();
                 // Answered at all (a scale of 2^31 replicas once aborted the webhook), and
                 // pods are gated at CREATE, so nothing else to apply.
-                let r = review(&doc, &self.snap, &self.cfg, self.now, true);
+                let r = review(&doc, &mut self.snap, &self.cfg, self.now, true);
                 assert!(r.decision.is_some(), "the scale-up was decided");
             }
             Op::AddNode => {

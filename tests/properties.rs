@@ -126,7 +126,7 @@ proptest! {
         let cfg = Config::default();
         let now = jiff::Timestamp::now();
         for o in &ops {
-            let r = review(&request(o), &snap, &cfg, now, true);
+            let r = review(&request(o), &mut snap, &cfg, now, true);
             if let (Some(req), Some(d)) = (&r.request, &r.decision) {
                 let _ = apply(&mut snap, req, d);
             }

@@ -19,6 +19,10 @@ pub const DERIVED_REQUEST: &str = "volcano.sh/card.derived-request";
 /// `best-effort` (the default: a Job that fits goes ahead of older held ones) or
 /// `strict` (a Job waits while an older Job of the queue is held).
 pub const ORDER: &str = "volcano.sh/card.order";
+/// Queue annotation choosing what card-quota does with a request that does not fit the
+/// queue's quota: `deny` (refuse it) or `warn` (admit it with a warning, an Event and a
+/// metric). Absent: the install's `--enforcement`.
+pub const ENFORCEMENT: &str = "volcano.sh/card.enforcement";
 /// Pod annotation naming the acceptable models.
 pub const CARD_NAME: &str = "volcano.sh/card.name";
 /// Pod / Binding annotation recording the model a bound pod is charged for.
@@ -84,11 +88,36 @@ pub struct AnnotationError {
 
 /// A queue's quota: model -> whole cards. Absent models have quota 0.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Quota(pub BTreeMap<CardName, Cards>);
+pub struct Quota {
+    cards: BTreeMap<CardName, Cards>,
+    /// Every model unlimited: how a `warn` queue is decided once its quota refused a
+    /// request (never parsed, never stored).
+    unlimited: bool,
+}
 
 impl Quota {
+    pub fn new(cards: BTreeMap<CardName, Cards>) -> Self {
+        Self {
+            cards,
+            unlimited: false,
+        }
+    }
+    /// A quota that fits any request.
+    pub fn unlimited() -> Self {
+        Self {
+            cards: BTreeMap::new(),
+            unlimited: true,
+        }
+    }
     pub fn get(&self, m: &CardName) -> Cards {
-        self.0.get(m).copied().unwrap_or(Cards::ZERO)
+        if self.unlimited {
+            return Cards::new(u64::MAX);
+        }
+        self.cards.get(m).copied().unwrap_or(Cards::ZERO)
+    }
+    /// The models the quota names, with their cards.
+    pub fn entries(&self) -> &BTreeMap<CardName, Cards> {
+        &self.cards
     }
 }
 
@@ -260,7 +289,7 @@ pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
         })?;
         q.insert(name, Cards::new(n));
     }
-    Ok(Quota(q))
+    Ok(Quota::new(q))
 }
 
 /// Parses `volcano.sh/card.request` of `object` (e.g. `podgroup ml/job-1`).
@@ -351,7 +380,7 @@ mod tests {
             Cards::new(4)
         );
         assert_eq!(q.get(&CardName::parse("absent").unwrap()), Cards::ZERO);
-        assert_eq!(q.0.len(), 3);
+        assert_eq!(q.entries().len(), 3);
     }
 
     #[test]
@@ -443,5 +472,61 @@ pub fn parse_order(object: &str, raw: &str) -> Result<Order, String> {
             "invalid {ORDER} on {object}: expected \"strict\" or \"best-effort\", got {:?}",
             shown(other)
         )),
+    }
+}
+
+/// What card-quota does with a request that does not fit a queue's quota (the
+/// Gatekeeper / Kyverno convention: roll out in `warn`, then enforce).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Refuse it (and clamp scale-ups under `--scale-policy clamp`).
+    #[default]
+    Deny,
+    /// Admit it as if the quota were unlimited, with a warning, an Event and a metric
+    /// saying what `deny` would have done; usage stays exact (it may exceed the quota).
+    Warn,
+}
+
+impl Enforcement {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Deny => "deny",
+            Self::Warn => "warn",
+        }
+    }
+}
+
+impl std::str::FromStr for Enforcement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "deny" => Ok(Self::Deny),
+            "warn" => Ok(Self::Warn),
+            other => Err(format!(
+                "expected \"deny\" or \"warn\", got {:?}",
+                shown(other)
+            )),
+        }
+    }
+}
+
+/// Parses `volcano.sh/card.enforcement` of `object`.
+pub fn parse_enforcement(object: &str, raw: &str) -> Result<Enforcement, String> {
+    raw.parse()
+        .map_err(|e| format!("invalid {ENFORCEMENT} on {object}: {e}"))
+}
+
+#[cfg(test)]
+mod enforcement_tests {
+    use super::*;
+
+    #[test]
+    fn enforcement_parses_deny_and_warn_and_names_the_rest() {
+        assert_eq!(parse_enforcement("queue q", "warn"), Ok(Enforcement::Warn));
+        assert_eq!(parse_enforcement("queue q", "deny"), Ok(Enforcement::Deny));
+        assert_eq!(
+            parse_enforcement("queue q", "Warn"),
+            Err(r#"invalid volcano.sh/card.enforcement on queue q: expected "deny" or "warn", got "Warn""#.to_string())
+        );
     }
 }

@@ -53,8 +53,8 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
     }
     let clamp = Config::default();
     let deny = Config {
-        pin: true,
         scale_policy: ScalePolicy::Deny,
+        ..Config::default()
     };
     writeln!(out, "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090), queues research and serving.\n")?;
     writeln!(
@@ -131,7 +131,7 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
         ),
     ];
     for (i, (text, doc, cfg)) in steps.into_iter().enumerate() {
-        let r = review(&doc, &snap, cfg, jiff::Timestamp::now(), true);
+        let r = review(&doc, &mut snap, cfg, jiff::Timestamp::now(), true);
         writeln!(out, "{}. {text}", i + 1)?;
         let resp = &r.out.response;
         if resp.allowed {

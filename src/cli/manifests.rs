@@ -54,6 +54,8 @@ pub struct Options<'a> {
     /// `serve --no-pin`: the binding check is the hard line, so the binding hooks fail
     /// closed (with pins on they are a safety net that fails open: DESIGN's blast radius).
     pub no_pin: bool,
+    /// `serve --enforcement` of the Deployment.
+    pub enforcement: crate::decide::Enforcement,
     /// Name of the webhook configurations (default `card-quota`).
     pub name: Option<&'a str>,
     /// Only namespaces carrying this label (`key=value`) reach the webhooks.
@@ -228,14 +230,22 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
         objects.extend(docs);
     }
     apply_scope(&mut objects, &opts.scope);
+    let mut serve_args = Vec::new();
     if opts.no_pin {
-        for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
-            if let Some(args) = o
-                .pointer_mut("/spec/template/spec/containers/0/args")
-                .and_then(Value::as_array_mut)
-            {
-                args.push(json!("--no-pin"));
-            }
+        serve_args.push(json!("--no-pin"));
+    }
+    if opts.enforcement != crate::decide::Enforcement::Deny {
+        serve_args.push(json!(format!(
+            "--enforcement={}",
+            opts.enforcement.as_str()
+        )));
+    }
+    for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
+        if let Some(args) = o
+            .pointer_mut("/spec/template/spec/containers/0/args")
+            .and_then(Value::as_array_mut)
+        {
+            args.extend(serve_args.iter().cloned());
         }
     }
     if opts.url.is_some() {
@@ -346,6 +356,7 @@ mod tests {
                 url: None,
                 without_match_conditions: false,
                 no_pin,
+                enforcement: crate::decide::Enforcement::Deny,
                 name: None,
                 namespace_label: None,
                 scope: Scope::default(),
@@ -388,6 +399,7 @@ mod tests {
             url: None,
             without_match_conditions: false,
             no_pin: false,
+            enforcement: crate::decide::Enforcement::Deny,
             name: None,
             namespace_label: None,
             scope: Scope::default(),
@@ -440,6 +452,7 @@ mod tests {
             url: Some("https://127.0.0.1:9443/"),
             without_match_conditions: true,
             no_pin: false,
+            enforcement: crate::decide::Enforcement::Deny,
             name: Some("e2e"),
             namespace_label: Some(("card-quota-e2e", "x1")),
             scope: Scope::default(),
@@ -477,6 +490,7 @@ mod tests {
             url: None,
             without_match_conditions: false,
             no_pin: false,
+            enforcement: crate::decide::Enforcement::Deny,
             name: None,
             namespace_label: None,
             scope: Scope {

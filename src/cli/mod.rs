@@ -18,6 +18,26 @@ pub enum ScalePolicyArg {
     Deny,
 }
 
+/// `--enforcement`: what a queue without `volcano.sh/card.enforcement` does with a
+/// request that does not fit its quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum EnforcementArg {
+    /// Refuse it.
+    #[default]
+    Deny,
+    /// Admit it with a warning, an Event and a metric (a safe rollout).
+    Warn,
+}
+
+impl From<EnforcementArg> for crate::decide::Enforcement {
+    fn from(a: EnforcementArg) -> Self {
+        match a {
+            EnforcementArg::Deny => Self::Deny,
+            EnforcementArg::Warn => Self::Warn,
+        }
+    }
+}
+
 impl From<ScalePolicyArg> for ScalePolicy {
     fn from(a: ScalePolicyArg) -> Self {
         match a {

@@ -125,7 +125,7 @@ pub fn run(
         let now = jiff::Timestamp::now();
         let answer = match doc {
             Ok(v) => {
-                let r = review(&v, &snap, cfg, now, true);
+                let r = review(&v, &mut snap, cfg, now, true);
                 if let (Some(req), Some(d)) = (&r.request, &r.decision) {
                     if let Err(e) = apply(&mut snap, req, d) {
                         tracing::warn!("request {}: {e}", i + 1);

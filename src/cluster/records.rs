@@ -36,6 +36,9 @@ pub struct QueueRecord {
     pub usage: Option<String>,
     /// `volcano.sh/card.order`, or why it does not parse.
     pub order: Result<annotations::Order, String>,
+    /// `volcano.sh/card.enforcement` (`None`: the install's default), or why it does
+    /// not parse.
+    pub enforcement: Result<Option<annotations::Enforcement>, String>,
 }
 
 /// Where a bound pod's model comes from when it carries no `card.charged`.
@@ -535,6 +538,10 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
             .map_or(Ok(annotations::Order::default()), |raw| {
                 annotations::parse_order(&object, raw)
             }),
+        enforcement: a
+            .get(annotations::ENFORCEMENT)
+            .map(|raw| annotations::parse_enforcement(&object, raw))
+            .transpose(),
         quota: a
             .get(QUOTA)
             .map(|raw| annotations::parse_quota(&object, raw)),

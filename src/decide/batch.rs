@@ -10,9 +10,10 @@ use crate::ledger::entries::{EntryId, Fate, Ledger, Watermark, MAX_BYTES, MAX_EN
 use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
 
+use super::enforcement::decide_enforcing;
 use super::messages::RETRY;
 use super::review::AdmissionRequest;
-use super::{decide, Config, Decision};
+use super::{Config, Decision};
 
 /// What became of one request of a batch.
 #[derive(Debug, Clone)]
@@ -86,7 +87,7 @@ pub fn plan(
     let mut outcomes = Vec::with_capacity(reqs.len());
     let mut refused_full = 0;
     for (i, req) in reqs.iter().enumerate() {
-        let d = decide(req, snap, cfg, now);
+        let d = decide_enforcing(req, snap, cfg, now);
         let charge = match (&d.charge, d.allowed && !req.is_dry_run()) {
             (Some(c), true) => c.clone(),
             _ => {
@@ -146,7 +147,7 @@ pub fn decide_with_ledger(
     cfg: &Config,
     now: jiff::Timestamp,
 ) -> Decision {
-    let first = decide(req, snap, cfg, now);
+    let first = decide_enforcing(req, snap, cfg, now);
     let Some(queue) = first.charge.as_ref().map(|c| c.queue.clone()) else {
         return first;
     };
@@ -158,7 +159,7 @@ pub fn decide_with_ledger(
     let d = if layer.applied() == 0 {
         first
     } else {
-        decide(req, snap, cfg, now)
+        decide_enforcing(req, snap, cfg, now)
     };
     layer.remove(snap);
     match &d.charge {

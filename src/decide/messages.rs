@@ -126,6 +126,10 @@ pub fn gate(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
     let Some(q) = snap.queue(queue) else {
         return Ok(());
     };
+    if snap.quota_lifted(queue) && !q.is_closed() {
+        // A `warn` queue's broken quota refuses nothing; the first decision said why.
+        return Ok(());
+    }
     gate_record(q)
 }
 

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod binding;
+pub mod enforcement;
 pub mod fit;
 pub mod messages;
 pub mod patch;
@@ -12,6 +13,7 @@ pub mod queue;
 pub mod review;
 pub mod scale;
 
+pub use crate::cards::annotations::Enforcement;
 use crate::cards::QueueName;
 use crate::ledger::Effect;
 use crate::snapshot::Snapshot;
@@ -34,6 +36,8 @@ pub struct Config {
     /// Pin each admitted pod to the model it was admitted for (a nodeSelector on the
     /// model's product label), so that any scheduler places it there.
     pub pin: bool,
+    /// The enforcement of queues without `volcano.sh/card.enforcement`.
+    pub enforcement: Enforcement,
 }
 
 impl Default for Config {
@@ -41,6 +45,7 @@ impl Default for Config {
         Self {
             scale_policy: ScalePolicy::default(),
             pin: true,
+            enforcement: Enforcement::default(),
         }
     }
 }
@@ -89,6 +94,8 @@ pub struct Decision {
     pub charge: Option<Box<Charge>>,
     /// The feasibility search ran out of budget.
     pub undecided: bool,
+    /// Admitted only because the queue's enforcement is `warn` (`deny` would refuse).
+    pub warned: bool,
 }
 
 impl Decision {

@@ -146,7 +146,7 @@ fn quota_models_of(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<Ca
         .map(|q| q.effective_quota())
         .unwrap_or_default();
     quota
-        .0
+        .entries()
         .keys()
         .filter(|m| match snap.resources_of(m) {
             Some(r) => r.contains_key(resource),

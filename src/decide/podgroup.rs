@@ -360,6 +360,9 @@ fn could_ever_fit(
     let Some(Ok(quota)) = &q.quota else {
         return Decision::allow();
     };
+    if snap.quota_lifted(&rec.queue) {
+        return Decision::allow();
+    }
     let mut alone = QueueUsage::new(quota.clone());
     alone.add_reservation(&request.0);
     let touched = models_of(request.0.iter().map(|(k, _)| k));

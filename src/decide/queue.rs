@@ -31,6 +31,9 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if let Err(e) = &rec.order {
         return Decision::deny(INVALID, e.clone());
     }
+    if let Err(e) = &rec.enforcement {
+        return Decision::deny(INVALID, e.clone());
+    }
     let quota = match &rec.quota {
         None => return Decision::allow(),
         Some(Ok(q)) => q,
@@ -48,7 +51,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let mut d = Decision::allow();
     let usage = usage_of(snap, &rec.name, now);
-    for (m, c) in &quota.0 {
+    for (m, c) in quota.entries() {
         let key = crate::cards::Alternatives::single(m.clone());
         let a = usage.allocated.get(m).copied().unwrap_or_default();
         let p = usage.pending.get(&key).copied().unwrap_or_default();

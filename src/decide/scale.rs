@@ -183,12 +183,11 @@ fn resize(
     };
     // No more replicas fit than the room of the models they may use holds: beyond
     // that the answer is known without a search.
-    let rooms = before.rooms();
     let room: u128 = demand
         .alternatives
         .models()
         .iter()
-        .map(|m| u128::try_from(rooms.get(m).copied().unwrap_or(0).max(0)).unwrap_or(0))
+        .map(|m| u128::try_from(before.room(m).max(0)).unwrap_or(0))
         .fold(0, u128::saturating_add);
     let most = u64::try_from(room / demand.cards.get().max(1)).unwrap_or(u64::MAX);
     let full = if added > most {

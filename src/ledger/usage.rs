@@ -241,25 +241,29 @@ impl QueueUsage {
             .collect()
     }
 
-    /// Room per model: quota minus allocated (may be negative after a quota cut).
+    /// Room per model the quota names or something is allocated on (see [`Self::room`]).
     pub fn rooms(&self) -> BTreeMap<CardName, i128> {
-        let mut r: BTreeMap<CardName, i128> = self
-            .quota
-            .0
-            .iter()
-            .map(|(m, q)| (m.clone(), q.signed_minus(Cards::ZERO)))
-            .collect();
-        for (m, a) in &self.allocated {
-            let room = r.entry(m.clone()).or_default();
-            *room = room.saturating_sub(a.signed_minus(Cards::ZERO));
-        }
-        r
+        self.quota
+            .entries()
+            .keys()
+            .chain(self.allocated.keys())
+            .map(|m| (m.clone(), self.room(m)))
+            .collect()
+    }
+
+    /// Room on `m`: quota minus allocated (negative after a quota cut).
+    pub fn room(&self, m: &CardName) -> i128 {
+        let allocated = self.allocated.get(m).copied().unwrap_or_default();
+        self.quota
+            .get(m)
+            .signed_minus(Cards::ZERO)
+            .saturating_sub(allocated.signed_minus(Cards::ZERO))
     }
 
     /// Rows per model (and composite key) that have a quota entry or non-zero usage.
     pub fn rows(&self) -> BTreeMap<UsageKey, Row> {
         let mut out: BTreeMap<UsageKey, Row> = BTreeMap::new();
-        for (m, q) in &self.quota.0 {
+        for (m, q) in self.quota.entries() {
             out.entry(UsageKey::Model(m.clone())).or_default().quota = *q;
         }
         for (m, a) in &self.allocated {

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::cards::annotations::Enforcement;
 use crate::cards::hashing::{Map, Set};
 use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_KINDS};
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName, Quota};
@@ -67,6 +68,9 @@ pub struct Snapshot {
     tally: Tally,
     /// The schedulers whose pods are gated and counted (`None`: every pod).
     gated: Option<BTreeSet<String>>,
+    /// Set for one decision only, to the install's enforcement (see
+    /// [`Snapshot::lifted`]).
+    lifting: Option<Enforcement>,
     seq: u64,
     dirty: Dirty,
 }
@@ -114,6 +118,41 @@ impl Snapshot {
     /// webhooks' match conditions do. Set before any pod is added.
     pub fn set_gated_schedulers(&mut self, names: Option<BTreeSet<String>>) {
         self.gated = names;
+    }
+
+    /// The enforcement in force for `queue`: its own annotation, else `default` (the
+    /// install's; a malformed annotation, which the queue hook refuses, also falls back
+    /// to it).
+    pub fn enforcement_of(&self, queue: &QueueName, default: Enforcement) -> Enforcement {
+        match self.queue(queue).map(|q| &q.enforcement) {
+            Some(Ok(Some(e))) => *e,
+            _ => default,
+        }
+    }
+
+    /// True when some queue may be in `warn` under the install's `default`.
+    pub fn any_warn(&self, default: Enforcement) -> bool {
+        default == Enforcement::Warn
+            || self
+                .queues
+                .values()
+                .any(|q| q.enforcement == Ok(Some(Enforcement::Warn)))
+    }
+
+    /// Runs `f` with the quota of every `warn` queue unlimited (`default`: the
+    /// install's enforcement): what a request would be if those queues enforced nothing.
+    /// The snapshot is as it was afterwards.
+    pub fn lifted<T>(&mut self, default: Enforcement, f: impl FnOnce(&Snapshot) -> T) -> T {
+        self.lifting = Some(default);
+        let out = f(self);
+        self.lifting = None;
+        out
+    }
+
+    /// True while [`Snapshot::lifted`] runs, for a `warn` queue.
+    pub fn quota_lifted(&self, queue: &QueueName) -> bool {
+        self.lifting
+            .is_some_and(|d| self.enforcement_of(queue, d) == Enforcement::Warn)
     }
 
     /// True when card-quota gates and counts this pod: a pod of a gated scheduler, or
@@ -680,10 +719,13 @@ impl Snapshot {
 
     /// The usage of `queue` at `now`, from the incremental tally.
     pub fn usage(&self, queue: &QueueName, now: jiff::Timestamp) -> QueueUsage {
-        let quota = self
-            .queue(queue)
-            .map(|q| q.effective_quota())
-            .unwrap_or_default();
+        let quota = if self.quota_lifted(queue) {
+            Quota::unlimited()
+        } else {
+            self.queue(queue)
+                .map(|q| q.effective_quota())
+                .unwrap_or_default()
+        };
         self.tally.usage(
             queue,
             quota,
@@ -697,6 +739,7 @@ impl Snapshot {
     /// The usage of `queue` at `now`, ready for a change on top, without a copy.
     pub fn adjusted(&self, queue: &QueueName, now: jiff::Timestamp) -> Adjusted<'_> {
         let quota = match self.queue(queue).and_then(|q| q.quota.as_ref()) {
+            _ if self.quota_lifted(queue) => Cow::Owned(Quota::unlimited()),
             Some(Ok(q)) => Cow::Borrowed(q),
             _ => Cow::Owned(Quota::default()),
         };

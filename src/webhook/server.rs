@@ -20,11 +20,12 @@ use tokio_rustls::TlsAcceptor;
 use crate::admission::{apply_spending, bad_review, encode_response};
 use crate::cards::QueueName;
 use crate::controller::events::EventSink;
+use crate::decide::enforcement::decide_enforcing;
 use crate::decide::messages::RETRY;
 use crate::decide::review::{
     encode_answer, parse_review_owned, read_review, AdmissionRequest, AdmissionResponse, Operation,
 };
-use crate::decide::{decide, read_ahead, Config, Decision, RequestKind};
+use crate::decide::{read_ahead, Config, Decision, RequestKind};
 use crate::live::caches::Synced;
 use crate::live::charge::{CommitMetrics, Preview};
 use crate::live::peers::Peers;
@@ -188,7 +189,7 @@ fn is_named(req: &AdmissionRequest) -> bool {
 async fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decision {
     let _turn = state.turn.lock().await;
     let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    let mut d = decide(req, &snap, &state.config, jiff::Timestamp::now());
+    let mut d = decide_enforcing(req, &mut snap, &state.config, jiff::Timestamp::now());
     // /mutate applies only effects of named objects: generated names appear later.
     if !mutate || is_named(req) {
         if let Err(e) = apply_spending(&mut snap, req, &mut d) {
@@ -419,7 +420,11 @@ pub async fn handle_review_from(
         }
     }
     let kind = RequestKind::of(&req).label();
-    let result = if d.allowed { "allowed" } else { "denied" };
+    let result = match (d.allowed, d.warned) {
+        (true, false) => "allowed",
+        (true, true) => "warned",
+        (false, _) => "denied",
+    };
     // Labels are static strings: counting a request allocates nothing.
     let operation = req.operation.as_str();
     let labels = AdmissionLabels {

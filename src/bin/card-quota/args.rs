@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use card_quota::cli::ScalePolicyArg;
 use card_quota::cli::{replay, status};
+use card_quota::cli::{EnforcementArg, ScalePolicyArg};
 
 #[derive(Parser)]
 #[command(
@@ -47,6 +47,11 @@ pub struct ReplayArgs {
     pub output: replay::Output,
     #[arg(long, value_enum, default_value = "clamp")]
     pub scale_policy: ScalePolicyArg,
+    /// What a queue without `volcano.sh/card.enforcement` does with a request that does
+    /// not fit its quota: refuse it (deny), or admit it with a warning, an Event and a
+    /// metric (warn: roll out first in warn, then switch).
+    #[arg(long, value_enum, default_value = "deny")]
+    pub enforcement: EnforcementArg,
     /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
     /// that already place pods by card model).
     #[arg(long)]
@@ -90,6 +95,9 @@ pub struct ManifestsArgs {
     /// `serve --no-pin`. Default: pins on, binding hooks fail open (a safety net).
     #[arg(long)]
     pub no_pin: bool,
+    /// The Deployment's `serve --enforcement` (deny or warn).
+    #[arg(long, value_enum, default_value = "deny")]
+    pub enforcement: EnforcementArg,
     /// Name of the webhook configurations.
     #[arg(long)]
     pub name: Option<String>,
@@ -143,6 +151,11 @@ pub struct ServeArgs {
     pub scheduler_names: Vec<String>,
     #[arg(long, value_enum, default_value = "clamp")]
     pub scale_policy: ScalePolicyArg,
+    /// What a queue without `volcano.sh/card.enforcement` does with a request that does
+    /// not fit its quota: refuse it (deny), or admit it with a warning, an Event and a
+    /// metric (warn: roll out first in warn, then switch).
+    #[arg(long, value_enum, default_value = "deny")]
+    pub enforcement: EnforcementArg,
     /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
     /// that already place pods by card model).
     #[arg(long)]

@@ -10,6 +10,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     let cfg = Config {
         scale_policy: a.scale_policy.into(),
         pin: !a.no_pin,
+        enforcement: a.enforcement.into(),
     };
     replay::run(
         &a.objects,
@@ -57,6 +58,7 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
             url: a.url.as_deref(),
             without_match_conditions: a.without_match_conditions,
             no_pin: a.no_pin,
+            enforcement: a.enforcement.into(),
             name: a.name.as_deref(),
             namespace_label: a
                 .namespace_label

@@ -253,6 +253,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         config: Config {
             scale_policy: a.scale_policy.into(),
             pin: !a.no_pin,
+            enforcement: a.enforcement.into(),
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
         lease_namespace: a.lease_namespace,

@@ -1,0 +1,98 @@
+//! `warn` enforcement. A request that a `warn` queue's quota would refuse or clamp is
+//! decided again with that quota unlimited, and admitted as that second decision says
+//! (the same patch, the same charge: usage stays exact and may pass the quota), with a
+//! warning, an Event and a metric that say what `deny` would have done.
+
+use super::messages::{cap, Reason};
+use super::{decide, Config, Decision, EventIntent, ObjectRef, RequestKind};
+use crate::snapshot::Snapshot;
+
+use super::review::{AdmissionRequest, Operation};
+
+/// The Event reason of a request admitted in `warn` that `deny` would have refused.
+pub const WOULD_REFUSE: &str = "CardQuotaWouldRefuse";
+
+/// Decides `req`, admitting under `warn` what only a `warn` queue's quota refuses.
+/// Requests that fit, and every refusal that is not about a quota, cost one decision.
+pub fn decide_enforcing(
+    req: &AdmissionRequest,
+    snap: &mut Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
+    let d = decide(req, snap, cfg, now);
+    if !refused_by_quota(req, &d) || !snap.any_warn(cfg.enforcement) {
+        return d;
+    }
+    let relaxed = snap.lifted(cfg.enforcement, |s| decide(req, s, cfg, now));
+    // Still refused (or clamped) with the `warn` queues lifted: a `deny` queue's quota,
+    // or something else, refuses it.
+    if !relaxed.allowed || relaxed.reason.is_some() {
+        return d;
+    }
+    warned(relaxed, d, created_pod(req))
+}
+
+/// The pod a CREATE makes, when its name is known: an admitted pod will exist, so the
+/// Event belongs on it (`kubectl describe pod`), not on its owner.
+fn created_pod(req: &AdmissionRequest) -> Option<ObjectRef> {
+    if RequestKind::of(req) != RequestKind::Pod || req.operation != Operation::Create {
+        return None;
+    }
+    let obj = req.object.as_ref()?.tree();
+    let name = req.object_name(obj);
+    if name.is_empty() {
+        return None;
+    }
+    Some(ObjectRef {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: Some(req.ns().to_string()),
+        name,
+        uid: obj
+            .pointer("/metadata/uid")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string),
+    })
+}
+
+/// True for a refusal, or a clamp, that a quota makes.
+fn refused_by_quota(req: &AdmissionRequest, d: &Decision) -> bool {
+    match d.reason {
+        Some(Reason::InsufficientCardQuota) => true,
+        // A broken quota refuses a queue's charges; on the Queue itself it is the
+        // admin's typo, refused whatever the enforcement.
+        Some(Reason::InvalidCardQuota) => !d.allowed && RequestKind::of(req) != RequestKind::Queue,
+        _ => false,
+    }
+}
+
+/// `admitted`, saying what `refused` says.
+fn warned(mut admitted: Decision, refused: Decision, pod: Option<ObjectRef>) -> Decision {
+    let said = refused
+        .message
+        .clone()
+        .or_else(|| refused.event.as_ref().map(|e| e.message.clone()))
+        .unwrap_or_default();
+    admitted.warnings.push(cap(format!(
+        "card-quota would refuse this if the queue's enforcement were deny: {said}"
+    )));
+    let message = cap(format!("admitted in warn mode; under deny: {said}"));
+    admitted.event = match (pod, refused.event) {
+        (Some(regarding), _) => Some(Box::new(EventIntent {
+            regarding,
+            reason: WOULD_REFUSE,
+            message,
+            warning: true,
+            also: None,
+        })),
+        (None, Some(e)) => Some(Box::new(EventIntent {
+            reason: WOULD_REFUSE,
+            message,
+            ..*e
+        })),
+        (None, None) => None,
+    };
+    admitted.warned = true;
+    admitted
+}
