@@ -44,6 +44,7 @@ cleanup() {
 trap cleanup EXIT
 
 e2e_sweep_stale_hooks
+e2e_build_burst "$(dirname "$0")/.." || { echo "could not build examples/burst.rs"; exit 100; }
 for ns in "$Q-plain" "$Q-rq" "$Q-cq" "$Q-nc" "$Q-pf" "$SYS"; do k create namespace "$ns" >/dev/null; done
 k label namespace "$Q-cq" "card-quota-burst=$RUN" >/dev/null
 k label namespace "$Q-nc" "card-quota-burst=$RUN" >/dev/null
@@ -65,7 +66,7 @@ for try in 1 2 3 4 5 6 7 8; do
 done
 trap 'k delete node "$Q-rtx" --ignore-not-found >/dev/null 2>&1 || true; cleanup' EXIT
 
-"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 # Each replica runs as the install's ServiceAccount with the install's RBAC (e2e/lib.sh).
 e2e_install_identity "$BIN" "$SYS" "$Q"
@@ -100,7 +101,7 @@ fi
 sleep 2
 rv0=$(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}')
 t0=$(date +%s)
-cargo run --quiet --release --example burst -- --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
+"$BURST_BIN" --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
   --case "plain=$Q-plain" --case "resourcequota=$Q-rq" --case "card-quota=$Q-cq" \
   ${BURST_NO_CARDS:+--case "webhook-no-cards=$Q-nc"} ${BURST_FLOOR:+--case "webhook-floor=$Q-pf"} --queue "$Q"
 t1=$(date +%s)

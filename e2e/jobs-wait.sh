@@ -71,7 +71,7 @@ wait_for 60 k -n "$NS" get sa default || { echo "no default ServiceAccount in $N
 k create clusterrolebinding "$Q-vc" --clusterrole=cluster-admin \
   --user=system:serviceaccount:volcano-system:volcano-scheduler \
   --user=system:serviceaccount:volcano-system:volcano-controllers >/dev/null
-"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 k create -f - >/dev/null <<EOF
 {"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}

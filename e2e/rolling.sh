@@ -12,7 +12,7 @@ BIN=${1:-target/release/card-quota}
 BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 : "${KUBECONFIG:?set KUBECONFIG}"
 command -v haproxy >/dev/null || { echo "haproxy is needed (Debian: apt-get install haproxy)"; exit 100; }
-PODS=${ROLLING_PODS:-4000}
+PODS=${ROLLING_PODS:-6000}
 CONC=${ROLLING_CONCURRENCY:-4}
 RUN=r$(date +%s | tail -c 5)$RANDOM
 Q=cq-rolling-$RUN
@@ -37,6 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 e2e_sweep_stale_hooks
+e2e_build_burst "$(dirname "$0")/.." || { echo "could not build examples/burst.rs"; exit 100; }
 
 k create namespace "$Q" >/dev/null; k create namespace "$SYS" >/dev/null
 k label namespace "$Q" "card-quota-rolling=$RUN" >/dev/null
@@ -54,7 +55,7 @@ for _ in 1 2 3 4 5 6 7 8; do
   k replace --raw "/api/v1/nodes/$Q-rtx/status" -f "$WORK/node.json" >/dev/null 2>&1 && break
   sleep 0.3
 done
-"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 # Each replica runs as the install's ServiceAccount with the install's RBAC (e2e/lib.sh).
 e2e_install_identity "$BIN" "$SYS" "$Q"
@@ -65,7 +66,7 @@ serve() { # name port
   KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=rolling-$1 "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --peer-routing --advertise-address "127.0.0.1:$2" \
-    --drain-seconds 3 --lease-namespace "$SYS" --lease-name card-quota-rolling >> "$WORK/$1.log" 2>&1 &
+    --drain-seconds 3 --cert-reload-seconds 0.5 --lease-namespace "$SYS" --lease-name card-quota-rolling >> "$WORK/$1.log" 2>&1 &
   echo $! > "$WORK/pid.$1"
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$(($2 + 1000))/readyz" >/dev/null && return; sleep 0.2; done
   echo "replica $1 never became ready"; cat "$WORK/$1.log"; exit 100
@@ -92,10 +93,12 @@ backend replicas
 CFG
 haproxy -f "$WORK/haproxy.cfg" -db > "$WORK/haproxy.log" 2>&1 & PIDS+=($!)
 sleep 1
-"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT" \
-  --name "$Q" --namespace-label "card-quota-rolling=$RUN" | k apply -f - >/dev/null
+hooks() { # cert-dir: the webhook configurations with that directory's caBundle
+  "$BIN" manifests --cert-dir "$1" --url "https://127.0.0.1:$PORT" \
+    --name "$Q" --namespace-label "card-quota-rolling=$RUN" | k apply -f - >/dev/null
+}
+hooks "$WORK/certs"
 sleep 2
-
 restart() { # name port
   local pid; pid=$(cat "$WORK/pid.$1")
   local t0; t0=$(date +%s%N)
@@ -103,13 +106,33 @@ restart() { # name port
   serve "$1" "$2"
   echo "replica $1 restarted in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
+rotated() { local n; n=$(grep -c 'serving a rotated certificate' "$WORK/$1.log" 2>/dev/null); echo "${n:-0}"; }
+rotate_ca() {
+  # The documented CA rotation (docs/operations.md): new CA, caBundle with both, the
+  # replicas' certificate swapped (a Secret update), then the old CA dropped.
+  cp -r "$WORK/certs" "$WORK/next"
+  "$BIN" certs --rotate-ca --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/next" 2>/dev/null >/dev/null
+  hooks "$WORK/next"
+  sleep 1
+  local a0 b0; a0=$(rotated a); b0=$(rotated b)
+  cp "$WORK/next/tls.key" "$WORK/next/tls.crt" "$WORK/certs/"
+  local i
+  for i in $(seq 1 50); do
+    [ "$(rotated a)" -gt "$a0" ] && [ "$(rotated b)" -gt "$b0" ] && break
+    [ "$i" = 50 ] && { echo "the replicas did not load the new certificate within 10 s"; return 1; }
+    sleep 0.2
+  done
+  "$BIN" certs --drop-previous-ca --out "$WORK/next" 2>/dev/null >/dev/null
+  hooks "$WORK/next"
+  echo "CA rotated: both replicas serve the new certificate, the old CA is no longer trusted"
+}
 (
-  sleep 3; restart a "$PA"; sleep 2; restart b "$PB"; sleep 2; restart a "$PA"
+  sleep 3; restart a "$PA"; sleep 2; restart b "$PB"; sleep 2; restart a "$PA"; sleep 1; rotate_ca
 ) > "$WORK/rollout.log" 2>&1 &
 roller=$!
 # The API server's own "ServerTimeout, please try again" (a CPU-starved control plane) is
 # retried as a controller would; only webhook refusals and failures count.
-cargo run --quiet --release --example burst -- --pods "$PODS" --concurrency "$CONC" --rounds 1 \
+"$BURST_BIN" --pods "$PODS" --concurrency "$CONC" --rounds 1 \
   --retry-server-timeouts --case "rolling=$Q" --queue "$Q" | tee "$WORK/stream.out"
 wait "$roller" || true
 cat "$WORK/rollout.log"
@@ -117,13 +140,16 @@ cat "$WORK/rollout.log"
 for p in "$PA" "$PB"; do
   curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(forwarded_charges_total|ledger_writes_total)' | sed "s/^/  replica :$p  /" || true
 done
-if ! grep -q 'restarted' "$WORK/rollout.log" || [ "$(grep -c restarted "$WORK/rollout.log")" -lt 3 ]; then
-  echo "FAIL: the stream ended before three restarts; raise ROLLING_PODS"; exit 1
+if [ "$(grep -c restarted "$WORK/rollout.log")" -lt 3 ] || ! grep -q 'CA rotated' "$WORK/rollout.log"; then
+  echo "FAIL: the stream ended before three restarts and a CA rotation; raise ROLLING_PODS"; exit 1
+fi
+if [ "$(grep -c 'serving a rotated certificate' "$WORK"/a.log "$WORK"/b.log | awk -F: '{s += $2} END {print s}')" -lt 2 ]; then
+  echo "FAIL: the replicas did not both serve the rotated certificate"; exit 1
 fi
 total=$(grep TOTAL "$WORK/stream.out" || grep -E '^ +1 +rolling' "$WORK/stream.out")
 echo "rolling restart: $total"
 if grep -Eq '^ +1 +rolling +[0-9.]+ +[0-9]+ +0 +0 ' "$WORK/stream.out"; then
-  echo "PASS: three rolling restarts under a steady stream of pod creations, 0 refused, 0 failed"
+  echo "PASS: three rolling restarts and a CA rotation under a steady stream of pod creations, 0 refused, 0 failed"
 else
   echo "FAIL: some creations were refused or failed during the rollout"; exit 1
 fi

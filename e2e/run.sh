@@ -207,10 +207,11 @@ serve() { # name port metrics-port policy
 log "run $RUN against $SERVER with $BIN"
 k get crd queues.scheduling.volcano.sh podgroups.scheduling.volcano.sh >/dev/null || { echo "Volcano's Queue/PodGroup CRDs are not installed"; exit 100; }
 e2e_sweep_stale_hooks
+e2e_build_burst "$REPO" || { echo "could not build examples/burst.rs"; exit 100; }
 namespace "$NS" "card-quota-e2e=$RUN"
 namespace "$NS2" "card-quota-e2e=$RUN-b"
 namespace "$SYS"; mkdir -p "$WORK/binds"
-"$BIN" certs --service card-quota --namespace card-quota --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
 CA=$(base64 -w0 < "$WORK/certs/ca.crt")
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
 # card-quota runs as the install's own ServiceAccount with the install's RBAC, from a
@@ -639,7 +640,7 @@ log "kill burst: $ok of 100 bound; replica B killed mid-burst ($(grep -c '^201$'
 check "a replica killed mid-burst never lets more than the quota bind" bash -c "[ $ok -le 10 ] && [ \"\$(bound_in $Q-kill)\" -le 10 ]"
 
 # ---- 5b. Pod bursts through both replicas: group commit, restarts ----------------------
-BURST=(cargo run --quiet --release --manifest-path "$REPO/Cargo.toml" --example burst -- --scheduler-name "$HAND_SCHED")
+BURST=("$BURST_BIN" --scheduler-name "$HAND_SCHED")
 serve B "$PORT_B" $((PORT_B + 1000)) clamp   # B was killed above
 pods_in() { k get pods -A -o json 2>/dev/null | jq --arg q "$1" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q)] | length'; }
 export -f pods_in
@@ -648,7 +649,7 @@ t0=$(date +%s%N)
 "${BURST[@]}" --pods 1000 --concurrency 16 --rounds 1 --together --keep --queue "$Q-flood" \
   --case "a=$NS" --case "b=$NS2" > "$WORK/flood.out" 2>&1
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-log "flood: $(grep TOTAL "$WORK/flood.out") (${ms} ms with cargo)"
+log "flood: $(grep TOTAL "$WORK/flood.out") (${ms} ms)"
 grep "first error" "$WORK/flood.out" | while read -r line; do log "flood: $line"; done
 check "2,000 pods into quota 1,500 through two replicas: exactly 1,500 admitted, 500 refused" \
   grep -q 'TOTAL admitted=1500 refused=500 errors=0' "$WORK/flood.out"

@@ -42,6 +42,8 @@ pub enum ManifestError {
     },
     #[error("embedded manifest {file}: {message}")]
     Manifest { file: &'static str, message: String },
+    #[error(transparent)]
+    Certs(#[from] crate::webhook::certs::CertsError),
 }
 
 /// What to produce.
@@ -220,7 +222,10 @@ fn is_binding_hook(hook: &Value) -> bool {
 /// The install objects as a YAML stream.
 pub fn render(opts: &Options) -> Result<String, ManifestError> {
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let ca = b64(&read(opts.cert_dir, "ca.crt")?);
+    let ca = b64(crate::webhook::certs::ca_bundle(opts.cert_dir)?.as_bytes());
+    if opts.url.is_none() {
+        crate::webhook::certs::check_service(opts.cert_dir, "card-quota", &opts.scope.namespace)?;
+    }
     let mut objects = Vec::new();
     for (file, text) in FILES {
         let docs = documents(text).map_err(|e| ManifestError::Manifest {

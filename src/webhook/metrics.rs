@@ -7,6 +7,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -44,6 +45,8 @@ pub struct WebhookMetrics {
     pub handshakes_refused: Counter,
     /// Charges sent to the replica that owns their queue.
     pub forwarded: Family<ForwardLabels, Counter>,
+    /// When the served certificate expires (Unix seconds).
+    pub certificate_expiry: Gauge,
 }
 
 impl WebhookMetrics {
@@ -88,6 +91,12 @@ impl WebhookMetrics {
             "Charges sent to the replica that owns their queue, by result",
             forwarded.clone(),
         );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "card_quota_serving_certificate_expiry_timestamp_seconds",
+            "When the served certificate expires (Unix seconds; alert weeks before)",
+            certificate_expiry.clone(),
+        );
         Self {
             requests,
             latency,
@@ -95,6 +104,7 @@ impl WebhookMetrics {
             connections_refused,
             handshakes_refused,
             forwarded,
+            certificate_expiry,
         }
     }
 }

@@ -665,12 +665,15 @@ pub async fn serve_health(
 }
 
 /// Polls the certificate files and swaps the served certificate when they change.
+/// `expiry` shows when the served certificate expires (Unix seconds).
 pub async fn reload_certs(
     resolver: Arc<super::tls::Reloading>,
     every: Duration,
+    expiry: prometheus_client::metrics::gauge::Gauge,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
+        expiry.set(resolver.not_after().unwrap_or(0));
         tokio::select! {
             _ = tokio::time::sleep(every) => match resolver.reload() {
                 Ok(true) => tracing::info!("serving a rotated certificate"),

@@ -15,8 +15,6 @@ use rustls::sign::CertifiedKey;
 /// Errors of certificate generation and loading.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("generating certificates: {0}")]
-    Generate(#[from] rcgen::Error),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -32,92 +30,23 @@ pub enum TlsError {
     Rustls(rustls::Error),
 }
 
-/// Writes `ca.crt`, `tls.crt` and `tls.key` into `out` for the Service DNS names plus
-/// extra SANs; returns the CA certificate PEM (the caBundle, before base64).
+/// Writes a new CA and serving certificate into `out` for the Service DNS names plus
+/// extra SANs, replacing what is there; returns the caBundle (PEM). See
+/// [`super::certs`] for renewal and rotation.
 pub fn generate(
     service: &str,
     namespace: &str,
     extra_dns: &[String],
     ips: &[std::net::IpAddr],
     out: &Path,
-) -> Result<String, TlsError> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-        SanType,
+) -> Result<String, super::certs::CertsError> {
+    let names = super::certs::Names {
+        service: service.to_string(),
+        namespace: namespace.to_string(),
+        dns: extra_dns.to_vec(),
+        ips: ips.to_vec(),
     };
-    let io = |path: &Path| {
-        let p = path.display().to_string();
-        move |source| TlsError::Io { path: p, source }
-    };
-    std::fs::create_dir_all(out).map_err(io(out))?;
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, format!("card-quota CA ({namespace})"));
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    // Valid from today (00:00 UTC, which also covers a little clock skew): the CA for
-    // ten years, the serving certificate for two. Rotate by running `certs` and
-    // `manifests` again; the server reloads the files it serves when they change.
-    let today = jiff::Timestamp::now()
-        .to_zoned(jiff::tz::TimeZone::UTC)
-        .date();
-    let day = |years: i16| {
-        rcgen::date_time_ymd(
-            i32::from(today.year() + years),
-            u8::try_from(today.month()).unwrap_or(1),
-            // Feb 29 does not exist in most target years.
-            u8::try_from(today.day().min(28)).unwrap_or(1),
-        )
-    };
-    ca.not_before = day(0);
-    ca.not_after = day(10);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let mut names = vec![
-        service.to_string(),
-        format!("{service}.{namespace}"),
-        format!("{service}.{namespace}.svc"),
-        format!("{service}.{namespace}.svc.cluster.local"),
-    ];
-    names.extend(extra_dns.iter().cloned());
-    let mut leaf = CertificateParams::new(names)?;
-    leaf.distinguished_name
-        .push(DnType::CommonName, format!("{service}.{namespace}.svc"));
-    for ip in ips {
-        leaf.subject_alt_names.push(SanType::IpAddress(*ip));
-    }
-    leaf.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.not_before = day(0);
-    leaf.not_after = day(2);
-    let leaf_key = KeyPair::generate()?;
-    let issuer = Issuer::new(ca, ca_key);
-    let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
-    let write = |name: &str, text: String, mode: u32| {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let p = out.join(name);
-        // Created with its mode: the key is never readable by others, not even briefly.
-        let _ = std::fs::remove_file(&p);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&p)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
-            .map_err(io(&p))
-    };
-    write("ca.crt", ca_cert.pem(), 0o644)?;
-    write("tls.crt", leaf_cert.pem(), 0o644)?;
-    write("tls.key", leaf_key.serialize_pem(), 0o600)?;
-    Ok(ca_cert.pem())
+    super::certs::issue(&names, out, super::certs::Mode::Force)
 }
 
 /// Loads `tls.crt` and `tls.key` from a directory into a rustls certified key.
@@ -189,6 +118,13 @@ impl Reloading {
             .unwrap_or_else(|e| e.into_inner())
             .0
             .clone()
+    }
+
+    /// When the certificate served now expires (Unix seconds).
+    pub fn not_after(&self) -> Option<i64> {
+        let cert = self.certificate()?;
+        let (_, c) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+        Some(c.validity().not_after.timestamp())
     }
 
     /// The certificate served now (its end-entity certificate).

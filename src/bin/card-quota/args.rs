@@ -76,6 +76,20 @@ pub struct CertsArgs {
     /// Extra IP SANs (e.g. 127.0.0.1 for a local API server).
     #[arg(long)]
     pub ip: Vec<std::net::IpAddr>,
+    /// A new serving certificate under the CA kept in --out (the caBundle stays).
+    #[arg(long, group = "mode")]
+    pub renew: bool,
+    /// A new CA; the old one stays in the caBundle (ca-previous.crt) until
+    /// --drop-previous-ca, so replicas still serving the old certificate are trusted.
+    #[arg(long, group = "mode")]
+    pub rotate_ca: bool,
+    /// Ends a CA rotation once every replica serves the new certificate.
+    #[arg(long, group = "mode")]
+    pub drop_previous_ca: bool,
+    /// Replace the CA and certificate that are there (an outage until both the new
+    /// caBundle and the new certificate are in place).
+    #[arg(long, group = "mode")]
+    pub force: bool,
 }
 
 #[derive(Args)]

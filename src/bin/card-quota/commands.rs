@@ -25,12 +25,35 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
 
 pub fn certs(a: CertsArgs) -> anyhow::Result<()> {
     use base64::Engine;
-    let ca = card_quota::webhook::tls::generate(&a.service, &a.namespace, &a.dns, &a.ip, &a.out)?;
+    use card_quota::webhook::certs::{issue, Mode, Names};
+    let mode = match (a.renew, a.rotate_ca, a.drop_previous_ca, a.force) {
+        (true, ..) => Mode::Renew,
+        (_, true, ..) => Mode::RotateCa,
+        (_, _, true, _) => Mode::DropPreviousCa,
+        (.., true) => Mode::Force,
+        _ => Mode::New,
+    };
+    let names = Names {
+        service: a.service,
+        namespace: a.namespace,
+        dns: a.dns,
+        ips: a.ip,
+    };
+    let bundle = issue(&names, &a.out, mode)?;
+    let dir = a.out.display();
     eprintln!(
-        "wrote {0}/ca.crt, {0}/tls.crt, {0}/tls.key",
-        a.out.display()
+        "{}",
+        match mode {
+            Mode::Renew => format!("wrote {dir}/tls.crt, {dir}/tls.key under the kept CA; the caBundle is unchanged"),
+            Mode::RotateCa => format!("wrote a new CA and certificate in {dir}; the old CA is {dir}/ca-previous.crt. Apply `card-quota manifests` (caBundle: both CAs), wait until every replica serves the new certificate, then run certs --drop-previous-ca and apply again"),
+            Mode::DropPreviousCa => format!("removed {dir}/ca-previous.crt; apply `card-quota manifests` again"),
+            Mode::New | Mode::Force => format!("wrote {dir}/ca.crt, {dir}/ca.key (keep it private), {dir}/tls.crt, {dir}/tls.key for {}", names.service_host()),
+        }
     );
-    println!("{}", base64::engine::general_purpose::STANDARD.encode(ca));
+    println!(
+        "{}",
+        base64::engine::general_purpose::STANDARD.encode(bundle)
+    );
     Ok(())
 }
 

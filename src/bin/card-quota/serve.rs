@@ -171,7 +171,12 @@ async fn serve(
             stop_rx.clone(),
         )),
         tokio::spawn(server::serve_health(health, state.clone(), stop_rx.clone())),
-        tokio::spawn(server::reload_certs(resolver, every, stop_rx)),
+        tokio::spawn(server::reload_certs(
+            resolver,
+            every,
+            state.metrics.webhook.certificate_expiry.clone(),
+            stop_rx,
+        )),
     ];
     shutdown_signal().await;
     // Unready first, and keep serving while endpoints and the API server's connection
