@@ -337,6 +337,9 @@ k annotate queue "$Q-trial" volcano.sh/card.enforcement=deny --overwrite >/dev/n
 sleep 1
 out=$(card_pod trial-3 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - 2>&1)
 check "switched to deny, the next pod is refused" contains "$out" "queue $Q-trial has insufficient RTX-4090 quota: requested 1, in use 2"
+out=$(k annotate queue "$Q-trial" volcano.sh/card.enforcement=audit --overwrite 2>&1)
+check "a malformed card.enforcement is refused at kubectl annotate (the Queue hook's condition sees it)" \
+  contains "$out" "invalid volcano.sh/card.enforcement on queue $Q-trial: expected \"deny\" or \"warn\", got \"audit\""
 k -n "$NS" delete pod trial-1 trial-2 --wait=false >/dev/null 2>&1
 
 # ---- 2. PodGroups ---------------------------------------------------------------------
