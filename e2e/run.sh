@@ -702,7 +702,7 @@ k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 # ---- 6. The reconciler's usage annotation, status ---------------------------------------
 out=$("$BIN" status "${SERVE_SCOPE[@]}" --queue "$Q-burst" -o json 2>/dev/null)
 check "card-quota status reads the live cluster (10 allocated in the burst queue)" \
-  bash -c 'jq -e --arg q "$2" ".[\$q][\"RTX-4090\"].allocated == 10" <<<"$1" >/dev/null' _ "$out" "$Q-burst"
+  bash -c 'jq -e --arg q "$2" ".[] | select(.queue == \$q and .model == \"RTX-4090\") | .allocated == 10" <<<"$1" >/dev/null' _ "$out" "$Q-burst"
 check "usage is written by server-side apply under field manager card-quota" bash -c \
   "{ kubectl get queue $Q-research -o json --show-managed-fields 2>/dev/null || kubectl get queue $Q-research -o json; } | jq -e '.metadata.managedFields[] | select(.manager == \"card-quota\" and .operation == \"Apply\") | .fieldsV1[\"f:metadata\"][\"f:annotations\"][\"f:volcano.sh/card.usage\"]' >/dev/null"
 queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"NVIDIA-H200/mps-140g*1/2":2,"RTX-4090":2,"NVIDIA-A100":0}' |

@@ -24,7 +24,7 @@ fn of_kind(all: &[Value], kind: &str) -> Value {
 
 #[test]
 fn the_charts_webhooks_are_the_manifests_webhooks() {
-    let manifests = docs("manifests/webhooks.yaml");
+    let manifests = docs("manifests/webhooks/webhooks.yaml");
     for (file, kind) in [
         (
             "charts/card-quota/files/mutating-webhooks.yaml",
@@ -38,14 +38,14 @@ fn the_charts_webhooks_are_the_manifests_webhooks() {
         assert_eq!(
             docs(file),
             vec![of_kind(&manifests, kind)],
-            "{file} differs from manifests/webhooks.yaml: copy the {kind} over"
+            "{file} differs from manifests/webhooks/webhooks.yaml: copy the {kind} over"
         );
     }
 }
 
 #[test]
 fn the_charts_rbac_is_the_manifests_rbac() {
-    let manifests = docs("manifests/rbac.yaml");
+    let manifests = docs("manifests/base/rbac.yaml");
     for (file, kind) in [
         ("charts/card-quota/files/clusterrole.yaml", "ClusterRole"),
         ("charts/card-quota/files/role.yaml", "Role"),
@@ -53,7 +53,7 @@ fn the_charts_rbac_is_the_manifests_rbac() {
         assert_eq!(
             docs(file),
             vec![of_kind(&manifests, kind)],
-            "{file} differs from manifests/rbac.yaml: copy the {kind} over"
+            "{file} differs from manifests/base/rbac.yaml: copy the {kind} over"
         );
     }
 }

@@ -23,12 +23,12 @@ fn the_table_is_sorted_and_marks_queues_over_quota() {
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "\
-QUEUE     MODEL                          QUOTA  ALLOCATED  PENDING  RESERVED  FREE
-research  NVIDIA-H200                    2      3          0        0         -1 OVER
-research  NVIDIA-H200/mig-1g.18gb-mixed  4      0          1        2         1
-serving   NVIDIA-H200                    1      0          0        0         1
-serving   RTX-4090                       2      0          0        0         2
-serving   RTX-4090|NVIDIA-H200           -      0          1        0         -
+QUEUE     MODEL                          QUOTA  ALLOCATED  PENDING  RESERVED  FREE  OVER  NOTE
+research  NVIDIA-H200                    2      3          0        0         0     1
+research  NVIDIA-H200/mig-1g.18gb-mixed  4      0          1        2         1     0
+serving   NVIDIA-H200                    1      0          0        0         1     0
+serving   RTX-4090                       2      0          0        0         2     0
+serving   RTX-4090|NVIDIA-H200           -      0          1        0         -     -
 
 WAITING PODGROUP  QUEUE    REQUEST        WAITING
 ml/queued         serving  NVIDIA-H200:1  -
@@ -37,16 +37,18 @@ ml/queued         serving  NVIDIA-H200:1  -
 }
 
 #[test]
-fn json_is_shaped_like_replays_usage_and_filters_by_queue() {
+fn json_is_a_list_of_every_column_and_filters_by_queue() {
     let out = status(&["-o", "json", "--queue", "research"]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         v,
-        serde_json::json!({"research": {
-            "NVIDIA-H200": {"quota": 2, "allocated": 3, "pending": 0, "reserved": 0},
-            "NVIDIA-H200/mig-1g.18gb-mixed": {"quota": 4, "allocated": 0, "pending": 1, "reserved": 2}
-        }})
+        serde_json::json!([
+            {"queue": "research", "model": "NVIDIA-H200", "quota": 2, "allocated": 3, "pending": 0,
+             "reserved": 0, "free": 0, "over": 1, "note": ""},
+            {"queue": "research", "model": "NVIDIA-H200/mig-1g.18gb-mixed", "quota": 4, "allocated": 0,
+             "pending": 1, "reserved": 2, "free": 1, "over": 0, "note": ""}
+        ])
     );
 }
 
@@ -94,8 +96,87 @@ fn a_broken_quota_is_named_and_scheduler_names_scope_the_count() {
     );
     let scoped = run(&["--scheduler-name", "volcano"]);
     assert!(scoped.contains("bad    NVIDIA-H200  0      2"), "{scoped}");
+    // The broken queue says so on its rows.
+    assert!(
+        scoped.contains("card.quota invalid: quota 0 until fixed (below)"),
+        "{scoped}"
+    );
     assert!(
         !scoped.contains("RTX-4090     1      0          1"),
         "{scoped}"
     );
+}
+
+/// Every queue shows, even with no numbers (no quota, Closed, enforcement warn, a
+/// quota that does not parse), with a note; objects come from stdin with `-`; a queue
+/// filter that matches a queue without rows still shows it.
+#[test]
+fn every_queue_shows_with_a_note_and_objects_come_from_stdin() {
+    use std::io::Write;
+    let objects = r#"
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: bare}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: trial, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}', volcano.sh/card.enforcement: warn}}
+status: {state: Closed}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: typo, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":'}}
+"#;
+    let run = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+            .args(["status", "--objects", "-"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(objects.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = run(&[]);
+    assert!(
+        table.starts_with(
+            "\
+QUEUE  MODEL        QUOTA  ALLOCATED  PENDING  RESERVED  FREE  OVER  NOTE
+bare   -            0      0          0        0         0     0     no card.quota: quota 0 for every model
+trial  NVIDIA-H200  1      0          0        0         1     0     Closed; enforcement warn
+typo   -            0      0          0        0         0     0     card.quota invalid: quota 0 until fixed (below)
+"
+        ),
+        "{table}"
+    );
+    let one: serde_json::Value =
+        serde_json::from_str(&run(&["--queue", "bare", "-o", "json"])).unwrap();
+    assert_eq!(one[0]["note"], "no card.quota: quota 0 for every model");
+}
+
+#[test]
+fn an_empty_cluster_says_no_resources_found() {
+    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .args(["status", "--objects", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "No resources found\n");
 }

@@ -28,6 +28,10 @@ fn free_port() -> u16 {
 }
 
 fn certs(dir: &Path) {
+    certs_with(dir, &[]);
+}
+
+fn certs_with(dir: &Path, extra: &[&str]) {
     let out = Command::new(BIN)
         .args([
             "certs",
@@ -40,6 +44,7 @@ fn certs(dir: &Path) {
             "--out",
         ])
         .arg(dir)
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -51,11 +56,12 @@ fn certs(dir: &Path) {
     let pem = base64::engine::general_purpose::STANDARD
         .decode(bundle.trim())
         .unwrap();
-    assert_eq!(
-        pem,
-        std::fs::read(dir.join("ca.crt")).unwrap(),
-        "stdout is the caBundle"
-    );
+    // The caBundle: the CA, then during a rotation the previous one.
+    let mut want = std::fs::read(dir.join("ca.crt")).unwrap();
+    if let Ok(previous) = std::fs::read(dir.join("ca-previous.crt")) {
+        want.extend(previous);
+    }
+    assert_eq!(pem, want, "stdout is the caBundle");
 }
 
 struct Server {
@@ -285,7 +291,7 @@ async fn the_https_webhook_decides_patches_and_survives_a_certificate_rotation()
 
     // Rotation: new CA and certificate in place; a client trusting only the new CA gets through.
     let old_ca = std::fs::read(tmp.join("ca.crt")).unwrap();
-    certs(&tmp);
+    certs_with(&tmp, &["--rotate-ca"]);
     assert_ne!(old_ca, std::fs::read(tmp.join("ca.crt")).unwrap());
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -13,22 +13,25 @@ use crate::snapshot::load::documents;
 const FILES: [(&str, &str); 7] = [
     (
         "namespace.yaml",
-        include_str!("../../manifests/namespace.yaml"),
+        include_str!("../../manifests/base/namespace.yaml"),
     ),
-    ("rbac.yaml", include_str!("../../manifests/rbac.yaml")),
+    ("rbac.yaml", include_str!("../../manifests/base/rbac.yaml")),
     (
         "deployment.yaml",
-        include_str!("../../manifests/deployment.yaml"),
+        include_str!("../../manifests/base/deployment.yaml"),
     ),
-    ("service.yaml", include_str!("../../manifests/service.yaml")),
-    ("pdb.yaml", include_str!("../../manifests/pdb.yaml")),
+    (
+        "service.yaml",
+        include_str!("../../manifests/base/service.yaml"),
+    ),
+    ("pdb.yaml", include_str!("../../manifests/base/pdb.yaml")),
     (
         "networkpolicy.yaml",
-        include_str!("../../manifests/networkpolicy.yaml"),
+        include_str!("../../manifests/base/networkpolicy.yaml"),
     ),
     (
         "webhooks.yaml",
-        include_str!("../../manifests/webhooks.yaml"),
+        include_str!("../../manifests/webhooks/webhooks.yaml"),
     ),
 ];
 
@@ -58,6 +61,8 @@ pub struct Options<'a> {
     pub no_pin: bool,
     /// `serve --enforcement` of the Deployment.
     pub enforcement: crate::decide::Enforcement,
+    /// The Deployment's image (default: the release's, `ghcr.io/card-quota/card-quota:<version>`).
+    pub image: Option<&'a str>,
     /// Name of the webhook configurations (default `card-quota`).
     pub name: Option<&'a str>,
     /// Only namespaces carrying this label (`key=value`) reach the webhooks.
@@ -246,6 +251,9 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
         )));
     }
     for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
+        if let Some(image) = opts.image {
+            o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+        }
         if let Some(args) = o
             .pointer_mut("/spec/template/spec/containers/0/args")
             .and_then(Value::as_array_mut)
@@ -362,6 +370,7 @@ mod tests {
                 without_match_conditions: false,
                 no_pin,
                 enforcement: crate::decide::Enforcement::Deny,
+                image: None,
                 name: None,
                 namespace_label: None,
                 scope: Scope::default(),
@@ -396,6 +405,43 @@ mod tests {
     }
 
     #[test]
+    fn image_and_enforcement_reach_the_deployment_and_foreign_certificates_are_refused() {
+        let d = certs();
+        crate::webhook::tls::generate("card-quota", "card-quota", &[], &[], &d.0).unwrap();
+        let opts = |namespace: &str| Options {
+            cert_dir: &d.0,
+            url: None,
+            without_match_conditions: false,
+            no_pin: false,
+            enforcement: crate::decide::Enforcement::Warn,
+            image: Some("registry.example/cq:dev"),
+            name: None,
+            namespace_label: None,
+            scope: Scope {
+                namespace: namespace.into(),
+                ..Scope::default()
+            },
+        };
+        let docs = documents(&render(&opts("card-quota")).unwrap()).unwrap();
+        let c = docs
+            .iter()
+            .find(|o| o["kind"] == "Deployment")
+            .and_then(|o| o.pointer("/spec/template/spec/containers/0"))
+            .unwrap();
+        assert_eq!(c["image"], "registry.example/cq:dev");
+        assert!(c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--enforcement=warn"));
+        let e = render(&opts("gpu")).unwrap_err().to_string();
+        assert!(
+            e.ends_with("is for card-quota.card-quota.svc, not card-quota.gpu.svc: make certificates for this namespace with `card-quota certs --namespace gpu`"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn every_webhook_gets_the_ca_and_the_secret_holds_the_serving_pair() {
         let d = certs();
         crate::webhook::tls::generate("card-quota", "card-quota", &[], &[], &d.0).unwrap();
@@ -405,6 +451,7 @@ mod tests {
             without_match_conditions: false,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Deny,
+            image: None,
             name: None,
             namespace_label: None,
             scope: Scope::default(),
@@ -431,7 +478,7 @@ mod tests {
 
     #[test]
     fn the_pod_hooks_select_the_card_vendors_card_quota_reads() {
-        let text = include_str!("../../manifests/webhooks.yaml");
+        let text = include_str!("../../manifests/webhooks/webhooks.yaml");
         let want: Vec<String> = crate::cards::nodes::DEFAULT_CARD_PREFIXES
             .iter()
             .map(|p| format!("'{p}/'"))
@@ -458,6 +505,7 @@ mod tests {
             without_match_conditions: true,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Deny,
+            image: None,
             name: Some("e2e"),
             namespace_label: Some(("card-quota-e2e", "x1")),
             scope: Scope::default(),
@@ -496,6 +544,7 @@ mod tests {
             without_match_conditions: false,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Deny,
+            image: None,
             name: None,
             namespace_label: None,
             scope: Scope {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::admission::{usage_report, usage_table};
+use crate::admission::usage_report;
 use crate::ledger::{Row, UsageKey};
 use crate::snapshot::Snapshot;
 
@@ -23,36 +23,177 @@ pub enum StatusError {
     Encode(String),
 }
 
-/// Renders the usage of `snap`, optionally for one queue.
+/// One line of `status`: a queue's numbers for one model (or `A|B` demand), or the queue
+/// alone when it has none, with what a reader must know about the queue.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StatusRow {
+    pub queue: String,
+    /// A model, an `A|B` demand, or `-` for a queue with no numbers.
+    pub model: String,
+    /// `None` on `A|B` rows (their models' quotas are on the models' own rows).
+    pub quota: Option<u128>,
+    pub allocated: u128,
+    pub pending: u128,
+    pub reserved: u128,
+    /// Room left, never negative (`None` on `A|B` rows).
+    pub free: Option<u128>,
+    /// How far usage is past the quota (`None` on `A|B` rows).
+    pub over: Option<u128>,
+    /// Closed, no quota, an annotation that does not parse, enforcement warn.
+    pub note: String,
+}
+
+/// What a reader must know about `queue` beside its numbers.
+fn note(snap: &Snapshot, queue: &crate::cards::QueueName) -> String {
+    use crate::cards::annotations::Enforcement;
+    let Some(q) = snap.queue(queue) else {
+        return "no such Queue (charges recorded under its name)".into();
+    };
+    let mut notes: Vec<String> = Vec::new();
+    if q.is_closed() {
+        notes.push(q.state.clone().unwrap_or_else(|| "Closed".into()));
+    }
+    match &q.quota {
+        None => notes.push("no card.quota: quota 0 for every model".into()),
+        Some(Err(_)) => notes.push("card.quota invalid: quota 0 until fixed (below)".into()),
+        Some(Ok(_)) => {}
+    }
+    match &q.enforcement {
+        Ok(Some(Enforcement::Warn)) => notes.push("enforcement warn".into()),
+        Err(_) => notes.push("card.enforcement invalid (below)".into()),
+        _ => {}
+    }
+    if q.order.is_err() {
+        notes.push("card.order invalid (below)".into());
+    }
+    notes.join("; ")
+}
+
+/// The rows of `status`: every queue of the snapshot (or `queue` alone), each model it
+/// has a quota for or uses, in name order.
+pub fn rows(
+    snap: &Snapshot,
+    queue: Option<&str>,
+    now: jiff::Timestamp,
+) -> Result<Vec<StatusRow>, StatusError> {
+    let report: BTreeMap<String, BTreeMap<UsageKey, Row>> = usage_report(snap, now);
+    let mut names: std::collections::BTreeSet<String> =
+        snap.queue_names().iter().map(|q| q.to_string()).collect();
+    names.extend(report.keys().cloned());
+    if let Some(q) = queue {
+        if !names.contains(q) {
+            return Err(StatusError::UnknownQueue {
+                queue: q.to_string(),
+                known: names.into_iter().collect::<Vec<_>>().join(", "),
+            });
+        }
+        names.retain(|n| n == q);
+    }
+    let mut out = Vec::new();
+    for name in names {
+        let note = note(snap, &crate::cards::QueueName::new(name.clone()));
+        let numbers = report.get(&name).filter(|r| !r.is_empty());
+        let Some(numbers) = numbers else {
+            out.push(StatusRow {
+                queue: name,
+                model: "-".into(),
+                quota: Some(0),
+                allocated: 0,
+                pending: 0,
+                reserved: 0,
+                free: Some(0),
+                over: Some(0),
+                note,
+            });
+            continue;
+        };
+        for (key, r) in numbers {
+            let model = key.is_model();
+            let free = r.free();
+            out.push(StatusRow {
+                queue: name.clone(),
+                model: key.to_string(),
+                quota: model.then(|| r.quota.get()),
+                allocated: r.allocated.get(),
+                pending: r.pending.get(),
+                reserved: r.reserved.get(),
+                free: model.then(|| u128::try_from(free.max(0)).unwrap_or(0)),
+                over: model.then(|| u128::try_from((-free).max(0)).unwrap_or(0)),
+                note: note.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The rows as a table, kubectl's way: columns padded, `-` where a number does not apply.
+pub fn table(rows: &[StatusRow]) -> String {
+    let dash = |n: Option<u128>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
+    let mut lines = vec![[
+        "QUEUE",
+        "MODEL",
+        "QUOTA",
+        "ALLOCATED",
+        "PENDING",
+        "RESERVED",
+        "FREE",
+        "OVER",
+        "NOTE",
+    ]
+    .map(String::from)];
+    for r in rows {
+        lines.push([
+            r.queue.clone(),
+            r.model.clone(),
+            dash(r.quota),
+            r.allocated.to_string(),
+            r.pending.to_string(),
+            r.reserved.to_string(),
+            dash(r.free),
+            dash(r.over),
+            r.note.clone(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..9)
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut s = String::new();
+    for l in &lines {
+        let cells: Vec<String> = l
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        s.push_str(cells.join("  ").trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+/// Renders the usage of `snap`, optionally for one queue: a table (with the broken
+/// annotations and the held Jobs below it), or the rows as a JSON / YAML list.
 pub fn render(
     snap: &Snapshot,
     queue: Option<&str>,
     format: Format,
     now: jiff::Timestamp,
 ) -> Result<String, StatusError> {
-    let mut report: BTreeMap<String, BTreeMap<UsageKey, Row>> = usage_report(snap, now);
-    if let Some(q) = queue {
-        if !report.contains_key(q) {
-            let known: Vec<String> = snap.queue_names().iter().map(|q| q.to_string()).collect();
-            return Err(StatusError::UnknownQueue {
-                queue: q.to_string(),
-                known: known.join(", "),
-            });
-        }
-        report.retain(|k, _| k == q);
-    }
+    let rows = rows(snap, queue, now)?;
+    let encode = |e: String| StatusError::Encode(e);
     Ok(match format {
-        Format::Table => {
-            usage_table(&report) + &problems(snap, queue) + &waiting_table(snap, queue, now)
-        }
+        Format::Table if rows.is_empty() => "No resources found\n".to_string(),
+        Format::Table => table(&rows) + &problems(snap, queue) + &waiting_table(snap, queue, now),
         Format::Json => format!(
             "{}\n",
-            serde_json::to_string_pretty(&report)
-                .map_err(|e| StatusError::Encode(e.to_string()))?
+            serde_json::to_string_pretty(&rows).map_err(|e| encode(e.to_string()))?
         ),
-        Format::Yaml => {
-            serde_norway::to_string(&report).map_err(|e| StatusError::Encode(e.to_string()))?
-        }
+        Format::Yaml => serde_norway::to_string(&rows).map_err(|e| encode(e.to_string()))?,
     })
 }
 
@@ -64,10 +205,17 @@ pub fn problems(snap: &Snapshot, queue: Option<&str>) -> String {
         if queue.is_some_and(|q| q != name.as_str()) {
             continue;
         }
-        if let Some(Err(e)) = snap.queue(&name).and_then(|q| q.quota.as_ref()) {
+        let Some(q) = snap.queue(&name) else { continue };
+        if let Some(Err(e)) = &q.quota {
             out.push_str(&format!(
                 "\nqueue {name}: quota 0 for every model until its annotation is fixed: {e}\n"
             ));
+        }
+        for e in [q.enforcement.as_ref().err(), q.order.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            out.push_str(&format!("\nqueue {name}: {e}\n"));
         }
     }
     out

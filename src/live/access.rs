@@ -1,5 +1,5 @@
 //! Every API call card-quota makes with its service account, by resource and verb: the
-//! RBAC in `manifests/rbac.yaml` must grant exactly these (a test compares them).
+//! RBAC in `manifests/base/rbac.yaml` must grant exactly these (a test compares them).
 
 /// Where a permission is granted: cluster-wide, or in card-quota's own namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -72,7 +72,7 @@ mod tests {
     type Grants = BTreeSet<(Scope, String, String, String)>;
 
     fn granted() -> Grants {
-        let text = include_str!("../../manifests/rbac.yaml");
+        let text = include_str!("../../manifests/base/rbac.yaml");
         let mut out = Grants::new();
         for doc in crate::snapshot::load::documents(text).unwrap() {
             let scope = match doc["kind"].as_str() {

@@ -45,6 +45,8 @@ pub struct ReplayArgs {
     /// Final usage as a JSON line instead of a table.
     #[arg(long, value_enum, default_value = "table")]
     pub output: replay::Output,
+    /// A scale-up that does not fully fit: clamp (lower spec.replicas to what fits) or
+    /// deny.
     #[arg(long, value_enum, default_value = "clamp")]
     pub scale_policy: ScalePolicyArg,
     /// What a queue without `volcano.sh/card.enforcement` does with a request that does
@@ -64,10 +66,14 @@ pub struct ReplayArgs {
 
 #[derive(Args)]
 pub struct CertsArgs {
+    /// The webhook Service's name (the certificate is for <service>.<namespace>.svc).
     #[arg(long, default_value = "card-quota")]
     pub service: String,
+    /// The namespace card-quota runs in (give `manifests --namespace` the same).
     #[arg(long, default_value = "card-quota")]
     pub namespace: String,
+    /// Where ca.crt, ca.key, tls.crt and tls.key go (and, during a CA rotation,
+    /// ca-previous.crt).
     #[arg(long, default_value = "certs")]
     pub out: PathBuf,
     /// Extra DNS SANs.
@@ -112,6 +118,9 @@ pub struct ManifestsArgs {
     /// The Deployment's `serve --enforcement` (deny or warn).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
+    /// The Deployment's image (default: ghcr.io/card-quota/card-quota:<this version>).
+    #[arg(long)]
+    pub image: Option<String>,
     /// Name of the webhook configurations.
     #[arg(long)]
     pub name: Option<String>,
@@ -136,8 +145,10 @@ pub struct ManifestsArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
+    /// The HTTPS admission address (/mutate, /validate).
     #[arg(long, default_value = "0.0.0.0:8443")]
     pub listen: std::net::SocketAddr,
+    /// The plain-HTTP address of /healthz, /readyz and /metrics.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_listen: std::net::SocketAddr,
     /// Directory holding tls.crt and tls.key (a mounted TLS Secret).
@@ -163,6 +174,8 @@ pub struct ServeArgs {
     /// list as `manifests --scheduler-name`). Default: every pod.
     #[arg(long = "scheduler-name")]
     pub scheduler_names: Vec<String>,
+    /// A scale-up that does not fully fit: clamp (lower spec.replicas to what fits) or
+    /// deny.
     #[arg(long, value_enum, default_value = "clamp")]
     pub scale_policy: ScalePolicyArg,
     /// What a queue without `volcano.sh/card.enforcement` does with a request that does
@@ -193,6 +206,7 @@ pub struct ServeArgs {
         default_value = "card-quota"
     )]
     pub lease_namespace: String,
+    /// The Lease the reconciler's leader holds (in --lease-namespace).
     #[arg(long, default_value = "card-quota-reconciler")]
     pub lease_name: String,
     /// Send each charge to the replica that owns its queue, found through peer Leases

@@ -82,6 +82,7 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
             without_match_conditions: a.without_match_conditions,
             no_pin: a.no_pin,
             enforcement: a.enforcement.into(),
+            image: a.image.as_deref(),
             name: a.name.as_deref(),
             namespace_label: a
                 .namespace_label

@@ -13,8 +13,11 @@ pub fn snapshot_file(
     path: &std::path::Path,
     gated: Option<BTreeSet<String>>,
 ) -> anyhow::Result<Snapshot> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading objects from stdin")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    };
     let (snap, skipped) = card_quota::snapshot::load::load_gated(&text, gated)?;
     for s in skipped {
         tracing::warn!("{}: {s}", path.display());
