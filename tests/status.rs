@@ -180,3 +180,22 @@ fn an_empty_cluster_says_no_resources_found() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "No resources found\n");
 }
+
+/// The pre-flight lists what enforcement would refuse in a dump, and says so when
+/// nothing would be.
+#[test]
+fn would_refuse_lists_the_objects_enforcement_would_refuse() {
+    let out = status(&["--would-refuse"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "KIND  NAME    WOULD BE REFUSED WITH\nPod   ml/big  pod ml/big requests nvidia.com/gpu but has no volcano.sh/card.name and no node affinity pinning a model; queue research has quota for: NVIDIA-H200\n"
+    );
+    let json = status(&["--would-refuse", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v[0]["name"], "ml/big");
+}

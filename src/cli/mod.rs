@@ -2,6 +2,7 @@
 
 pub mod demo;
 pub mod manifests;
+pub mod preflight;
 pub mod replay;
 pub mod status;
 

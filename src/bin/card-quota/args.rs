@@ -241,6 +241,11 @@ pub struct StatusArgs {
     /// `serve --scheduler-name` does. Default: every pod.
     #[arg(long = "scheduler-name")]
     pub scheduler_names: Vec<String>,
+    /// Pre-flight: list the card pods and PodGroups of --objects (a dump of the cluster:
+    /// `kubectl get nodes,queues,podgroups,pods -A -o yaml`) that enforcement (deny)
+    /// would refuse today, oldest first.
+    #[arg(long, requires = "objects")]
+    pub would_refuse: bool,
 }
 
 /// The gated schedulers a repeatable `--scheduler-name` gives (`None`: every pod).

@@ -1,6 +1,6 @@
 //! The short subcommands: each turns its flags into a call to the library.
 
-use card_quota::cli::{manifests, replay, status};
+use card_quota::cli::{manifests, preflight, replay, status};
 use card_quota::decide::Config;
 
 use crate::args::{gated, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
@@ -95,6 +95,19 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let gated = gated(a.scheduler_names);
+    if let (true, Some(path)) = (a.would_refuse, &a.objects) {
+        let text = crate::snapshots::read_objects(path)?;
+        let (refused, skipped) = preflight::would_refuse(&text, gated, &Config::default())?;
+        for s in skipped {
+            tracing::warn!("{}: {s}", path.display());
+        }
+        match a.output {
+            status::Format::Table => print!("{}", preflight::table(&refused)),
+            status::Format::Json => println!("{}", serde_json::to_string_pretty(&refused)?),
+            status::Format::Yaml => print!("{}", serde_norway::to_string(&refused)?),
+        }
+        return Ok(());
+    }
     let snap = match a.objects {
         Some(path) => snapshot_file(&path, gated)?,
         None => tokio::runtime::Runtime::new()?.block_on(live_snapshot(gated))?,

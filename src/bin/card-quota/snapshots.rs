@@ -7,17 +7,22 @@ use anyhow::Context;
 use card_quota::live::caches;
 use card_quota::snapshot::Snapshot;
 
+/// The text of an objects file, or of stdin for `-`.
+pub fn read_objects(path: &std::path::Path) -> anyhow::Result<String> {
+    if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading objects from stdin")
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    }
+}
+
 /// A snapshot from a YAML/JSON stream of objects; objects it cannot read are logged.
 /// `gated` limits the pods counted to those schedulers.
 pub fn snapshot_file(
     path: &std::path::Path,
     gated: Option<BTreeSet<String>>,
 ) -> anyhow::Result<Snapshot> {
-    let text = if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading objects from stdin")?
-    } else {
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
-    };
+    let text = read_objects(path)?;
     let (snap, skipped) = card_quota::snapshot::load::load_gated(&text, gated)?;
     for s in skipped {
         tracing::warn!("{}: {s}", path.display());

@@ -1,0 +1,200 @@
+//! `card-quota status --would-refuse`: what enforcement would refuse in a cluster as it
+//! is today, before card-quota enforces (not installed yet, or running in `warn`). The
+//! card pods and PodGroups of a dump are created again, oldest first, through the same
+//! decisions as the webhook under `deny`; each that would be refused is listed, and
+//! counted anyway (it exists), so that the ones after it in a full queue are listed too.
+
+use serde_json::Value;
+
+use crate::admission::apply;
+use crate::decide::review::{parse_review, ReviewBuilder};
+use crate::decide::{decide, Config, Enforcement};
+use crate::snapshot::load::{describe, documents, upsert, LoadError};
+use crate::snapshot::Snapshot;
+
+/// One object enforcement would refuse, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WouldRefuse {
+    pub kind: String,
+    /// `namespace/name`.
+    pub name: String,
+    pub message: String,
+}
+
+/// When an object was created, for the replay's order (RFC 3339 sorts as text; objects
+/// without one keep their place after those with one).
+fn created(v: &Value) -> &str {
+    v.pointer("/metadata/creationTimestamp")
+        .and_then(Value::as_str)
+        .unwrap_or("~")
+}
+
+/// Lists what enforcement (`deny`, whatever `cfg` and the queues say) would refuse among
+/// the Pods and PodGroups of `text`; also returns the objects that could not be read.
+pub fn would_refuse(
+    text: &str,
+    gated: Option<std::collections::BTreeSet<String>>,
+    cfg: &Config,
+) -> Result<(Vec<WouldRefuse>, Vec<String>), LoadError> {
+    let docs = documents(text)?;
+    let kind = |v: &Value| {
+        v.get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let (mut charges, rest): (Vec<&Value>, Vec<&Value>) = docs
+        .iter()
+        .partition(|v| matches!(kind(v).as_str(), "Pod" | "PodGroup"));
+    let mut snap = Snapshot::new();
+    snap.set_gated_schedulers(gated);
+    let mut skipped = Vec::new();
+    let mut rest = rest;
+    rest.sort_by_key(|v| match kind(v).as_str() {
+        "Node" => 0,
+        "Queue" => 1,
+        _ => 2,
+    });
+    for v in rest {
+        match upsert(&mut snap, v) {
+            Ok(_) => {}
+            Err(e) => skipped.push(format!("{}: {e}", describe(v))),
+        }
+    }
+    // Oldest first; a PodGroup before the pods created with it.
+    charges.sort_by(|a, b| {
+        created(a)
+            .cmp(created(b))
+            .then_with(|| (kind(a) == "Pod").cmp(&(kind(b) == "Pod")))
+    });
+    let deny = Config {
+        enforcement: Enforcement::Deny,
+        ..*cfg
+    };
+    // A queue's own `warn` is what this lists past: decide as `deny` everywhere.
+    for q in snap.queues().cloned().collect::<Vec<_>>() {
+        if q.enforcement.is_ok() {
+            let mut strict = q;
+            strict.enforcement = Ok(Some(Enforcement::Deny));
+            snap.upsert_queue(strict);
+        }
+    }
+    let now = jiff::Timestamp::now();
+    let mut refused = Vec::new();
+    for v in charges {
+        let k = kind(v);
+        let builder = if k == "Pod" {
+            ReviewBuilder::pod("CREATE", v.clone())
+        } else {
+            ReviewBuilder::podgroup("CREATE", v.clone())
+        };
+        let req = match parse_review(&builder.build()) {
+            Ok(r) => r,
+            Err(e) => {
+                skipped.push(format!("{}: {e}", describe(v)));
+                continue;
+            }
+        };
+        let d = decide(&req, &snap, &deny, now);
+        if d.allowed {
+            if let Err(e) = apply(&mut snap, &req, &d) {
+                skipped.push(format!("{}: {e}", describe(v)));
+            }
+            continue;
+        }
+        refused.push(WouldRefuse {
+            kind: k,
+            name: format!(
+                "{}/{}",
+                req.ns(),
+                v.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            ),
+            message: d.message.unwrap_or_default(),
+        });
+        // It exists: it counts, as it will once card-quota enforces.
+        if let Err(e) = upsert(&mut snap, v) {
+            skipped.push(format!("{}: {e}", describe(v)));
+        }
+    }
+    Ok((refused, skipped))
+}
+
+/// The list as a table, or a sentence when nothing would be refused.
+pub fn table(refused: &[WouldRefuse]) -> String {
+    if refused.is_empty() {
+        return "Nothing would be refused: every card pod and PodGroup fits its queue's quota\n"
+            .into();
+    }
+    let w0 = refused
+        .iter()
+        .map(|r| r.kind.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let w1 = refused
+        .iter()
+        .map(|r| r.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+    let mut s = format!("{:w0$}  {:w1$}  WOULD BE REFUSED WITH\n", "KIND", "NAME");
+    for r in refused {
+        s.push_str(&format!("{:w0$}  {:w1$}  {}\n", r.kind, r.name, r.message));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DUMP: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}', volcano.sh/card.enforcement: warn}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: late, namespace: ml, creationTimestamp: "2026-11-02T00:00:00Z",
+  annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: NVIDIA-H200}}
+spec: {schedulerName: volcano, containers: [{name: c, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: early, namespace: ml, creationTimestamp: "2026-11-01T00:00:00Z",
+  annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: NVIDIA-H200}}
+spec: {schedulerName: volcano, nodeName: n1, containers: [{name: c, resources: {limits: {nvidia.com/gpu: "2"}}}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: ml, creationTimestamp: "2026-11-03T00:00:00Z"}
+spec: {containers: [{name: c}]}
+"#;
+
+    #[test]
+    fn the_pod_that_came_last_into_a_full_queue_is_listed_even_under_warn() {
+        let (refused, skipped) = would_refuse(DUMP, None, &Config::default()).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(
+            refused,
+            vec![WouldRefuse {
+                kind: "Pod".into(),
+                name: "ml/late".into(),
+                message: "queue q has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 2, pending 0, reserved 0), quota 2".into(),
+            }]
+        );
+        assert!(table(&refused)
+            .starts_with("KIND  NAME     WOULD BE REFUSED WITH\nPod   ml/late  queue q has"));
+        let fits = DUMP.replace(r#"'{"NVIDIA-H200":2}'"#, r#"'{"NVIDIA-H200":3}'"#);
+        let (refused, _) = would_refuse(&fits, None, &Config::default()).unwrap();
+        assert!(refused.is_empty());
+        assert!(table(&refused).starts_with("Nothing would be refused"));
+    }
+}
