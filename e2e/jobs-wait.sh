@@ -127,7 +127,7 @@ check "the hold is an Event on B's PodGroup" bash -c \
   "kubectl -n $NS get events.events.k8s.io -o json | jq -e --arg n \"\$(pg_of jb)\" '[.items[] | select(.regarding.kind == \"PodGroup\" and .regarding.name == \$n and .reason == \"InsufficientCardQuota\")] | length > 0' >/dev/null"
 check "... and on Job B" bash -c \
   "kubectl -n $NS get events.events.k8s.io -o json | jq -e '[.items[] | select(.regarding.kind == \"Job\" and .regarding.name == \"jb\" and .reason == \"InsufficientCardQuota\")] | length > 0' >/dev/null"
-out=$("$BIN" status 2>&1)
+out=$("$BIN" status --recount 2>&1)
 check "card-quota status lists the waiting jobs" bash -c 'grep -q "^WAITING PODGROUP" <<<"$1" && grep -q "$2" <<<"$1"' _ "$out" "$(pg_of jb)"
 check "the waiting-jobs metric counts them" bash -c \
   "curl -s http://127.0.0.1:$((PORT + 1000))/metrics | grep -q 'card_quota_jobs_waiting{queue_name=\"$Q-a\",card_name=\"NVIDIA-H200\"} 1'"

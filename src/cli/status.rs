@@ -45,10 +45,15 @@ pub struct StatusRow {
 
 /// What a reader must know about `queue` beside its numbers.
 fn note(snap: &Snapshot, queue: &crate::cards::QueueName) -> String {
+    match snap.queue(queue) {
+        Some(q) => queue_note(q),
+        None => "no such Queue (charges recorded under its name)".into(),
+    }
+}
+
+/// What a reader must know about a Queue beside its numbers.
+fn queue_note(q: &crate::cluster::QueueRecord) -> String {
     use crate::cards::annotations::Enforcement;
-    let Some(q) = snap.queue(queue) else {
-        return "no such Queue (charges recorded under its name)".into();
-    };
     let mut notes: Vec<String> = Vec::new();
     if q.is_closed() {
         notes.push(q.state.clone().unwrap_or_else(|| "Closed".into()));
@@ -124,6 +129,110 @@ pub fn rows(
         }
     }
     Ok(out)
+}
+
+/// The rows the reconciler wrote on each Queue (`volcano.sh/card.usage`), for a live
+/// `status` that needs only to read Queues.
+pub fn written_rows(
+    queues: &[crate::cluster::QueueRecord],
+    queue: Option<&str>,
+) -> Result<Vec<StatusRow>, StatusError> {
+    if let Some(q) = queue {
+        if !queues.iter().any(|r| r.name.as_str() == q) {
+            let known: Vec<&str> = queues.iter().map(|r| r.name.as_str()).collect();
+            return Err(StatusError::UnknownQueue {
+                queue: q.to_string(),
+                known: known.join(", "),
+            });
+        }
+    }
+    let mut out = Vec::new();
+    let mut queues: Vec<&crate::cluster::QueueRecord> = queues
+        .iter()
+        .filter(|r| queue.is_none_or(|q| r.name.as_str() == q))
+        .collect();
+    queues.sort_by(|a, b| a.name.cmp(&b.name));
+    for q in queues {
+        let mut note = queue_note(q);
+        let written: Option<BTreeMap<String, serde_json::Value>> = q
+            .usage
+            .as_deref()
+            .and_then(|u| serde_json::from_str(u).ok());
+        let numbers = |v: &serde_json::Value, k: &str| {
+            v.get(k)
+                .and_then(serde_json::Value::as_u64)
+                .map_or(0, u128::from)
+        };
+        let mut rows: Vec<StatusRow> = written
+            .iter()
+            .flatten()
+            .filter(|(k, v)| k.as_str() != "observedAt" && v.is_object())
+            .map(|(k, v)| {
+                let model = !k.contains('|');
+                let row = Row {
+                    quota: crate::cards::Cards::from_u128(numbers(v, "quota")),
+                    allocated: crate::cards::Cards::from_u128(numbers(v, "allocated")),
+                    pending: crate::cards::Cards::from_u128(numbers(v, "pending")),
+                    reserved: crate::cards::Cards::from_u128(numbers(v, "reserved")),
+                };
+                let free = row.free();
+                StatusRow {
+                    queue: q.name.to_string(),
+                    model: k.clone(),
+                    quota: model.then(|| row.quota.get()),
+                    allocated: row.allocated.get(),
+                    pending: row.pending.get(),
+                    reserved: row.reserved.get(),
+                    free: model.then(|| u128::try_from(free.max(0)).unwrap_or(0)),
+                    over: model.then(|| u128::try_from((-free).max(0)).unwrap_or(0)),
+                    note: String::new(),
+                }
+            })
+            .collect();
+        if written.is_none() {
+            let missing = match &q.usage {
+                None => "no usage written yet",
+                Some(_) => "usage annotation unreadable",
+            };
+            note = if note.is_empty() {
+                missing.into()
+            } else {
+                format!("{note}; {missing}")
+            };
+        }
+        if rows.is_empty() {
+            rows.push(StatusRow {
+                queue: q.name.to_string(),
+                model: "-".into(),
+                quota: Some(0),
+                allocated: 0,
+                pending: 0,
+                reserved: 0,
+                free: Some(0),
+                over: Some(0),
+                note: String::new(),
+            });
+        }
+        for r in &mut rows {
+            r.note = note.clone();
+        }
+        out.extend(rows);
+    }
+    Ok(out)
+}
+
+/// Renders rows alone (no snapshot behind them): a table, or a JSON / YAML list.
+pub fn render_rows(rows: &[StatusRow], format: Format) -> Result<String, StatusError> {
+    let encode = |e: String| StatusError::Encode(e);
+    Ok(match format {
+        Format::Table if rows.is_empty() => "No resources found\n".to_string(),
+        Format::Table => table(rows),
+        Format::Json => format!(
+            "{}\n",
+            serde_json::to_string_pretty(rows).map_err(|e| encode(e.to_string()))?
+        ),
+        Format::Yaml => serde_norway::to_string(rows).map_err(|e| encode(e.to_string()))?,
+    })
 }
 
 /// The rows as a table, kubectl's way: columns padded, `-` where a number does not apply.
@@ -271,4 +380,40 @@ pub fn waiting_table(snap: &Snapshot, queue: Option<&str>, now: jiff::Timestamp)
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::records::queue_record;
+
+    fn queue(v: serde_json::Value) -> crate::cluster::QueueRecord {
+        queue_record(&v).unwrap()
+    }
+
+    #[test]
+    fn live_rows_are_what_the_reconciler_wrote() {
+        let written = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "q", "annotations": {
+                "volcano.sh/card.quota": r#"{"NVIDIA-H200":2}"#,
+                "volcano.sh/card.usage": r#"{"NVIDIA-H200":{"quota":2,"allocated":3,"pending":0,"reserved":0},"NVIDIA-H200|RTX-4090":{"quota":0,"allocated":0,"pending":1,"reserved":0},"observedAt":"2026-11-26T10:00:00Z"}"#}}});
+        let fresh = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "new"}});
+        let rows = written_rows(&[queue(written), queue(fresh)], None).unwrap();
+        assert_eq!(
+            table(&rows),
+            "\
+QUEUE  MODEL                 QUOTA  ALLOCATED  PENDING  RESERVED  FREE  OVER  NOTE
+new    -                     0      0          0        0         0     0     no card.quota: quota 0 for every model; no usage written yet
+q      NVIDIA-H200           2      3          0        0         0     1
+q      NVIDIA-H200|RTX-4090  -      0          1        0         -     -
+"
+        );
+        let e = written_rows(&[], Some("x")).unwrap_err().to_string();
+        assert_eq!(e, "queue x is not in the snapshot (queues: )");
+        assert_eq!(
+            render_rows(&[], Format::Table).unwrap(),
+            "No resources found\n"
+        );
+    }
 }

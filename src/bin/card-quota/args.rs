@@ -246,6 +246,11 @@ pub struct StatusArgs {
     /// would refuse today, oldest first.
     #[arg(long, requires = "objects")]
     pub would_refuse: bool,
+    /// Live: count every pod from the cluster's objects (the webhook's own caches; needs
+    /// list rights on pods and workloads cluster-wide) instead of reading the usage the
+    /// reconciler wrote on each Queue.
+    #[arg(long, conflicts_with = "objects")]
+    pub recount: bool,
 }
 
 /// The gated schedulers a repeatable `--scheduler-name` gives (`None`: every pod).

@@ -4,7 +4,7 @@ use card_quota::cli::{manifests, preflight, replay, status};
 use card_quota::decide::Config;
 
 use crate::args::{gated, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
-use crate::snapshots::{live_snapshot, snapshot_file};
+use crate::snapshots::{live_queues, live_snapshot, snapshot_file};
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     let cfg = Config {
@@ -110,7 +110,14 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     let snap = match a.objects {
         Some(path) => snapshot_file(&path, gated)?,
-        None => tokio::runtime::Runtime::new()?.block_on(live_snapshot(gated))?,
+        None if a.recount => tokio::runtime::Runtime::new()?.block_on(live_snapshot(gated))?,
+        None => {
+            // What the reconciler wrote: reading Queues is all it takes.
+            let queues = tokio::runtime::Runtime::new()?.block_on(live_queues())?;
+            let rows = status::written_rows(&queues, a.queue.as_deref())?;
+            print!("{}", status::render_rows(&rows, a.output)?);
+            return Ok(());
+        }
     };
     print!(
         "{}",

@@ -62,3 +62,28 @@ pub async fn live_snapshot(gated: Option<BTreeSet<String>>) -> anyhow::Result<Sn
     let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner()).clone();
     Ok(snap)
 }
+
+/// Every Queue of the cluster as card-quota reads it (usage annotation included).
+pub async fn live_queues() -> anyhow::Result<Vec<card_quota::cluster::QueueRecord>> {
+    use kube::api::{Api, DynamicObject, ListParams};
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+    let api = Api::<DynamicObject>::all_with(client, &card_quota::live::volcano::queue_resource());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .context("listing Volcano Queues")?;
+    let mut out = Vec::new();
+    for q in list.items {
+        let name = q.metadata.name.clone().unwrap_or_default();
+        let mut v = serde_json::to_value(&q).context("encoding a Queue")?;
+        v["apiVersion"] = "scheduling.volcano.sh/v1beta1".into();
+        v["kind"] = "Queue".into();
+        match card_quota::cluster::records::queue_record(&v) {
+            Ok(r) => out.push(r),
+            Err(e) => tracing::warn!("queue {name}: {e}"),
+        }
+    }
+    Ok(out)
+}
