@@ -23,6 +23,7 @@ image:
 	  cargo build --profile dist --target $(ARM)
 	mkdir -p target/image
 	-$(BUILDAH) manifest rm card-quota:$(VERSION) >/dev/null 2>&1
+	-$(BUILDAH) rmi -f card-quota:$(VERSION) >/dev/null 2>&1
 	$(BUILDAH) manifest create card-quota:$(VERSION)
 	for arch in amd64:$(TARGET) arm64:$(ARM); do \
 	  $(BUILDAH) bud --isolation chroot --layers=false --platform linux/$${arch%%:*} \

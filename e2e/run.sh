@@ -700,9 +700,16 @@ k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 
 # ---- 6. The reconciler's usage annotation, status ---------------------------------------
-out=$("$BIN" status "${SERVE_SCOPE[@]}" --queue "$Q-burst" -o json 2>/dev/null)
-check "card-quota status reads the live cluster (10 allocated in the burst queue)" \
-  bash -c 'jq -e --arg q "$2" ".[] | select(.queue == \$q and .model == \"RTX-4090\") | .allocated == 10" <<<"$1" >/dev/null' _ "$out" "$Q-burst"
+status_has() { # queue jq-condition-on-the-RTX-4090-row [status flags...]
+  local q=$1 cond=$2; shift 2
+  "$BIN" status "$@" --queue "$q" -o json 2>/dev/null |
+    jq -e --arg q "$q" ".[] | select(.queue == \$q and .model == \"RTX-4090\") | $cond" >/dev/null
+}
+export BIN; export -f status_has
+check "card-quota status reads the usage the reconciler wrote (10 allocated in the burst queue)" \
+  wait_for 20 status_has "$Q-burst" ".allocated == 10"
+check "... and status --recount counts the same from the live cluster" \
+  status_has "$Q-burst" ".allocated == 10" --recount "${SERVE_SCOPE[@]}"
 check "usage is written by server-side apply under field manager card-quota" bash -c \
   "{ kubectl get queue $Q-research -o json --show-managed-fields 2>/dev/null || kubectl get queue $Q-research -o json; } | jq -e '.metadata.managedFields[] | select(.manager == \"card-quota\" and .operation == \"Apply\") | .fieldsV1[\"f:metadata\"][\"f:annotations\"][\"f:volcano.sh/card.usage\"]' >/dev/null"
 queue "$Q-research" '{"NVIDIA-H200":3,"NVIDIA-H200/mig-1g.18gb-mixed":4,"NVIDIA-H200/mps-140g*1/2":2,"RTX-4090":2,"NVIDIA-A100":0}' |
@@ -736,9 +743,8 @@ check "getting started: 2 of the Deployment's 3 pods are created, the third is r
   "[ \"\$(kubectl -n $NS get pods -l app=train --no-headers 2>/dev/null | wc -l)\" = 2 ]"
 check "... kubectl describe replicaset shows why, with the numbers" wait_for 30 bash -c \
   "kubectl -n $NS describe replicaset -l app=train 2>/dev/null | tr -s ' \n' ' ' | grep -q 'queue $Q-start has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2'"
-out=$("$BIN" status "${SERVE_SCOPE[@]}" --queue "$Q-start" 2>/dev/null)
-check "... card-quota status shows the queue full" bash -c \
-  'grep -Eq "^$2 +RTX-4090 +2 +0 +2 +0 +0" <<<"$1"' _ "$out" "$Q-start"
+check "... card-quota status shows the queue full" wait_for 20 bash -c \
+  '"$BIN" status --queue "$1" 2>/dev/null | grep -Eq "^$1 +RTX-4090 +2 +0 +2 +0 +0 +0"' _ "$Q-start"
 
 # ---- 8. card-quota down: what still goes through ------------------------------------------
 # Outside the selected namespaces nothing reaches card-quota; inside them the install's
