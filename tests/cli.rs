@@ -22,3 +22,31 @@ fn a_reader_that_stops_early_is_not_an_error() {
     );
     assert!(stderr.is_empty(), "stderr: {stderr}");
 }
+
+/// The demo reads in a 100-column terminal, marks every verdict, says patches in words,
+/// and writes no colour into a pipe.
+#[test]
+fn the_demo_fits_100_columns_and_marks_every_verdict() {
+    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .arg("demo")
+        .output()
+        .expect("card-quota runs");
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for line in text.lines() {
+        assert!(line.chars().count() <= 100, "{line}");
+    }
+    assert!(!text.contains('\x1b'), "colour in a pipe");
+    let steps = text
+        .lines()
+        .filter(|l| l.starts_with(char::is_numeric))
+        .count();
+    let verdicts = text
+        .lines()
+        .filter(|l| l.starts_with("   ✓ allowed") || l.starts_with("   ✗ refused: "))
+        .count();
+    assert_eq!(steps, verdicts, "{text}");
+    assert!(text.contains("patch: pins to nodes with nvidia.com/gpu.product=NVIDIA-H200"));
+    assert!(!text.contains("\"op\""), "a raw JSON Patch: {text}");
+    assert!(text.contains("usage: research NVIDIA-H200 allocated +2"));
+}

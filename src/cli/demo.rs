@@ -45,8 +45,104 @@ fn enqueue(waiting: Value) -> Value {
     R::podgroup("UPDATE", next).old(waiting).build()
 }
 
-/// Runs the demo, narrating to `out`.
-pub fn run(out: &mut impl Write) -> std::io::Result<()> {
+/// The widest line the demo writes.
+const WIDTH: usize = 100;
+
+/// Writes `text` after `lead`, wrapped at [`WIDTH`] with continuation lines indented
+/// under the text.
+fn write_wrapped(out: &mut impl Write, lead: &str, text: &str) -> std::io::Result<()> {
+    let indent = " ".repeat(lead.chars().count().min(12));
+    let mut line = lead.to_string();
+    let mut len = line.chars().count();
+    let mut first = true;
+    for word in text.split(' ') {
+        let w = word.chars().count();
+        if !first && len + 1 + w > WIDTH {
+            writeln!(out, "{line}")?;
+            line = format!("{indent}{word}");
+            len = indent.len() + w;
+            continue;
+        }
+        if !first {
+            line.push(' ');
+            len += 1;
+        }
+        line.push_str(word);
+        len += w;
+        first = false;
+    }
+    writeln!(out, "{line}")
+}
+
+/// A JSON Patch operation as a sentence.
+fn patch_in_words(p: &json_patch::PatchOperation) -> String {
+    let v = serde_json::to_value(p).unwrap_or_default();
+    let path = v["path"].as_str().unwrap_or_default();
+    let unescape = |s: &str| s.replace("~1", "/").replace("~0", "~");
+    let pairs = |m: &Value| -> String {
+        m.as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default()
+    };
+    match path {
+        "/metadata/annotations" => format!("annotates {}", pairs(&v["value"])),
+        "/spec/nodeSelector" => format!(
+            "pins to nodes with {} (any scheduler places it there)",
+            pairs(&v["value"])
+        ),
+        "/spec/replicas" => format!("sets spec.replicas to {}", v["value"]),
+        p if p.starts_with("/metadata/annotations/") => format!(
+            "annotates {}={}",
+            unescape(&p["/metadata/annotations/".len()..]),
+            v["value"].as_str().unwrap_or_default()
+        ),
+        p if p.starts_with("/spec/nodeSelector/") => format!(
+            "pins to nodes with {}={} (any scheduler places it there)",
+            unescape(&p["/spec/nodeSelector/".len()..]),
+            v["value"].as_str().unwrap_or_default()
+        ),
+        _ => v.to_string(),
+    }
+}
+
+/// What changed in the usage, in one line: `research NVIDIA-H200 reserved +5`.
+fn usage_delta(
+    before: &std::collections::BTreeMap<
+        String,
+        std::collections::BTreeMap<crate::ledger::UsageKey, crate::ledger::Row>,
+    >,
+    after: &std::collections::BTreeMap<
+        String,
+        std::collections::BTreeMap<crate::ledger::UsageKey, crate::ledger::Row>,
+    >,
+) -> String {
+    let mut changes = Vec::new();
+    let zero = crate::ledger::Row::default();
+    for (q, rows) in after {
+        for (k, r) in rows {
+            let b = before.get(q).and_then(|m| m.get(k)).unwrap_or(&zero);
+            for (field, now, was) in [
+                ("allocated", r.allocated, b.allocated),
+                ("pending", r.pending, b.pending),
+                ("reserved", r.reserved, b.reserved),
+            ] {
+                let d = now.signed_minus(was);
+                if d != 0 {
+                    changes.push(format!("{q} {k} {field} {d:+}"));
+                }
+            }
+        }
+    }
+    changes.join(", ")
+}
+
+/// Runs the demo, narrating to `out`; `color` marks verdicts in green and red.
+pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
     let (mut snap, skipped) = load(SNAPSHOT).map_err(|e| std::io::Error::other(e.to_string()))?;
     for s in skipped {
         writeln!(out, "  (snapshot: {s})")?;
@@ -56,7 +152,10 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
         scale_policy: ScalePolicy::Deny,
         ..Config::default()
     };
-    writeln!(out, "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090), queues research and serving.\n")?;
+    writeln!(
+        out,
+        "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090),\nqueues research and serving.\n"
+    )?;
     writeln!(
         out,
         "{}",
@@ -95,8 +194,8 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
             &clamp,
         ),
         (
-            "The scheduler binds it to rtx-1: it is charged RTX-4090 (the webhook stamps volcano.sh/card.charged)",
-            R::binding("ml", "train-a-0", "rtx-1").build(),
+            "The scheduler binds it to h200-a, a node of the model it is pinned to: it is charged H200 (the webhook stamps volcano.sh/card.charged)",
+            R::binding("ml", "train-a-0", "h200-a").build(),
             &clamp,
         ),
         (
@@ -105,7 +204,7 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
             &clamp,
         ),
         (
-            "The scheduler tries to bind it to the RTX-4090 node: refused, the pod does not accept that model",
+            "A scheduler that ignores the pin binds it to the RTX-4090 node: refused, the pod does not accept that model",
             R::binding("ml", "probe", "rtx-1").build(),
             &clamp,
         ),
@@ -130,41 +229,50 @@ pub fn run(out: &mut impl Write) -> std::io::Result<()> {
             &clamp,
         ),
     ];
+    let mark = |ok: bool| match (ok, color) {
+        (true, true) => "\x1b[32m✓\x1b[0m",
+        (false, true) => "\x1b[31m✗\x1b[0m",
+        (true, false) => "✓",
+        (false, false) => "✗",
+    };
     for (i, (text, doc, cfg)) in steps.into_iter().enumerate() {
+        let before = usage_report(&snap, jiff::Timestamp::now());
         let r = review(&doc, &mut snap, cfg, jiff::Timestamp::now(), true);
-        writeln!(out, "{}. {text}", i + 1)?;
+        write_wrapped(out, &format!("{}. ", i + 1), text)?;
         let resp = &r.out.response;
         if resp.allowed {
-            writeln!(out, "   -> allowed")?;
+            writeln!(out, "   {} allowed", mark(true))?;
         } else if let Some(s) = &resp.status {
-            writeln!(out, "   -> refused: {}", s.message)?;
+            write_wrapped(out, &format!("   {} refused: ", mark(false)), &s.message)?;
         }
         for w in &resp.warnings {
-            writeln!(out, "   -> warning: {w}")?;
+            write_wrapped(out, "     warning: ", w)?;
         }
         if let Some(d) = &r.decision {
             for p in &d.patch {
-                writeln!(
-                    out,
-                    "   -> patch: {}",
-                    serde_json::to_string(p).unwrap_or_default()
-                )?;
+                write_wrapped(out, "     patch: ", &patch_in_words(p))?;
             }
             if let Some(e) = &d.event {
+                let also = e
+                    .also
+                    .as_ref()
+                    .map(|a| format!(" and on {} {}", a.kind, a.name))
+                    .unwrap_or_default();
                 writeln!(
                     out,
-                    "   -> Event {} on {} {}",
+                    "     Event {} on {} {}{also}",
                     e.reason, e.regarding.kind, e.regarding.name
                 )?;
-                if let Some(a) = &e.also {
-                    writeln!(out, "   -> and on {} {}", a.kind, a.name)?;
-                }
             }
             if let Some(req) = &r.request {
                 if let Err(e) = apply(&mut snap, req, d) {
                     writeln!(out, "   (not applied: {e})")?;
                 }
             }
+        }
+        let delta = usage_delta(&before, &usage_report(&snap, jiff::Timestamp::now()));
+        if !delta.is_empty() {
+            write_wrapped(out, "     usage: ", &delta)?;
         }
     }
     writeln!(

@@ -38,7 +38,13 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(a) => return serve::run(a),
         Command::Replay(a) => commands::replay(a),
         Command::Demo => {
-            card_quota::cli::demo::run(&mut std::io::stdout().lock()).map_err(Into::into)
+            {
+                use std::io::IsTerminal;
+                // NO_COLOR (no-color.org): any value turns colour off; pipes get none.
+                let color =
+                    std::env::var_os("NO_COLOR").is_none() && std::io::stdout().is_terminal();
+                card_quota::cli::demo::run(&mut std::io::stdout().lock(), color).map_err(Into::into)
+            }
         }
         Command::Certs(a) => commands::certs(a),
         Command::Manifests(a) => commands::manifests(a),
