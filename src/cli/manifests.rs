@@ -316,6 +316,20 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
             }
         }));
     }
+    // Every object says what installed it: `kubectl delete ... -l
+    // app.kubernetes.io/name=card-quota` finds them all.
+    for o in objects.iter_mut() {
+        if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+            let labels = meta.entry("labels").or_insert_with(|| json!({}));
+            if let Some(l) = labels.as_object_mut() {
+                l.insert("app.kubernetes.io/name".into(), json!("card-quota"));
+                l.insert(
+                    "app.kubernetes.io/managed-by".into(),
+                    json!("card-quota-manifests"),
+                );
+            }
+        }
+    }
     let mut out = String::new();
     for o in objects {
         out.push_str("---\n");
@@ -429,6 +443,13 @@ mod tests {
             .and_then(|o| o.pointer("/spec/template/spec/containers/0"))
             .unwrap();
         assert_eq!(c["image"], "registry.example/cq:dev");
+        // Every object is labelled for cleanup.
+        for d in &docs {
+            assert_eq!(
+                d["metadata"]["labels"]["app.kubernetes.io/name"], "card-quota",
+                "{d}"
+            );
+        }
         assert!(c["args"]
             .as_array()
             .unwrap()
