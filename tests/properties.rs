@@ -140,6 +140,38 @@ proptest! {
         }
     }
 
+    /// `warn` changes only what a quota refuses: a request `deny` admits gets the same
+    /// answer (patch and charge) under `warn`, a quota refusal becomes an admission
+    /// marked warned, and every other refusal stands.
+    #[test]
+    fn warn_admits_exactly_what_only_a_quota_refuses(ops in proptest::collection::vec(op(), 1..40)) {
+        let (mut snap, _) = load(CLUSTER).unwrap();
+        let deny = Config::default();
+        let warn = Config { enforcement: card_quota::decide::Enforcement::Warn, ..Config::default() };
+        let now = jiff::Timestamp::now();
+        for o in &ops {
+            let doc = request(o);
+            let d = review(&doc, &mut snap, &deny, now, true).decision;
+            let r = review(&doc, &mut snap, &warn, now, true);
+            let (Some(d), Some(w)) = (d, r.decision.clone()) else { continue };
+            let quota = d.reason == Some(card_quota::decide::messages::Reason::InsufficientCardQuota);
+            if d.allowed && !quota {
+                prop_assert!(w.allowed && !w.warned, "{o:?}");
+                prop_assert_eq!(&w.patch, &d.patch, "{:?}", o);
+                prop_assert_eq!(&w.charge, &d.charge, "{:?}", o);
+            } else if quota {
+                prop_assert!(w.allowed && w.warned && w.reason.is_none(), "{o:?}: {:?}", w.message);
+                prop_assert!(w.warnings.iter().any(|x| x.contains(d.message.as_deref().unwrap_or("clamped"))), "{o:?}: {:?}", w.warnings);
+            } else {
+                prop_assert!(!w.allowed && !w.warned, "{o:?}");
+                prop_assert_eq!(&w.message, &d.message);
+            }
+            if let (Some(req), Some(dec)) = (&r.request, &r.decision) {
+                let _ = apply(&mut snap, req, dec);
+            }
+        }
+    }
+
     #[test]
     fn arbitrary_annotation_text_never_panics_and_errors_name_the_object(raw in "[{}\\[\\]\":,|A-C0-9 .-]{0,24}") {
         for (r, prefix) in [
