@@ -144,9 +144,11 @@ impl Snapshot {
     /// The snapshot is as it was afterwards.
     pub fn lifted<T>(&mut self, default: Enforcement, f: impl FnOnce(&Snapshot) -> T) -> T {
         self.lifting = Some(default);
-        let out = f(self);
+        // A panicking decision must not leave every later one lifted (the webhook's
+        // lock survives a panic).
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self)));
         self.lifting = None;
-        out
+        out.unwrap_or_else(|p| std::panic::resume_unwind(p))
     }
 
     /// True while [`Snapshot::lifted`] runs, for a `warn` queue.
