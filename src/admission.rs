@@ -397,11 +397,22 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<UsageKey, Row>>) -> String
             ]);
         }
     }
-    let widths: Vec<usize> = (0..7)
-        .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
+    padded(&lines)
+}
+
+/// Rows of cells as text: each column padded to its widest cell, two spaces apart.
+pub fn padded<const N: usize>(lines: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let mut s = String::new();
-    for l in &lines {
+    for l in lines {
         let cells: Vec<String> = l
             .iter()
             .zip(&widths)

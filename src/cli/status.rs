@@ -43,6 +43,29 @@ pub struct StatusRow {
     pub note: String,
 }
 
+impl StatusRow {
+    /// The row of `key` (a model, or an `A|B` demand when `model` is false).
+    fn of(queue: &str, key: String, model: bool, r: &Row, note: &str) -> Self {
+        let free = r.free();
+        Self {
+            queue: queue.to_string(),
+            model: key,
+            quota: model.then(|| r.quota.get()),
+            allocated: r.allocated.get(),
+            pending: r.pending.get(),
+            reserved: r.reserved.get(),
+            free: model.then(|| u128::try_from(free.max(0)).unwrap_or(0)),
+            over: model.then(|| u128::try_from((-free).max(0)).unwrap_or(0)),
+            note: note.to_string(),
+        }
+    }
+
+    /// The one row of a queue with no numbers.
+    fn bare(queue: &str, note: &str) -> Self {
+        Self::of(queue, "-".into(), true, &Row::default(), note)
+    }
+}
+
 /// What a reader must know about `queue` beside its numbers.
 fn note(snap: &Snapshot, queue: &crate::cards::QueueName) -> String {
     match snap.queue(queue) {
@@ -99,33 +122,17 @@ pub fn rows(
         let note = note(snap, &crate::cards::QueueName::new(name.clone()));
         let numbers = report.get(&name).filter(|r| !r.is_empty());
         let Some(numbers) = numbers else {
-            out.push(StatusRow {
-                queue: name,
-                model: "-".into(),
-                quota: Some(0),
-                allocated: 0,
-                pending: 0,
-                reserved: 0,
-                free: Some(0),
-                over: Some(0),
-                note,
-            });
+            out.push(StatusRow::bare(&name, &note));
             continue;
         };
         for (key, r) in numbers {
-            let model = key.is_model();
-            let free = r.free();
-            out.push(StatusRow {
-                queue: name.clone(),
-                model: key.to_string(),
-                quota: model.then(|| r.quota.get()),
-                allocated: r.allocated.get(),
-                pending: r.pending.get(),
-                reserved: r.reserved.get(),
-                free: model.then(|| u128::try_from(free.max(0)).unwrap_or(0)),
-                over: model.then(|| u128::try_from((-free).max(0)).unwrap_or(0)),
-                note: note.clone(),
-            });
+            out.push(StatusRow::of(
+                &name,
+                key.to_string(),
+                key.is_model(),
+                r,
+                &note,
+            ));
         }
     }
     Ok(out)
@@ -168,25 +175,14 @@ pub fn written_rows(
             .flatten()
             .filter(|(k, v)| k.as_str() != "observedAt" && v.is_object())
             .map(|(k, v)| {
-                let model = !k.contains('|');
+                let cards = |f: &str| crate::cards::Cards::from_u128(numbers(v, f));
                 let row = Row {
-                    quota: crate::cards::Cards::from_u128(numbers(v, "quota")),
-                    allocated: crate::cards::Cards::from_u128(numbers(v, "allocated")),
-                    pending: crate::cards::Cards::from_u128(numbers(v, "pending")),
-                    reserved: crate::cards::Cards::from_u128(numbers(v, "reserved")),
+                    quota: cards("quota"),
+                    allocated: cards("allocated"),
+                    pending: cards("pending"),
+                    reserved: cards("reserved"),
                 };
-                let free = row.free();
-                StatusRow {
-                    queue: q.name.to_string(),
-                    model: k.clone(),
-                    quota: model.then(|| row.quota.get()),
-                    allocated: row.allocated.get(),
-                    pending: row.pending.get(),
-                    reserved: row.reserved.get(),
-                    free: model.then(|| u128::try_from(free.max(0)).unwrap_or(0)),
-                    over: model.then(|| u128::try_from((-free).max(0)).unwrap_or(0)),
-                    note: String::new(),
-                }
+                StatusRow::of(q.name.as_str(), k.clone(), !k.contains('|'), &row, "")
             })
             .collect();
         if written.is_none() {
@@ -201,17 +197,7 @@ pub fn written_rows(
             };
         }
         if rows.is_empty() {
-            rows.push(StatusRow {
-                queue: q.name.to_string(),
-                model: "-".into(),
-                quota: Some(0),
-                allocated: 0,
-                pending: 0,
-                reserved: 0,
-                free: Some(0),
-                over: Some(0),
-                note: String::new(),
-            });
+            rows.push(StatusRow::bare(q.name.as_str(), ""));
         }
         for r in &mut rows {
             r.note = note.clone();
@@ -263,26 +249,7 @@ pub fn table(rows: &[StatusRow]) -> String {
             r.note.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..9)
-        .map(|i| {
-            lines
-                .iter()
-                .map(|l| l[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut s = String::new();
-    for l in &lines {
-        let cells: Vec<String> = l
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        s.push_str(cells.join("  ").trim_end());
-        s.push('\n');
-    }
-    s
+    crate::admission::padded(&lines)
 }
 
 /// Renders the usage of `snap`, optionally for one queue: a table (with the broken
@@ -294,15 +261,12 @@ pub fn render(
     now: jiff::Timestamp,
 ) -> Result<String, StatusError> {
     let rows = rows(snap, queue, now)?;
-    let encode = |e: String| StatusError::Encode(e);
+    let text = render_rows(&rows, format)?;
     Ok(match format {
-        Format::Table if rows.is_empty() => "No resources found\n".to_string(),
-        Format::Table => table(&rows) + &problems(snap, queue) + &waiting_table(snap, queue, now),
-        Format::Json => format!(
-            "{}\n",
-            serde_json::to_string_pretty(&rows).map_err(|e| encode(e.to_string()))?
-        ),
-        Format::Yaml => serde_norway::to_string(&rows).map_err(|e| encode(e.to_string()))?,
+        Format::Table if !rows.is_empty() => {
+            text + &problems(snap, queue) + &waiting_table(snap, queue, now)
+        }
+        _ => text,
     })
 }
 
