@@ -63,7 +63,7 @@ fn main() {
     println!("heap allocations (and reallocations) per request, mean of {ROUNDS}");
     for (name, body) in &workloads {
         let (snap, _) = load(OBJECTS).expect("the demo snapshot loads");
-        let state = State::new(snap.clone(), cfg);
+        let state = State::new(snap.clone(), cfg.clone());
         let out = rt
             .block_on(handle_review(&state, body, true))
             .expect("answered");

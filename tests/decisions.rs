@@ -2221,6 +2221,81 @@ metadata: {name: trial, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}'
 }
 
 #[test]
+fn a_namespace_in_warn_admits_its_own_requests_only_and_a_queue_in_deny_still_refuses() {
+    let mut w = World::new();
+    w.cfg.namespace_enforcement =
+        card_quota::decide::NamespaceEnforcement::parse(&["trial=warn"]).unwrap();
+    let in_ns = |name: &str, ns: &str, n: &str| {
+        let mut p = pod(name, "q", Some("NVIDIA-H200"), n);
+        p["metadata"]["namespace"] = json!(ns);
+        p
+    };
+    assert!(
+        w.send(R::pod("CREATE", in_ns("a", "trial", "3")).build())
+            .allowed
+    );
+    // Past the quota: admitted with a warning from trial, refused from ml.
+    let r = w.send(R::pod("CREATE", in_ns("b", "trial", "1")).build());
+    assert!(r.allowed);
+    assert!(would_refuse(&r).ends_with("quota 3"), "{:?}", r.warnings);
+    let r = w.send(R::pod("CREATE", in_ns("c", "ml", "1")).build());
+    assert!(!r.allowed);
+    assert!(message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota"));
+    // The queue's own deny wins over the namespace's warn.
+    let mut strict = w.snap.queue(&QueueName::new("q")).unwrap().clone();
+    strict.enforcement = Ok(Some(Enforcement::Deny));
+    w.snap.upsert_queue(strict);
+    assert!(
+        !w.send(R::pod("CREATE", in_ns("d", "trial", "1")).build())
+            .allowed
+    );
+    // And a namespace in deny under an install in warn refuses.
+    let mut w = World::new();
+    w.cfg.enforcement = Enforcement::Warn;
+    w.cfg.namespace_enforcement =
+        card_quota::decide::NamespaceEnforcement::parse(&["prod=deny"]).unwrap();
+    assert!(
+        w.send(R::pod("CREATE", in_ns("a", "prod", "3")).build())
+            .allowed
+    );
+    assert!(
+        !w.send(R::pod("CREATE", in_ns("b", "prod", "1")).build())
+            .allowed
+    );
+    assert!(
+        w.send(R::pod("CREATE", in_ns("c", "ml", "1")).build())
+            .allowed
+    );
+}
+
+#[test]
+fn namespace_enforcement_entries_are_checked() {
+    use card_quota::decide::NamespaceEnforcement as N;
+    let e = |s: &[&str]| N::parse(s).unwrap_err().to_string();
+    assert_eq!(
+        e(&["ml"]),
+        r#"invalid --namespace-enforcement "ml": expected NAMESPACE=deny or NAMESPACE=warn"#
+    );
+    assert_eq!(
+        e(&["ml=audit"]),
+        r#"invalid --namespace-enforcement "ml=audit": expected "deny" or "warn", got "audit""#
+    );
+    assert_eq!(
+        e(&["ML=warn"]),
+        r#"invalid --namespace-enforcement "ML=warn": "ML" is not a namespace name (lowercase letters, digits and '-', at most 63)"#
+    );
+    assert_eq!(
+        e(&["ml=warn", "ml=deny"]),
+        r#"invalid --namespace-enforcement "ml=deny": namespace ml is named more than once"#
+    );
+    let ok = N::parse(&["b=warn", "a=deny"]).unwrap();
+    assert_eq!(
+        ok.entries().collect::<Vec<_>>(),
+        [("a", Enforcement::Deny), ("b", Enforcement::Warn)]
+    );
+}
+
+#[test]
 fn under_warn_scale_ups_are_not_clamped_enqueues_and_bindings_pass() {
     let mut w = World::new();
     w.cfg.enforcement = Enforcement::Warn;

@@ -71,6 +71,43 @@ fn the_capacity_card_worked_example_admits_a_four_card_job_and_refuses_zero_quot
 }
 
 #[test]
+fn a_namespace_in_warn_admits_what_only_the_quota_refuses_and_a_bad_entry_stops_replay() {
+    let (lines, out) = replay(
+        "tests/fixtures/capacity-card-objects.yaml",
+        "tests/fixtures/capacity-card-requests.yaml",
+        &["--output", "json", "--namespace-enforcement", "ml=warn"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let allowed: Vec<bool> = lines[..5]
+        .iter()
+        .map(|l| l["response"]["allowed"].as_bool().unwrap())
+        .collect();
+    // The two quota refusals pass with a warning; the malformed review is still refused.
+    assert_eq!(allowed, vec![true, true, true, true, false]);
+    assert_eq!(
+        lines[2]["response"]["warnings"][0],
+        "card-quota would refuse this if the queue's enforcement were deny: queue q1 has insufficient NVIDIA-H100 quota: requested 1, in use 5 (allocated 0, pending 0, reserved 5), quota 3"
+    );
+    let (_, out) = replay(
+        "tests/fixtures/capacity-card-objects.yaml",
+        "tests/fixtures/capacity-card-requests.yaml",
+        &["--namespace-enforcement", "ml"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            r#"invalid --namespace-enforcement "ml": expected NAMESPACE=deny or NAMESPACE=warn"#
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn an_empty_requests_file_prints_only_the_usage_line() {
     let (lines, out) = replay(
         "tests/fixtures/capacity-card-objects.yaml",

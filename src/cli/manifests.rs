@@ -61,6 +61,8 @@ pub struct Options<'a> {
     pub no_pin: bool,
     /// `serve --enforcement` of the Deployment.
     pub enforcement: crate::decide::Enforcement,
+    /// `serve --namespace-enforcement` of the Deployment.
+    pub namespace_enforcement: &'a crate::decide::NamespaceEnforcement,
     /// The Deployment's image (default: the release's, `ghcr.io/card-quota/card-quota:<version>`).
     pub image: Option<&'a str>,
     /// Name of the webhook configurations (default `card-quota`).
@@ -250,6 +252,12 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
             opts.enforcement.as_str()
         )));
     }
+    for (ns, mode) in opts.namespace_enforcement.entries() {
+        serve_args.push(json!(format!(
+            "--namespace-enforcement={ns}={}",
+            mode.as_str()
+        )));
+    }
     for o in objects.iter_mut().filter(|o| o["kind"] == "Deployment") {
         if let Some(image) = opts.image {
             o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
@@ -384,6 +392,7 @@ mod tests {
                 without_match_conditions: false,
                 no_pin,
                 enforcement: crate::decide::Enforcement::Deny,
+                namespace_enforcement: &Default::default(),
                 image: None,
                 name: None,
                 namespace_label: None,
@@ -422,12 +431,14 @@ mod tests {
     fn image_and_enforcement_reach_the_deployment_and_foreign_certificates_are_refused() {
         let d = certs();
         crate::webhook::tls::generate("card-quota", "card-quota", &[], &[], &d.0).unwrap();
+        let ml_deny = crate::decide::NamespaceEnforcement::parse(&["ml=deny"]).unwrap();
         let opts = |namespace: &str| Options {
             cert_dir: &d.0,
             url: None,
             without_match_conditions: false,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Warn,
+            namespace_enforcement: &ml_deny,
             image: Some("registry.example/cq:dev"),
             name: None,
             namespace_label: None,
@@ -455,6 +466,11 @@ mod tests {
             .unwrap()
             .iter()
             .any(|a| a == "--enforcement=warn"));
+        assert!(c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--namespace-enforcement=ml=deny"));
         let e = render(&opts("gpu")).unwrap_err().to_string();
         assert!(
             e.ends_with("is for card-quota.card-quota.svc, not card-quota.gpu.svc: make certificates for this namespace with `card-quota certs --namespace gpu`"),
@@ -472,6 +488,7 @@ mod tests {
             without_match_conditions: false,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Deny,
+            namespace_enforcement: &Default::default(),
             image: None,
             name: None,
             namespace_label: None,
@@ -526,6 +543,7 @@ mod tests {
             without_match_conditions: true,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Deny,
+            namespace_enforcement: &Default::default(),
             image: None,
             name: Some("e2e"),
             namespace_label: Some(("card-quota-e2e", "x1")),
@@ -565,6 +583,7 @@ mod tests {
             without_match_conditions: false,
             no_pin: false,
             enforcement: crate::decide::Enforcement::Deny,
+            namespace_enforcement: &Default::default(),
             image: None,
             name: None,
             namespace_label: None,

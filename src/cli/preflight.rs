@@ -69,7 +69,8 @@ pub fn would_refuse(
     });
     let deny = Config {
         enforcement: Enforcement::Deny,
-        ..*cfg
+        namespace_enforcement: Default::default(),
+        ..cfg.clone()
     };
     // A queue's own `warn` is what this lists past: decide as `deny` everywhere.
     for q in snap.queues().cloned().collect::<Vec<_>>() {

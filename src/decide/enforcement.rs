@@ -21,10 +21,14 @@ pub fn decide_enforcing(
     now: jiff::Timestamp,
 ) -> Decision {
     let d = decide(req, snap, cfg, now);
-    if !refused_by_quota(req, &d) || !snap.any_warn(cfg.enforcement) {
+    if !refused_by_quota(req, &d) {
         return d;
     }
-    let relaxed = snap.lifted(cfg.enforcement, |s| decide(req, s, cfg, now));
+    let default = cfg.enforcement_in(req.ns());
+    if !snap.any_warn(default) {
+        return d;
+    }
+    let relaxed = snap.lifted(default, |s| decide(req, s, cfg, now));
     // Still refused (or clamped) with the `warn` queues lifted: a `deny` queue's quota,
     // or something else, refuses it.
     if !relaxed.allowed || relaxed.reason.is_some() {

@@ -30,7 +30,7 @@ pub enum ScalePolicy {
 }
 
 /// Settings of the decisions.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Config {
     pub scale_policy: ScalePolicy,
     /// Pin each admitted pod to the model it was admitted for (a nodeSelector on the
@@ -38,6 +38,9 @@ pub struct Config {
     pub pin: bool,
     /// The enforcement of queues without `volcano.sh/card.enforcement`.
     pub enforcement: Enforcement,
+    /// Per namespace, the enforcement of its requests, over `enforcement` (a queue's
+    /// own annotation still wins: the queue's admin chose it).
+    pub namespace_enforcement: NamespaceEnforcement,
 }
 
 impl Default for Config {
@@ -46,8 +49,81 @@ impl Default for Config {
             scale_policy: ScalePolicy::default(),
             pin: true,
             enforcement: Enforcement::default(),
+            namespace_enforcement: NamespaceEnforcement::default(),
         }
     }
+}
+
+impl Config {
+    /// The enforcement of a request from `namespace` (empty: cluster-scoped) to a queue
+    /// without its own `volcano.sh/card.enforcement`.
+    pub fn enforcement_in(&self, namespace: &str) -> Enforcement {
+        self.namespace_enforcement
+            .0
+            .get(namespace)
+            .copied()
+            .unwrap_or(self.enforcement)
+    }
+}
+
+/// `--namespace-enforcement NAMESPACE=MODE` entries (Kyverno's per-namespace
+/// `validationFailureActionOverrides`): roll out namespace by namespace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamespaceEnforcement(std::sync::Arc<std::collections::BTreeMap<String, Enforcement>>);
+
+/// A `--namespace-enforcement` entry that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid --namespace-enforcement {given:?}: {why}")]
+pub struct NamespaceEnforcementError {
+    given: String,
+    why: String,
+}
+
+impl NamespaceEnforcement {
+    /// Parses `NAMESPACE=deny|warn` entries; a namespace named twice is an error (which
+    /// one was meant?).
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, NamespaceEnforcementError> {
+        let mut map = std::collections::BTreeMap::new();
+        for e in entries {
+            let given = e.as_ref();
+            let err = |why: String| NamespaceEnforcementError {
+                given: given.to_string(),
+                why,
+            };
+            let (ns, mode) = given
+                .split_once('=')
+                .ok_or_else(|| err("expected NAMESPACE=deny or NAMESPACE=warn".into()))?;
+            if !is_dns_label(ns) {
+                return Err(err(format!(
+                    "{ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+                )));
+            }
+            let mode: Enforcement = mode.parse().map_err(err)?;
+            if map.insert(ns.to_string(), mode).is_some() {
+                return Err(err(format!("namespace {ns} is named more than once")));
+            }
+        }
+        Ok(Self(std::sync::Arc::new(map)))
+    }
+
+    /// The entries, in namespace order.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, Enforcement)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// RFC 1123 label: what a namespace name is.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
 }
 
 /// An object an Event should be attached to.

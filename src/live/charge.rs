@@ -246,7 +246,7 @@ impl Committer {
         if start {
             let me = self.clone();
             let snapshot = snapshot.clone();
-            let cfg = *cfg;
+            let cfg = cfg.clone();
             let metrics = metrics.clone();
             let q = queue.clone();
             tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
@@ -555,8 +555,12 @@ impl Committer {
         if waiting {
             // Requests that queued behind the sweep get the writer (still marked running).
             let me = self.clone();
-            let (q, snapshot, cfg, metrics) =
-                (queue.clone(), snapshot.clone(), *cfg, metrics.clone());
+            let (q, snapshot, cfg, metrics) = (
+                queue.clone(),
+                snapshot.clone(),
+                cfg.clone(),
+                metrics.clone(),
+            );
             tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
         }
         out

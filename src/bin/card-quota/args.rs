@@ -54,6 +54,10 @@ pub struct ReplayArgs {
     /// metric (warn: roll out first in warn, then switch).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
+    /// Per namespace (repeatable NAMESPACE=deny|warn): the enforcement of its requests,
+    /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
+    #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
+    pub namespace_enforcement: Vec<String>,
     /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
     /// that already place pods by card model).
     #[arg(long)]
@@ -118,6 +122,10 @@ pub struct ManifestsArgs {
     /// The Deployment's `serve --enforcement` (deny or warn).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
+    /// Per namespace (repeatable NAMESPACE=deny|warn): the enforcement of its requests,
+    /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
+    #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
+    pub namespace_enforcement: Vec<String>,
     /// The Deployment's image (default: ghcr.io/card-quota/card-quota:<this version>).
     #[arg(long)]
     pub image: Option<String>,
@@ -183,6 +191,10 @@ pub struct ServeArgs {
     /// metric (warn: roll out first in warn, then switch).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
+    /// Per namespace (repeatable NAMESPACE=deny|warn): the enforcement of its requests,
+    /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
+    #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
+    pub namespace_enforcement: Vec<String>,
     /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
     /// that already place pods by card model).
     #[arg(long)]

@@ -1,7 +1,7 @@
 //! The short subcommands: each turns its flags into a call to the library.
 
 use card_quota::cli::{manifests, preflight, replay, status};
-use card_quota::decide::Config;
+use card_quota::decide::{Config, NamespaceEnforcement};
 
 use crate::args::{gated, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
 use crate::snapshots::{live_queues, live_snapshot, snapshot_file};
@@ -11,6 +11,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         scale_policy: a.scale_policy.into(),
         pin: !a.no_pin,
         enforcement: a.enforcement.into(),
+        namespace_enforcement: NamespaceEnforcement::parse(&a.namespace_enforcement)?,
     };
     replay::run(
         &a.objects,
@@ -82,6 +83,7 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
             without_match_conditions: a.without_match_conditions,
             no_pin: a.no_pin,
             enforcement: a.enforcement.into(),
+            namespace_enforcement: &NamespaceEnforcement::parse(&a.namespace_enforcement)?,
             image: a.image.as_deref(),
             name: a.name.as_deref(),
             namespace_label: a

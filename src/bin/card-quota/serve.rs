@@ -259,6 +259,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             scale_policy: a.scale_policy.into(),
             pin: !a.no_pin,
             enforcement: a.enforcement.into(),
+            namespace_enforcement: card_quota::decide::NamespaceEnforcement::parse(
+                &a.namespace_enforcement,
+            )?,
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
         lease_namespace: a.lease_namespace,
