@@ -54,26 +54,6 @@ EOF2
 k get --raw "/api/v1/nodes/$Q-rtx" | jq '.status = {capacity: {"nvidia.com/gpu": "8", pods: "100"}, allocatable: {"nvidia.com/gpu": "8", pods: "100"}}' |
   k replace --raw "/api/v1/nodes/$Q-rtx/status" -f - >/dev/null
 
-# serve as the installed Deployment would: its arguments, the release's account and
-# certificate (with 127.0.0.1 in it, for the URL the hooks call).
-serve_release() {
-  k -n "$NS" get secret card-quota-tls -o json > "$WORK/tls.json" || return 1
-  mkdir -p "$WORK/tls"
-  jq -r '.data["tls.crt"]' "$WORK/tls.json" | base64 -d > "$WORK/tls/tls.crt"
-  jq -r '.data["tls.key"]' "$WORK/tls.json" | base64 -d > "$WORK/tls/tls.key"
-  local token
-  token=$(k -n "$NS" create token card-quota --duration=1h) || return 1
-  k config view --raw --minify -o json | jq --arg t "$token" \
-    '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/sa.kubeconfig"
-  mapfile -t args < <(k -n "$NS" get deploy card-quota -o json | jq -r '.spec.template.spec.containers[0].args[]' |
-    grep -vE '^--(listen|metrics-listen|cert-dir|peer-routing)(=|$)')
-  printf '%s\n' "${args[@]}" > "$WORK/args"
-  KUBECONFIG="$WORK/sa.kubeconfig" POD_NAMESPACE="$NS" "$BIN" "${args[@]}" --listen "127.0.0.1:$PORT" \
-    --metrics-listen "127.0.0.1:$((PORT + 1000))" --cert-dir "$WORK/tls" --lease-namespace "$NS" \
-    --reconcile-seconds 0.5 >> "$WORK/serve.log" 2>&1 &
-  SERVE=$!
-  wait_for 30 curl -sf "http://127.0.0.1:$((PORT + 1000))/readyz"
-}
 wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
 pod() { # name
   cat <<EOF2
@@ -97,7 +77,7 @@ VALUES=(--set "webhooks.url=https://127.0.0.1:$PORT" --set "certificates.extraIP
   --set "webhooks.namespaceLabels.card-quota-helm=$RUN")
 out=$("$HELM" install cq "$CHART" -n "$NS" --create-namespace "${VALUES[@]}" 2>&1)
 check "helm install" contains "$out" "STATUS: deployed"
-check "... the release runs the installed arguments as a real serve (RBAC, certificate, flags)" serve_release
+check "... the release runs the installed arguments as a real serve (RBAC, certificate, flags)" e2e_serve_release
 log "serve $(tr '\n' ' ' < "$WORK/args")"
 out=$(queue '{"RTX-4090":1')
 check "a malformed card.quota is refused through the chart's Queue hook" contains "$out" "invalid volcano.sh/card.quota on queue $Q: not valid JSON"
@@ -120,7 +100,7 @@ check "... keeps the CA (the API server's trust does not change)" \
 check "... and renews the serving certificate under it" \
   [ "$(k -n "$NS" get secret card-quota-tls -o jsonpath='{.data.tls\.crt}')" != "$crt0" ]
 stop_serve
-check "... whose Deployment now runs --enforcement=warn" serve_release
+check "... whose Deployment now runs --enforcement=warn" e2e_serve_release
 grep -q -- '--enforcement=warn' "$WORK/args" || { FAILED=$((FAILED + 1)); log "FAIL: the upgraded Deployment has no --enforcement=warn: $(tr '\n' ' ' < "$WORK/args")"; }
 out=$(pod p2 | k apply -f - 2>&1)
 check "under warn the pod past the quota is created with a warning" contains "$out" \

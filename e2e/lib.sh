@@ -35,3 +35,25 @@ e2e_build_burst() {
   cargo build --quiet --release --manifest-path "$1/Cargo.toml" --example burst || return 1
   BURST_BIN=$1/target/release/examples/burst
 }
+
+# e2e_serve_release: `serve` as the installed Deployment in $NS would run it (the plane
+# has no kubelet): its arguments, the release's account and certificate (with 127.0.0.1
+# in it, for the URL the hooks call). Needs BIN, NS, PORT, WORK, wait_for; sets SERVE.
+e2e_serve_release() {
+  k -n "$NS" get secret card-quota-tls -o json > "$WORK/tls.json" || return 1
+  mkdir -p "$WORK/tls"
+  jq -r '.data["tls.crt"]' "$WORK/tls.json" | base64 -d > "$WORK/tls/tls.crt"
+  jq -r '.data["tls.key"]' "$WORK/tls.json" | base64 -d > "$WORK/tls/tls.key"
+  local token
+  token=$(k -n "$NS" create token card-quota --duration=1h) || return 1
+  k config view --raw --minify -o json | jq --arg t "$token" \
+    '.users[0].user = {token: $t} | .contexts[0].context.user = .users[0].name' > "$WORK/sa.kubeconfig"
+  mapfile -t args < <(k -n "$NS" get deploy card-quota -o json | jq -r '.spec.template.spec.containers[0].args[]' |
+    grep -vE '^--(listen|metrics-listen|cert-dir|peer-routing)(=|$)')
+  printf '%s\n' "${args[@]}" > "$WORK/args"
+  KUBECONFIG="$WORK/sa.kubeconfig" POD_NAMESPACE="$NS" "$BIN" "${args[@]}" --listen "127.0.0.1:$PORT" \
+    --metrics-listen "127.0.0.1:$((PORT + 1000))" --cert-dir "$WORK/tls" --lease-namespace "$NS" \
+    --reconcile-seconds 0.5 >> "$WORK/serve.log" 2>&1 &
+  SERVE=$!
+  wait_for 30 curl -sf "http://127.0.0.1:$((PORT + 1000))/readyz"
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# docs/getting-started.md as a new user runs it: every ```sh block of the page, in order,
+# on a real API server, each output checked against the ```text block the page shows
+# after it. The test control plane has no kubelet and no Service network, so two lines
+# of step 1 are played by this script, and only those:
+#   - `helm install card-quota ...` gets the values that point the webhooks at
+#     https://127.0.0.1:$PORT (certificate with that IP);
+#   - `kubectl -n card-quota rollout status deployment/card-quota` runs the Deployment's
+#     container here (its arguments, ServiceAccount token and certificate).
+# The GPU nodes the page lists (gpu-1, gpu-2, labelled as GPU Feature Discovery labels
+# them) are created first, as the page's prerequisites. A person reads between steps, so a
+# block with an output to check is run again until it shows it, for up to 30 s.
+#
+#   KUBECONFIG=<kubeconfig> HELM=<helm> e2e/getting-started.sh [path/to/card-quota]
+#
+# Exit status: number of failed checks.
+set -uo pipefail
+BIN=${1:-target/release/card-quota}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+: "${KUBECONFIG:?set KUBECONFIG}"
+HELM=${HELM:-helm}
+NS=card-quota
+PORT=${GETTING_STARTED_PORT:-19743}
+WORK=$(mktemp -d /tmp/cq-getting-started.XXXXXX)
+START=$(date +%s)
+PASSED=0
+FAILED=0
+SERVE=
+log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
+k() { kubectl "$@"; }
+wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
+# shellcheck source=e2e/lib.sh
+. "$(dirname "$0")/lib.sh"
+pass() { PASSED=$((PASSED + 1)); log "PASS: $*"; }
+fail() { FAILED=$((FAILED + 1)); log "FAIL: $*"; }
+cleanup() {
+  [ -n "$SERVE" ] && kill "$SERVE" 2>/dev/null && wait "$SERVE" 2>/dev/null
+  "$HELM" uninstall card-quota -n "$NS" >/dev/null 2>&1
+  k delete namespace ml "$NS" --wait=false --ignore-not-found >/dev/null 2>&1
+  k delete queue start --ignore-not-found >/dev/null 2>&1
+  k delete node gpu-1 gpu-2 --ignore-not-found >/dev/null 2>&1
+  [ -n "${E2E_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
+}
+
+# The page installs into fixed names: refuse to run over a cluster that has them.
+for o in mutatingwebhookconfiguration/card-quota namespace/ml namespace/card-quota queue/start node/gpu-1 node/gpu-2; do
+  if k get "$o" >/dev/null 2>&1; then echo "$o exists in this cluster; not running the page over it"; exit 100; fi
+done
+trap cleanup EXIT
+
+# The prerequisites: two GPU nodes, labelled as GPU Feature Discovery labels them.
+node() { # name product cards
+  k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"nvidia.com/gpu.product":"$2","nvidia.com/gpu.count":"$3"}}}
+EOF
+  k get --raw "/api/v1/nodes/$1" | jq --arg n "$3" '.status = {capacity: {"nvidia.com/gpu": $n, pods: "110"}, allocatable: {"nvidia.com/gpu": $n, pods: "110"}}' |
+    k replace --raw "/api/v1/nodes/$1/status" -f - >/dev/null
+}
+node gpu-1 NVIDIA-GeForce-RTX-4090 4
+node gpu-2 NVIDIA-H200 8
+
+n=$(python3 "$ROOT/e2e/page.py" blocks "$ROOT/docs/getting-started.md" "$WORK") || { fail "the page's blocks"; exit 1; }
+log "docs/getting-started.md: $n command blocks"
+export PATH="$(dirname "$BIN"):$(dirname "$(command -v "$HELM")"):$PATH"
+cd "$ROOT" || exit 1
+for i in $(seq -f %02g 1 "$n"); do
+  block=$WORK/$i.sh
+  start_serve=0
+  if grep -q '^kubectl -n card-quota rollout status deployment/card-quota' "$block"; then
+    sed -i 's|^kubectl -n card-quota rollout status deployment/card-quota.*|: played by the e2e: the Deployment runs here|' "$block"
+    start_serve=1
+  fi
+  sed -i "s|^helm install card-quota charts/card-quota .*|& --set webhooks.url=https://127.0.0.1:$PORT --set 'certificates.extraIPs={127.0.0.1}'|" "$block"
+  first=$(grep -v '^\s*$' "$block" | head -1)
+  end=$(( $(date +%s) + 30 ))
+  while :; do
+    bash -e -o pipefail "$block" > "$WORK/$i.out" 2>&1
+    rc=$?
+    if [ ! -f "$WORK/$i.expect" ]; then break; fi
+    if [ "$rc" = 0 ] && python3 "$ROOT/e2e/page.py" match "$WORK/$i.expect" "$WORK/$i.out" 2>/dev/null; then break; fi
+    [ "$(date +%s)" -ge "$end" ] && break
+    sleep 1
+  done
+  if [ "$rc" != 0 ]; then
+    fail "block $i ($first) exits $rc"; sed 's/^/      /' "$WORK/$i.out"
+    break
+  fi
+  if [ -f "$WORK/$i.expect" ]; then
+    if python3 "$ROOT/e2e/page.py" match "$WORK/$i.expect" "$WORK/$i.out" 2> "$WORK/$i.diff"; then
+      pass "block $i ($first) prints what the page shows"
+    else
+      fail "block $i ($first) does not print what the page shows"; sed 's/^/      /' "$WORK/$i.diff"
+    fi
+  else
+    pass "block $i ($first) runs"
+  fi
+  if [ "$start_serve" = 1 ]; then
+    if e2e_serve_release; then pass "the installed Deployment's serve is up"; else fail "the installed Deployment's serve did not start"; tail -20 "$WORK/serve.log"; break; fi
+  fi
+done
+log "RESULT: $PASSED passed, $FAILED failed"
+exit "$FAILED"
