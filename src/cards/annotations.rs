@@ -10,6 +10,10 @@ use super::quantity::Cards;
 
 /// Queue annotation holding the per-model quota.
 pub const QUOTA: &str = "volcano.sh/card.quota";
+/// Queue annotation letting the queue's subtree use up to that many cards per model
+/// beyond its quota, taken from its card parent's unassigned pool (same grammar as
+/// [`QUOTA`]).
+pub const BORROW: &str = "volcano.sh/card.borrow";
 /// Job / PodGroup annotation holding the job's total card request.
 pub const REQUEST: &str = "volcano.sh/card.request";
 /// Written by card-quota on a PodGroup whose Volcano Job has card demand but no
@@ -118,6 +122,21 @@ impl Quota {
     /// The models the quota names, with their cards.
     pub fn entries(&self) -> &BTreeMap<CardName, Cards> {
         &self.cards
+    }
+    /// This quota with `other`'s cards added per model (a share plus what it may
+    /// borrow).
+    pub fn plus(&self, other: &Quota) -> Quota {
+        if self.unlimited || other.unlimited {
+            return Self::unlimited();
+        }
+        let mut cards = self.cards.clone();
+        for (m, n) in &other.cards {
+            *cards.entry(m.clone()).or_default() += *n;
+        }
+        Self::new(cards)
+    }
+    pub fn is_unlimited(&self) -> bool {
+        self.unlimited
     }
 }
 
@@ -270,17 +289,30 @@ fn err(object: &str, annotation: &'static str, problem: Problem) -> AnnotationEr
 
 /// Parses `volcano.sh/card.quota` of `object` (e.g. `queue team-a`).
 pub fn parse_quota(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
+    parse_quota_in(object, QUOTA, raw)
+}
+
+/// Parses `volcano.sh/card.borrow` of `object`: the grammar of `card.quota`.
+pub fn parse_borrow(object: &str, raw: &str) -> Result<Quota, AnnotationError> {
+    parse_quota_in(object, BORROW, raw)
+}
+
+fn parse_quota_in(
+    object: &str,
+    annotation: &'static str,
+    raw: &str,
+) -> Result<Quota, AnnotationError> {
     let entries = parse_entries(raw, 0, "non-negative", MAX_QUOTA_ENTRIES)
-        .map_err(|p| err(object, QUOTA, p))?;
+        .map_err(|p| err(object, annotation, p))?;
     let mut q = BTreeMap::new();
     for (k, n) in entries {
         if k.contains('|') {
-            return Err(err(object, QUOTA, Problem::CompositeQuotaKey(shown(&k))));
+            return Err(err(object, annotation, Problem::CompositeQuotaKey(shown(&k))));
         }
         let name = CardName::parse(&k).map_err(|source| {
             err(
                 object,
-                QUOTA,
+                annotation,
                 Problem::BadKey {
                     key: shown(&k),
                     source,

@@ -165,6 +165,8 @@ impl fmt::Display for Alternatives {
 pub struct QueueName(Arc<str>);
 
 impl QueueName {
+    /// Volcano's top queue: every queue without `spec.parent` is under it.
+    pub const ROOT: &'static str = "root";
     pub fn new(s: impl Into<String>) -> Self {
         Self(Arc::from(s.into()))
     }

@@ -39,6 +39,11 @@ pub struct QueueRecord {
     /// `volcano.sh/card.enforcement` (`None`: the install's default), or why it does
     /// not parse.
     pub enforcement: Result<Option<annotations::Enforcement>, String>,
+    /// `spec.parent`; `None` when empty or `root` (the queue is under `root`).
+    pub parent: Option<QueueName>,
+    /// `volcano.sh/card.borrow`: cards per model the queue's subtree may use beyond its
+    /// quota, from its card parent's unassigned pool.
+    pub borrow: Option<Result<Quota, AnnotationError>>,
 }
 
 /// Where a bound pod's model comes from when it carries no `card.charged`.
@@ -545,6 +550,15 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
         quota: a
             .get(QUOTA)
             .map(|raw| annotations::parse_quota(&object, raw)),
+        borrow: a
+            .get(annotations::BORROW)
+            .map(|raw| annotations::parse_borrow(&object, raw)),
+        parent: v
+            .pointer("/spec/parent")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty() && *p != QueueName::ROOT)
+            .filter(|_| name != QueueName::ROOT)
+            .map(QueueName::new),
         state: v
             .pointer("/status/state")
             .and_then(Value::as_str)

@@ -4,11 +4,14 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::cards::{Alternatives, CardName, ObjectKey, QueueName};
+use crate::cards::{Alternatives, CardName, Cards, ObjectKey, QueueName};
 use crate::cluster::{PodGroupRecord, PodRecord};
 use crate::ledger::usage::{merge_members, reservation};
 use crate::ledger::{Adjusted, Demand, QueueUsage, Share, Verdict};
 use crate::snapshot::Snapshot;
+
+use super::messages::insufficient;
+use super::tree::{check_levels, LevelCheck};
 
 /// A hypothetical change to one queue's objects.
 #[derive(Debug, Default, Clone)]
@@ -28,6 +31,8 @@ pub struct Fit<'a> {
     pub verdict: Verdict,
     /// The queue's usage with the change made (read in place, not copied).
     pub after: Adjusted<'a>,
+    /// What the card levels above the queue say (nothing in a flat cluster).
+    pub levels: LevelCheck,
     snap: &'a Snapshot,
     queue: &'a QueueName,
     now: jiff::Timestamp,
@@ -37,6 +42,27 @@ impl Fit<'_> {
     /// Usage of the queue as it is, before the change.
     pub fn before(&self) -> QueueUsage {
         usage_of(self.snap, self.queue, self.now)
+    }
+
+    /// Why the change does not fit, for a request of `requested` cards of `key`: the
+    /// first level that refuses it, from the queue up.
+    pub fn message(&self, key: &Alternatives, requested: Cards) -> String {
+        match &self.levels.refusal {
+            Some(r) => r.message(self.queue, key, requested),
+            None => {
+                let text = insufficient(self.queue, key, requested, &self.before());
+                with_missing_parent(self.snap, self.queue, text)
+            }
+        }
+    }
+}
+
+/// `text`, saying so when `queue`'s parent does not exist (it is then a top level:
+/// nothing to borrow from).
+pub fn with_missing_parent(snap: &Snapshot, queue: &QueueName, text: String) -> String {
+    match snap.ancestry(queue).ok().and_then(|a| a.missing) {
+        Some(p) => format!("{text} (its parent queue {p} does not exist: nothing can be borrowed)"),
+        None => text,
     }
 }
 
@@ -143,8 +169,28 @@ pub fn feasible(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Verdict {
     Adjusted::new(Cow::Borrowed(u), Cow::Borrowed(&u.quota)).feasible(touched)
 }
 
-/// Checks `change` against `queue`: feasible after the change.
+/// Checks `change` against `queue` and every card level above it: feasible after the
+/// change, within each level's cap, borrowing only from pools (docs/hierarchy.md).
 pub fn fit<'a>(
+    snap: &'a Snapshot,
+    queue: &'a QueueName,
+    change: &Change,
+    touched: &BTreeSet<CardName>,
+    now: jiff::Timestamp,
+) -> Fit<'a> {
+    let mut f = fit_leaf(snap, queue, change, touched, now);
+    if f.verdict == Verdict::Feasible && !snap.is_flat() {
+        let before = usage_of(snap, queue, now);
+        f.levels = check_levels(snap, queue, &before, &f.after.usage(), touched, now);
+        if f.levels.refusal.is_some() {
+            f.verdict = Verdict::Infeasible;
+        }
+    }
+    f
+}
+
+/// [`fit`] against `queue` alone (bindings check the levels above for allocation only).
+pub fn fit_leaf<'a>(
     snap: &'a Snapshot,
     queue: &'a QueueName,
     change: &Change,
@@ -156,6 +202,7 @@ pub fn fit<'a>(
     Fit {
         verdict,
         after,
+        levels: LevelCheck::default(),
         snap,
         queue,
         now,

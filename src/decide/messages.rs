@@ -5,7 +5,9 @@ use crate::cluster::QueueRecord;
 use crate::ledger::QueueUsage;
 use crate::snapshot::Snapshot;
 
+use super::tree::fault_message;
 use super::Decision;
+use crate::snapshot::tree::TreeFault;
 
 /// Why a request was refused: the `reason` of the AdmissionReview status and of the
 /// Event that tells the user.
@@ -27,6 +29,10 @@ pub enum Reason {
     CardAnnotationImmutable,
     /// The request itself is not a valid object of its kind.
     BadRequest,
+    /// A charge to a queue that has child queues (charges go to leaves).
+    QueueHasChildQueues,
+    /// A queue whose parents form a cycle, or a chain too long to follow.
+    QueueTreeInvalid,
 }
 
 impl Reason {
@@ -40,6 +46,8 @@ impl Reason {
             Self::CardModelNotAccepted => "CardModelNotAccepted",
             Self::CardAnnotationImmutable => "CardAnnotationImmutable",
             Self::BadRequest => "BadRequest",
+            Self::QueueHasChildQueues => "QueueHasChildQueues",
+            Self::QueueTreeInvalid => "QueueTreeInvalid",
         }
     }
 }
@@ -101,6 +109,8 @@ pub const INVALID_DEMAND: Reason = Reason::InvalidCardDemand;
 pub const NOT_ACCEPTED: Reason = Reason::CardModelNotAccepted;
 pub const IMMUTABLE: Reason = Reason::CardAnnotationImmutable;
 pub const BAD_REQUEST: Reason = Reason::BadRequest;
+pub const NOT_LEAF: Reason = Reason::QueueHasChildQueues;
+pub const BAD_TREE: Reason = Reason::QueueTreeInvalid;
 
 /// `queue <q> has insufficient <model> quota: requested <n>, in use <u> (allocated <a>,
 /// pending <p>, reserved <r>), quota <c>` (docs/decisions.md), from the usage before the request.
@@ -117,12 +127,25 @@ pub fn insufficient(
         r.allocated,
         r.pending,
         r.reserved,
-        r.quota
+        quota_text(r.quota, key, &before.borrow)
     )
+}
+
+/// `<quota>`, or `<share> + borrow <b>` when part of `cap` is borrowed.
+pub fn quota_text(cap: Cards, key: &Alternatives, borrow: &crate::cards::Quota) -> String {
+    let b: Cards = key.models().iter().map(|m| borrow.get(m)).sum();
+    if b.is_zero() {
+        cap.to_string()
+    } else {
+        format!("{} + borrow {b}", cap.saturating_sub(b))
+    }
 }
 
 /// Refuses charging requests to a queue that is Closed/Closing or whose quota is broken.
 pub fn gate(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
+    if !snap.is_flat() {
+        gate_tree(snap, queue)?;
+    }
     let Some(q) = snap.queue(queue) else {
         return Ok(());
     };
@@ -131,6 +154,33 @@ pub fn gate(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
         return Ok(());
     }
     gate_record(q)
+}
+
+/// Charges go to leaf queues, below no Closed queue, in a tree without cycles; a fault
+/// refuses the charges of its own subtree only (docs/hierarchy.md).
+fn gate_tree(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
+    if snap.has_children(queue) {
+        let children: Vec<&str> = snap.children_of(queue).map(QueueName::as_str).collect();
+        return Err(Decision::deny(
+            NOT_LEAF,
+            format!(
+                "queue {queue} has child queues ({}): submit card workloads to a leaf queue",
+                short_list(&children)
+            ),
+        ));
+    }
+    match snap.ancestry(queue) {
+        Ok(_) => Ok(()),
+        Err(fault) => {
+            let reason = match &fault {
+                TreeFault::ClosedAncestor { .. } => CLOSED,
+                TreeFault::BrokenAncestor { .. } if snap.quota_lifted(queue) => return Ok(()),
+                TreeFault::BrokenAncestor { .. } => INVALID,
+                TreeFault::Cycle(_) | TreeFault::TooDeep => BAD_TREE,
+            };
+            Err(Decision::deny(reason, fault_message(queue, &fault)))
+        }
+    }
 }
 
 fn gate_record(q: &QueueRecord) -> Result<(), Decision> {

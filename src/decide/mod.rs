@@ -12,6 +12,7 @@ pub mod podgroup;
 pub mod queue;
 pub mod review;
 pub mod scale;
+pub mod tree;
 
 pub use crate::cards::annotations::Enforcement;
 use crate::cards::QueueName;

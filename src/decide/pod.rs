@@ -17,7 +17,8 @@ use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::fit::{feasible, fit, models_of, Change};
+use super::fit::{feasible, fit, fit_leaf, models_of, Change};
+use super::tree::check_allocated;
 use super::messages::{
     gate, insufficient, short_list, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
     NOT_ACCEPTED, RETRY,
@@ -360,17 +361,23 @@ pub fn allocate(
         .map(|a| models_of([a]))
         .unwrap_or_default();
     touched.extend(charges.iter().map(|(m, _)| m.clone()));
-    let f = fit(snap, queue, &change, &touched, now);
+    let f = fit_leaf(snap, queue, &change, &touched, now);
     for (model, cards) in &charges {
         if f.after.allocated(model) > f.after.quota().get(model) {
             return Err(Decision::deny(
                 INSUFFICIENT,
-                insufficient(
-                    queue,
-                    &Alternatives::single(model.clone()),
-                    *cards,
-                    &f.before(),
-                ),
+                f.message(&Alternatives::single(model.clone()), *cards),
+            ));
+        }
+    }
+    if !snap.is_flat() {
+        let models: Vec<CardName> = charges.iter().map(|(m, _)| m.clone()).collect();
+        let before = f.before();
+        if let Some(r) = check_allocated(snap, queue, &before, &f.after.usage(), &models, now) {
+            let (model, cards) = &charges[0];
+            return Err(Decision::deny(
+                INSUFFICIENT,
+                r.message(queue, &Alternatives::single(model.clone()), *cards),
             ));
         }
     }
@@ -382,10 +389,7 @@ pub fn allocate(
         // Binding never makes a broken queue worse than the hard line allows.
         _ if feasible(&f.before(), &touched) != Verdict::Feasible => Ok(charges),
         Verdict::Undecided => Err(undecided(queue, &single, cards, &f.before())),
-        Verdict::Infeasible => Err(Decision::deny(
-            INSUFFICIENT,
-            insufficient(queue, &single, cards, &f.before()),
-        )),
+        Verdict::Infeasible => Err(Decision::deny(INSUFFICIENT, f.message(&single, cards))),
     }
 }
 
@@ -494,7 +498,7 @@ fn admit(
         }
         Verdict::Infeasible => Decision::deny(
             INSUFFICIENT,
-            insufficient(&queue, &demand.alternatives, demand.cards, &f.before()),
+            f.message(&demand.alternatives, demand.cards),
         ),
         Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before()),
     };
@@ -814,7 +818,10 @@ fn choose_pin<'s>(
         add_pods: vec![rec],
         ..Default::default()
     };
+    // The first model that fits without borrowing; else the first that fits by
+    // borrowing from a card parent's pool.
     let mut chosen = None;
+    let mut borrowing = None;
     for m in order {
         let Some(pin) = snap.pin_of(m) else {
             continue;
@@ -822,10 +829,20 @@ fn choose_pin<'s>(
         let pod = &mut change.add_pods[0];
         pod.pinned.clone_from(&own_pins);
         pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
-        if fit(snap, queue, &change, &touched, now).verdict == Verdict::Feasible {
-            chosen = Some((m.clone(), pin));
-            break;
+        let f = fit(snap, queue, &change, &touched, now);
+        if f.verdict == Verdict::Feasible {
+            if !f.levels.borrows {
+                chosen = Some((m.clone(), pin));
+                break;
+            }
+            borrowing = borrowing.or(Some((m.clone(), pin)));
         }
+    }
+    let chosen = chosen.or(borrowing);
+    if let Some((_, pin)) = &chosen {
+        let pod = &mut change.add_pods[0];
+        pod.pinned.clone_from(&own_pins);
+        pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
     }
     let mut rec = change.add_pods.swap_remove(0);
     rec.card_name = card_name;

@@ -177,7 +177,7 @@ fn decide_charge(
         fit(snap, &rec.queue, &change_with(partial), &touched, now).verdict == Verdict::Feasible
     };
     let (key, n) = &request.0[first_failing(request.0.len(), prefix_fits)];
-    let mut d = Decision::deny(INSUFFICIENT, insufficient(&rec.queue, key, *n, &f.before()));
+    let mut d = Decision::deny(INSUFFICIENT, f.message(key, *n));
     d.undecided = f.verdict == Verdict::Undecided;
     d.with_event(regarding)
 }
@@ -531,7 +531,7 @@ fn moves(
         .sum();
     let mut d = Decision::deny(
         INSUFFICIENT,
-        format!("{what}: {}", insufficient(&queue, &key, n, &f.before())),
+        format!("{what}: {}", f.message(&key, n)),
     );
     d.undecided = verdict == Verdict::Undecided;
     d

@@ -1,6 +1,8 @@
 //! Scale-ups: the `scale` subresource (HPA, kubectl scale) and `spec.replicas` updates
 //! of Deployments, ReplicaSets and StatefulSets. Clamp (default) or deny; scale-downs pass.
 
+use super::fit::with_missing_parent;
+use super::tree::check_levels;
 use std::borrow::Cow;
 
 use serde_json::Value;
@@ -176,11 +178,20 @@ fn resize(
     let touched = models_of([&demand.alternatives]);
     // The queue's usage is computed once; only the count of added replicas varies.
     let before = usage_of(snap, &queue, now);
-    let fits = |k: u64| {
+    let tree = |k: u64| {
         let mut u = Adjusted::new(Cow::Borrowed(&before), Cow::Borrowed(&before.quota));
         u.add_planned(&Demand::pods(demand.alternatives.clone(), demand.cards, k));
-        u.feasible(&touched)
+        match u.feasible(&touched) {
+            Verdict::Feasible if !snap.is_flat() => {
+                match check_levels(snap, &queue, &before, &u.usage(), &touched, now).refusal {
+                    Some(r) => (Verdict::Infeasible, Some(r)),
+                    None => (Verdict::Feasible, None),
+                }
+            }
+            v => (v, None),
+        }
     };
+    let fits = |k: u64| tree(k).0;
     // No more replicas fit than the room of the models they may use holds: beyond
     // that the answer is known without a search.
     let room: u128 = demand
@@ -190,20 +201,23 @@ fn resize(
         .map(|m| u128::try_from(before.room(m).max(0)).unwrap_or(0))
         .fold(0, u128::saturating_add);
     let most = u64::try_from(room / demand.cards.get().max(1)).unwrap_or(u64::MAX);
-    let full = if added > most {
-        Verdict::Infeasible
+    let (full, level) = if added > most {
+        (Verdict::Infeasible, None)
     } else {
-        fits(added)
+        tree(added)
     };
     if full == Verdict::Feasible {
         return Decision::allow();
     }
-    let message = insufficient(
-        &queue,
-        &demand.alternatives,
-        demand.cards.times(added),
-        &before,
-    );
+    let requested = demand.cards.times(added);
+    let message = match level {
+        Some(r) => r.message(&queue, &demand.alternatives, requested),
+        None => with_missing_parent(
+            snap,
+            &queue,
+            insufficient(&queue, &demand.alternatives, requested, &before),
+        ),
+    };
     if cfg.scale_policy == ScalePolicy::Deny {
         let mut d = Decision::deny(INSUFFICIENT, message);
         d.undecided = full == Verdict::Undecided;

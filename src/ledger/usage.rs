@@ -20,7 +20,11 @@ use super::flow::{Network, UNLIMITED};
 /// demands are counted, not listed, so its size follows the models, not the pods.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QueueUsage {
+    /// What the queue may use: its `card.quota`, plus `borrow`.
     pub quota: Quota,
+    /// The part of `quota` that is borrowed from the card parent's pool (messages
+    /// show it apart).
+    pub borrow: Quota,
     pub allocated: BTreeMap<CardName, Cards>,
     pub pending: BTreeMap<Alternatives, Cards>,
     pub reserved: BTreeMap<Alternatives, Cards>,
@@ -205,6 +209,37 @@ impl QueueUsage {
                     && Arc::make_mut(&mut self.problems).remove(key).is_some()
             }
         }
+    }
+
+    /// Adds another queue's usage to this one (a subtree's sums); quotas untouched.
+    pub fn absorb(&mut self, other: &QueueUsage) {
+        for (m, n) in &other.allocated {
+            add_to(&mut self.allocated, m, *n);
+        }
+        for (a, n) in &other.pending {
+            add_to(&mut self.pending, a, *n);
+        }
+        for (a, n) in &other.reserved {
+            add_to(&mut self.reserved, a, *n);
+        }
+        for (k, c) in &other.waiting {
+            *self.waiting.entry(k.clone()).or_default() += *c;
+        }
+        self.planned.extend(other.planned.iter().cloned());
+    }
+
+    /// Cards this usage holds on `m` for the tree's effective-use rule: allocated on
+    /// `m`, and unbound demand whose preferred (first) model is `m`.
+    pub fn preferred_use(&self, m: &CardName) -> Cards {
+        let first = |a: &Alternatives| a.first() == m;
+        self.allocated.get(m).copied().unwrap_or_default()
+            + self
+                .pending
+                .iter()
+                .chain(&self.reserved)
+                .filter(|(a, _)| first(a))
+                .map(|(_, n)| *n)
+                .sum::<Cards>()
     }
 
     /// Counts a PodGroup's reservation.

@@ -22,6 +22,7 @@ use crate::ledger::LedgerRecord;
 
 pub mod load;
 pub mod overlay;
+pub mod tree;
 
 /// A pod's queue depends on this PodGroup (its name, in the pod's namespace), which
 /// the snapshot does not hold (yet).
@@ -43,6 +44,8 @@ pub struct Snapshot {
     /// model -> the node label (key, value) that places a pod on it.
     model_pins: BTreeMap<CardName, (String, String)>,
     queues: BTreeMap<QueueName, QueueRecord>,
+    /// Queue -> the queues whose `spec.parent` names it (whether it exists or not).
+    children: BTreeMap<QueueName, BTreeSet<QueueName>>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -364,12 +367,20 @@ impl Snapshot {
 
     pub fn upsert_queue(&mut self, q: QueueRecord) {
         self.dirty.mark(&q.name);
-        self.queues.insert(q.name.clone(), q);
+        let (name, parent) = (q.name.clone(), q.parent.clone());
+        if let Some(old) = self.queues.insert(name.clone(), q) {
+            self.unlink(&name, old.parent.as_ref());
+        }
+        if let Some(p) = parent {
+            self.children.entry(p).or_default().insert(name);
+        }
     }
 
     pub fn remove_queue(&mut self, name: &QueueName) {
         self.dirty.mark(name);
-        self.queues.remove(name);
+        if let Some(old) = self.queues.remove(name) {
+            self.unlink(name, old.parent.as_ref());
+        }
     }
 
     /// Marks a queue for the reconciler to look at again.
@@ -721,30 +732,40 @@ impl Snapshot {
 
     /// The usage of `queue` at `now`, from the incremental tally.
     pub fn usage(&self, queue: &QueueName, now: jiff::Timestamp) -> QueueUsage {
-        let quota = if self.quota_lifted(queue) {
-            Quota::unlimited()
-        } else {
-            self.queue(queue)
-                .map(|q| q.effective_quota())
-                .unwrap_or_default()
-        };
-        self.tally.usage(
+        let quota = self.cap_of(queue).into_owned();
+        let mut u = self.tally.usage(
             queue,
             quota,
             |k| self.pods.get(k),
             |k| self.groups.get(k),
             &self.nodes,
             now,
-        )
+        );
+        if !self.quota_lifted(queue) {
+            u.borrow = self.borrow_of(queue).unwrap_or_default();
+        }
+        u
+    }
+
+    /// What `queue`'s charges may reach: its quota (0 everywhere when it does not
+    /// parse), plus its `card.borrow` when it has a card parent; unlimited while lifted.
+    pub fn cap_of(&self, queue: &QueueName) -> Cow<'_, Quota> {
+        if self.quota_lifted(queue) {
+            return Cow::Owned(Quota::unlimited());
+        }
+        let own = match self.queue(queue).and_then(|q| q.quota.as_ref()) {
+            Some(Ok(q)) => Cow::Borrowed(q),
+            _ => Cow::Owned(Quota::default()),
+        };
+        match self.borrow_of(queue) {
+            Some(b) => Cow::Owned(own.plus(&b)),
+            None => own,
+        }
     }
 
     /// The usage of `queue` at `now`, ready for a change on top, without a copy.
     pub fn adjusted(&self, queue: &QueueName, now: jiff::Timestamp) -> Adjusted<'_> {
-        let quota = match self.queue(queue).and_then(|q| q.quota.as_ref()) {
-            _ if self.quota_lifted(queue) => Cow::Owned(Quota::unlimited()),
-            Some(Ok(q)) => Cow::Borrowed(q),
-            _ => Cow::Owned(Quota::default()),
-        };
+        let quota = self.cap_of(queue);
         let base = self.tally.counted(
             queue,
             |k| self.pods.get(k),

@@ -1,0 +1,287 @@
+//! The admission rule over a tree of queues (docs/hierarchy.md). A charge of a leaf is
+//! admitted when, at every card level x above it, the subtree's demand stays feasible
+//! under x's cap (quota + borrow: the hard line), and the effective use E(x) (own use
+//! plus each card child's max(E, share)) stays within the cap or does not rise (no
+//! borrowing beyond x's unassigned pool). A flat cluster skips all of it.
+
+use std::collections::BTreeSet;
+
+use crate::cards::{Alternatives, CardName, Cards, QueueName};
+use crate::ledger::{QueueUsage, Verdict};
+use crate::snapshot::tree::{TreeFault, WALK_LIMIT};
+use crate::snapshot::Snapshot;
+
+use super::fit::feasible;
+use super::messages::quota_text;
+
+/// The first card level above a leaf that a charge would break.
+#[derive(Debug, Clone)]
+pub enum LevelRefusal {
+    /// The level's subtree would need more than its cap.
+    Cap {
+        level: QueueName,
+        /// The subtree's usage before the change, under the level's cap.
+        before: Box<QueueUsage>,
+    },
+    /// The charge would borrow more than the level's unassigned pool holds.
+    Borrow {
+        level: QueueName,
+        model: CardName,
+        /// The level's quota and borrow on `model`.
+        quota: Cards,
+        borrow: Cards,
+        /// Its card children's shares, and what they use beyond them, on `model`.
+        shares: Cards,
+        borrowed: Cards,
+        /// Its effective use before the change.
+        effective: Cards,
+    },
+}
+
+impl LevelRefusal {
+    /// The message of a refused charge of `requested` cards of `key` to `leaf`.
+    pub fn message(&self, leaf: &QueueName, key: &Alternatives, requested: Cards) -> String {
+        match self {
+            Self::Cap { level, before } => {
+                let r = before.competing(key);
+                format!(
+                    "queue {leaf} has insufficient {key} quota in ancestor {level}: requested {requested}, {level} in use {} (allocated {}, pending {}, reserved {}), quota {}",
+                    r.in_use(),
+                    r.allocated,
+                    r.pending,
+                    r.reserved,
+                    quota_text(r.quota, key, &before.borrow)
+                )
+            }
+            Self::Borrow {
+                level,
+                model,
+                quota,
+                borrow,
+                shares,
+                borrowed,
+                effective,
+            } => {
+                let cap = *quota + *borrow;
+                let free = cap.saturating_sub(*effective);
+                let quota = if borrow.is_zero() {
+                    quota.to_string()
+                } else {
+                    format!("{quota} + borrow {borrow}")
+                };
+                format!(
+                    "queue {leaf} cannot borrow {model} from {level}: requested {requested}, {level} free {free} (quota {quota}, shares {shares}, borrowed {borrowed})"
+                )
+            }
+        }
+    }
+}
+
+/// What the tree says about a change that fits its leaf.
+#[derive(Debug, Clone, Default)]
+pub struct LevelCheck {
+    /// Set when some level refuses it.
+    pub refusal: Option<LevelRefusal>,
+    /// True when the change raises some level's effective use: it borrows.
+    pub borrows: bool,
+}
+
+/// Checks `leaf`'s usage going from `before` to `after` at every card level above it.
+/// Faults of the tree are the gate's to refuse; here they check nothing.
+pub fn check_levels(
+    snap: &Snapshot,
+    leaf: &QueueName,
+    before: &QueueUsage,
+    after: &QueueUsage,
+    touched: &BTreeSet<CardName>,
+    now: jiff::Timestamp,
+) -> LevelCheck {
+    let mut out = LevelCheck::default();
+    let models: Vec<CardName> = touched.iter().cloned().collect();
+    for (level, sum_before, sum_after) in level_sums(snap, leaf, before, after, now) {
+        let level = &level;
+        let cap = sum_after.quota.clone();
+        let borrow = sum_before.borrow.clone();
+        if feasible(&sum_after, touched) != Verdict::Feasible
+            && (feasible(&sum_before, touched) == Verdict::Feasible
+                || in_use(&sum_after, touched) > in_use(&sum_before, touched))
+        {
+            out.refusal = Some(LevelRefusal::Cap {
+                level: level.clone(),
+                before: Box::new(sum_before),
+            });
+            return out;
+        }
+        for m in &models {
+            let e_before = effective(snap, level, m, None, now);
+            let e_after = effective(snap, level, m, Some((leaf, after)), now);
+            if e_after.total <= e_before.total {
+                continue;
+            }
+            out.borrows = true;
+            if e_after.total > cap.get(m) {
+                out.refusal = Some(LevelRefusal::Borrow {
+                    level: level.clone(),
+                    model: m.clone(),
+                    quota: snap.share_of(level).get(m),
+                    borrow: borrow.get(m),
+                    shares: e_before.shares,
+                    borrowed: e_before.borrowed,
+                    effective: e_before.total,
+                });
+                return out;
+            }
+        }
+    }
+    out
+}
+
+/// Binding is the hard line at every level: allocated cards of each card level's
+/// subtree stay within its cap on the `charged` models (when the change raises them).
+pub fn check_allocated(
+    snap: &Snapshot,
+    leaf: &QueueName,
+    before: &QueueUsage,
+    after: &QueueUsage,
+    charged: &[CardName],
+    now: jiff::Timestamp,
+) -> Option<LevelRefusal> {
+    for (level, sum_before, sum_after) in level_sums(snap, leaf, before, after, now) {
+        let over = charged.iter().any(|m| {
+            let (b, a) = (allocated(&sum_before, m), allocated(&sum_after, m));
+            a > sum_after.quota.get(m) && a > b
+        });
+        if over {
+            return Some(LevelRefusal::Cap {
+                level,
+                before: Box::new(sum_before),
+            });
+        }
+    }
+    None
+}
+
+fn allocated(u: &QueueUsage, m: &CardName) -> Cards {
+    u.allocated.get(m).copied().unwrap_or_default()
+}
+
+/// For each card level above `leaf`, nearest first: its subtree's usage before and after
+/// the leaf goes from `before` to `after`, under the level's cap (and borrow).
+fn level_sums(
+    snap: &Snapshot,
+    leaf: &QueueName,
+    before: &QueueUsage,
+    after: &QueueUsage,
+    now: jiff::Timestamp,
+) -> Vec<(QueueName, QueueUsage, QueueUsage)> {
+    let Ok(ancestry) = snap.ancestry(leaf) else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(ancestry.levels.len());
+    // The subtree sums of the level walked last, grown level by level.
+    let mut sum_before = before.clone();
+    let mut sum_after = after.clone();
+    let mut counted: BTreeSet<QueueName> = BTreeSet::from([leaf.clone()]);
+    for level in ancestry.levels {
+        for q in snap.subtree(&level) {
+            if counted.insert(q.clone()) {
+                let u = snap.usage(&q, now);
+                sum_before.absorb(&u);
+                sum_after.absorb(&u);
+            }
+        }
+        let cap = snap.cap_of(&level).into_owned();
+        sum_before.quota = cap.clone();
+        sum_after.quota = cap;
+        sum_before.borrow = snap.borrow_of(&level).unwrap_or_default();
+        sum_after.borrow = sum_before.borrow.clone();
+        out.push((level, sum_before.clone(), sum_after.clone()));
+    }
+    out
+}
+
+/// Cards in use on `touched` models: allocated, and unbound demand that may use them.
+fn in_use(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Cards {
+    let reaches = |a: &Alternatives| a.models().iter().any(|m| touched.contains(m));
+    touched
+        .iter()
+        .map(|m| u.allocated.get(m).copied().unwrap_or_default())
+        .sum::<Cards>()
+        + u.pending
+            .iter()
+            .chain(&u.reserved)
+            .filter(|(a, _)| reaches(a))
+            .map(|(_, n)| *n)
+            .sum::<Cards>()
+}
+
+/// A level's effective use on one model, and its parts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Effective {
+    total: Cards,
+    shares: Cards,
+    borrowed: Cards,
+}
+
+/// E(x) on `m`: x's own use plus, per card child c, max(E(c), share(c)). `over`
+/// replaces one queue's usage (the leaf after the change).
+fn effective(
+    snap: &Snapshot,
+    x: &QueueName,
+    m: &CardName,
+    over: Option<(&QueueName, &QueueUsage)>,
+    now: jiff::Timestamp,
+) -> Effective {
+    effective_at(snap, x, m, over, now, 0)
+}
+
+fn effective_at(
+    snap: &Snapshot,
+    x: &QueueName,
+    m: &CardName,
+    over: Option<(&QueueName, &QueueUsage)>,
+    now: jiff::Timestamp,
+    depth: usize,
+) -> Effective {
+    let own = match over {
+        Some((q, u)) if q == x => u.preferred_use(m),
+        _ => snap.usage(x, now).preferred_use(m),
+    };
+    let mut e = Effective {
+        total: own,
+        ..Effective::default()
+    };
+    if depth > WALK_LIMIT {
+        return e;
+    }
+    for c in snap.card_children(x) {
+        let share = snap.share_of(&c).get(m);
+        let ec = effective_at(snap, &c, m, over, now, depth + 1).total;
+        e.shares += share;
+        e.borrowed += ec.saturating_sub(share);
+        e.total += if ec > share { ec } else { share };
+    }
+    e
+}
+
+/// The message of a charge refused because of where its queue sits in the tree.
+pub fn fault_message(queue: &QueueName, fault: &TreeFault) -> String {
+    match fault {
+        TreeFault::Cycle(path) => {
+            let names: Vec<&str> = path.iter().map(QueueName::as_str).collect();
+            format!(
+                "queue {queue} is in a cycle of parents ({}): set spec.parent of one of them to a queue outside it",
+                names.join(" -> ")
+            )
+        }
+        TreeFault::TooDeep => format!(
+            "queue {queue} has more than {WALK_LIMIT} ancestors: shorten its chain of spec.parent"
+        ),
+        TreeFault::BrokenAncestor { ancestor, error } => format!(
+            "queue {queue} is under queue {ancestor}, whose card quota does not parse: fix it ({error})"
+        ),
+        TreeFault::ClosedAncestor { ancestor, state } => format!(
+            "queue {queue} is under queue {ancestor}, which is {state} and admits no new card requests"
+        ),
+    }
+}
