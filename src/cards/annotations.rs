@@ -307,7 +307,11 @@ fn parse_quota_in(
     let mut q = BTreeMap::new();
     for (k, n) in entries {
         if k.contains('|') {
-            return Err(err(object, annotation, Problem::CompositeQuotaKey(shown(&k))));
+            return Err(err(
+                object,
+                annotation,
+                Problem::CompositeQuotaKey(shown(&k)),
+            ));
         }
         let name = CardName::parse(&k).map_err(|source| {
             err(

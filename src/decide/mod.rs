@@ -10,6 +10,7 @@ pub mod patch;
 pub mod pod;
 pub mod podgroup;
 pub mod queue;
+pub mod queue_tree;
 pub mod review;
 pub mod scale;
 pub mod tree;
@@ -30,6 +31,9 @@ pub enum ScalePolicy {
     Deny,
 }
 
+/// The default of `--max-queue-depth`: levels below `root`.
+pub const DEFAULT_MAX_QUEUE_DEPTH: usize = 5;
+
 /// Settings of the decisions.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -39,6 +43,8 @@ pub struct Config {
     pub pin: bool,
     /// The enforcement of queues without `volcano.sh/card.enforcement`.
     pub enforcement: Enforcement,
+    /// The deepest a queue may sit below `root` (`--max-queue-depth`).
+    pub max_queue_depth: usize,
     /// Per namespace, the enforcement of its requests, over `enforcement` (a queue's
     /// own annotation still wins: the queue's admin chose it).
     pub namespace_enforcement: NamespaceEnforcement,
@@ -50,6 +56,7 @@ impl Default for Config {
             scale_policy: ScalePolicy::default(),
             pin: true,
             enforcement: Enforcement::default(),
+            max_queue_depth: DEFAULT_MAX_QUEUE_DEPTH,
             namespace_enforcement: NamespaceEnforcement::default(),
         }
     }
@@ -281,7 +288,7 @@ pub fn decide(
         return Decision::allow();
     }
     match RequestKind::of(req) {
-        RequestKind::Queue => queue::decide(req, snap, now),
+        RequestKind::Queue => queue::decide(req, snap, cfg, now),
         RequestKind::PodGroup => podgroup::decide(req, snap, now),
         RequestKind::Pod => pod::decide(req, snap, cfg, now),
         RequestKind::Binding => binding::decide(req, snap, now),

@@ -18,13 +18,13 @@ use crate::ledger::{Effect, Verdict};
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::fit::{feasible, fit, fit_leaf, models_of, Change};
-use super::tree::check_allocated;
 use super::messages::{
     gate, insufficient, short_list, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
     NOT_ACCEPTED, RETRY,
 };
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
 use super::review::{AdmissionRequest, Object, Operation};
+use super::tree::check_allocated;
 use super::{raw_object_of, Config, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
@@ -496,10 +496,9 @@ fn admit(
             d.patch = patch;
             d
         }
-        Verdict::Infeasible => Decision::deny(
-            INSUFFICIENT,
-            f.message(&demand.alternatives, demand.cards),
-        ),
+        Verdict::Infeasible => {
+            Decision::deny(INSUFFICIENT, f.message(&demand.alternatives, demand.cards))
+        }
         Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before()),
     };
     d.with_event(owner)

@@ -529,10 +529,7 @@ fn moves(
         .filter(|(k, _, _)| *k == key)
         .map(|(_, n, _)| *n)
         .sum();
-    let mut d = Decision::deny(
-        INSUFFICIENT,
-        format!("{what}: {}", f.message(&key, n)),
-    );
+    let mut d = Decision::deny(INSUFFICIENT, format!("{what}: {}", f.message(&key, n)));
     d.undecided = verdict == Verdict::Undecided;
     d
 }

@@ -5,18 +5,25 @@ use serde_json::Value;
 
 use crate::cards::annotations::QUOTA;
 use crate::cluster::records::queue_record;
+use crate::cluster::QueueRecord;
 use crate::snapshot::Snapshot;
 
 use super::fit::usage_of;
-use super::messages::{BAD_REQUEST, INVALID};
+use super::messages::{cap, BAD_REQUEST, INVALID};
+use super::queue_tree;
 use super::review::{AdmissionRequest, Object, Operation};
-use super::{object_of, Decision};
+use super::{object_of, Config, Decision, EventIntent, ObjectRef};
 
 fn raw_quota(v: Option<&Value>) -> Option<&str> {
     v?.pointer("/metadata/annotations")?.get(QUOTA)?.as_str()
 }
 
-pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+pub fn decide(
+    req: &AdmissionRequest,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if !req.operation.writes() {
         return Decision::allow();
     }
@@ -34,6 +41,70 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if let Err(e) = &rec.enforcement {
         return Decision::deny(INVALID, e.clone());
     }
+    let old = match req.operation {
+        Operation::Update => req
+            .old_object
+            .as_ref()
+            .map(Object::tree)
+            .and_then(|o| queue_record(o).ok()),
+        _ => None,
+    };
+    if let Some(Err(e)) = &rec.borrow {
+        if old.as_ref().map(|o| &o.borrow) != Some(&rec.borrow) {
+            return Decision::deny(INVALID, e.to_string());
+        }
+    }
+    let tree_warnings = match queue_tree::check(snap, &rec, old.as_ref(), cfg.max_queue_depth, now)
+    {
+        Ok(w) => w,
+        Err(d) => return d,
+    };
+    let d = quota_checks(req, obj, &rec, snap, now);
+    with_tree_warnings(d, &rec, obj, tree_warnings)
+}
+
+/// Tree warnings ride on the answer (kubectl prints them) and in an Event on the Queue.
+fn with_tree_warnings(
+    mut d: Decision,
+    rec: &QueueRecord,
+    obj: &Value,
+    warnings: Vec<String>,
+) -> Decision {
+    if !d.allowed || warnings.is_empty() {
+        return d;
+    }
+    let message = cap(warnings.join("; "));
+    d.warnings.extend(warnings.into_iter().map(cap));
+    d.event = Some(Box::new(EventIntent {
+        regarding: ObjectRef {
+            api_version: "scheduling.volcano.sh/v1beta1".into(),
+            kind: "Queue".into(),
+            namespace: None,
+            name: rec.name.to_string(),
+            uid: obj
+                .pointer("/metadata/uid")
+                .and_then(Value::as_str)
+                .filter(|u| !u.is_empty())
+                .map(str::to_string),
+        },
+        reason: TREE_WARNING,
+        message,
+        warning: true,
+        also: None,
+    }));
+    d
+}
+
+/// The Event reason of a Queue admitted with warnings about its place in the tree.
+pub const TREE_WARNING: &str = "CardQuotaTreeWarning";
+
+fn quota_checks(
+    req: &AdmissionRequest,
+    obj: &Value,
+    rec: &QueueRecord,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
     let quota = match &rec.quota {
         None => return Decision::allow(),
         Some(Ok(q)) => q,

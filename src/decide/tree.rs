@@ -102,16 +102,8 @@ pub fn check_levels(
         let level = &level;
         let cap = sum_after.quota.clone();
         let borrow = sum_before.borrow.clone();
-        if feasible(&sum_after, touched) != Verdict::Feasible
-            && (feasible(&sum_before, touched) == Verdict::Feasible
-                || in_use(&sum_after, touched) > in_use(&sum_before, touched))
-        {
-            out.refusal = Some(LevelRefusal::Cap {
-                level: level.clone(),
-                before: Box::new(sum_before),
-            });
-            return out;
-        }
+        // A charge that borrows is named by the pool it cannot take from; one within
+        // its shares, by the cap it would pass.
         for m in &models {
             let e_before = effective(snap, level, m, None, now);
             let e_after = effective(snap, level, m, Some((leaf, after)), now);
@@ -131,6 +123,16 @@ pub fn check_levels(
                 });
                 return out;
             }
+        }
+        if feasible(&sum_after, touched) != Verdict::Feasible
+            && (feasible(&sum_before, touched) == Verdict::Feasible
+                || in_use(&sum_after, touched) > in_use(&sum_before, touched))
+        {
+            out.refusal = Some(LevelRefusal::Cap {
+                level: level.clone(),
+                before: Box::new(sum_before),
+            });
+            return out;
         }
     }
     out

@@ -96,11 +96,12 @@ impl Snapshot {
             }
             out.ancestors.push(p.clone());
             if let Some(quota) = &rec.quota {
-                let broken = quota
-                    .as_ref()
-                    .err()
-                    .map(ToString::to_string)
-                    .or_else(|| rec.borrow.as_ref().and_then(|b| b.as_ref().err()).map(ToString::to_string));
+                let broken = quota.as_ref().err().map(ToString::to_string).or_else(|| {
+                    rec.borrow
+                        .as_ref()
+                        .and_then(|b| b.as_ref().err())
+                        .map(ToString::to_string)
+                });
                 if let Some(error) = broken {
                     return Err(TreeFault::BrokenAncestor {
                         ancestor: p.clone(),
@@ -131,8 +132,7 @@ impl Snapshot {
     pub fn card_children(&self, x: &QueueName) -> Vec<QueueName> {
         let mut out = Vec::new();
         let mut seen: BTreeSet<&QueueName> = BTreeSet::from([x]);
-        let mut frontier: Vec<(&QueueName, usize)> =
-            self.children_of(x).map(|c| (c, 1)).collect();
+        let mut frontier: Vec<(&QueueName, usize)> = self.children_of(x).map(|c| (c, 1)).collect();
         while let Some((c, depth)) = frontier.pop() {
             if !seen.insert(c) || depth > WALK_LIMIT {
                 continue;

@@ -58,6 +58,10 @@ pub struct ReplayArgs {
     /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
     #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
     pub namespace_enforcement: Vec<String>,
+    /// The deepest a queue may sit below Volcano's root queue; a Queue apply that would
+    /// go deeper is refused.
+    #[arg(long, default_value_t = card_quota::decide::DEFAULT_MAX_QUEUE_DEPTH)]
+    pub max_queue_depth: usize,
     /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
     /// that already place pods by card model).
     #[arg(long)]
@@ -195,6 +199,10 @@ pub struct ServeArgs {
     /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
     #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
     pub namespace_enforcement: Vec<String>,
+    /// The deepest a queue may sit below Volcano's root queue; a Queue apply that would
+    /// go deeper is refused.
+    #[arg(long, default_value_t = card_quota::decide::DEFAULT_MAX_QUEUE_DEPTH)]
+    pub max_queue_depth: usize,
     /// Do not pin admitted pods to their model with a nodeSelector (for schedulers
     /// that already place pods by card model).
     #[arg(long)]

@@ -12,6 +12,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         pin: !a.no_pin,
         enforcement: a.enforcement.into(),
         namespace_enforcement: NamespaceEnforcement::parse(&a.namespace_enforcement)?,
+        max_queue_depth: a.max_queue_depth,
     };
     replay::run(
         &a.objects,

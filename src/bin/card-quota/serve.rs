@@ -262,6 +262,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             namespace_enforcement: card_quota::decide::NamespaceEnforcement::parse(
                 &a.namespace_enforcement,
             )?,
+            max_queue_depth: a.max_queue_depth,
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
         lease_namespace: a.lease_namespace,

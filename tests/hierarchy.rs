@@ -1,0 +1,491 @@
+//! Hierarchical card quota (docs/hierarchy.md): each rule and message as a table test,
+//! through the path the webhook and replay use.
+
+mod support;
+
+use card_quota::admission::{apply, review, usage_report};
+use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
+use card_quota::decide::Config;
+use card_quota::snapshot::load::load;
+use card_quota::snapshot::Snapshot;
+use serde_json::{json, Value};
+
+const NODES: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: h200-1, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "16"}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: rtx-1, labels: {nvidia.com/gpu.product: RTX-4090}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: root}
+"#;
+
+/// A Queue: name, parent ("" for none), quota and borrow JSON ("" for none).
+fn queue(name: &str, parent: &str, quota: &str, borrow: &str) -> Value {
+    let mut q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": name, "annotations": {}}, "spec": {"weight": 1},
+        "status": {"state": "Open"}});
+    if !parent.is_empty() {
+        q["spec"]["parent"] = json!(parent);
+    }
+    if !quota.is_empty() {
+        q["metadata"]["annotations"]["volcano.sh/card.quota"] = json!(quota);
+    }
+    if !borrow.is_empty() {
+        q["metadata"]["annotations"]["volcano.sh/card.borrow"] = json!(borrow);
+    }
+    q
+}
+
+fn yaml(queues: &[Value]) -> String {
+    let mut s = NODES.to_string();
+    for q in queues {
+        s.push_str("---\n");
+        s.push_str(&serde_json::to_string(q).unwrap());
+        s.push('\n');
+    }
+    s
+}
+
+struct World {
+    snap: Snapshot,
+    cfg: Config,
+    n: u32,
+}
+
+impl World {
+    fn with(queues: &[Value]) -> Self {
+        let (snap, skipped) = load(&yaml(queues)).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        Self {
+            snap,
+            cfg: Config::default(),
+            n: 0,
+        }
+    }
+    /// The org of the worked example: org 8 H200; team-a 4 (+ borrow 2), team-b 2; a
+    /// pool of 2.
+    fn org() -> Self {
+        Self::with(&[
+            queue("org", "root", r#"{"NVIDIA-H200":8}"#, ""),
+            queue(
+                "team-a",
+                "org",
+                r#"{"NVIDIA-H200":4}"#,
+                r#"{"NVIDIA-H200":2}"#,
+            ),
+            queue(
+                "team-b",
+                "org",
+                r#"{"NVIDIA-H200":2}"#,
+                r#"{"NVIDIA-H200":2}"#,
+            ),
+        ])
+    }
+    fn send(&mut self, doc: Value) -> AdmissionResponse {
+        let r = review(
+            &doc,
+            &mut self.snap,
+            &self.cfg,
+            jiff::Timestamp::now(),
+            true,
+        );
+        if let (Some(req), Some(d)) = (&r.request, &r.decision) {
+            apply(&mut self.snap, req, d).unwrap();
+        }
+        r.out.response
+    }
+    /// A one-model pod of `n` cards in `queue`.
+    fn pod(&mut self, queue: &str, card: &str, n: &str) -> AdmissionResponse {
+        self.n += 1;
+        let name = format!("p{}", self.n);
+        self.send(R::pod("CREATE", pod(&name, queue, card, n)).build())
+    }
+    fn admit(&mut self, queue: &str, card: &str, n: &str) {
+        let r = self.pod(queue, card, n);
+        assert!(r.allowed, "{}", message(&r));
+    }
+    fn refused(&mut self, queue: &str, card: &str, n: &str) -> String {
+        let r = self.pod(queue, card, n);
+        assert!(!r.allowed, "admitted {card} x{n} in {queue}");
+        message(&r)
+    }
+    fn apply_queue(&mut self, op: &str, q: Value, old: Option<Value>) -> AdmissionResponse {
+        let mut b = R::queue(op, q);
+        if let Some(o) = old {
+            b = b.old(o);
+        }
+        self.send(b.build())
+    }
+    fn usage(&self, queue: &str, model: &str) -> Value {
+        serde_json::to_value(usage_report(&self.snap, jiff::Timestamp::now()))
+            .unwrap()
+            .pointer(&format!("/{queue}/{model}"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+}
+
+fn pod(name: &str, queue: &str, card: &str, n: &str) -> Value {
+    support::pod(name)
+        .queue(queue)
+        .scheduler("volcano")
+        .card(card)
+        .gpus(n)
+        .build()
+}
+
+fn message(r: &AdmissionResponse) -> String {
+    r.status
+        .as_ref()
+        .map(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_flat_cluster_answers_byte_for_byte_as_before_also_under_root() {
+    let flat = |parent: &str| {
+        let mut w = World::with(&[
+            queue("a", parent, r#"{"NVIDIA-H200":2,"RTX-4090":1}"#, ""),
+            queue("b", parent, "", ""),
+        ]);
+        let mut out = Vec::new();
+        for (q, c, n) in [
+            ("a", "NVIDIA-H200", "1"),
+            ("a", "NVIDIA-H200|RTX-4090", "1"),
+            ("a", "NVIDIA-H200|RTX-4090", "1"),
+            ("a", "RTX-4090", "1"),
+            ("b", "NVIDIA-H200", "1"),
+        ] {
+            let mut r = w.pod(q, c, n);
+            r.uid.clear();
+            out.push(serde_json::to_string(&r).unwrap());
+        }
+        out.push(serde_json::to_string(&usage_report(&w.snap, jiff::Timestamp::now())).unwrap());
+        out
+    };
+    assert_eq!(flat(""), flat("root"));
+}
+
+#[test]
+fn a_share_stays_available_while_a_sibling_borrows_the_pool() {
+    let mut w = World::org();
+    for _ in 0..6 {
+        w.admit("team-a", "NVIDIA-H200", "1");
+    }
+    // team-a's own cap: 4 + borrow 2.
+    assert_eq!(
+        w.refused("team-a", "NVIDIA-H200", "1"),
+        "queue team-a has insufficient NVIDIA-H200 quota: requested 1, in use 6 (allocated 0, pending 6, reserved 0), quota 4 + borrow 2"
+    );
+    // team-b's share of 2 is still there.
+    w.admit("team-b", "NVIDIA-H200", "2");
+    // The pool is gone: team-b cannot borrow.
+    assert_eq!(
+        w.refused("team-b", "NVIDIA-H200", "1"),
+        "queue team-b cannot borrow NVIDIA-H200 from org: requested 1, org free 0 (quota 8, shares 6, borrowed 2)"
+    );
+    assert_eq!(w.usage("team-a", "NVIDIA-H200")["pending"], 6);
+    assert_eq!(w.usage("team-b", "NVIDIA-H200")["pending"], 2);
+}
+
+#[test]
+fn the_pool_runs_out_between_borrowing_siblings() {
+    let mut w = World::org();
+    w.admit("team-b", "NVIDIA-H200", "3"); // borrows 1
+    w.admit("team-a", "NVIDIA-H200", "5"); // borrows 1: the pool of 2 is gone
+    assert_eq!(
+        w.refused("team-a", "NVIDIA-H200", "1"),
+        "queue team-a cannot borrow NVIDIA-H200 from org: requested 1, org free 0 (quota 8, shares 6, borrowed 2)"
+    );
+}
+
+#[test]
+fn without_borrow_a_queue_stays_within_its_share_whatever_the_pool() {
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":8}"#, ""),
+        queue("team-a", "org", r#"{"NVIDIA-H200":2}"#, ""),
+    ]);
+    w.admit("team-a", "NVIDIA-H200", "2");
+    assert_eq!(
+        w.refused("team-a", "NVIDIA-H200", "1"),
+        "queue team-a has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2"
+    );
+}
+
+#[test]
+fn a_parent_quota_cut_below_usage_evicts_nothing_and_refuses_what_raises_it() {
+    let mut w = World::org();
+    w.admit("team-a", "NVIDIA-H200", "3");
+    w.admit("team-b", "NVIDIA-H200", "2");
+    let r = w.apply_queue(
+        "UPDATE",
+        queue("org", "root", r#"{"NVIDIA-H200":4}"#, ""),
+        Some(queue("org", "root", r#"{"NVIDIA-H200":8}"#, "")),
+    );
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains("below the current usage of its subtree (5)")),
+        "{:?}",
+        r.warnings
+    );
+    // Within team-a's share, but org is over its cap.
+    assert_eq!(
+        w.refused("team-a", "NVIDIA-H200", "1"),
+        "queue team-a has insufficient NVIDIA-H200 quota in ancestor org: requested 1, org in use 5 (allocated 0, pending 5, reserved 0), quota 4"
+    );
+    // Beyond team-b's share: borrowing, from a pool that is not there.
+    assert_eq!(
+        w.refused("team-b", "NVIDIA-H200", "1"),
+        "queue team-b cannot borrow NVIDIA-H200 from org: requested 1, org free 0 (quota 4, shares 6, borrowed 0)"
+    );
+    // Nothing was evicted; a charge that lowers org's use passes.
+    assert_eq!(w.usage("team-a", "NVIDIA-H200")["pending"], 3);
+    let r = w.send(R::pod("DELETE", json!(null)).named("ml", "p1").build());
+    assert!(r.allowed);
+}
+
+#[test]
+fn a_binding_is_refused_at_an_ancestor_over_its_cap() {
+    let mut w = World::org();
+    w.admit("team-a", "NVIDIA-H200", "1");
+    w.admit("team-a", "NVIDIA-H200", "1");
+    w.apply_queue(
+        "UPDATE",
+        queue("org", "root", r#"{"NVIDIA-H200":1}"#, ""),
+        Some(queue("org", "root", r#"{"NVIDIA-H200":8}"#, "")),
+    );
+    assert!(w.send(R::binding("ml", "p1", "h200-1").build()).allowed);
+    let r = w.send(R::binding("ml", "p2", "h200-1").build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue team-a has insufficient NVIDIA-H200 quota in ancestor org: requested 1, org in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+    );
+}
+
+#[test]
+fn alternatives_take_their_own_share_before_borrowing_and_a_full_parent_refuses() {
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":4,"RTX-4090":1}"#, ""),
+        queue(
+            "team-a",
+            "org",
+            r#"{"NVIDIA-H200":1,"RTX-4090":1}"#,
+            r#"{"NVIDIA-H200":2}"#,
+        ),
+        queue("team-b", "org", r#"{"NVIDIA-H200":1}"#, ""),
+    ]);
+    let pinned = |r: &AdmissionResponse| {
+        let p = r.patch.clone().unwrap_or_default();
+        let p = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, p)
+            .unwrap_or_default();
+        let p = String::from_utf8(p).unwrap_or_default();
+        if p.contains("\"NVIDIA-H200\"") {
+            "NVIDIA-H200"
+        } else if p.contains("\"RTX-4090\"") {
+            "RTX-4090"
+        } else {
+            "none"
+        }
+    };
+    let both = "NVIDIA-H200|RTX-4090";
+    let r = w.pod("team-a", both, "1");
+    assert_eq!(pinned(&r), "NVIDIA-H200", "own share of H200 first");
+    let r = w.pod("team-a", both, "1");
+    assert_eq!(
+        pinned(&r),
+        "RTX-4090",
+        "own share of RTX before borrowing H200"
+    );
+    let r = w.pod("team-a", both, "1");
+    assert_eq!(pinned(&r), "NVIDIA-H200", "then H200 by borrowing");
+    w.admit("team-a", both, "1");
+    // 3 of 3 H200 team-a may use, RTX full: nothing fits.
+    assert!(w
+        .refused("team-a", both, "1")
+        .starts_with("queue team-a has insufficient NVIDIA-H200|RTX-4090 quota"));
+}
+
+#[test]
+fn charges_go_to_leaves_and_a_closed_ancestor_refuses_below_it() {
+    let mut w = World::org();
+    assert_eq!(
+        w.refused("org", "NVIDIA-H200", "1"),
+        "queue org has child queues (team-a, team-b): submit card workloads to a leaf queue"
+    );
+    let mut closed = queue("org", "root", r#"{"NVIDIA-H200":8}"#, "");
+    closed["status"]["state"] = json!("Closed");
+    let (snap, _) = load(&yaml(&[
+        closed,
+        queue("team-a", "org", r#"{"NVIDIA-H200":4}"#, ""),
+    ]))
+    .unwrap();
+    w.snap = snap;
+    assert_eq!(
+        w.refused("team-a", "NVIDIA-H200", "1"),
+        "queue team-a is under queue org, which is Closed and admits no new card requests"
+    );
+}
+
+#[test]
+fn transparent_orphaned_and_broken_ancestors() {
+    // mid has no card.quota: team's card parent is org.
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":2}"#, ""),
+        queue("mid", "org", "", ""),
+        queue("team", "mid", r#"{"NVIDIA-H200":4}"#, ""),
+        queue(
+            "orphan",
+            "gone",
+            r#"{"NVIDIA-H200":1}"#,
+            r#"{"NVIDIA-H200":3}"#,
+        ),
+        queue("bad", "", r#"{"NVIDIA-H200":"#, ""),
+        queue("under-bad", "bad", r#"{"NVIDIA-H200":1}"#, ""),
+    ]);
+    w.admit("team", "NVIDIA-H200", "2");
+    assert_eq!(
+        w.refused("team", "NVIDIA-H200", "1"),
+        "queue team has insufficient NVIDIA-H200 quota in ancestor org: requested 1, org in use 2 (allocated 0, pending 2, reserved 0), quota 2"
+    );
+    // A missing parent: a top level, its own quota binds, no borrowing.
+    w.admit("orphan", "NVIDIA-H200", "1");
+    assert_eq!(
+        w.refused("orphan", "NVIDIA-H200", "1"),
+        "queue orphan has insufficient NVIDIA-H200 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1 (its parent queue gone does not exist: nothing can be borrowed)"
+    );
+    assert!(w
+        .refused("under-bad", "NVIDIA-H200", "1")
+        .starts_with("queue under-bad is under queue bad, whose card quota does not parse: fix it (invalid volcano.sh/card.quota on queue bad"));
+}
+
+#[test]
+fn a_cycle_already_stored_refuses_its_own_queues_only() {
+    let mut w = World::with(&[
+        queue("a", "b", r#"{"NVIDIA-H200":4}"#, ""),
+        queue("b", "a", r#"{"NVIDIA-H200":4}"#, ""),
+        queue("c", "", r#"{"NVIDIA-H200":4}"#, ""),
+        queue("d", "a", r#"{"NVIDIA-H200":4}"#, ""),
+    ]);
+    w.admit("c", "NVIDIA-H200", "1");
+    assert_eq!(
+        w.refused("d", "NVIDIA-H200", "1"),
+        "queue d is in a cycle of parents (a -> b -> a): set spec.parent of one of them to a queue outside it"
+    );
+}
+
+#[test]
+fn kubectl_apply_refuses_self_parents_cycles_depth_and_parents_with_pods() {
+    let mut w = World::org();
+    let r = w.apply_queue("CREATE", queue("x", "x", "", ""), None);
+    assert_eq!(
+        message(&r),
+        "queue x cannot be its own parent (spec.parent: x)"
+    );
+    // org under its own child: Volcano's check reads the old object and misses it.
+    let r = w.apply_queue(
+        "UPDATE",
+        queue("org", "team-a", r#"{"NVIDIA-H200":8}"#, ""),
+        Some(queue("org", "root", r#"{"NVIDIA-H200":8}"#, "")),
+    );
+    assert_eq!(
+        message(&r),
+        "queue org cannot have parent team-a: team-a is below org, which would make a cycle (org -> team-a -> org)"
+    );
+    // Depth: org (1) > l2 > l3 > l4 > l5 fits; l6 does not.
+    let mut parent = "team-a".to_string();
+    for d in 3..=5 {
+        let name = format!("l{d}");
+        let r = w.apply_queue("CREATE", queue(&name, &parent, "", ""), None);
+        assert!(r.allowed, "{}", message(&r));
+        parent = name;
+    }
+    let r = w.apply_queue("CREATE", queue("l6", &parent, "", ""), None);
+    assert_eq!(
+        message(&r),
+        "queue l6 under l5 would make the tree 6 levels deep below root; at most 5 (--max-queue-depth)"
+    );
+    // team-b has pods of its own: it cannot become a parent.
+    w.admit("team-b", "NVIDIA-H200", "1");
+    let r = w.apply_queue("CREATE", queue("sub", "team-b", "", ""), None);
+    assert_eq!(
+        message(&r),
+        "queue team-b has card workloads of its own (1 cards in use): it cannot get child queue sub until they finish; submit card workloads to leaf queues"
+    );
+    let r = w.apply_queue(
+        "CREATE",
+        queue("y", "org", "", r#"{"NVIDIA-H200":-1}"#),
+        None,
+    );
+    assert!(
+        message(&r).starts_with("invalid volcano.sh/card.borrow on queue y:"),
+        "{}",
+        message(&r)
+    );
+}
+
+#[test]
+fn a_re_parent_is_refused_until_it_fits_then_usage_moves_and_pods_keep_their_stamp() {
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":3}"#, ""),
+        queue("team-a", "org", r#"{"NVIDIA-H200":3}"#, ""),
+        queue("solo", "", r#"{"NVIDIA-H200":2}"#, ""),
+    ]);
+    w.admit("team-a", "NVIDIA-H200", "2");
+    w.admit("solo", "NVIDIA-H200", "2");
+    let moved = queue("solo", "org", r#"{"NVIDIA-H200":2}"#, "");
+    let old = queue("solo", "", r#"{"NVIDIA-H200":2}"#, "");
+    let r = w.apply_queue("UPDATE", moved.clone(), Some(old.clone()));
+    assert_eq!(
+        message(&r),
+        "queue solo cannot move under org: org would have 4 NVIDIA-H200 in use (2 there, 2 moving with solo), quota 3"
+    );
+    w.apply_queue(
+        "UPDATE",
+        queue("org", "", r#"{"NVIDIA-H200":4}"#, ""),
+        Some(queue("org", "", r#"{"NVIDIA-H200":3}"#, "")),
+    );
+    let r = w.apply_queue("UPDATE", moved, Some(old));
+    assert!(r.allowed, "{}", message(&r));
+    // Usage moved with the queue: org is full.
+    assert!(w
+        .refused("team-a", "NVIDIA-H200", "1")
+        .contains("in ancestor org"));
+    assert_eq!(w.usage("solo", "NVIDIA-H200")["pending"], 2);
+}
+
+#[test]
+fn shares_above_the_parent_a_child_above_its_parent_and_a_borrow_with_no_lender_warn() {
+    let mut w = World::org();
+    let r = w.apply_queue(
+        "CREATE",
+        queue("team-c", "org", r#"{"NVIDIA-H200":9}"#, ""),
+        None,
+    );
+    assert!(r.allowed);
+    assert_eq!(
+        r.warnings,
+        vec![
+            "queue team-c: its quota for NVIDIA-H200 (9) is above its parent org's (8)".to_string(),
+            "queue org: the shares of its children (team-a 4, team-b 2, team-c 9) add up to 15 NVIDIA-H200, above its quota 8: nothing can be borrowed there and shares are first come, first served".to_string(),
+        ]
+    );
+    let r = w.apply_queue(
+        "CREATE",
+        queue("lone", "", r#"{"NVIDIA-H200":1}"#, r#"{"NVIDIA-H200":1}"#),
+        None,
+    );
+    assert_eq!(
+        r.warnings,
+        vec!["queue lone: volcano.sh/card.borrow has no effect: no ancestor carries volcano.sh/card.quota to borrow from".to_string()]
+    );
+}
