@@ -68,11 +68,7 @@ fn height(snap: &Snapshot, q: &QueueName) -> usize {
 
 /// The usage of `q`'s whole subtree.
 fn subtree_usage(snap: &Snapshot, q: &QueueName, now: jiff::Timestamp) -> QueueUsage {
-    let mut u = QueueUsage::default();
-    for s in snap.subtree(q) {
-        u.absorb(&snap.usage(&s, now));
-    }
-    u
+    snap.subtree_usage(q, now).into_owned()
 }
 
 fn in_use(u: &QueueUsage, m: &CardName) -> Cards {

@@ -97,43 +97,56 @@ pub fn check_levels(
     now: jiff::Timestamp,
 ) -> LevelCheck {
     let mut out = LevelCheck::default();
-    let models: Vec<CardName> = touched.iter().cloned().collect();
+    // Per model: E of the card level below the one checked, before and after, while
+    // the change still raises it (a model whose E stops rising cannot raise any level
+    // above: only a borrowing charge pays for an absolute E, O(the level's children)).
+    let mut rising: Vec<(CardName, Cards, Cards)> = touched
+        .iter()
+        .map(|m| (m.clone(), before.preferred_use(m), after.preferred_use(m)))
+        .filter(|(_, b, a)| a > b)
+        .collect();
+    let mut below = leaf.clone();
     for (level, sum_before, sum_after) in level_sums(snap, leaf, before, after, now) {
-        let level = &level;
         let cap = sum_after.quota.clone();
         let borrow = sum_before.borrow.clone();
         // A charge that borrows is named by the pool it cannot take from; one within
         // its shares, by the cap it would pass.
-        for m in &models {
-            let e_before = effective(snap, level, m, None, now);
-            let e_after = effective(snap, level, m, Some((leaf, after)), now);
-            if e_after.total <= e_before.total {
+        let mut still = Vec::new();
+        for (m, eb, ea) in rising {
+            let share = snap.share_of(&below).get(&m);
+            let (was, now_) = (eb.max(share), ea.max(share));
+            if now_ <= was {
                 continue;
             }
             out.borrows = true;
-            if e_after.total > cap.get(m) {
+            let e = effective(snap, &level, &m, now);
+            let e_after = e.total.saturating_sub(was) + now_;
+            if e_after > cap.get(&m) {
                 out.refusal = Some(LevelRefusal::Borrow {
                     level: level.clone(),
-                    model: m.clone(),
-                    quota: snap.share_of(level).get(m),
-                    borrow: borrow.get(m),
-                    shares: e_before.shares,
-                    borrowed: e_before.borrowed,
-                    effective: e_before.total,
+                    quota: snap.share_of(&level).get(&m),
+                    borrow: borrow.get(&m),
+                    model: m,
+                    shares: e.shares,
+                    borrowed: e.borrowed,
+                    effective: e.total,
                 });
                 return out;
             }
+            still.push((m, e.total, e_after));
         }
+        rising = still;
         if feasible(&sum_after, touched) != Verdict::Feasible
             && (feasible(&sum_before, touched) == Verdict::Feasible
                 || in_use(&sum_after, touched) > in_use(&sum_before, touched))
         {
             out.refusal = Some(LevelRefusal::Cap {
-                level: level.clone(),
+                level,
                 before: Box::new(sum_before),
             });
             return out;
         }
+        below = level;
     }
     out
 }
@@ -180,24 +193,19 @@ fn level_sums(
         return Vec::new();
     };
     let mut out = Vec::with_capacity(ancestry.levels.len());
-    // The subtree sums of the level walked last, grown level by level.
-    let mut sum_before = before.clone();
-    let mut sum_after = after.clone();
-    let mut counted: BTreeSet<QueueName> = BTreeSet::from([leaf.clone()]);
     for level in ancestry.levels {
-        for q in snap.subtree(&level) {
-            if counted.insert(q.clone()) {
-                let u = snap.usage(&q, now);
-                sum_before.absorb(&u);
-                sum_after.absorb(&u);
-            }
-        }
+        // The kept subtree sums (the leaf's `before` among them), the leaf swapped for
+        // `after`: O(models), whatever the subtree's size.
+        let mut sum_before = snap.subtree_usage(&level, now).into_owned();
+        let mut sum_after = sum_before.clone();
+        sum_after.remove(before);
+        sum_after.absorb(after);
         let cap = snap.cap_of(&level).into_owned();
         sum_before.quota = cap.clone();
         sum_after.quota = cap;
         sum_before.borrow = snap.borrow_of(&level).unwrap_or_default();
         sum_after.borrow = sum_before.borrow.clone();
-        out.push((level, sum_before.clone(), sum_after.clone()));
+        out.push((level, sum_before, sum_after));
     }
     out
 }
@@ -225,32 +233,21 @@ struct Effective {
     borrowed: Cards,
 }
 
-/// E(x) on `m`: x's own use plus, per card child c, max(E(c), share(c)). `over`
-/// replaces one queue's usage (the leaf after the change).
-fn effective(
-    snap: &Snapshot,
-    x: &QueueName,
-    m: &CardName,
-    over: Option<(&QueueName, &QueueUsage)>,
-    now: jiff::Timestamp,
-) -> Effective {
-    effective_at(snap, x, m, over, now, 0)
+/// E(x) on `m` as the snapshot stands: x's own use plus, per card child c,
+/// max(E(c), share(c)). O(the card levels below x).
+fn effective(snap: &Snapshot, x: &QueueName, m: &CardName, now: jiff::Timestamp) -> Effective {
+    effective_at(snap, x, m, now, 0)
 }
 
 fn effective_at(
     snap: &Snapshot,
     x: &QueueName,
     m: &CardName,
-    over: Option<(&QueueName, &QueueUsage)>,
     now: jiff::Timestamp,
     depth: usize,
 ) -> Effective {
-    let own = match over {
-        Some((q, u)) if q == x => u.preferred_use(m),
-        _ => snap.usage(x, now).preferred_use(m),
-    };
     let mut e = Effective {
-        total: own,
+        total: snap.counted(x, now).preferred_use(m),
         ..Effective::default()
     };
     if depth > WALK_LIMIT {
@@ -258,10 +255,14 @@ fn effective_at(
     }
     for c in snap.card_children(x) {
         let share = snap.share_of(&c).get(m);
-        let ec = effective_at(snap, &c, m, over, now, depth + 1).total;
+        let ec = if snap.has_children(&c) {
+            effective_at(snap, &c, m, now, depth + 1).total
+        } else {
+            snap.counted(&c, now).preferred_use(m)
+        };
         e.shares += share;
         e.borrowed += ec.saturating_sub(share);
-        e.total += if ec > share { ec } else { share };
+        e.total += ec.max(share);
     }
     e
 }

@@ -42,6 +42,13 @@ pub struct Tally {
     terminating: Map<QueueName, BTreeSet<ObjectKey>>,
     /// Take-backs that found nothing to take (bookkeeping errors).
     errors: u64,
+    /// Queue -> its `spec.parent`, for the subtree sums.
+    parents: Map<QueueName, QueueName>,
+    /// Queues some queue names as its parent.
+    inner: crate::cards::hashing::Set<QueueName>,
+    /// For each queue with children: the sums of its whole subtree, itself included,
+    /// kept with every change so a tree decision reads a level in O(models).
+    subtree: Map<QueueName, QueueUsage>,
 }
 
 fn remove_from<K: std::hash::Hash + Eq>(
@@ -60,7 +67,12 @@ fn remove_from<K: std::hash::Hash + Eq>(
 impl Tally {
     /// Takes something back from `queue`'s sums, counting a bookkeeping error when it
     /// was not there, and forgets a queue that holds nothing any more.
-    fn take(&mut self, queue: &QueueName, f: impl FnOnce(&mut QueueUsage) -> bool) {
+    fn take(&mut self, queue: &QueueName, f: impl Fn(&mut QueueUsage) -> bool) {
+        for a in self.inner_chain(queue) {
+            if let Some(u) = self.subtree.get_mut(&a) {
+                f(u);
+            }
+        }
         let ok = match self.sums.get_mut(queue) {
             Some(u) => {
                 let ok = f(u);
@@ -133,6 +145,9 @@ impl Tally {
                 .entry(queue.clone())
                 .or_default()
                 .add_share(key, &share);
+            for a in self.inner_chain(queue) {
+                self.subtree.entry(a).or_default().add_share(key, &share);
+            }
         }
         if let Some(g) = pod.group_key() {
             if !share.members().is_empty() {
@@ -175,6 +190,9 @@ impl Tally {
             .entry(g.queue.clone())
             .or_default()
             .add_reservation(&r);
+        for a in self.inner_chain(&g.queue) {
+            self.subtree.entry(a).or_default().add_reservation(&r);
+        }
         self.groups.insert(key.clone(), (g.queue.clone(), r));
     }
 
@@ -293,6 +311,77 @@ impl Tally {
     /// Queues with anything counted.
     pub fn queues(&self) -> impl Iterator<Item = &QueueName> {
         self.sums.keys()
+    }
+
+    /// Sets the tree (queue -> parent) and recounts the subtree sums from the queues'
+    /// sums: O(queues), on a change of the tree only.
+    pub fn set_parents(&mut self, parents: Map<QueueName, QueueName>) {
+        self.inner = parents.values().cloned().collect();
+        self.parents = parents;
+        self.subtree.clear();
+        let inner: Vec<(QueueName, Vec<QueueName>)> = self
+            .sums
+            .keys()
+            .map(|q| (q.clone(), self.inner_chain(q)))
+            .collect();
+        for (q, chain) in inner {
+            let Some(u) = self.sums.get(&q) else { continue };
+            for a in chain {
+                self.subtree.entry(a).or_default().absorb(u);
+            }
+        }
+    }
+
+    /// `q` when it has children, then each of its ancestors (bounded: a cycle or a
+    /// chain beyond the walk limit stops it).
+    fn inner_chain(&self, q: &QueueName) -> Vec<QueueName> {
+        if self.parents.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if self.inner.contains(q) {
+            out.push(q.clone());
+        }
+        let mut at = self.parents.get(q);
+        while let Some(p) = at {
+            if out.contains(p) || out.len() > crate::snapshot::tree::WALK_LIMIT {
+                break;
+            }
+            out.push(p.clone());
+            at = self.parents.get(p);
+        }
+        out
+    }
+
+    /// The usage of `x`'s whole subtree at `now` (itself included): the kept sums, with
+    /// the queues below that have terminating pods counted as [`Tally::counted`] does.
+    pub fn subtree_counted<'a, 's>(
+        &'s self,
+        x: &QueueName,
+        pod: impl Fn(&ObjectKey) -> Option<&'a PodRecord> + Copy,
+        group: impl Fn(&ObjectKey) -> Option<&'a PodGroupRecord> + Copy,
+        nodes: &impl NodeModels,
+        now: jiff::Timestamp,
+    ) -> Cow<'s, QueueUsage> {
+        let Some(sums) = self.subtree.get(x) else {
+            return self.counted(x, pod, group, nodes, now);
+        };
+        let below: Vec<&QueueName> = self
+            .terminating
+            .keys()
+            .filter(|q| *q == x || self.inner_chain(q).contains(x))
+            .collect();
+        if below.is_empty() {
+            return Cow::Borrowed(sums);
+        }
+        let mut u = sums.clone();
+        for q in below {
+            if let Some(s) = self.sums.get(q) {
+                u.remove(s);
+            }
+            u.absorb(&self.counted(q, pod, group, nodes, now));
+        }
+        Cow::Owned(u)
     }
 }
 

@@ -226,6 +226,37 @@ impl QueueUsage {
             *self.waiting.entry(k.clone()).or_default() += *c;
         }
         self.planned.extend(other.planned.iter().cloned());
+        if !other.problems.is_empty() {
+            let p = Arc::make_mut(&mut self.problems);
+            p.extend(other.problems.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+
+    /// Takes back what [`QueueUsage::absorb`] added (a queue's sums, out of a subtree's).
+    pub fn remove(&mut self, other: &QueueUsage) {
+        for (m, n) in &other.allocated {
+            take_from(&mut self.allocated, m, *n);
+        }
+        for (a, n) in &other.pending {
+            take_from(&mut self.pending, a, *n);
+        }
+        for (a, n) in &other.reserved {
+            take_from(&mut self.reserved, a, *n);
+        }
+        for (k, c) in &other.waiting {
+            if let Some(have) = self.waiting.get_mut(k) {
+                *have = have.saturating_sub(*c);
+                if *have == 0 {
+                    self.waiting.remove(k);
+                }
+            }
+        }
+        if !other.problems.is_empty() {
+            let p = Arc::make_mut(&mut self.problems);
+            for k in other.problems.keys() {
+                p.remove(k);
+            }
+        }
     }
 
     /// Cards this usage holds on `m` for the tree's effective-use rule: allocated on

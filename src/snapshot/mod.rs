@@ -368,18 +368,27 @@ impl Snapshot {
     pub fn upsert_queue(&mut self, q: QueueRecord) {
         self.dirty.mark(&q.name);
         let (name, parent) = (q.name.clone(), q.parent.clone());
-        if let Some(old) = self.queues.insert(name.clone(), q) {
-            self.unlink(&name, old.parent.as_ref());
+        let old_parent = self.queues.insert(name.clone(), q).map(|old| old.parent);
+        let moved = old_parent.as_ref() != Some(&parent)
+            && (parent.is_some() || old_parent.flatten().is_some());
+        if moved {
+            self.unlink_all(&name);
         }
         if let Some(p) = parent {
             self.children.entry(p).or_default().insert(name);
+        }
+        if moved {
+            self.tree_changed();
         }
     }
 
     pub fn remove_queue(&mut self, name: &QueueName) {
         self.dirty.mark(name);
         if let Some(old) = self.queues.remove(name) {
-            self.unlink(name, old.parent.as_ref());
+            if old.parent.is_some() {
+                self.unlink(name, old.parent.as_ref());
+                self.tree_changed();
+            }
         }
     }
 
@@ -763,6 +772,29 @@ impl Snapshot {
         }
     }
 
+    /// The usage `queue`'s own objects count at `now` (quota left empty), read in place.
+    pub fn counted(&self, queue: &QueueName, now: jiff::Timestamp) -> Cow<'_, QueueUsage> {
+        self.tally.counted(
+            queue,
+            |k| self.pods.get(k),
+            |k| self.groups.get(k),
+            &self.nodes,
+            now,
+        )
+    }
+
+    /// The usage of `queue`'s whole subtree at `now`, itself included (quota left
+    /// empty), from the sums the tally keeps per tree.
+    pub fn subtree_usage(&self, queue: &QueueName, now: jiff::Timestamp) -> Cow<'_, QueueUsage> {
+        self.tally.subtree_counted(
+            queue,
+            |k| self.pods.get(k),
+            |k| self.groups.get(k),
+            &self.nodes,
+            now,
+        )
+    }
+
     /// The usage of `queue` at `now`, ready for a change on top, without a copy.
     pub fn adjusted(&self, queue: &QueueName, now: jiff::Timestamp) -> Adjusted<'_> {
         let quota = self.cap_of(queue);
@@ -818,6 +850,7 @@ impl Snapshot {
         for g in groups {
             self.tally.group(&g, self.groups.get(&g));
         }
+        self.tree_changed();
     }
 
     // ---- workloads ---------------------------------------------------------------

@@ -46,6 +46,24 @@ impl Snapshot {
         self.children.get(q).is_some_and(|c| !c.is_empty())
     }
 
+    /// Removes `child` from whichever parent lists it.
+    pub(super) fn unlink_all(&mut self, child: &QueueName) {
+        self.children.retain(|_, set| {
+            set.remove(child);
+            !set.is_empty()
+        });
+    }
+
+    /// The tally's subtree sums follow the new tree.
+    pub(super) fn tree_changed(&mut self) {
+        let parents = self
+            .queues
+            .values()
+            .filter_map(|r| Some((r.name.clone(), r.parent.clone()?)))
+            .collect();
+        self.tally.set_parents(parents);
+    }
+
     pub(super) fn unlink(&mut self, child: &QueueName, parent: Option<&QueueName>) {
         if let Some(p) = parent {
             if let Some(set) = self.children.get_mut(p) {
