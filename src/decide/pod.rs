@@ -490,6 +490,19 @@ fn admit(
         ..Default::default()
     };
     let f = fit(snap, &queue, &change, &touched, now);
+    if steer && f.verdict == Verdict::Feasible && in_a_tree(snap, &queue) {
+        // Below card levels a pod goes only on a model it fits on along its whole path:
+        // each level's check of unbound multi-model demand alone is a relaxation.
+        let first = Alternatives::single(demand.alternatives.first().clone());
+        let mut one = rec.clone();
+        one.card_name = Some(Ok(first.clone()));
+        let change = Change {
+            add_pods: vec![one],
+            ..Default::default()
+        };
+        let f1 = fit(snap, &queue, &change, &models_of([&first]), now);
+        return Decision::deny(INSUFFICIENT, f1.message(&first, demand.cards)).with_event(owner);
+    }
     let d = match f.verdict {
         Verdict::Feasible => {
             let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
@@ -502,6 +515,11 @@ fn admit(
         Verdict::Undecided => undecided(&queue, &demand.alternatives, demand.cards, &f.before()),
     };
     d.with_event(owner)
+}
+
+/// True when card levels lie above `queue`.
+fn in_a_tree(snap: &Snapshot, queue: &QueueName) -> bool {
+    !snap.is_flat() && snap.ancestry(queue).is_ok_and(|a| !a.levels.is_empty())
 }
 
 fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {

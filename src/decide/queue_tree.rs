@@ -8,12 +8,12 @@ use std::collections::BTreeSet;
 
 use crate::cards::{CardName, Cards, QueueName, Quota};
 use crate::cluster::QueueRecord;
-use crate::ledger::{QueueUsage, Verdict};
+use crate::ledger::QueueUsage;
 use crate::snapshot::tree::WALK_LIMIT;
 use crate::snapshot::Snapshot;
 
-use super::fit::feasible;
 use super::messages::{BAD_TREE, INSUFFICIENT};
+use super::tree::fits_cap;
 use super::Decision;
 
 /// The chain above `rec` once it is stored: its parent, the parent's parent, ... (the
@@ -188,7 +188,7 @@ fn check_move(
         let mut sum = here.clone();
         sum.absorb(&moving);
         sum.quota = snap.cap_of(level).into_owned();
-        if feasible(&sum, &touched) == Verdict::Feasible {
+        if fits_cap(&sum, &touched) {
             continue;
         }
         let Some(m) = touched

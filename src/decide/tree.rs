@@ -136,8 +136,8 @@ pub fn check_levels(
             still.push((m, e.total, e_after));
         }
         rising = still;
-        if feasible(&sum_after, touched) != Verdict::Feasible
-            && (feasible(&sum_before, touched) == Verdict::Feasible
+        if !fits_cap(&sum_after, touched)
+            && (fits_cap(&sum_before, touched)
                 || in_use(&sum_after, touched) > in_use(&sum_before, touched))
         {
             out.refusal = Some(LevelRefusal::Cap {
@@ -208,6 +208,15 @@ fn level_sums(
         out.push((level, sum_before, sum_after));
     }
     out
+}
+
+/// True when `u`'s demand on `touched` fits its quota: what is allocated within it, and
+/// what is not bound yet assignable to the room left.
+pub fn fits_cap(u: &QueueUsage, touched: &BTreeSet<CardName>) -> bool {
+    touched
+        .iter()
+        .all(|m| u.allocated.get(m).copied().unwrap_or_default() <= u.quota.get(m))
+        && feasible(u, touched) == Verdict::Feasible
 }
 
 /// Cards in use on `touched` models: allocated, and unbound demand that may use them.
