@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+
 use card_quota::admission::{apply, review, usage_report};
 use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
 use card_quota::decide::Config;
@@ -488,4 +490,111 @@ fn shares_above_the_parent_a_child_above_its_parent_and_a_borrow_with_no_lender_
         r.warnings,
         vec!["queue lone: volcano.sh/card.borrow has no effect: no ancestor carries volcano.sh/card.quota to borrow from".to_string()]
     );
+}
+
+/// Two replicas, each with its own caches, admit borrowing pods into sibling leaves at
+/// the same time. The charges of a tree share its top level's ledger, so the second
+/// writer loses the compare-and-swap, reads the winner's ledger and decides again:
+/// exactly the pool is lent, however the race goes.
+#[test]
+fn two_replicas_racing_for_the_last_pool_cards_lend_exactly_the_pool() {
+    use card_quota::cards::QueueName;
+    use card_quota::decide::batch::{decide_with_ledger, plan, Outcome};
+    use card_quota::decide::review::{read_review, AdmissionRequest};
+    use card_quota::ledger::ledger_record;
+
+    let objects = yaml(&[
+        queue("org", "", r#"{"NVIDIA-H200":8}"#, ""),
+        queue(
+            "team-a",
+            "org",
+            r#"{"NVIDIA-H200":4}"#,
+            r#"{"NVIDIA-H200":4}"#,
+        ),
+        queue(
+            "team-b",
+            "org",
+            r#"{"NVIDIA-H200":2}"#,
+            r#"{"NVIDIA-H200":4}"#,
+        ),
+    ]);
+    let cfg = Config::default();
+    let now = jiff::Timestamp::now();
+    let request = |name: &str, q: &str| -> AdmissionRequest {
+        let doc = R::pod("CREATE", pod(name, q, "NVIDIA-H200", "1")).build();
+        read_review(&serde_json::to_vec(&doc).unwrap())
+            .unwrap()
+            .unwrap()
+    };
+    let configmap = |q: &QueueName, rv: u64, text: &str| {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("card-quota-ledger.{q}"), "namespace": "card-quota", "resourceVersion": rv.to_string()},
+            "data": {"queue": q.to_string(), "ledger": text}});
+        ledger_record(&serde_json::from_value(cm).unwrap()).unwrap()
+    };
+    // Both teams at their shares already (in both caches): only the pool of 2 is left.
+    let mut base = load(&objects).unwrap().0;
+    for (i, q, n) in [(0, "team-a", "4"), (1, "team-b", "2")] {
+        let doc = pod(&format!("s{i}"), q, "NVIDIA-H200", n);
+        card_quota::snapshot::load::upsert(&mut base, &doc).unwrap();
+    }
+    let mut replicas = [base.clone(), base];
+    let a: Vec<AdmissionRequest> = (0..10)
+        .map(|i| request(&format!("a{i}"), "team-a"))
+        .collect();
+    let b: Vec<AdmissionRequest> = (0..10)
+        .map(|i| request(&format!("b{i}"), "team-b"))
+        .collect();
+    // The preview names the tree's ledger for both teams.
+    let key = |snap: &mut Snapshot, req: &AdmissionRequest| {
+        let d = decide_with_ledger(snap, req, &cfg, now);
+        snap.ledger_key(&d.charge.expect("a charge").queue)
+    };
+    let keys = [key(&mut replicas[0], &a[0]), key(&mut replicas[1], &b[0])];
+    // The API server's ledgers: name -> (resourceVersion, text).
+    let mut store: BTreeMap<QueueName, (u64, String)> = BTreeMap::new();
+    let mut admitted = 0;
+    // Both plan on the same (empty) ledger; replica 0 writes first, replica 1 loses.
+    let batches: Vec<_> = [(0, &a), (1, &b)]
+        .into_iter()
+        .map(|(r, reqs)| {
+            let refs: Vec<&AdmissionRequest> = reqs.iter().collect();
+            (
+                r,
+                plan(&mut replicas[r], &keys[r], &refs, &cfg, now, |_| {
+                    std::time::Duration::ZERO
+                }),
+            )
+        })
+        .collect();
+    for (r, mut batch) in batches {
+        let reqs: Vec<&AdmissionRequest> = if r == 0 {
+            a.iter().collect()
+        } else {
+            b.iter().collect()
+        };
+        let k = &keys[r];
+        loop {
+            let current = store.get(k).map(|(rv, _)| rv.to_string());
+            if current == batch.resource_version {
+                let rv = store.get(k).map_or(1, |(rv, _)| rv + 1);
+                store.insert(k.clone(), (rv, batch.text.clone()));
+                replicas[r].upsert_ledger(configmap(k, rv, &batch.text));
+                admitted += batch
+                    .outcomes
+                    .iter()
+                    .filter(|o| matches!(o, Outcome::Admit(_)))
+                    .count();
+                break;
+            }
+            // Lost the race: read the winner's ledger and decide again.
+            let (rv, text) = store[k].clone();
+            replicas[r].upsert_ledger(configmap(k, rv, &text));
+            batch = plan(&mut replicas[r], k, &reqs, &cfg, now, |_| {
+                std::time::Duration::ZERO
+            });
+        }
+    }
+    assert_eq!(admitted, 2, "the pool of 2 lent exactly once");
+    assert_eq!(keys, [QueueName::new("org"), QueueName::new("org")]);
 }

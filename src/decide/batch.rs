@@ -95,7 +95,7 @@ pub fn plan(
                 continue;
             }
         };
-        if &charge.queue != queue {
+        if snap.ledger_key(&charge.queue) != *queue {
             outcomes.push(Outcome::Answer(moved(queue, &charge.queue)));
             continue;
         }
@@ -104,7 +104,10 @@ pub fn plan(
             outcomes.push(Outcome::Answer(full(queue)));
             continue;
         }
-        let id = ledger.record(&charge.effect);
+        let id = ledger.record_for(
+            &charge.effect,
+            (&charge.queue != queue).then_some(&charge.queue),
+        );
         if let Some(e) = ledger.get(&id) {
             layer.add(snap, queue, &id, e);
         }
@@ -148,7 +151,7 @@ pub fn decide_with_ledger(
     now: jiff::Timestamp,
 ) -> Decision {
     let first = decide_enforcing(req, snap, cfg, now);
-    let Some(queue) = first.charge.as_ref().map(|c| c.queue.clone()) else {
+    let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
         return first;
     };
     let stored = snap.ledger(&queue);
@@ -163,7 +166,7 @@ pub fn decide_with_ledger(
     };
     layer.remove(snap);
     match &d.charge {
-        Some(c) if d.allowed && c.queue != queue => moved(&queue, &c.queue),
+        Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
         _ => d,
     }
 }

@@ -77,6 +77,10 @@ pub struct Entry {
     /// object past it, still without what the entry records, shows the write lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<u64>,
+    /// The queue charged, when it is not the ledger's own: the queues of a tree share
+    /// the ledger of its top card level, so charges that borrow are serialized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 mod key_text {
@@ -197,6 +201,7 @@ impl Effect {
                 request: Vec::new(),
                 phase: None,
                 base: None,
+                queue: None,
             },
             Self::Group(g) => Entry {
                 of: self.key(),
@@ -213,6 +218,7 @@ impl Effect {
                     .unwrap_or_default(),
                 phase: g.phase.clone(),
                 base: g.version.resource_version,
+                queue: None,
             },
         }
     }
@@ -331,8 +337,15 @@ impl Ledger {
 
     /// Records (or replaces) the entry of `effect`; returns its id.
     pub fn record(&mut self, effect: &Effect) -> EntryId {
+        self.record_for(effect, None)
+    }
+
+    /// Records `effect` as a charge of `queue` when that is not the ledger's own queue.
+    pub fn record_for(&mut self, effect: &Effect, queue: Option<&QueueName>) -> EntryId {
         let id = effect.id();
-        self.entries.insert(id.clone(), effect.entry());
+        let mut e = effect.entry();
+        e.queue = queue.map(ToString::to_string);
+        self.entries.insert(id.clone(), e);
         id
     }
 

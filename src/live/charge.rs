@@ -213,7 +213,7 @@ impl Committer {
         };
         match &first.charge {
             Some(c) if first.allowed && record && !req.is_dry_run() => Preview::Charge {
-                queue: c.queue.clone(),
+                queue: locked(snapshot).ledger_key(&c.queue),
                 deadline,
             },
             _ => Preview::Answer(first),

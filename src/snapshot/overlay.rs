@@ -134,10 +134,18 @@ impl Overlay {
     }
 
     /// Lays one entry over `snap` unless the snapshot already reflects it.
-    pub fn add(&mut self, snap: &mut Snapshot, queue: &QueueName, id: &EntryId, e: &Entry) {
+    pub fn add(&mut self, snap: &mut Snapshot, ledger: &QueueName, id: &EntryId, e: &Entry) {
         if reflected(snap, id, e) {
             return;
         }
+        let charged;
+        let queue = match e.queue.as_deref() {
+            Some(q) => {
+                charged = QueueName::new(q);
+                &charged
+            }
+            None => ledger,
+        };
         match &e.of {
             EntryKey::Pod(k) => {
                 // An ungated pod's binding is charged too: its entry lays it bound, and

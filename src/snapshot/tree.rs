@@ -133,6 +133,19 @@ impl Snapshot {
         Ok(out)
     }
 
+    /// The ledger `q`'s charges are recorded in: its own, or, below card levels, the one
+    /// of its tree's top card level, so that charges that borrow from a pool are
+    /// serialized between replicas (docs/hierarchy.md).
+    pub fn ledger_key(&self, q: &QueueName) -> QueueName {
+        if self.is_flat() {
+            return q.clone();
+        }
+        match self.ancestry(q) {
+            Ok(a) => a.levels.last().cloned().unwrap_or_else(|| q.clone()),
+            Err(_) => q.clone(),
+        }
+    }
+
     /// The card parent of `q`: its nearest ancestor with `card.quota` (`None` at the
     /// top, or on a fault).
     pub fn card_parent(&self, q: &QueueName) -> Option<QueueName> {
