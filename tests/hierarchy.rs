@@ -598,3 +598,87 @@ fn two_replicas_racing_for_the_last_pool_cards_lend_exactly_the_pool() {
     assert_eq!(admitted, 2, "the pool of 2 lent exactly once");
     assert_eq!(keys, [QueueName::new("org"), QueueName::new("org")]);
 }
+
+#[test]
+fn usage_is_written_on_every_level_with_what_is_borrowed_and_lent() {
+    use card_quota::cards::QueueName;
+    use card_quota::controller::plan::{queue_rows, queue_state, usage_text};
+    let mut w = World::org();
+    w.admit("team-a", "NVIDIA-H200", "5");
+    w.admit("team-b", "NVIDIA-H200", "1");
+    let now = jiff::Timestamp::now();
+    let text = |q: &str| {
+        let rows = queue_rows(&w.snap, &QueueName::new(q), now);
+        let t = usage_text(&rows, now);
+        t[..t.find(",\"observedAt\"").unwrap()].to_string()
+    };
+    assert_eq!(
+        text("org"),
+        r#"{"NVIDIA-H200":{"quota":8,"allocated":0,"pending":6,"reserved":0,"shares":6,"free":1}"#
+    );
+    assert_eq!(
+        text("team-a"),
+        r#"{"NVIDIA-H200":{"quota":4,"allocated":0,"pending":5,"reserved":0,"borrow":2,"borrowed":1}"#
+    );
+    assert_eq!(
+        text("team-b"),
+        r#"{"NVIDIA-H200":{"quota":2,"allocated":0,"pending":1,"reserved":0,"borrow":2,"borrowed":0}"#
+    );
+    // A flat queue's usage is written as it always was.
+    let mut flat = World::with(&[queue(
+        "solo",
+        "",
+        r#"{"NVIDIA-H200":2}"#,
+        r#"{"NVIDIA-H200":1}"#,
+    )]);
+    flat.admit("solo", "NVIDIA-H200", "1");
+    let rows = queue_rows(&flat.snap, &QueueName::new("solo"), now);
+    let t = usage_text(&rows, now);
+    assert!(
+        t.starts_with(
+            r#"{"NVIDIA-H200":{"quota":2,"allocated":0,"pending":1,"reserved":0},"observedAt""#
+        ),
+        "{t}"
+    );
+    // Over-subscription and a missing parent are reported on the queue.
+    let w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":2}"#, ""),
+        queue("a", "org", r#"{"NVIDIA-H200":2}"#, ""),
+        queue("b", "org", r#"{"NVIDIA-H200":1}"#, ""),
+        queue("lost", "gone", r#"{"NVIDIA-H200":1}"#, ""),
+    ]);
+    assert_eq!(
+        queue_state(&w.snap, &QueueName::new("org"), now).tree.as_deref(),
+        Some("the shares of queue org's children over-subscribe it (NVIDIA-H200 shares 3 > quota 2): nothing can be borrowed there and shares are first come, first served")
+    );
+    assert_eq!(
+        queue_state(&w.snap, &QueueName::new("lost"), now).tree.as_deref(),
+        Some("queue lost's parent queue gone does not exist: lost is a top level, its own quota binds and nothing can be borrowed")
+    );
+    assert_eq!(queue_state(&w.snap, &QueueName::new("a"), now).tree, None);
+}
+
+#[test]
+fn status_prints_the_tree() {
+    let mut w = World::org();
+    w.admit("team-a", "NVIDIA-H200", "5");
+    let out = card_quota::cli::status::render(
+        &w.snap,
+        None,
+        card_quota::cli::status::Format::Table,
+        jiff::Timestamp::now(),
+    )
+    .unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[1].starts_with("org "), "{out}");
+    assert!(
+        lines[1].ends_with("subtree; children's shares 6; subtree may take 1 more"),
+        "{out}"
+    );
+    assert!(lines[2].starts_with("  team-a "), "{out}");
+    assert!(
+        lines[2].contains(" 1     0     borrow 2, borrowed 1"),
+        "{out}"
+    );
+    assert!(lines[3].starts_with("  team-b "), "{out}");
+}

@@ -39,8 +39,25 @@ pub struct StatusRow {
     pub free: Option<u128>,
     /// How far usage is past the quota (`None` on `A|B` rows).
     pub over: Option<u128>,
-    /// Closed, no quota, an annotation that does not parse, enforcement warn.
+    /// Closed, no quota, an annotation that does not parse, enforcement warn; in a
+    /// tree, what the queue borrows and lends.
     pub note: String,
+    /// The queue's parent (`spec.parent`), in a tree of queues.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// In a tree: the queue's `card.borrow`, what it borrows, its children's shares and
+    /// what its subtree may still take (the fields of `volcano.sh/card.usage`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub borrow: Option<u128>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub borrowed: Option<u128>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shares: Option<u128>,
+    #[serde(rename = "subtreeFree", skip_serializing_if = "Option::is_none")]
+    pub subtree_free: Option<i64>,
+    /// How deep the queue sits in the tree (the table indents by it).
+    #[serde(skip)]
+    pub depth: usize,
 }
 
 impl StatusRow {
@@ -57,7 +74,33 @@ impl StatusRow {
             free: model.then(|| u128::try_from(free.max(0)).unwrap_or(0)),
             over: model.then(|| u128::try_from((-free).max(0)).unwrap_or(0)),
             note: note.to_string(),
+            parent: None,
+            borrow: r.borrow.map(|c| c.get()),
+            borrowed: r.borrowed.map(|c| c.get()),
+            shares: r.shares.map(|c| c.get()),
+            subtree_free: r.pool_free,
+            depth: 0,
         }
+    }
+
+    /// The tree part of the NOTE column.
+    fn tree_note(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = self.shares {
+            parts.push(format!("subtree; children's shares {s}"));
+        }
+        match self.subtree_free {
+            Some(f) if f < 0 => parts.push(format!("over-subscribed by {}", -f)),
+            Some(f) => parts.push(format!("subtree may take {f} more")),
+            None => {}
+        }
+        match (self.borrow, self.borrowed) {
+            (Some(b), Some(x)) => parts.push(format!("borrow {b}, borrowed {x}")),
+            (None, Some(x)) if x > 0 => parts.push(format!("borrowed {x}")),
+            (Some(b), None) => parts.push(format!("borrow {b}")),
+            _ => {}
+        }
+        parts.join("; ")
     }
 
     /// The one row of a queue with no numbers.
@@ -69,19 +112,20 @@ impl StatusRow {
 /// What a reader must know about `queue` beside its numbers.
 fn note(snap: &Snapshot, queue: &crate::cards::QueueName) -> String {
     match snap.queue(queue) {
-        Some(q) => queue_note(q),
+        Some(q) => queue_note(q, snap.has_children(queue)),
         None => "no such Queue (charges recorded under its name)".into(),
     }
 }
 
 /// What a reader must know about a Queue beside its numbers.
-fn queue_note(q: &crate::cluster::QueueRecord) -> String {
+fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
     use crate::cards::annotations::Enforcement;
     let mut notes: Vec<String> = Vec::new();
     if q.is_closed() {
         notes.push(q.state.clone().unwrap_or_else(|| "Closed".into()));
     }
     match &q.quota {
+        None if has_children => notes.push("no card.quota: caps nothing below it".into()),
         None => notes.push("no card.quota: quota 0 for every model".into()),
         Some(Err(_)) => notes.push("card.quota invalid: quota 0 until fixed (below)".into()),
         Some(Ok(_)) => {}
@@ -117,25 +161,62 @@ pub fn rows(
         }
         names.retain(|n| n == q);
     }
+    let parent_of = |n: &str| {
+        snap.queue(&crate::cards::QueueName::new(n))
+            .and_then(|r| r.parent.as_ref())
+            .map(ToString::to_string)
+    };
     let mut out = Vec::new();
-    for name in names {
+    for (name, depth) in tree_order(names.into_iter().map(|n| (n.clone(), parent_of(&n)))) {
         let note = note(snap, &crate::cards::QueueName::new(name.clone()));
         let numbers = report.get(&name).filter(|r| !r.is_empty());
-        let Some(numbers) = numbers else {
-            out.push(StatusRow::bare(&name, &note));
-            continue;
+        let mut rows = match numbers {
+            None => vec![StatusRow::bare(&name, &note)],
+            Some(numbers) => numbers
+                .iter()
+                .map(|(key, r)| StatusRow::of(&name, key.to_string(), key.is_model(), r, &note))
+                .collect(),
         };
-        for (key, r) in numbers {
-            out.push(StatusRow::of(
-                &name,
-                key.to_string(),
-                key.is_model(),
-                r,
-                &note,
-            ));
+        for r in &mut rows {
+            r.parent = parent_of(&name);
+            r.depth = depth;
         }
+        out.extend(rows);
     }
     Ok(out)
+}
+
+/// Queue names in tree order: each queue after its parent, children by name, with how
+/// deep each sits; names order alone in a flat cluster. Queues no walk from a top
+/// reaches (a cycle) come last.
+fn tree_order(queues: impl IntoIterator<Item = (String, Option<String>)>) -> Vec<(String, usize)> {
+    let queues: BTreeMap<String, Option<String>> = queues.into_iter().collect();
+    let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut tops = Vec::new();
+    for (q, p) in &queues {
+        match p.as_deref().filter(|p| queues.contains_key(*p)) {
+            Some(p) => children.entry(p).or_default().push(q),
+            None => tops.push(q.as_str()),
+        }
+    }
+    let mut out: Vec<(String, usize)> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut stack: Vec<(&str, usize)> = tops.into_iter().rev().map(|q| (q, 0)).collect();
+    while let Some((q, d)) = stack.pop() {
+        if !seen.insert(q) {
+            continue;
+        }
+        out.push((q.to_string(), d));
+        for c in children.get(q).into_iter().flatten().rev() {
+            stack.push((c, d + 1));
+        }
+    }
+    for q in queues.keys() {
+        if !seen.contains(q.as_str()) {
+            out.push((q.clone(), 0));
+        }
+    }
+    out
 }
 
 /// The rows the reconciler wrote on each Queue (`volcano.sh/card.usage`), for a live
@@ -154,13 +235,23 @@ pub fn written_rows(
         }
     }
     let mut out = Vec::new();
-    let mut queues: Vec<&crate::cluster::QueueRecord> = queues
+    let by_name: BTreeMap<&str, &crate::cluster::QueueRecord> = queues
         .iter()
         .filter(|r| queue.is_none_or(|q| r.name.as_str() == q))
+        .map(|r| (r.name.as_str(), r))
         .collect();
-    queues.sort_by(|a, b| a.name.cmp(&b.name));
-    for q in queues {
-        let mut note = queue_note(q);
+    let order = tree_order(by_name.values().map(|r| {
+        (
+            r.name.to_string(),
+            r.parent.as_ref().map(ToString::to_string),
+        )
+    }));
+    for (name, depth) in order {
+        let Some(q) = by_name.get(name.as_str()).copied() else {
+            continue;
+        };
+        let has_children = queues.iter().any(|r| r.parent.as_ref() == Some(&q.name));
+        let mut note = queue_note(q, has_children);
         let written: Option<BTreeMap<String, serde_json::Value>> = q
             .usage
             .as_deref()
@@ -176,11 +267,20 @@ pub fn written_rows(
             .filter(|(k, v)| k.as_str() != "observedAt" && v.is_object())
             .map(|(k, v)| {
                 let cards = |f: &str| crate::cards::Cards::from_u128(numbers(v, f));
+                let opt = |f: &str| {
+                    v.get(f)
+                        .and_then(serde_json::Value::as_u64)
+                        .map(crate::cards::Cards::new)
+                };
                 let row = Row {
                     quota: cards("quota"),
                     allocated: cards("allocated"),
                     pending: cards("pending"),
                     reserved: cards("reserved"),
+                    borrow: opt("borrow"),
+                    borrowed: opt("borrowed"),
+                    shares: opt("shares"),
+                    pool_free: v.get("free").and_then(serde_json::Value::as_i64),
                 };
                 StatusRow::of(q.name.as_str(), k.clone(), !k.contains('|'), &row, "")
             })
@@ -201,6 +301,8 @@ pub fn written_rows(
         }
         for r in &mut rows {
             r.note = note.clone();
+            r.parent = q.parent.as_ref().map(ToString::to_string);
+            r.depth = depth;
         }
         out.extend(rows);
     }
@@ -237,8 +339,14 @@ pub fn table(rows: &[StatusRow]) -> String {
     ]
     .map(String::from)];
     for r in rows {
+        let tree = r.tree_note();
+        let note = match (r.note.is_empty(), tree.is_empty()) {
+            (_, true) => r.note.clone(),
+            (true, false) => tree,
+            (false, false) => format!("{}; {tree}", r.note),
+        };
         lines.push([
-            r.queue.clone(),
+            format!("{}{}", "  ".repeat(r.depth), r.queue),
             r.model.clone(),
             dash(r.quota),
             r.allocated.to_string(),
@@ -246,7 +354,7 @@ pub fn table(rows: &[StatusRow]) -> String {
             r.reserved.to_string(),
             dash(r.free),
             dash(r.over),
-            r.note.clone(),
+            note,
         ]);
     }
     crate::admission::padded(&lines)

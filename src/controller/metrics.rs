@@ -32,6 +32,13 @@ pub struct QueueLabel {
     pub queue_name: String,
 }
 
+/// A queue and its parent (`root` at the top), as Kueue's `cohort_info` pairs them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueParentLabels {
+    pub queue_name: String,
+    pub parent_name: String,
+}
+
 /// What the reconciler measured and did.
 pub struct ReconcilerMetrics {
     pub capacity: Family<QueueCardLabels, Gauge>,
@@ -48,8 +55,16 @@ pub struct ReconcilerMetrics {
     pub jobs_waiting: Family<QueueCardLabels, Gauge>,
     /// The longest such wait per queue, in seconds.
     pub longest_wait: Family<QueueLabel, Gauge>,
+    /// Cards a queue's subtree uses beyond its quota (from its card parent's pool).
+    pub borrowed: Family<QueueCardLabels, Gauge>,
+    /// A queue's `card.borrow` per model.
+    pub borrow_limit: Family<QueueCardLabels, Gauge>,
+    /// 1 per queue, labelled with its parent: joins the per-queue series into a tree.
+    pub queue_info: Family<QueueParentLabels, Gauge>,
     /// Card names published per queue, so gone queues and models are removed.
     published: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// The parent published per queue.
+    parents: Mutex<HashMap<String, String>>,
 }
 
 impl ReconcilerMetrics {
@@ -128,7 +143,27 @@ impl ReconcilerMetrics {
             "How long the oldest PodGroup with card demand has waited in line, per queue",
             longest_wait.clone(),
         );
+        let borrowed = gauge(
+            registry,
+            "card_quota_queue_card_borrowed",
+            "Cards a queue's subtree uses beyond its quota, from its card parent's unassigned pool",
+        );
+        let borrow_limit = gauge(
+            registry,
+            "card_quota_queue_card_borrow_limit",
+            "A queue's volcano.sh/card.borrow per model",
+        );
+        let queue_info = Family::<QueueParentLabels, Gauge>::default();
+        registry.register(
+            "card_quota_queue_info",
+            "1 per queue, labelled with its parent queue (root at the top)",
+            queue_info.clone(),
+        );
         Self {
+            borrowed,
+            borrow_limit,
+            queue_info,
+            parents: Mutex::new(HashMap::new()),
             jobs_waiting,
             longest_wait,
             capacity,
@@ -146,7 +181,36 @@ impl ReconcilerMetrics {
 
     /// Sets the gauges of `queue` to `rows`; `None` (a deleted queue) removes them.
     /// Models a queue no longer has are removed too.
-    pub fn publish_queue(&self, queue: &str, rows: Option<&BTreeMap<UsageKey, Row>>) {
+    pub fn publish_queue(
+        &self,
+        queue: &str,
+        parent: Option<&str>,
+        rows: Option<&BTreeMap<UsageKey, Row>>,
+    ) {
+        {
+            let mut parents = self.parents.lock().unwrap_or_else(|p| p.into_inner());
+            let now = rows.map(|_| parent.unwrap_or("root").to_string());
+            if let Some(old) = parents.get(queue).filter(|o| Some(*o) != now.as_ref()) {
+                self.queue_info.remove(&QueueParentLabels {
+                    queue_name: queue.to_string(),
+                    parent_name: old.clone(),
+                });
+            }
+            match now {
+                Some(p) => {
+                    self.queue_info
+                        .get_or_create(&QueueParentLabels {
+                            queue_name: queue.to_string(),
+                            parent_name: p.clone(),
+                        })
+                        .set(1);
+                    parents.insert(queue.to_string(), p);
+                }
+                None => {
+                    parents.remove(queue);
+                }
+            }
+        }
         let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
         let labels = |card: &str| QueueCardLabels {
             queue_name: queue.to_string(),
@@ -167,6 +231,8 @@ impl ReconcilerMetrics {
                 &self.request,
                 &self.pending,
                 &self.reserved,
+                &self.borrowed,
+                &self.borrow_limit,
             ] {
                 f.remove(&l);
             }
@@ -181,6 +247,22 @@ impl ReconcilerMetrics {
             }
             self.pending.get_or_create(&l).set(gauge(r.pending));
             self.reserved.get_or_create(&l).set(gauge(r.reserved));
+            match r.borrowed {
+                Some(b) => {
+                    self.borrowed.get_or_create(&l).set(gauge(b));
+                }
+                None => {
+                    self.borrowed.remove(&l);
+                }
+            }
+            match r.borrow {
+                Some(b) => {
+                    self.borrow_limit.get_or_create(&l).set(gauge(b));
+                }
+                None => {
+                    self.borrow_limit.remove(&l);
+                }
+            }
         }
         if now.is_empty() {
             published.remove(queue);

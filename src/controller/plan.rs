@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::cards::{ObjectKey, QueueName};
 use crate::decide::fit::usage_of;
+use crate::decide::tree::effective;
 use crate::ledger::tally::same_usage;
 use crate::ledger::{queue_usage, Row, UsageKey};
 use crate::snapshot::Snapshot;
@@ -19,6 +20,8 @@ pub const INVALID: &str = crate::decide::messages::INVALID.as_str();
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueState {
     pub queue: QueueName,
+    /// `spec.parent` (`None`: under root).
+    pub parent: Option<QueueName>,
     /// Usage rows per model and composite key (the table of `status`).
     pub rows: BTreeMap<UsageKey, Row>,
     /// The queue object exists (usage of queues without one is not written).
@@ -28,6 +31,48 @@ pub struct QueueState {
     pub stored_usage: Option<String>,
     /// The quota annotation's problem, when it does not parse.
     pub invalid: Option<String>,
+    /// What is wrong with the queue's place in the tree (a cycle, a missing parent,
+    /// children's shares above its quota).
+    pub tree: Option<String>,
+}
+
+/// Event reason for a queue whose place in the tree needs an admin.
+pub const TREE: &str = "CardQuotaTreeProblem";
+
+/// What an admin should fix about `queue`'s place in the tree, if anything.
+pub fn tree_problem(
+    snap: &Snapshot,
+    queue: &QueueName,
+    rows: &BTreeMap<UsageKey, Row>,
+) -> Option<String> {
+    if snap.is_flat() || snap.queue(queue).is_none() {
+        return None;
+    }
+    let mut out = Vec::new();
+    match snap.ancestry(queue) {
+        Err(f) => out.push(crate::decide::tree::fault_message(queue, &f)),
+        Ok(a) => {
+            if let Some(p) = a.missing {
+                out.push(format!(
+                    "queue {queue}'s parent queue {p} does not exist: {queue} is a top level, its own quota binds and nothing can be borrowed"
+                ));
+            }
+        }
+    }
+    let over: Vec<String> = rows
+        .iter()
+        .filter_map(|(k, r)| {
+            let s = r.shares?;
+            (s > r.quota).then(|| format!("{k} shares {s} > quota {}", r.quota))
+        })
+        .collect();
+    if !over.is_empty() {
+        out.push(format!(
+            "the shares of queue {queue}'s children over-subscribe it ({}): nothing can be borrowed there and shares are first come, first served",
+            crate::decide::messages::short_list(&over)
+        ));
+    }
+    (!out.is_empty()).then(|| crate::decide::messages::cap(out.join("; ")))
 }
 
 /// A pod to stamp with the queue it is counted in: (pod, queue, its resourceVersion).
@@ -52,12 +97,70 @@ pub fn unstamped(snap: &Snapshot, now: jiff::Timestamp, limit: usize) -> Vec<Sta
     out
 }
 
+/// The usage rows of `queue`: its own objects' usage; in a tree, subtree sums on a
+/// queue with children, and what it borrows and lends (docs/hierarchy.md).
+pub fn queue_rows(
+    snap: &Snapshot,
+    queue: &QueueName,
+    now: jiff::Timestamp,
+) -> BTreeMap<UsageKey, Row> {
+    let parent = if snap.is_flat() {
+        None
+    } else {
+        snap.card_parent(queue)
+    };
+    let inner = !snap.is_flat() && snap.has_children(queue);
+    if parent.is_none() && !inner {
+        return usage_of(snap, queue, now).rows();
+    }
+    let share = snap.share_of(queue);
+    let mut u = if inner {
+        snap.subtree_usage(queue, now).into_owned()
+    } else {
+        snap.counted(queue, now).into_owned()
+    };
+    u.quota = share.clone();
+    let mut rows = u.rows();
+    let borrow = snap.borrow_of(queue).unwrap_or_default();
+    let cap = snap.cap_of(queue).into_owned();
+    let lends = inner && snap.queue(queue).is_some_and(|r| r.quota.is_some());
+    for (m, b) in borrow.entries() {
+        if !b.is_zero() {
+            rows.entry(UsageKey::Model(m.clone())).or_default();
+        }
+    }
+    for (k, row) in rows.iter_mut() {
+        let UsageKey::Model(m) = k else { continue };
+        let b = borrow.get(m);
+        if !b.is_zero() {
+            row.borrow = Some(b);
+        }
+        let e = effective(snap, queue, m, now);
+        if parent.is_some() {
+            let over = e.total.saturating_sub(share.get(m));
+            if !over.is_zero() || row.borrow.is_some() {
+                row.borrowed = Some(over);
+            }
+        }
+        if lends {
+            row.shares = Some(e.shares);
+            let free = cap.get(m).signed_minus(e.total);
+            row.pool_free =
+                Some(i64::try_from(free).unwrap_or(if free < 0 { i64::MIN } else { i64::MAX }));
+        }
+    }
+    rows
+}
+
 /// Computes the state of `queue`.
 pub fn queue_state(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> QueueState {
     let rec = snap.queue(queue);
+    let rows = queue_rows(snap, queue, now);
     QueueState {
         queue: queue.clone(),
-        rows: usage_of(snap, queue, now).rows(),
+        parent: rec.and_then(|r| r.parent.clone()),
+        tree: tree_problem(snap, queue, &rows),
+        rows,
         exists: rec.is_some(),
         uid: rec.and_then(|r| r.uid.clone()),
         stored_usage: rec.and_then(|r| r.usage.clone()),
@@ -171,8 +274,14 @@ pub fn exceeded_message(s: &QueueState) -> Option<String> {
     let over: Vec<String> = s
         .rows
         .iter()
-        .filter(|(k, r)| k.is_model() && r.allocated > r.quota)
-        .map(|(k, r)| format!("{k} allocated {} > quota {}", r.allocated, r.quota))
+        .filter(|(k, r)| k.is_model() && r.allocated > r.cap())
+        .map(|(k, r)| match r.borrow {
+            Some(b) => format!(
+                "{k} allocated {} > quota {} + borrow {b}",
+                r.allocated, r.quota
+            ),
+            None => format!("{k} allocated {} > quota {}", r.allocated, r.quota),
+        })
         .collect();
     if over.is_empty() {
         return None;

@@ -30,7 +30,7 @@ use crate::snapshot::{Dirty, Snapshot};
 use super::events::EventSink;
 use super::plan::{
     exceeded_message, invalid_message, queue_state, recount_queues, recount_slice, unstamped,
-    usage_write, EventMemory, QueueState, Stamp, EXCEEDED, INVALID,
+    usage_write, EventMemory, QueueState, Stamp, EXCEEDED, INVALID, TREE,
 };
 
 use crate::live::FIELD_MANAGER;
@@ -305,8 +305,11 @@ impl Reconciler {
         };
         for s in &states {
             let keep = s.exists || !s.rows.is_empty();
-            self.metrics
-                .publish_queue(s.queue.as_str(), keep.then_some(&s.rows));
+            self.metrics.publish_queue(
+                s.queue.as_str(),
+                s.parent.as_ref().map(|p| p.as_str()),
+                keep.then_some(&s.rows),
+            );
         }
         {
             let snap = self.lock();
@@ -362,7 +365,11 @@ impl Reconciler {
                     // A deleted queue's conditions end with it.
                     self.memory.note(&s.queue, EXCEEDED, None);
                     self.memory.note(&s.queue, INVALID, None);
+                    self.memory.note(&s.queue, TREE, None);
                     continue;
+                }
+                if self.event(s, TREE, s.tree.clone()).await {
+                    pass.events += 1;
                 }
                 if self.event(s, EXCEEDED, exceeded_message(s)).await {
                     pass.events += 1;

@@ -235,16 +235,19 @@ fn in_use(u: &QueueUsage, touched: &BTreeSet<CardName>) -> Cards {
 }
 
 /// A level's effective use on one model, and its parts.
-#[derive(Debug, Clone, Copy, Default)]
-struct Effective {
-    total: Cards,
-    shares: Cards,
-    borrowed: Cards,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Effective {
+    /// E: own use plus each card child's max(E, share).
+    pub total: Cards,
+    /// The card children's shares.
+    pub shares: Cards,
+    /// What the card children use beyond their shares (from this level's pool).
+    pub borrowed: Cards,
 }
 
 /// E(x) on `m` as the snapshot stands: x's own use plus, per card child c,
 /// max(E(c), share(c)). O(the card levels below x).
-fn effective(snap: &Snapshot, x: &QueueName, m: &CardName, now: jiff::Timestamp) -> Effective {
+pub fn effective(snap: &Snapshot, x: &QueueName, m: &CardName, now: jiff::Timestamp) -> Effective {
     effective_at(snap, x, m, now, 0)
 }
 

@@ -144,15 +144,35 @@ pub struct Row {
     pub allocated: Cards,
     pub pending: Cards,
     pub reserved: Cards,
+    /// In a tree: the queue's `card.borrow` (what it may use beyond `quota`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrow: Option<Cards>,
+    /// In a tree: what the queue's subtree uses beyond its quota, from its card
+    /// parent's pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed: Option<Cards>,
+    /// On a queue with child queues: the sum of its card children's quotas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<Cards>,
+    /// On a queue with child queues: what its subtree may still take (quota + borrow
+    /// minus effective use: the children's shares count whole); negative when its
+    /// children's shares over-subscribe it.
+    #[serde(default, rename = "free", skip_serializing_if = "Option::is_none")]
+    pub pool_free: Option<i64>,
 }
 
 impl Row {
     pub fn in_use(&self) -> Cards {
         self.allocated + self.pending + self.reserved
     }
-    /// Room left; negative when over quota.
+    /// Room left under the quota and what the queue may borrow; negative when over.
     pub fn free(&self) -> i128 {
-        self.quota.signed_minus(self.in_use())
+        self.cap().signed_minus(self.in_use())
+    }
+
+    /// Quota plus borrow.
+    pub fn cap(&self) -> Cards {
+        self.quota + self.borrow.unwrap_or_default()
     }
 }
 
@@ -354,6 +374,10 @@ impl QueueUsage {
     pub fn competing(&self, key: &Alternatives) -> Row {
         let overlaps = |k: &Alternatives| k.models().iter().any(|m| key.contains(m));
         Row {
+            borrow: None,
+            borrowed: None,
+            shares: None,
+            pool_free: None,
             quota: key.models().iter().map(|m| self.quota.get(m)).sum(),
             allocated: key
                 .models()

@@ -368,6 +368,16 @@ impl Snapshot {
     pub fn upsert_queue(&mut self, q: QueueRecord) {
         self.dirty.mark(&q.name);
         let (name, parent) = (q.name.clone(), q.parent.clone());
+        // The old ancestors lose the queue's usage from their subtree sums.
+        if self
+            .queues
+            .get(&name)
+            .is_some_and(|old| old.parent != parent)
+        {
+            for a in self.ancestors_of(&name) {
+                self.dirty.mark(&a);
+            }
+        }
         let old_parent = self.queues.insert(name.clone(), q).map(|old| old.parent);
         let moved = old_parent.as_ref() != Some(&parent)
             && (parent.is_some() || old_parent.flatten().is_some());
@@ -399,6 +409,13 @@ impl Snapshot {
 
     /// Takes the set of queues whose usage may have changed.
     pub fn take_dirty(&mut self) -> Dirty {
+        // A queue's subtree sums and pool change with every queue below it.
+        if let (false, Dirty::Queues(set)) = (self.is_flat(), &self.dirty) {
+            let above: Vec<QueueName> = set.iter().flat_map(|q| self.ancestors_of(q)).collect();
+            for q in above {
+                self.dirty.mark(&q);
+            }
+        }
         std::mem::take(&mut self.dirty)
     }
 

@@ -146,6 +146,21 @@ impl Snapshot {
         }
     }
 
+    /// The queues above `q` (existing ones, nearest first), bounded; empty on a cycle's
+    /// second lap.
+    pub fn ancestors_of(&self, q: &QueueName) -> Vec<QueueName> {
+        let mut out: Vec<QueueName> = Vec::new();
+        let mut at = self.queues.get(q).and_then(|r| r.parent.as_ref());
+        while let Some(p) = at {
+            if p == q || out.contains(p) || out.len() > WALK_LIMIT {
+                break;
+            }
+            out.push(p.clone());
+            at = self.queues.get(p).and_then(|r| r.parent.as_ref());
+        }
+        out
+    }
+
     /// The card parent of `q`: its nearest ancestor with `card.quota` (`None` at the
     /// top, or on a fault).
     pub fn card_parent(&self, q: &QueueName) -> Option<QueueName> {
