@@ -230,6 +230,87 @@ fn burst(c: &mut Criterion) {
     );
 }
 
+/// A depth-3 tree of queues under root: 10 orgs, 10 departments each, 10 teams each
+/// (1,000 leaves, 1,110 queues), every level with a quota on 20 models (shares that fit
+/// their parents, MODEL-0 with a pool at each department), 100,000 pods in the leaves.
+fn tree_snapshot() -> Snapshot {
+    let mut s = Snapshot::new();
+    for i in 0..200 {
+        upsert(
+            &mut s,
+            &node(&format!("n{i}"), &format!("MODEL-{}", i % 20)),
+        )
+        .unwrap();
+    }
+    let quota = |per_model: u32, model0: u32| -> String {
+        let mut m = serde_json::Map::new();
+        for i in 0..20 {
+            m.insert(
+                format!("MODEL-{i}"),
+                json!(if i == 0 { model0 } else { per_model }),
+            );
+        }
+        Value::Object(m).to_string()
+    };
+    let queue = |name: &str, parent: Option<&str>, quota: String, borrow: Option<&str>| {
+        let mut q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": name, "annotations": {"volcano.sh/card.quota": quota}}});
+        if let Some(p) = parent {
+            q["spec"] = json!({"parent": p});
+        }
+        if let Some(b) = borrow {
+            q["metadata"]["annotations"]["volcano.sh/card.borrow"] = json!(b);
+        }
+        q
+    };
+    for o in 0..10 {
+        let org = format!("org{o}");
+        upsert(&mut s, &queue(&org, None, quota(2000, 1000), None)).unwrap();
+        for d in 0..10 {
+            let dept = format!("{org}-d{d}");
+            upsert(&mut s, &queue(&dept, Some(&org), quota(200, 100), None)).unwrap();
+            for t in 0..10 {
+                let team = format!("{dept}-t{t}");
+                upsert(
+                    &mut s,
+                    &queue(&team, Some(&dept), quota(20, 5), Some(r#"{"MODEL-0":5}"#)),
+                )
+                .unwrap();
+            }
+        }
+    }
+    for i in 0..100_000usize {
+        let team = format!("org{}-d{}-t{}", i % 10, (i / 10) % 10, (i / 100) % 10);
+        let model = format!("MODEL-{}", (i / 1000) % 20);
+        let bound = (i % 3 != 0).then(|| format!("n{}", (i / 1000) % 20));
+        upsert(
+            &mut s,
+            &pod(&format!("p{i}"), &team, &model, 1, bound.as_deref()),
+        )
+        .unwrap();
+    }
+    s
+}
+
+fn tree(c: &mut Criterion) {
+    let mut snap = tree_snapshot();
+    let cfg = Config::default();
+    let now = jiff::Timestamp::now();
+    let within = R::pod("CREATE", pod("new", "org3-d4-t5", "MODEL-7", 1, None)).build();
+    let borrowing = R::pod("CREATE", pod("new", "org3-d4-t5", "MODEL-0", 1, None)).build();
+    for (what, req) in [
+        ("within its share", &within),
+        ("borrowing from its department", &borrowing),
+    ] {
+        let answer = review(req, &mut snap, &cfg, now, true).out.response;
+        assert!(answer.allowed, "{what}: {:?}", answer.status);
+        c.bench_function(
+            &format!("pod create {what}, depth-3 tree, 1,000 leaf queues, 100k pods"),
+            |b| b.iter(|| review(req, &mut snap, &cfg, now, true)),
+        );
+    }
+}
+
 /// Resident set size of this process, in bytes (Linux).
 fn rss() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -432,5 +513,5 @@ fn webhook(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decisions, burst, recount, webhook);
+criterion_group!(benches, decisions, burst, tree, recount, webhook);
 criterion_main!(benches);
