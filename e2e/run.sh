@@ -746,6 +746,58 @@ check "... kubectl describe replicaset shows why, with the numbers" wait_for 30 
 check "... card-quota status shows the queue full" wait_for 20 bash -c \
   '"$BIN" status --queue "$1" 2>/dev/null | grep -Eq "^$1 +RTX-4090 +2 +0 +2 +0 +0 +0"' _ "$Q-start"
 
+# ---- 7b. A tree of queues: an org, two teams, borrowing from the org's pool -------------
+tree_queue() { # name parent quota-json borrow-json|''
+  local borrow=''
+  [ -z "$4" ] || borrow="volcano.sh/card.borrow: '$4'"
+  cat <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: $1
+  labels: {card-quota-e2e: "$RUN"}
+  annotations:
+    volcano.sh/card.quota: '$3'
+    $borrow
+spec: {weight: 1, parent: $2}
+EOF
+}
+tree_queue "$Q-org" root '{"NVIDIA-A100":6}' '' | k apply -f - >/dev/null
+tree_queue "$Q-team-a" "$Q-org" '{"NVIDIA-A100":2}' '{"NVIDIA-A100":4}' | k apply -f - >/dev/null
+tree_queue "$Q-team-b" "$Q-org" '{"NVIDIA-A100":2}' '{"NVIDIA-A100":4}' | k apply -f - >/dev/null
+sleep 1
+for t in a b; do
+  tns=$NS; [ "$t" = b ] && tns=$NS2
+  for i in 1 2; do card_pod "$Q-share-$t$i" "$Q-team-$t" NVIDIA-A100 nvidia.com/gpu 1 "$tns" | k create -f - >/dev/null 2>&1; done
+done
+check "each team fills its own share (2 + 2 of the org's 6)" bash -c \
+  "[ \"\$(kubectl get pods -A -l card-quota-e2e=$RUN -o name 2>/dev/null | grep -c $Q-share-)\" = 4 ]"
+# 20 borrowing pods at once, 10 per team, each team's through its own replica: the org's
+# pool holds 2. The teams' charges share the org's ledger, so the replicas serialize.
+mkdir -p "$WORK/race"
+for t in a b; do
+  tns=$NS; [ "$t" = b ] && tns=$NS2
+  for i in $(seq -w 1 10); do card_pod "$Q-race-$t$i" "$Q-team-$t" NVIDIA-A100 nvidia.com/gpu 1 "$tns" > "$WORK/race/$t$i.yaml"; done
+done
+ls "$WORK"/race/*.yaml | xargs -P 20 -I{} sh -c 'kubectl create -f {} > {}.out 2>&1; true'
+raced=$(cat "$WORK"/race/*.out | grep -c ' created$')
+log "tree race: $raced of 20 borrowing pods admitted (pool 2); $(grep -l 'cannot borrow' "$WORK"/race/*.out | wc -l) refused with 'cannot borrow'"
+check "two replicas, 20 concurrent borrowing pods, a pool of 2: exactly 2 admitted" [ "$raced" = 2 ]
+check "... the others are refused because the org's pool is empty" bash -c \
+  "grep -h 'denied' $WORK/race/*.out | grep -c \"cannot borrow NVIDIA-A100 from $Q-org: requested 1, $Q-org free 0 (quota 6, shares 4, borrowed 2)\" | grep -qx 18"
+check "the org's usage annotation sums its subtree (6 pending, shares 4, nothing free)" wait_for 20 bash -c \
+  "usage_is $Q-org NVIDIA-A100 pending 6 && usage_is $Q-org NVIDIA-A100 shares 4 && usage_is $Q-org NVIDIA-A100 free 0"
+team_pods() { kubectl get pods -A -l "card-quota-e2e=$RUN" -o json | jq --arg q "$1" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q)] | length'; }
+export -f team_pods
+check "... and each team's says its pods and what it borrowed" wait_for 20 bash -c \
+  "a=\$(team_pods $Q-team-a); b=\$(team_pods $Q-team-b); usage_is $Q-team-a NVIDIA-A100 pending \$a && usage_is $Q-team-b NVIDIA-A100 pending \$b && usage_is $Q-team-a NVIDIA-A100 borrowed \$((a - 2)) && usage_is $Q-team-b NVIDIA-A100 borrowed \$((b - 2)) && [ \$((a + b)) = 6 ]"
+out=$(tree_queue "$Q-org" "$Q-team-a" '{"NVIDIA-A100":6}' '' | k apply -f - 2>&1)
+check "kubectl apply of a cycle (the org under its own team) is refused with the message" \
+  contains "$out" "queue $Q-org cannot have parent $Q-team-a: $Q-team-a is below $Q-org, which would make a cycle ($Q-org -> $Q-team-a -> $Q-org)"
+out=$(card_pod "$Q-to-org" "$Q-org" NVIDIA-A100 nvidia.com/gpu 1 | k create -f - 2>&1)
+check "a card pod submitted to the org itself is refused: charges go to leaf queues" \
+  contains "$out" "queue $Q-org has child queues ($Q-team-a, $Q-team-b): submit card workloads to a leaf queue"
+
 # ---- 8. card-quota down: what still goes through ------------------------------------------
 # Outside the selected namespaces nothing reaches card-quota; inside them the install's
 # matchConditions let everything without cards through, and the Fail hooks hold card
