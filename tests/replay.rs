@@ -108,6 +108,37 @@ fn a_namespace_in_warn_admits_what_only_the_quota_refuses_and_a_bad_entry_stops_
 }
 
 #[test]
+fn a_tree_of_queues_lends_its_pool_once_and_sums_usage_on_the_parent() {
+    let (lines, out) = replay(
+        "tests/fixtures/tree-objects.yaml",
+        "tests/fixtures/tree-requests.yaml",
+        &["--output", "json"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let allowed: Vec<bool> = lines[..5]
+        .iter()
+        .map(|l| l["response"]["allowed"].as_bool().unwrap())
+        .collect();
+    // team-a: its share of 4, then 2 borrowed from org's pool; team-b: its share of 2,
+    // nothing to borrow with; team-a at its own cap.
+    assert_eq!(allowed, vec![true, true, true, false, false]);
+    assert_eq!(
+        lines[4]["response"]["status"]["message"],
+        "queue team-a has insufficient NVIDIA-H200 quota: requested 1, in use 6 (allocated 0, pending 6, reserved 0), quota 4 + borrow 2"
+    );
+    let usage = &lines[5]["usage"];
+    assert_eq!(
+        usage["org"]["NVIDIA-H200"],
+        serde_json::json!({"quota": 8, "allocated": 0, "pending": 8, "reserved": 0, "shares": 6, "free": 0})
+    );
+    assert_eq!(usage["team-a"]["NVIDIA-H200"]["borrowed"], 2);
+}
+
+#[test]
 fn an_empty_requests_file_prints_only_the_usage_line() {
     let (lines, out) = replay(
         "tests/fixtures/capacity-card-objects.yaml",

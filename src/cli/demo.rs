@@ -29,6 +29,24 @@ fn pod(ns: &str, name: &str, card_name: Option<&str>, group: Option<&str>, gpus:
     })
 }
 
+/// A one-model pod of `gpus` cards in `queue`.
+fn pod_in(ns: &str, name: &str, queue: &str, card: &str, gpus: u32) -> Value {
+    let mut p = pod(ns, name, Some(card), None, gpus);
+    p["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] = json!(queue);
+    p
+}
+
+/// A Queue under `parent` with a quota and, if given, a borrow limit.
+fn tree_queue(name: &str, parent: &str, quota: &str, borrow: Option<&str>) -> Value {
+    let mut q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": name, "annotations": {"volcano.sh/card.quota": quota}},
+        "spec": {"parent": parent}});
+    if let Some(b) = borrow {
+        q["metadata"]["annotations"]["volcano.sh/card.borrow"] = json!(b);
+    }
+    q
+}
+
 fn podgroup(ns: &str, name: &str, request: &str) -> Value {
     json!({
         "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
@@ -154,7 +172,7 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
     };
     writeln!(
         out,
-        "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090),\nqueues research and serving.\n"
+        "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090),\nqueues research and serving, then a tree of queues.\n"
     )?;
     writeln!(
         out,
@@ -226,6 +244,41 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
         (
             "The HPA scales back down to 1: always allowed",
             R::scale("deployments", "serving", "infer", 2, 1).build(),
+            &clamp,
+        ),
+        (
+            "A tree: queue lab holds 8 H200 for its teams (under root, as Volcano sets every queue)",
+            R::queue("CREATE", tree_queue("lab", "root", r#"{"NVIDIA-H200":8}"#, None)).build(),
+            &clamp,
+        ),
+        (
+            "Team vision gets a share of 4 H200 in lab and may borrow 2 more from lab's pool",
+            R::queue("CREATE", tree_queue("vision", "lab", r#"{"NVIDIA-H200":4}"#, Some(r#"{"NVIDIA-H200":2}"#))).build(),
+            &clamp,
+        ),
+        (
+            "Team speech gets a share of 2 and may borrow 2: lab's pool is 8 - (4 + 2) = 2",
+            R::queue("CREATE", tree_queue("speech", "lab", r#"{"NVIDIA-H200":2}"#, Some(r#"{"NVIDIA-H200":2}"#))).build(),
+            &clamp,
+        ),
+        (
+            "vision runs a 6-card job pod: its 4 and, borrowed, lab's whole pool of 2",
+            R::pod("CREATE", pod_in("ml", "vision-0", "vision", "NVIDIA-H200", 6)).build(),
+            &clamp,
+        ),
+        (
+            "speech asks for its own share of 2: admitted, shares are never lent",
+            R::pod("CREATE", pod_in("ml", "speech-0", "speech", "NVIDIA-H200", 2)).build(),
+            &clamp,
+        ),
+        (
+            "speech asks for one more: it would borrow, and lab's pool is empty",
+            R::pod("CREATE", pod_in("ml", "speech-1", "speech", "NVIDIA-H200", 1)).build(),
+            &clamp,
+        ),
+        (
+            "A pod submitted to lab itself: charges go to leaf queues",
+            R::pod("CREATE", pod_in("ml", "lab-0", "lab", "NVIDIA-H200", 1)).build(),
             &clamp,
         ),
     ];
