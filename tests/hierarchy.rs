@@ -682,3 +682,40 @@ fn status_prints_the_tree() {
     );
     assert!(lines[3].starts_with("  team-b "), "{out}");
 }
+
+#[test]
+fn root_with_a_card_quota_is_a_cluster_budget_over_every_top_queue() {
+    let mut w = World::with(&[
+        queue("a", "root", r#"{"NVIDIA-H200":4}"#, ""),
+        queue("b", "", r#"{"NVIDIA-H200":4}"#, ""),
+    ]);
+    assert!(w.snap.is_flat(), "an unannotated root is transparent");
+    w.admit("a", "NVIDIA-H200", "3");
+    // An admin makes root a budget of 5: a and b (under root, written or not) share it.
+    let r = w.apply_queue(
+        "UPDATE",
+        queue("root", "", r#"{"NVIDIA-H200":5}"#, ""),
+        Some(queue("root", "", "", "")),
+    );
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        r.warnings
+            .iter()
+            .any(|x| x.contains("the shares of its children (a 4, b 4) add up to 8")),
+        "{:?}",
+        r.warnings
+    );
+    w.admit("b", "NVIDIA-H200", "2");
+    assert_eq!(
+        w.refused("b", "NVIDIA-H200", "1"),
+        "queue b has insufficient NVIDIA-H200 quota in ancestor root: requested 1, root in use 5 (allocated 0, pending 5, reserved 0), quota 5"
+    );
+    // Taken off again: flat, b gets its own 4.
+    w.apply_queue(
+        "UPDATE",
+        queue("root", "", "", ""),
+        Some(queue("root", "", r#"{"NVIDIA-H200":5}"#, "")),
+    );
+    assert!(w.snap.is_flat());
+    w.admit("b", "NVIDIA-H200", "2");
+}

@@ -163,7 +163,7 @@ pub fn rows(
     }
     let parent_of = |n: &str| {
         snap.queue(&crate::cards::QueueName::new(n))
-            .and_then(|r| r.parent.as_ref())
+            .and_then(|r| snap.link(r))
             .map(ToString::to_string)
     };
     let mut out = Vec::new();

@@ -29,7 +29,7 @@ struct Chain {
 fn chain(snap: &Snapshot, rec: &QueueRecord) -> Chain {
     let mut out = Chain::default();
     let mut seen: BTreeSet<&QueueName> = BTreeSet::from([&rec.name]);
-    let mut at = rec.parent.as_ref();
+    let mut at = snap.link(rec);
     while let Some(p) = at {
         if *p == rec.name {
             let mut c = vec![rec.name.clone()];
@@ -46,7 +46,7 @@ fn chain(snap: &Snapshot, rec: &QueueRecord) -> Chain {
             return out;
         };
         out.ancestors.push(p.clone());
-        at = r.parent.as_ref();
+        at = snap.link(r);
     }
     out
 }
@@ -128,7 +128,12 @@ pub fn check(
                 ),
             ));
         }
-        let depth = c.ancestors.len() + 1 + height(snap, q);
+        let above = c
+            .ancestors
+            .iter()
+            .filter(|a| a.as_str() != QueueName::ROOT)
+            .count();
+        let depth = above + 1 + height(snap, q);
         if depth > max_depth {
             return Err(Decision::deny(
                 BAD_TREE,
@@ -253,8 +258,21 @@ fn warnings(snap: &Snapshot, rec: &QueueRecord, c: &Chain, now: jiff::Timestamp)
         }
     }
     if let Some(own) = own {
-        if snap.has_children(q) {
-            out.extend(oversubscribed(snap, q, own, &snap.card_children(q), None));
+        // root becoming a budget: its children are every top queue, from now on.
+        let top_queues = || -> Vec<QueueName> {
+            snap.queues()
+                .filter(|r| r.parent.is_none() && r.name.as_str() != QueueName::ROOT)
+                .filter(|r| snap.is_card_level(&r.name))
+                .map(|r| r.name.clone())
+                .collect()
+        };
+        let children = if q.as_str() == QueueName::ROOT && !snap.has_children(q) {
+            top_queues()
+        } else {
+            snap.card_children(q)
+        };
+        if !children.is_empty() {
+            out.extend(oversubscribed(snap, q, own, &children, None));
             let u = subtree_usage(snap, q, now);
             for (m, n) in own.entries() {
                 let used = in_use(&u, m);

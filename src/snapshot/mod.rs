@@ -46,6 +46,8 @@ pub struct Snapshot {
     queues: BTreeMap<QueueName, QueueRecord>,
     /// Queue -> the queues whose `spec.parent` names it (whether it exists or not).
     children: BTreeMap<QueueName, BTreeSet<QueueName>>,
+    /// The Queue `root` carries `card.quota`: a budget over every top queue.
+    root_budget: bool,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -367,36 +369,40 @@ impl Snapshot {
 
     pub fn upsert_queue(&mut self, q: QueueRecord) {
         self.dirty.mark(&q.name);
-        let (name, parent) = (q.name.clone(), q.parent.clone());
-        // The old ancestors lose the queue's usage from their subtree sums.
-        if self
-            .queues
-            .get(&name)
-            .is_some_and(|old| old.parent != parent)
-        {
-            for a in self.ancestors_of(&name) {
+        let name = q.name.clone();
+        let budget = q.quota.is_some();
+        let old_link = self.queues.get(&name).and_then(|r| self.link(r)).cloned();
+        let old_ancestors = self.ancestors_of(&name);
+        self.queues.insert(name.clone(), q);
+        if name.as_str() == QueueName::ROOT && budget != self.root_budget {
+            // root became (or stopped being) a cluster budget: every top queue moves.
+            self.root_budget = budget;
+            self.relink_all();
+            return;
+        }
+        let new_link = self.queues.get(&name).and_then(|r| self.link(r)).cloned();
+        if old_link != new_link {
+            // The old ancestors lose the queue's usage from their subtree sums.
+            for a in old_ancestors {
                 self.dirty.mark(&a);
             }
-        }
-        let old_parent = self.queues.insert(name.clone(), q).map(|old| old.parent);
-        let moved = old_parent.as_ref() != Some(&parent)
-            && (parent.is_some() || old_parent.flatten().is_some());
-        if moved {
-            self.unlink_all(&name);
-        }
-        if let Some(p) = parent {
-            self.children.entry(p).or_default().insert(name);
-        }
-        if moved {
+            self.unlink(&name, old_link.as_ref());
+            if let Some(p) = new_link {
+                self.children.entry(p).or_default().insert(name);
+            }
             self.tree_changed();
         }
     }
 
     pub fn remove_queue(&mut self, name: &QueueName) {
         self.dirty.mark(name);
-        if let Some(old) = self.queues.remove(name) {
-            if old.parent.is_some() {
-                self.unlink(name, old.parent.as_ref());
+        let link = self.queues.get(name).and_then(|r| self.link(r)).cloned();
+        if self.queues.remove(name).is_some() {
+            if name.as_str() == QueueName::ROOT && self.root_budget {
+                self.root_budget = false;
+                self.relink_all();
+            } else if link.is_some() {
+                self.unlink(name, link.as_ref());
                 self.tree_changed();
             }
         }

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use crate::cards::{QueueName, Quota};
+use crate::cluster::QueueRecord;
 
 use super::Snapshot;
 
@@ -35,7 +36,37 @@ pub struct Ancestry {
     pub missing: Option<QueueName>,
 }
 
+/// Volcano's `root` queue, as a parent.
+static ROOT: std::sync::LazyLock<QueueName> =
+    std::sync::LazyLock::new(|| QueueName::new(QueueName::ROOT));
+
 impl Snapshot {
+    /// The parent card-quota reads for `r`: its `spec.parent`; for a queue under `root`
+    /// (empty or `root`), `root` only when an admin made it a budget (`card.quota` on it),
+    /// else none (a top queue).
+    pub fn link<'a>(&'a self, r: &'a QueueRecord) -> Option<&'a QueueName> {
+        match &r.parent {
+            Some(p) => Some(p),
+            None if self.root_budget && r.name.as_str() != QueueName::ROOT => Some(&ROOT),
+            None => None,
+        }
+    }
+
+    /// Builds the children index again from every queue (root's budget changed).
+    pub(super) fn relink_all(&mut self) {
+        self.children.clear();
+        let links: Vec<(QueueName, QueueName)> = self
+            .queues
+            .values()
+            .filter_map(|r| Some((r.name.clone(), self.link(r)?.clone())))
+            .collect();
+        for (c, p) in links {
+            self.children.entry(p).or_default().insert(c);
+        }
+        self.dirty = super::Dirty::All;
+        self.tree_changed();
+    }
+
     /// The queues whose `spec.parent` is `q`.
     pub fn children_of(&self, q: &QueueName) -> impl Iterator<Item = &QueueName> {
         self.children.get(q).into_iter().flatten()
@@ -46,20 +77,12 @@ impl Snapshot {
         self.children.get(q).is_some_and(|c| !c.is_empty())
     }
 
-    /// Removes `child` from whichever parent lists it.
-    pub(super) fn unlink_all(&mut self, child: &QueueName) {
-        self.children.retain(|_, set| {
-            set.remove(child);
-            !set.is_empty()
-        });
-    }
-
     /// The tally's subtree sums follow the new tree.
     pub(super) fn tree_changed(&mut self) {
         let parents = self
             .queues
             .values()
-            .filter_map(|r| Some((r.name.clone(), r.parent.clone()?)))
+            .filter_map(|r| Some((r.name.clone(), self.link(r)?.clone())))
             .collect();
         self.tally.set_parents(parents);
     }
@@ -90,7 +113,7 @@ impl Snapshot {
         }
         let mut seen: BTreeSet<&QueueName> = BTreeSet::from([q]);
         let mut walked = vec![q.clone()];
-        let mut at = self.queues.get(q).and_then(|r| r.parent.as_ref());
+        let mut at = self.queues.get(q).and_then(|r| self.link(r));
         while let Some(p) = at {
             if !seen.insert(p) {
                 let from = walked.iter().position(|w| w == p).unwrap_or(0);
@@ -128,7 +151,7 @@ impl Snapshot {
                 }
                 out.levels.push(p.clone());
             }
-            at = rec.parent.as_ref();
+            at = self.link(rec);
         }
         Ok(out)
     }
@@ -150,13 +173,13 @@ impl Snapshot {
     /// second lap.
     pub fn ancestors_of(&self, q: &QueueName) -> Vec<QueueName> {
         let mut out: Vec<QueueName> = Vec::new();
-        let mut at = self.queues.get(q).and_then(|r| r.parent.as_ref());
+        let mut at = self.queues.get(q).and_then(|r| self.link(r));
         while let Some(p) = at {
             if p == q || out.contains(p) || out.len() > WALK_LIMIT {
                 break;
             }
             out.push(p.clone());
-            at = self.queues.get(p).and_then(|r| r.parent.as_ref());
+            at = self.queues.get(p).and_then(|r| self.link(r));
         }
         out
     }
