@@ -719,3 +719,44 @@ fn root_with_a_card_quota_is_a_cluster_budget_over_every_top_queue() {
     assert!(w.snap.is_flat());
     w.admit("b", "NVIDIA-H200", "2");
 }
+
+#[test]
+fn a_job_in_a_team_waits_at_its_enqueue_until_the_org_has_room() {
+    let mut w = World::org();
+    let pg = |name: &str, q: &str, request: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                "annotations": {"volcano.sh/card.request": request}},
+            "spec": {"queue": q, "minMember": 1}, "status": {}})
+    };
+    let enqueue = |w: &mut World, waiting: &Value| {
+        let mut next = waiting.clone();
+        next["status"] = json!({"phase": "Inqueue"});
+        w.send(R::podgroup("UPDATE", next).old(waiting.clone()).build())
+    };
+    w.admit("team-b", "NVIDIA-H200", "2");
+    w.admit("team-a", "NVIDIA-H200", "4");
+    // team-a's Job of 3 would borrow 3 from a pool of 2: it waits, reserving nothing.
+    let big = pg("big", "team-a", r#"{"NVIDIA-H200":3}"#);
+    assert!(w.send(R::podgroup("CREATE", big.clone()).build()).allowed);
+    let r = enqueue(&mut w, &big);
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue team-a has insufficient NVIDIA-H200 quota: requested 3, in use 4 (allocated 0, pending 4, reserved 0), quota 4 + borrow 2"
+    );
+    // A Job of 2 borrows the pool: enqueued, reserving 2 in team-a and in org's sums.
+    let two = pg("two", "team-a", r#"{"NVIDIA-H200":2}"#);
+    assert!(w.send(R::podgroup("CREATE", two.clone()).build()).allowed);
+    let r = enqueue(&mut w, &two);
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("org", "NVIDIA-H200")["reserved"], 2);
+    // team-b's Job of 1 would borrow from the empty pool: held with the pool's numbers.
+    let one = pg("one", "team-b", r#"{"NVIDIA-H200":1}"#);
+    assert!(w.send(R::podgroup("CREATE", one.clone()).build()).allowed);
+    let r = enqueue(&mut w, &one);
+    assert_eq!(
+        message(&r),
+        "queue team-b cannot borrow NVIDIA-H200 from org: requested 1, org free 0 (quota 8, shares 6, borrowed 2)"
+    );
+}
