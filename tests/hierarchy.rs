@@ -736,6 +736,10 @@ fn a_job_in_a_team_waits_at_its_enqueue_until_the_org_has_room() {
     };
     w.admit("team-b", "NVIDIA-H200", "2");
     w.admit("team-a", "NVIDIA-H200", "4");
+    // A Job of 6 in team-a could run one day only by borrowing: it is created and waits.
+    let six = pg("six", "team-a", r#"{"NVIDIA-H200":6}"#);
+    let r = w.send(R::podgroup("CREATE", six).build());
+    assert!(r.allowed, "{}", message(&r));
     // team-a's Job of 3 would borrow 3 from a pool of 2: it waits, reserving nothing.
     let big = pg("big", "team-a", r#"{"NVIDIA-H200":3}"#);
     assert!(w.send(R::podgroup("CREATE", big.clone()).build()).allowed);

@@ -357,12 +357,14 @@ fn could_ever_fit(
     let Some(q) = snap.queue(&rec.queue) else {
         return Decision::allow();
     };
-    let Some(Ok(quota)) = &q.quota else {
+    let Some(Ok(_)) = &q.quota else {
         return Decision::allow();
     };
     if snap.quota_lifted(&rec.queue) {
         return Decision::allow();
     }
+    // What the queue could ever hold: its quota, and what it may borrow in a tree.
+    let quota = &*snap.cap_of(&rec.queue);
     let mut alone = QueueUsage::new(quota.clone());
     alone.add_reservation(&request.0);
     let touched = models_of(request.0.iter().map(|(k, _)| k));
