@@ -764,3 +764,28 @@ fn a_job_in_a_team_waits_at_its_enqueue_until_the_org_has_room() {
         "queue team-b cannot borrow NVIDIA-H200 from org: requested 1, org free 0 (quota 8, shares 6, borrowed 2)"
     );
 }
+
+#[test]
+fn a_job_that_may_use_several_models_fits_every_level_at_once() {
+    // team takes RTX only from its own share, org gives H200 only: each level alone
+    // could hold 3 cards of "either", together they hold 1.
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":0,"RTX-4090":3}"#, ""),
+        queue("team", "org", r#"{"NVIDIA-H200":3,"RTX-4090":1}"#, ""),
+    ]);
+    let pg = |name: &str, request: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                "annotations": {"volcano.sh/card.request": request}},
+            "spec": {"queue": "team", "minMember": 1}, "status": {"phase": "Inqueue"}})
+    };
+    let r = w.send(R::podgroup("CREATE", pg("three", r#"{"NVIDIA-H200|RTX-4090":3}"#)).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue team has insufficient NVIDIA-H200|RTX-4090 quota in ancestor org: requested 3, org in use 0 (allocated 0, pending 0, reserved 0), quota 3"
+    );
+    let r = w.send(R::podgroup("CREATE", pg("one", r#"{"NVIDIA-H200|RTX-4090":1}"#)).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("org", "NVIDIA-H200|RTX-4090")["reserved"], 1);
+}

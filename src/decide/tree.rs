@@ -13,6 +13,7 @@ use crate::snapshot::Snapshot;
 
 use super::fit::feasible;
 use super::messages::quota_text;
+use crate::ledger::flow::{Network, UNLIMITED};
 
 /// The first card level above a leaf that a charge would break.
 #[derive(Debug, Clone)]
@@ -148,7 +149,155 @@ pub fn check_levels(
         }
         below = level;
     }
+    // Each level alone is exact; demand that may use several models (a PodGroup's `A|B`
+    // entries) also needs them together: one flow through every level of the tree.
+    if let Some(top) = snap
+        .ancestry(leaf)
+        .ok()
+        .and_then(|a| a.levels.last().cloned())
+    {
+        let nested = |u: &QueueUsage| nested_fit(snap, &top, leaf, u, touched, now);
+        if let (Some(false), b) = (nested(after), nested(before)) {
+            if b != Some(false) {
+                let mut sum = snap.subtree_usage(&top, now).into_owned();
+                sum.quota = snap.cap_of(&top).into_owned();
+                sum.borrow = snap.borrow_of(&top).unwrap_or_default();
+                out.refusal = Some(LevelRefusal::Cap {
+                    level: top,
+                    before: Box::new(sum),
+                });
+            }
+        }
+    }
     out
+}
+
+/// The most nodes the nested flow may take (the network is a matrix): beyond it the
+/// levels are checked one by one only.
+const NESTED_NODES: usize = 600;
+
+/// Does the unbound demand of `top`'s whole tree fit every card level's cap at once,
+/// with `leaf`'s usage as `leaf_usage`? `None` when no demand there may use several
+/// models (each level's own check is then exact) or the tree is too large to say.
+fn nested_fit(
+    snap: &Snapshot,
+    top: &QueueName,
+    leaf: &QueueName,
+    leaf_usage: &QueueUsage,
+    touched: &BTreeSet<CardName>,
+    now: jiff::Timestamp,
+) -> Option<bool> {
+    let queues = snap.subtree(top);
+    let usage_of = |q: &QueueName| -> std::borrow::Cow<'_, QueueUsage> {
+        if q == leaf {
+            std::borrow::Cow::Borrowed(leaf_usage)
+        } else {
+            snap.counted(q, now)
+        }
+    };
+    let usages: Vec<(QueueName, std::borrow::Cow<'_, QueueUsage>)> =
+        queues.iter().map(|q| (q.clone(), usage_of(q))).collect();
+    // The models multi-model demand connects to `touched`.
+    let mut models: BTreeSet<CardName> = touched.clone();
+    let mut composite = false;
+    loop {
+        let before = models.len();
+        for (_, u) in &usages {
+            for a in u.pending.keys().chain(u.reserved.keys()) {
+                if a.models().len() > 1 && a.models().iter().any(|m| models.contains(m)) {
+                    composite = true;
+                    models.extend(a.models().iter().cloned());
+                }
+            }
+        }
+        if models.len() == before {
+            break;
+        }
+    }
+    if !composite {
+        return None;
+    }
+    let models: Vec<CardName> = models.into_iter().collect();
+    // Card levels of the tree, each with the card level its flow goes up to.
+    let levels: Vec<QueueName> = queues
+        .iter()
+        .filter(|q| snap.is_card_level(q))
+        .cloned()
+        .collect();
+    let level_of = |q: &QueueName| -> Option<usize> {
+        let mut at = Some(q.clone());
+        let mut steps = 0;
+        while let Some(x) = at {
+            if let Some(i) = levels.iter().position(|l| *l == x) {
+                return Some(i);
+            }
+            steps += 1;
+            if x == *top || steps > WALK_LIMIT {
+                return None;
+            }
+            at = snap.queue(&x).and_then(|r| snap.link(r)).cloned();
+        }
+        None
+    };
+    let up: Vec<Option<usize>> = levels
+        .iter()
+        .map(|l| {
+            if l == top {
+                return None;
+            }
+            snap.queue(l)
+                .and_then(|r| snap.link(r))
+                .and_then(|p| level_of(p))
+        })
+        .collect();
+    let demands: Vec<(usize, &crate::cards::Alternatives, Cards)> = usages
+        .iter()
+        .filter_map(|(q, u)| Some((level_of(q)?, u)))
+        .flat_map(|(at, u)| {
+            u.pending
+                .iter()
+                .chain(&u.reserved)
+                .filter(|(a, _)| a.models().iter().any(|m| models.contains(m)))
+                .map(move |(a, n)| (at, a, *n))
+        })
+        .collect();
+    let nodes = 2 + demands.len() + levels.len() * models.len();
+    if nodes > NESTED_NODES {
+        return None;
+    }
+    let (source, sink) = (0, 1);
+    let node = |l: usize, m: usize| 2 + demands.len() + l * models.len() + m;
+    let mut g = Network::new(nodes);
+    let mut total: u128 = 0;
+    for (i, (at, a, n)) in demands.iter().enumerate() {
+        g.add(source, 2 + i, n.get());
+        total = total.saturating_add(n.get());
+        for (mi, m) in models.iter().enumerate() {
+            if a.contains(m) {
+                g.add(2 + i, node(*at, mi), UNLIMITED);
+            }
+        }
+    }
+    // What each level has left for unbound demand: its cap minus what is bound below it.
+    let mut allocated: Vec<Vec<Cards>> = vec![vec![Cards::ZERO; models.len()]; levels.len()];
+    for (q, u) in &usages {
+        let mut at = level_of(q);
+        while let Some(l) = at {
+            for (mi, m) in models.iter().enumerate() {
+                allocated[l][mi] += u.allocated.get(m).copied().unwrap_or_default();
+            }
+            at = up[l];
+        }
+    }
+    for (l, level) in levels.iter().enumerate() {
+        let cap = snap.cap_of(level);
+        for (mi, m) in models.iter().enumerate() {
+            let room = cap.get(m).saturating_sub(allocated[l][mi]).get();
+            let to = up[l].map_or(sink, |p| node(p, mi));
+            g.add(node(l, mi), to, room);
+        }
+    }
+    Some(g.push(source, sink, total, |_, _| true) >= total)
 }
 
 /// Binding is the hard line at every level: allocated cards of each card level's
