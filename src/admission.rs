@@ -352,7 +352,7 @@ pub fn usage_report(
         for p in u.problems.values() {
             tracing::warn!("queue {}: {}", q.as_str().escape_debug(), p.escape_debug());
         }
-        let rows = crate::controller::plan::queue_rows(snap, &q, now);
+        let rows = crate::decide::tree::queue_rows(snap, &q, now);
         let annotated = snap.queue(&q).map(|r| r.quota.is_some()).unwrap_or(false);
         if annotated || rows.values().any(|r| !r.in_use().is_zero()) {
             out.insert(q.to_string(), rows);

@@ -164,6 +164,10 @@ impl fmt::Display for Alternatives {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct QueueName(Arc<str>);
 
+/// No walk over the tree of queues goes further than this many queues (DESIGN's depth
+/// limit is far below it).
+pub const WALK_LIMIT: usize = 64;
+
 impl QueueName {
     /// Volcano's top queue: every queue without `spec.parent` is under it.
     pub const ROOT: &'static str = "root";

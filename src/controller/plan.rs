@@ -5,8 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cards::{ObjectKey, QueueName};
-use crate::decide::fit::usage_of;
-use crate::decide::tree::effective;
+pub use crate::decide::tree::queue_rows;
 use crate::ledger::tally::same_usage;
 use crate::ledger::{queue_usage, Row, UsageKey};
 use crate::snapshot::Snapshot;
@@ -95,61 +94,6 @@ pub fn unstamped(snap: &Snapshot, now: jiff::Timestamp, limit: usize) -> Vec<Sta
         }
     }
     out
-}
-
-/// The usage rows of `queue`: its own objects' usage; in a tree, subtree sums on a
-/// queue with children, and what it borrows and lends (docs/hierarchy.md).
-pub fn queue_rows(
-    snap: &Snapshot,
-    queue: &QueueName,
-    now: jiff::Timestamp,
-) -> BTreeMap<UsageKey, Row> {
-    let parent = if snap.is_flat() {
-        None
-    } else {
-        snap.card_parent(queue)
-    };
-    let inner = !snap.is_flat() && snap.has_children(queue);
-    if parent.is_none() && !inner {
-        return usage_of(snap, queue, now).rows();
-    }
-    let share = snap.share_of(queue);
-    let mut u = if inner {
-        snap.subtree_usage(queue, now).into_owned()
-    } else {
-        snap.counted(queue, now).into_owned()
-    };
-    u.quota = share.clone();
-    let mut rows = u.rows();
-    let borrow = snap.borrow_of(queue).unwrap_or_default();
-    let cap = snap.cap_of(queue).into_owned();
-    let lends = inner && snap.queue(queue).is_some_and(|r| r.quota.is_some());
-    for (m, b) in borrow.entries() {
-        if !b.is_zero() {
-            rows.entry(UsageKey::Model(m.clone())).or_default();
-        }
-    }
-    for (k, row) in rows.iter_mut() {
-        let UsageKey::Model(m) = k else { continue };
-        let b = borrow.get(m);
-        if !b.is_zero() {
-            row.borrow = Some(b);
-        }
-        let e = effective(snap, queue, m, now);
-        if parent.is_some() {
-            let over = e.total.saturating_sub(share.get(m));
-            if !over.is_zero() || row.borrow.is_some() {
-                row.borrowed = Some(over);
-            }
-        }
-        if lends {
-            row.shares = Some(e.shares);
-            let free = cap.get(m).signed_minus(e.total);
-            row.pool_free =
-                Some(i64::try_from(free).unwrap_or(if free < 0 { i64::MIN } else { i64::MAX }));
-        }
-    }
-    rows
 }
 
 /// Computes the state of `queue`.

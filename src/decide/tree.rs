@@ -4,16 +4,17 @@
 //! plus each card child's max(E, share)) stays within the cap or does not rise (no
 //! borrowing beyond x's unassigned pool). A flat cluster skips all of it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
-use crate::ledger::{QueueUsage, Verdict};
+
+use crate::ledger::flow::{Network, UNLIMITED};
+use crate::ledger::{QueueUsage, Row, UsageKey, Verdict};
 use crate::snapshot::tree::{TreeFault, WALK_LIMIT};
 use crate::snapshot::Snapshot;
 
 use super::fit::feasible;
 use super::messages::quota_text;
-use crate::ledger::flow::{Network, UNLIMITED};
 
 /// The first card level above a leaf that a charge would break.
 #[derive(Debug, Clone)]
@@ -245,9 +246,7 @@ fn nested_fit(
             if l == top {
                 return None;
             }
-            snap.queue(l)
-                .and_then(|r| snap.link(r))
-                .and_then(|p| level_of(p))
+            snap.queue(l).and_then(|r| snap.link(r)).and_then(&level_of)
         })
         .collect();
     let demands: Vec<(usize, &crate::cards::Alternatives, Cards)> = usages
@@ -448,4 +447,59 @@ pub fn fault_message(queue: &QueueName, fault: &TreeFault) -> String {
             "queue {queue} is under queue {ancestor}, which is {state} and admits no new card requests"
         ),
     }
+}
+
+/// The usage rows of `queue`: its own objects' usage; in a tree, subtree sums on a
+/// queue with children, and what it borrows and lends (docs/hierarchy.md).
+pub fn queue_rows(
+    snap: &Snapshot,
+    queue: &QueueName,
+    now: jiff::Timestamp,
+) -> BTreeMap<UsageKey, Row> {
+    let parent = if snap.is_flat() {
+        None
+    } else {
+        snap.card_parent(queue)
+    };
+    let inner = !snap.is_flat() && snap.has_children(queue);
+    if parent.is_none() && !inner {
+        return super::fit::usage_of(snap, queue, now).rows();
+    }
+    let share = snap.share_of(queue);
+    let mut u = if inner {
+        snap.subtree_usage(queue, now).into_owned()
+    } else {
+        snap.counted(queue, now).into_owned()
+    };
+    u.quota = share.clone();
+    let mut rows = u.rows();
+    let borrow = snap.borrow_of(queue).unwrap_or_default();
+    let cap = snap.cap_of(queue).into_owned();
+    let lends = inner && snap.queue(queue).is_some_and(|r| r.quota.is_some());
+    for (m, b) in borrow.entries() {
+        if !b.is_zero() {
+            rows.entry(UsageKey::Model(m.clone())).or_default();
+        }
+    }
+    for (k, row) in rows.iter_mut() {
+        let UsageKey::Model(m) = k else { continue };
+        let b = borrow.get(m);
+        if !b.is_zero() {
+            row.borrow = Some(b);
+        }
+        let e = effective(snap, queue, m, now);
+        if parent.is_some() {
+            let over = e.total.saturating_sub(share.get(m));
+            if !over.is_zero() || row.borrow.is_some() {
+                row.borrowed = Some(over);
+            }
+        }
+        if lends {
+            row.shares = Some(e.shares);
+            let free = cap.get(m).signed_minus(e.total);
+            row.pool_free =
+                Some(i64::try_from(free).unwrap_or(if free < 0 { i64::MIN } else { i64::MAX }));
+        }
+    }
+    rows
 }

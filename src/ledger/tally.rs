@@ -344,7 +344,7 @@ impl Tally {
         }
         let mut at = self.parents.get(q);
         while let Some(p) = at {
-            if out.contains(p) || out.len() > crate::snapshot::tree::WALK_LIMIT {
+            if out.contains(p) || out.len() > crate::cards::names::WALK_LIMIT {
                 break;
             }
             out.push(p.clone());

@@ -9,8 +9,7 @@ use crate::cluster::QueueRecord;
 
 use super::Snapshot;
 
-/// No walk goes further than this many queues (DESIGN's depth limit is far below it).
-pub const WALK_LIMIT: usize = 64;
+pub use crate::cards::names::WALK_LIMIT;
 
 /// Why a queue's place in the tree refuses its charges (only its subtree is affected).
 #[derive(Debug, Clone, PartialEq, Eq)]
