@@ -740,6 +740,14 @@ fn a_job_in_a_team_waits_at_its_enqueue_until_the_org_has_room() {
     let six = pg("six", "team-a", r#"{"NVIDIA-H200":6}"#);
     let r = w.send(R::podgroup("CREATE", six).build());
     assert!(r.allowed, "{}", message(&r));
+    // A Job of 9 could never run under the org's 8: refused at once, with the org named.
+    let r = w.send(R::podgroup("CREATE", pg("nine", "team-a", r#"{"NVIDIA-H200":9}"#)).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue team-a has insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
     // team-a's Job of 3 would borrow 3 from a pool of 2: it waits, reserving nothing.
     let big = pg("big", "team-a", r#"{"NVIDIA-H200":3}"#);
     assert!(w.send(R::podgroup("CREATE", big.clone()).build()).allowed);
@@ -788,4 +796,27 @@ fn a_job_that_may_use_several_models_fits_every_level_at_once() {
     let r = w.send(R::podgroup("CREATE", pg("one", r#"{"NVIDIA-H200|RTX-4090":1}"#)).build());
     assert!(r.allowed, "{}", message(&r));
     assert_eq!(w.usage("org", "NVIDIA-H200|RTX-4090")["reserved"], 1);
+}
+
+#[test]
+fn a_job_larger_than_an_ancestors_cap_is_refused_at_its_creation() {
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":3}"#, ""),
+        queue("team", "org", r#"{"NVIDIA-H200":4}"#, ""),
+    ]);
+    let pg = |name: &str, request: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                "annotations": {"volcano.sh/card.request": request}},
+            "spec": {"queue": "team", "minMember": 1}, "status": {}})
+    };
+    let r = w.send(R::podgroup("CREATE", pg("four", r#"{"NVIDIA-H200":4}"#)).build());
+    assert_eq!(
+        message(&r),
+        "queue team has insufficient NVIDIA-H200 quota in ancestor org: requested 4, org in use 0 (allocated 0, pending 0, reserved 0), quota 3"
+    );
+    assert!(
+        w.send(R::podgroup("CREATE", pg("three", r#"{"NVIDIA-H200":3}"#)).build())
+            .allowed
+    );
 }

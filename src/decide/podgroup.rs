@@ -132,7 +132,13 @@ fn decide_charge(
         if rec.derived {
             return Decision::allow();
         }
-        return could_ever_fit(&rec, &request, snap, now).with_event(regarding);
+        let d = could_ever_fit(&rec, &request, snap, now);
+        let d = if d.allowed {
+            could_ever_fit_above(&rec, &request, snap, now)
+        } else {
+            d
+        };
+        return d.with_event(regarding);
     }
     if rec.live_request().is_none() {
         // Completed.
@@ -381,6 +387,50 @@ fn could_ever_fit(
         INSUFFICIENT,
         insufficient(&rec.queue, key, *n, &snap.usage(&rec.queue, now)),
     )
+}
+
+/// In a tree, the request must also fit each card level above the queue with nothing
+/// else in use: a Job larger than its organisation's cap would wait forever.
+fn could_ever_fit_above(
+    rec: &PodGroupRecord,
+    request: &CardRequest,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
+    if snap.is_flat() {
+        return Decision::allow();
+    }
+    let Ok(ancestry) = snap.ancestry(&rec.queue) else {
+        return Decision::allow();
+    };
+    let touched = models_of(request.0.iter().map(|(k, _)| k));
+    for level in &ancestry.levels {
+        if snap.quota_lifted(level) {
+            continue;
+        }
+        let cap = snap.cap_of(level).into_owned();
+        let alone = |len: usize| {
+            let mut u = QueueUsage::new(cap.clone());
+            u.add_reservation(&request.0[..len]);
+            feasible(&u, &touched) == Verdict::Feasible
+        };
+        if alone(request.0.len()) {
+            continue;
+        }
+        let (key, n) = &request.0[first_failing(request.0.len(), alone)];
+        let mut before = snap.subtree_usage(level, now).into_owned();
+        before.quota = cap;
+        before.borrow = snap.borrow_of(level).unwrap_or_default();
+        return Decision::deny(
+            INSUFFICIENT,
+            super::tree::LevelRefusal::Cap {
+                level: level.clone(),
+                before: Box::new(before),
+            }
+            .message(&rec.queue, key, *n),
+        );
+    }
+    Decision::allow()
 }
 
 /// A PodGroup whose `spec.queue` changes: checked like a new charge, in the new queue,
