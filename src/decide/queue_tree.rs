@@ -72,14 +72,8 @@ fn subtree_usage(snap: &Snapshot, q: &QueueName, now: jiff::Timestamp) -> QueueU
 }
 
 fn in_use(u: &QueueUsage, m: &CardName) -> Cards {
-    let on = |a: &crate::cards::Alternatives| a.contains(m);
-    u.allocated.get(m).copied().unwrap_or_default()
-        + u.pending
-            .iter()
-            .chain(&u.reserved)
-            .filter(|(a, _)| on(a))
-            .map(|(_, n)| *n)
-            .sum::<Cards>()
+    u.competing(&crate::cards::Alternatives::single(m.clone()))
+        .in_use()
 }
 
 fn models(u: &QueueUsage) -> BTreeSet<CardName> {

@@ -108,9 +108,10 @@ pub fn check_levels(
         .filter(|(_, b, a)| a > b)
         .collect();
     let mut below = leaf.clone();
-    for (level, sum_before, sum_after) in level_sums(snap, leaf, before, after, now) {
-        let cap = sum_after.quota.clone();
-        let borrow = sum_before.borrow.clone();
+    let sums = level_sums(snap, leaf, before, after, now);
+    for (level, sum_before, sum_after) in &sums {
+        let cap = &sum_after.quota;
+        let borrow = &sum_before.borrow;
         // A charge that borrows is named by the pool it cannot take from; one within
         // its shares, by the cap it would pass.
         let mut still = Vec::new();
@@ -121,12 +122,12 @@ pub fn check_levels(
                 continue;
             }
             out.borrows = true;
-            let e = effective(snap, &level, &m, now);
+            let e = effective(snap, level, &m, now);
             let e_after = e.total.saturating_sub(was) + now_;
             if e_after > cap.get(&m) {
                 out.refusal = Some(LevelRefusal::Borrow {
                     level: level.clone(),
-                    quota: snap.share_of(&level).get(&m),
+                    quota: snap.share_of(level).get(&m),
                     borrow: borrow.get(&m),
                     model: m,
                     shares: e.shares,
@@ -138,34 +139,27 @@ pub fn check_levels(
             still.push((m, e.total, e_after));
         }
         rising = still;
-        if !fits_cap(&sum_after, touched)
-            && (fits_cap(&sum_before, touched)
-                || in_use(&sum_after, touched) > in_use(&sum_before, touched))
+        if !fits_cap(sum_after, touched)
+            && (fits_cap(sum_before, touched)
+                || in_use(sum_after, touched) > in_use(sum_before, touched))
         {
             out.refusal = Some(LevelRefusal::Cap {
-                level,
-                before: Box::new(sum_before),
+                level: level.clone(),
+                before: Box::new(sum_before.clone()),
             });
             return out;
         }
-        below = level;
+        below = level.clone();
     }
     // Each level alone is exact; demand that may use several models (a PodGroup's `A|B`
     // entries) also needs them together: one flow through every level of the tree.
-    if let Some(top) = snap
-        .ancestry(leaf)
-        .ok()
-        .and_then(|a| a.levels.last().cloned())
-    {
-        let nested = |u: &QueueUsage| nested_fit(snap, &top, leaf, u, touched, now);
+    if let Some((top, top_before, _)) = sums.last() {
+        let nested = |u: &QueueUsage| nested_fit(snap, top, leaf, u, touched, now);
         if let (Some(false), b) = (nested(after), nested(before)) {
             if b != Some(false) {
-                let mut sum = snap.subtree_usage(&top, now).into_owned();
-                sum.quota = snap.cap_of(&top).into_owned();
-                sum.borrow = snap.borrow_of(&top).unwrap_or_default();
                 out.refusal = Some(LevelRefusal::Cap {
-                    level: top,
-                    before: Box::new(sum),
+                    level: top.clone(),
+                    before: Box::new(top_before.clone()),
                 });
             }
         }
