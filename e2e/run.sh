@@ -614,7 +614,17 @@ burst_queue() { # name pods : half the pods in each replica's namespace
   for i in $(seq -w 1 "$2"); do card_pod "$1-p$i" "$1" RTX-4090 nvidia.com/gpu 1 "$(ns_of "$i")" >> "$WORK/$1.yaml"; done
   k apply -f "$WORK/$1.yaml" >/dev/null
   # Cut the quota after the pods exist: the binding is the hard line left to hold it.
-  queue "$1" '{"RTX-4090":10}' | k apply -f - >/dev/null 2>&1
+  local out
+  out=$(queue "$1" '{"RTX-4090":10}' | k apply -f - 2>&1) || log "the quota cut of $1 failed: $out"
+  # The race below is about bindings, not about how soon a replica sees a cut: wait
+  # until both replicas answer with the new quota (a server dry run charges nothing).
+  wait_for 30 sees_quota "$1" 10 "$NS" || log "replica A does not see $1's quota of 10"
+  wait_for 30 sees_quota "$1" 10 "$NS2" || log "replica B does not see $1's quota of 10"
+}
+sees_quota() { # queue quota namespace: that namespace's replica refuses with this quota
+  local out
+  out=$(card_pod "$1-probe" "$1" RTX-4090 nvidia.com/gpu 1 "$3" | k apply --dry-run=server -f - 2>&1)
+  grep -q "quota $2\$" <<<"$out"
 }
 bound_in() { k get pods -A -l "card-quota-e2e=$RUN" -o json 2>/dev/null | jq --arg q "$1" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q and (.spec.nodeName // "") != "")] | length'; }
 export -f bound_in
