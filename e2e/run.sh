@@ -674,12 +674,12 @@ k delete pods -n "$NS" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 k delete pods -n "$NS2" -l card-quota-burst=1 --wait=false >/dev/null 2>&1
 
 queue "$Q-restart" '{"RTX-4090":600}' | k apply -f - >/dev/null
-# Killed once the burst is under way (100 charges recorded by the two replicas, read
+# Killed once the burst is under way (100 charges recorded or held by the two replicas, read
 # from their metrics: cheap enough to poll every 50 ms), whatever cargo's start-up time.
 charged() {
   local n=0 p v
   for p in $((PORT_A + 1000)) $((PORT_B + 1000)); do
-    v=$(curl -s "http://127.0.0.1:$p/metrics" | awk '/^card_quota_ledger_batch_requests_sum/ {printf "%d", $2}')
+    v=$(curl -s "http://127.0.0.1:$p/metrics" | awk '/^card_quota_ledger_(batch_requests_sum|held_charges_total) / {n += $2} END {printf "%d", n}')
     n=$((n + ${v:-0}))
   done
   echo "$n"

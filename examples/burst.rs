@@ -66,6 +66,9 @@ struct Outcome {
     first_refusal: Option<String>,
     first_error: Option<String>,
     seconds: f64,
+    /// Creation latency (the API server's answer, webhooks included) per pod.
+    p50_ms: f64,
+    p99_ms: f64,
 }
 
 fn pod(args: &Args, cards: bool) -> Pod {
@@ -108,13 +111,14 @@ fn unique_name() -> String {
 async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
     let template = pod(args, cards);
     let start = Instant::now();
-    let results: Vec<Result<Pod, kube::Error>> = stream::iter(0..args.pods)
+    let results: Vec<(Result<Pod, kube::Error>, Duration)> = stream::iter(0..args.pods)
         .map(|_| {
             let mut p = template.clone();
             let retry = args.retry_server_timeouts;
             async move {
                 let mut attempt = 0;
-                loop {
+                let sent = Instant::now();
+                let result = loop {
                     // A new name for a retry too, as generateName would give: the
                     // timed-out creation may have happened under the first one.
                     p.metadata.name = Some(unique_name());
@@ -128,13 +132,16 @@ async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
                         }
                         other => break other,
                     }
-                }
+                };
+                (result, sent.elapsed())
             }
         })
         .buffer_unordered(args.concurrency)
         .collect()
         .await;
     let seconds = start.elapsed().as_secs_f64();
+    let mut latencies: Vec<f64> = results.iter().map(|(_, d)| d.as_secs_f64() * 1e3).collect();
+    latencies.sort_by(f64::total_cmp);
     let mut out = Outcome {
         admitted: 0,
         refused: 0,
@@ -142,8 +149,10 @@ async fn burst(api: &Api<Pod>, args: &Args, cards: bool) -> Outcome {
         first_refusal: None,
         first_error: None,
         seconds,
+        p50_ms: percentile(&latencies, 0.50),
+        p99_ms: percentile(&latencies, 0.99),
     };
-    for r in results {
+    for (r, _) in results {
         match r {
             Ok(_) => out.admitted += 1,
             Err(kube::Error::Api(s)) if s.code == 403 || s.code == 400 || s.code == 429 => {
@@ -171,6 +180,15 @@ async fn clear(api: &Api<Pod>) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(())
+}
+
+/// The `q` quantile of sorted `v` (nearest rank).
+fn percentile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -238,19 +256,23 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut p99s: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     println!(
         "{} pods per case and round, {} at a time, {} rounds",
         args.pods, args.concurrency, args.rounds
     );
-    println!("round  case            pods/s  admitted  refused  errors  seconds");
+    println!("round  case            pods/s  admitted  refused  errors  seconds  p50 ms  p99 ms");
     for round in 1..=args.rounds {
         for (i, (label, api)) in cases.iter().enumerate() {
             let o = burst(api, &args, label != "webhook-no-cards").await;
             let rate = (o.admitted + o.refused) as f64 / o.seconds;
             rates[i].push(rate);
+            p50s[i].push(o.p50_ms);
+            p99s[i].push(o.p99_ms);
             println!(
-                "{round:>5}  {label:<14} {rate:>7.1}  {:>8}  {:>7}  {:>6}  {:>7.1}",
-                o.admitted, o.refused, o.errors, o.seconds
+                "{round:>5}  {label:<14} {rate:>7.1}  {:>8}  {:>7}  {:>6}  {:>7.1}  {:>6.1}  {:>6.1}",
+                o.admitted, o.refused, o.errors, o.seconds, o.p50_ms, o.p99_ms
             );
             if let Some(m) = &o.first_refusal {
                 println!("       first refusal: {m}");
@@ -272,7 +294,12 @@ async fn main() -> anyhow::Result<()> {
             .find(|(_, (l, _))| l == "resourcequota")
             .map(|(b, _)| format!("  ({:.2}x resourcequota)", base[i] / b))
             .unwrap_or_default();
-        println!("  {label:<14} {:>7.1}{ratio}", base[i]);
+        println!(
+            "  {label:<14} {:>7.1}{ratio}  p50 {:.1} ms  p99 {:.1} ms",
+            base[i],
+            median(p50s[i].clone()),
+            median(p99s[i].clone())
+        );
     }
     Ok(())
 }

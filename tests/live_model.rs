@@ -344,7 +344,7 @@ impl World {
                 .zip(&batch.outcomes)
                 .filter_map(|(&i, o)| match o {
                     Outcome::Admit(d) => Some((i, d.charge.as_ref().map(|c| c.effect.clone()))),
-                    Outcome::Answer(_) => None,
+                    Outcome::Answer(_) | Outcome::Wait(_) => None,
                 })
                 .collect();
             if admitted.is_empty() && batch.unchanged() {

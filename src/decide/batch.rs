@@ -3,15 +3,17 @@
 //! each on top of the ones admitted before it, and come out as one new ledger to write
 //! with one compare-and-swap (the scheme of Kubernetes' ResourceQuota admission).
 
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::cards::QueueName;
-use crate::ledger::entries::{EntryId, Fate, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES};
+use crate::ledger::entries::{EntryId, Fate, Hold, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES};
 use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
 
 use super::enforcement::decide_enforcing;
-use super::messages::RETRY;
+use super::escrow::{self, Escrow, Holding, Renewal};
+use super::messages::{INSUFFICIENT, RETRY};
 use super::review::AdmissionRequest;
 use super::{Config, Decision};
 
@@ -22,6 +24,24 @@ pub enum Outcome {
     Answer(Decision),
     /// Admitted, answered once the ledger write lands.
     Admit(Decision),
+    /// Refused only because of other replicas' holds: waits for them to be released,
+    /// and is this refusal if they are not.
+    Wait(Decision),
+}
+
+/// What a batch does with this replica's hold on its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldMove {
+    /// Renewed when the batch admits charges under it, or a release is asked for.
+    AsNeeded,
+    /// As needed, but without spare (the queue was near its quota lately).
+    NoSpare,
+    /// Renewed, with spare on the models it had spare on.
+    Renew,
+    /// Written down to what it carries (no spare).
+    Shrink,
+    /// Given up: its admissions in flight become entries (a graceful stop).
+    Drop,
 }
 
 /// A batch, decided.
@@ -39,13 +59,27 @@ pub struct Batch {
     pub pruned: usize,
     /// Requests refused because the ledger is at its cap.
     pub full: usize,
+    /// This replica's hold as the write sets it, and its escrow once the write lands.
+    pub renewal: Option<Renewal>,
+    /// True when the write changes holds or asks for a release.
+    pub holds_changed: bool,
 }
 
 impl Batch {
     /// True when the write can be skipped: nothing admitted, nothing pruned.
     pub fn unchanged(&self) -> bool {
-        self.pruned == 0 && !self.outcomes.iter().any(|o| matches!(o, Outcome::Admit(_)))
+        self.pruned == 0
+            && !self.holds_changed
+            && !self.outcomes.iter().any(|o| matches!(o, Outcome::Admit(_)))
     }
+}
+
+/// How one replica takes part in holds: its identity, which of the others' holds
+/// still count on its clock, and its escrow per queue.
+pub struct Replica<'a> {
+    pub me: &'a str,
+    pub live: &'a dyn Fn(&QueueName, &str, &Hold) -> bool,
+    pub escrows: &'a mut HashMap<QueueName, Escrow>,
 }
 
 /// The watermark this snapshot's caches must reach before deciding from `queue`'s
@@ -80,24 +114,74 @@ pub fn plan(
     now: jiff::Timestamp,
     age: impl Fn(&EntryId) -> Duration,
 ) -> Batch {
+    plan_held(snap, queue, reqs, cfg, now, age, None, HoldMove::AsNeeded)
+}
+
+/// [`plan`] for a replica that takes holds: pod charges of a holdable queue go under
+/// its hold (renewed by the write) instead of into entries, and a charge refused only
+/// because of others' holds waits for their release.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_held(
+    snap: &mut Snapshot,
+    queue: &QueueName,
+    reqs: &[&AdmissionRequest],
+    cfg: &Config,
+    now: jiff::Timestamp,
+    age: impl Fn(&EntryId) -> Duration,
+    holding: Option<&Holding<'_>>,
+    hold_move: HoldMove,
+) -> Batch {
     let stored = snap.ledger(queue);
     let mut ledger = stored.ledger.clone();
-    let mut layer = overlay::apply(snap, queue, &stored.ledger);
+    let mut holds_changed = false;
+    if let Some(h) = holding {
+        holds_changed |= ledger.retain_holds(|r, hold| r == h.me || (h.live)(r, hold)) > 0;
+    }
+    let holdable = holding.is_some() && escrow::holdable_queue(snap, queue);
+    let mut in_flight = holding
+        .map(|h| h.escrow.in_flight.clone())
+        .unwrap_or_default();
+    let mut held_models = BTreeSet::new();
+    let mut layer = escrow::lay(snap, queue, &ledger, holding, Some(&in_flight), true);
     let mut admitted: Vec<(usize, EntryId)> = Vec::new();
     let mut outcomes = Vec::with_capacity(reqs.len());
     let mut refused_full = 0;
+    let mut want_release = false;
     for (i, req) in reqs.iter().enumerate() {
         let d = decide_enforcing(req, snap, cfg, now);
         let charge = match (&d.charge, d.allowed && !req.is_dry_run()) {
             (Some(c), true) => c.clone(),
             _ => {
-                outcomes.push(Outcome::Answer(d));
+                // Refused while other replicas hold spare: they give it back first, so
+                // that a refusal counts only what was admitted (its numbers included).
+                let blocked = holding.is_some()
+                    && !d.allowed
+                    && !req.is_dry_run()
+                    && d.reason == Some(INSUFFICIENT)
+                    && escrow::others_spare(&ledger, holding);
+                if blocked {
+                    want_release = true;
+                    outcomes.push(Outcome::Wait(d));
+                } else {
+                    outcomes.push(Outcome::Answer(d));
+                }
                 continue;
             }
         };
         if snap.ledger_key(&charge.queue) != *queue {
             outcomes.push(Outcome::Answer(moved(queue, &charge.queue)));
             continue;
+        }
+        if holdable && charge.queue == *queue {
+            if let Some(m) = escrow::held_model(&charge.effect) {
+                let id = in_flight.record(&charge.effect);
+                if let Some(e) = in_flight.get(&id) {
+                    layer.add(snap, queue, &id, e);
+                }
+                held_models.insert(m);
+                outcomes.push(Outcome::Admit(d));
+                continue;
+            }
         }
         if ledger.len() >= MAX_ENTRIES {
             refused_full += 1;
@@ -123,6 +207,68 @@ pub fn plan(
             overlay::fate(snap, id, e, age(id), now)
         }
     });
+    let mut renewal = None;
+    if let Some(h) = holding {
+        let answer = escrow::release_asked(&ledger, h.escrow);
+        let mut mv = hold_move;
+        if answer || !held_models.is_empty() {
+            mv = match mv {
+                HoldMove::AsNeeded => HoldMove::Renew,
+                HoldMove::NoSpare => HoldMove::Shrink,
+                other => other,
+            };
+        }
+        // What its caches show now needs no hold: the readers catch up to them first.
+        let fresh_held: BTreeSet<EntryId> = in_flight
+            .iter()
+            .map(|(id, _)| id.clone())
+            .filter(|id| h.escrow.in_flight.get(id).is_none())
+            .collect();
+        in_flight.prune(|id, e| {
+            if fresh_held.contains(id) {
+                Fate::Keep
+            } else {
+                match overlay::fate(snap, id, e, age(id), now) {
+                    Fate::Keep => Fate::Keep,
+                    _ => Fate::Drop,
+                }
+            }
+        });
+        match mv {
+            HoldMove::AsNeeded | HoldMove::NoSpare => {}
+            HoldMove::Drop => {
+                ledger.absorb(&in_flight);
+                ledger.set_hold(h.me, None);
+                holds_changed = true;
+                renewal = Some(Renewal {
+                    hold: None,
+                    escrow: Escrow {
+                        renewal: h.escrow.renewal + 1,
+                        released: ledger.release(),
+                        ..Escrow::default()
+                    },
+                });
+            }
+            HoldMove::Renew | HoldMove::Shrink => {
+                let wanted = if mv == HoldMove::Renew && !answer {
+                    let mut w = held_models.clone();
+                    w.extend(h.escrow.models.iter().cloned());
+                    w
+                } else {
+                    BTreeSet::new()
+                };
+                let r = escrow::renew(snap, queue, &ledger, h, in_flight, &wanted, answer, now);
+                ledger.set_hold(h.me, r.hold.clone());
+                ledger.raise_watermark(snap.progress());
+                holds_changed = true;
+                renewal = Some(r);
+            }
+        }
+    }
+    if want_release && !escrow::release_pending(&ledger, holding) {
+        ledger.request_release();
+        holds_changed = true;
+    }
     // Past the object size limit, the latest admissions wait for pruning to catch up.
     let mut text = ledger.render();
     while text.len() > MAX_BYTES {
@@ -139,6 +285,113 @@ pub fn plan(
         resource_version: stored.resource_version.clone(),
         pruned,
         full: refused_full,
+        renewal,
+        holds_changed,
+    }
+}
+
+/// What [`look`] found for one request.
+#[derive(Debug)]
+pub struct Look {
+    pub decision: Decision,
+    /// The ledger its admitted charge goes to.
+    pub queue: Option<QueueName>,
+    /// True when the charge was admitted under this replica's hold (recorded in its
+    /// escrow, nothing to write).
+    pub held: bool,
+}
+
+/// Decides one request from "cache ∪ ledger ∪ holds" as `replica` counts them; with
+/// `consume`, an admitted pod charge that fits the replica's spare is taken from it
+/// and kept in its escrow.
+pub fn look(
+    snap: &mut Snapshot,
+    req: &AdmissionRequest,
+    cfg: &Config,
+    now: jiff::Timestamp,
+    replica: Option<&mut Replica<'_>>,
+    consume: bool,
+) -> Look {
+    let Some(replica) = replica else {
+        let d = decide_with_ledger(snap, req, cfg, now);
+        let queue = d
+            .charge
+            .as_ref()
+            .filter(|_| d.allowed)
+            .map(|c| snap.ledger_key(&c.queue));
+        return Look {
+            decision: d,
+            queue,
+            held: false,
+        };
+    };
+    let first = decide_enforcing(req, snap, cfg, now);
+    let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
+        return Look {
+            decision: first,
+            queue: None,
+            held: false,
+        };
+    };
+    let stored = snap.ledger(&queue);
+    let none = Escrow::default();
+    let escrow = replica.escrows.get(&queue).unwrap_or(&none);
+    let live = |r: &str, h: &Hold| (replica.live)(&queue, r, h);
+    let holding = Holding {
+        me: replica.me,
+        live: &live,
+        escrow,
+    };
+    let (d, add) =
+        if stored.ledger.is_empty() && escrow.in_flight.is_empty() && escrow.spare.is_empty() {
+            (first, None)
+        } else {
+            let layer = escrow::lay(
+                snap,
+                &queue,
+                &stored.ledger,
+                Some(&holding),
+                Some(&escrow.in_flight),
+                true,
+            );
+            let d = decide_enforcing(req, snap, cfg, now);
+            let add = match &d.charge {
+                Some(c)
+                    if consume
+                        && d.allowed
+                        && !req.is_dry_run()
+                        && c.queue == queue
+                        && !escrow.spare.is_empty()
+                        && escrow::holdable_queue(snap, &queue) =>
+                {
+                    escrow::held_model(&c.effect).map(|m| {
+                        let models = BTreeSet::from([m]);
+                        escrow::added(snap, &queue, &c.effect, &models, now)
+                    })
+                }
+                _ => None,
+            };
+            layer.remove(snap);
+            (d, add)
+        };
+    let d = match &d.charge {
+        Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
+        _ => d,
+    };
+    let mut held = false;
+    if let (Some(add), Some(c)) = (add, d.charge.as_ref()) {
+        if let Some(e) = replica.escrows.get_mut(&queue) {
+            if escrow::take(&mut e.spare, &add) {
+                e.in_flight.record(&c.effect);
+                held = true;
+            }
+        }
+    }
+    let queue = d.allowed.then_some(queue).filter(|_| d.charge.is_some());
+    Look {
+        decision: d,
+        queue,
+        held,
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod binding;
 pub mod enforcement;
+pub mod escrow;
 pub mod fit;
 pub mod messages;
 pub mod patch;

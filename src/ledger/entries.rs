@@ -263,6 +263,30 @@ pub enum Stream {
 pub struct Ledger {
     entries: BTreeMap<EntryId, Entry>,
     watermark: Watermark,
+    holds: BTreeMap<String, Hold>,
+    release: u64,
+}
+
+/// Headroom one replica holds on a queue (escrow): it admits charges within it without
+/// writing the ledger, and every other replica counts the whole hold as reserved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    /// Cards held per model: the holder's admissions its caches did not show when it
+    /// wrote the hold, plus its spare.
+    pub cards: BTreeMap<String, Cards>,
+    /// The part of `cards` not yet admitted when the hold was written.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub spare: BTreeMap<String, Cards>,
+    /// Which write of the holder this is: every reader's expiry clock restarts at a new
+    /// one.
+    pub renewal: u64,
+    /// The last release request ([`Ledger::release`]) the holder has answered.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub released: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The stored form.
@@ -272,12 +296,20 @@ struct Stored {
     watermark: Watermark,
     #[serde(default)]
     entries: BTreeMap<EntryId, Entry>,
+    #[serde(default)]
+    holds: BTreeMap<String, Hold>,
+    #[serde(default)]
+    release: u64,
 }
 
 #[derive(Serialize)]
 struct Storing<'a> {
     watermark: Watermark,
     entries: &'a BTreeMap<EntryId, Entry>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    holds: &'a BTreeMap<String, Hold>,
+    #[serde(skip_serializing_if = "is_zero")]
+    release: u64,
 }
 
 /// Why a stored ledger could not be read.
@@ -303,6 +335,8 @@ impl Ledger {
         Ok(Self {
             entries: doc.entries,
             watermark: doc.watermark,
+            holds: doc.holds,
+            release: doc.release,
         })
     }
 
@@ -311,6 +345,8 @@ impl Ledger {
         let doc = Storing {
             watermark: self.watermark,
             entries: &self.entries,
+            holds: &self.holds,
+            release: self.release,
         };
         serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string())
     }
@@ -319,8 +355,9 @@ impl Ledger {
         self.entries.len()
     }
 
+    /// True when the ledger has neither entries nor holds.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.is_empty() && self.holds.is_empty()
     }
 
     pub fn watermark(&self) -> Watermark {
@@ -373,6 +410,97 @@ impl Ledger {
     /// Drops one entry.
     pub fn forget(&mut self, id: &EntryId) -> bool {
         self.entries.remove(id).is_some()
+    }
+
+    /// The replicas' holds, by replica.
+    pub fn holds(&self) -> &BTreeMap<String, Hold> {
+        &self.holds
+    }
+
+    /// Sets (or, with `None`, drops) the hold of `replica`.
+    pub fn set_hold(&mut self, replica: &str, hold: Option<Hold>) {
+        match hold {
+            Some(h) => self.holds.insert(replica.to_string(), h),
+            None => self.holds.remove(replica),
+        };
+    }
+
+    /// Drops the holds `keep` refuses (expired ones); returns how many.
+    pub fn retain_holds(&mut self, mut keep: impl FnMut(&str, &Hold) -> bool) -> usize {
+        let before = self.holds.len();
+        self.holds.retain(|r, h| keep(r, h));
+        before - self.holds.len()
+    }
+
+    /// The latest release request: a replica refused only because of others' holds
+    /// raises it, and each holder answers by writing its hold down to what it admitted.
+    pub fn release(&self) -> u64 {
+        self.release
+    }
+
+    /// Raises the release request; returns the new one.
+    pub fn request_release(&mut self) -> u64 {
+        self.release += 1;
+        self.release
+    }
+
+    /// Raises the watermark to `mark` (never lowers it): a hold's writer makes readers
+    /// catch up with its caches, which show what its hold no longer covers.
+    pub fn raise_watermark(&mut self, mark: Watermark) {
+        self.watermark.pods = self.watermark.pods.max(mark.pods);
+        self.watermark.podgroups = self.watermark.podgroups.max(mark.podgroups);
+    }
+
+    /// Moves every entry of `other` into this ledger.
+    pub fn absorb(&mut self, other: &Ledger) {
+        for (id, e) in &other.entries {
+            self.entries.insert(id.clone(), e.clone());
+        }
+    }
+
+    /// Inserts an entry as it is.
+    pub fn insert(&mut self, id: EntryId, e: Entry) {
+        self.entries.insert(id, e);
+    }
+}
+
+/// The namespace of the PodGroups a hold is laid over a snapshot as: not a DNS label,
+/// so no real namespace can have it.
+pub const HOLD_NAMESPACE: &str = "card-quota.hold";
+
+impl Hold {
+    /// The entry this hold is counted as by the replicas that do not hold it: a
+    /// PodGroup without pods reserving the held cards.
+    pub fn entry(&self, replica: &str) -> (EntryId, Entry) {
+        let key = ObjectKey::new(HOLD_NAMESPACE, replica);
+        let of = EntryKey::Group(key);
+        (
+            EntryId(of.render()),
+            Entry {
+                of,
+                group: None,
+                resources: BTreeMap::new(),
+                card: None,
+                charged: None,
+                node: None,
+                pinned: BTreeMap::new(),
+                excluded: BTreeMap::new(),
+                request: self
+                    .cards
+                    .iter()
+                    .filter(|(_, n)| !n.is_zero())
+                    .map(|(m, n)| (m.clone(), *n))
+                    .collect(),
+                phase: Some("Inqueue".to_string()),
+                base: None,
+                queue: None,
+            },
+        )
+    }
+
+    /// True when the hold holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.cards.values().all(|n| n.is_zero())
     }
 }
 

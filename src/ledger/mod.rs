@@ -13,5 +13,5 @@ pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Share, UsageKey};
 pub mod entries;
 pub mod record;
 
-pub use entries::{Effect, Entry, EntryKey, Ledger, LedgerError};
+pub use entries::{Effect, Entry, EntryKey, Hold, Ledger, LedgerError};
 pub use record::{ledger_record, LedgerRecord};

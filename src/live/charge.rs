@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::cards::QueueName;
-use crate::decide::batch::{behind, decide_with_ledger, plan, Outcome};
+use crate::decide::batch::{behind, look, plan, plan_held, HoldMove, Outcome, Replica};
+use crate::decide::escrow::{self, Escrow, Holding};
 use crate::decide::messages::RETRY;
 use crate::decide::review::{AdmissionRequest, Operation};
 use crate::decide::{Config, Decision};
-use crate::ledger::entries::{EntryId, Watermark};
+use crate::ledger::entries::{EntryId, Hold, Watermark};
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
 
@@ -58,6 +59,33 @@ pub trait CommitMetrics: Send + Sync + 'static {
     /// A failed write's ledger was read again: from the watch (`true`), or from the
     /// API server.
     fn reread(&self, from_watch: bool);
+    /// A charge was admitted under this replica's hold, with no write of its own.
+    fn held(&self) {}
+}
+
+/// How long another replica's hold counts after this replica first saw its renewal:
+/// a replica that dies holding stops blocking anyone after this.
+pub const HOLD_TTL: Duration = Duration::from_secs(30);
+/// How long a holder admits under one write of its hold, from when it sent the
+/// write: far inside [`HOLD_TTL`], so what it admitted is in every cache before any
+/// reader's clock runs out.
+pub const HOLD_USE: Duration = Duration::from_secs(10);
+/// A hold with spare that nothing used for this long is written down.
+const HOLD_IDLE: Duration = Duration::from_secs(1);
+/// After answering a release request, a holder takes no spare on that queue for this
+/// long (the queue is near its quota).
+const HOLD_COOLDOWN: Duration = Duration::from_secs(5);
+/// How often the keeper looks at this replica's holds.
+const KEEPER_EVERY: Duration = Duration::from_millis(20);
+
+/// When this replica wrote and used its hold on a queue (its monotonic clock).
+#[derive(Debug, Clone, Copy)]
+struct HoldTimes {
+    sent: Instant,
+    used: Instant,
+    cooldown_until: Option<Instant>,
+    /// When the keeper last asked for a change not yet written.
+    asked: Option<Instant>,
 }
 
 /// How long a write that lost a compare-and-swap waits for the winner's watch event
@@ -113,6 +141,8 @@ struct Waiter {
     req: Arc<AdmissionRequest>,
     deadline: Instant,
     answer: oneshot::Sender<Decision>,
+    /// Its refusal while it waits for other replicas' holds: the answer at `deadline`.
+    refusal: Option<Decision>,
 }
 
 impl Waiter {
@@ -126,6 +156,8 @@ impl Waiter {
 struct Slot {
     waiting: Vec<Waiter>,
     running: bool,
+    /// A change of this replica's hold the writer is to make.
+    hold_move: Option<HoldMove>,
 }
 
 /// Since when a queue's ledger has been ahead of the caches, and the caches' progress
@@ -147,6 +179,12 @@ pub struct Committer {
     /// that one waiting behind another awaits instead of parking a runtime thread; the
     /// watchers lock the snapshot directly and wait for at most one preview or batch.
     turn: tokio::sync::Mutex<()>,
+    /// This replica's identity in ledgers' holds (`None`: it takes no holds).
+    me: Option<String>,
+    escrows: Mutex<HashMap<QueueName, Escrow>>,
+    times: Mutex<HashMap<QueueName, HoldTimes>>,
+    /// When this replica first saw each renewal of another replica's hold.
+    hold_clock: Mutex<HashMap<(QueueName, String, u64), Instant>>,
 }
 
 /// What [`Committer::preview`] found.
@@ -154,6 +192,8 @@ pub struct Committer {
 pub enum Preview {
     /// The answer: nothing to record.
     Answer(Decision),
+    /// Admitted under this replica's hold: nothing to write.
+    Held(Decision),
     /// An admitted charge to `queue`, to be recorded before `deadline`.
     Charge { queue: QueueName, deadline: Instant },
 }
@@ -172,7 +212,28 @@ impl Committer {
             clock: Mutex::default(),
             behind: Mutex::default(),
             turn: tokio::sync::Mutex::new(()),
+            me: None,
+            escrows: Mutex::default(),
+            times: Mutex::default(),
+            hold_clock: Mutex::default(),
         }
+    }
+
+    /// Takes holds as `me` (an identity no other process uses, this one's incarnation
+    /// included): admissions within a hold need no write of their own.
+    pub fn with_holds(mut self, me: String) -> Self {
+        self.me = Some(me);
+        self
+    }
+
+    /// True when another replica's hold still counts on this replica's clock.
+    fn hold_counts(&self, queue: &QueueName, replica: &str, hold: &Hold) -> bool {
+        let now = Instant::now();
+        let mut clock = locked(&self.hold_clock);
+        let first = *clock
+            .entry((queue.clone(), replica.to_string(), hold.renewal))
+            .or_insert(now);
+        now.saturating_duration_since(first) < HOLD_TTL
     }
 
     fn age_fn(&self, queue: &QueueName) -> impl Fn(&EntryId) -> Duration + '_ {
@@ -206,17 +267,36 @@ impl Committer {
     ) -> Preview {
         let deadline = Instant::now() + self.budget;
         await_binding_objects(snapshot, req, Instant::now() + self.budget / 2).await;
-        let first = {
+        let consume = record && !req.is_dry_run();
+        let seen = {
             let _turn = self.turn.lock().await;
             let mut snap = locked(snapshot);
-            decide_with_ledger(&mut snap, req, cfg, jiff::Timestamp::now())
+            let now = jiff::Timestamp::now();
+            match &self.me {
+                Some(me) => {
+                    let mut escrows = locked(&self.escrows);
+                    let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
+                    let mut replica = Replica {
+                        me,
+                        live: &live,
+                        escrows: &mut escrows,
+                    };
+                    look(&mut snap, req, cfg, now, Some(&mut replica), consume)
+                }
+                None => look(&mut snap, req, cfg, now, None, false),
+            }
         };
-        match &first.charge {
-            Some(c) if first.allowed && record && !req.is_dry_run() => Preview::Charge {
-                queue: locked(snapshot).ledger_key(&c.queue),
-                deadline,
-            },
-            _ => Preview::Answer(first),
+        if seen.held {
+            if let Some(q) = &seen.queue {
+                if let Some(t) = locked(&self.times).get_mut(q) {
+                    t.used = Instant::now();
+                }
+            }
+            return Preview::Held(seen.decision);
+        }
+        match seen.queue {
+            Some(queue) if consume => Preview::Charge { queue, deadline },
+            _ => Preview::Answer(seen.decision),
         }
     }
 
@@ -240,6 +320,7 @@ impl Committer {
                 req,
                 deadline,
                 answer: tx,
+                refusal: None,
             });
             !std::mem::replace(&mut slot.running, true)
         };
@@ -285,10 +366,13 @@ impl Committer {
             armed: true,
         };
         loop {
-            let batch = {
+            let (batch, hold_move) = {
                 let mut slots = locked(&self.slots);
                 match slots.get_mut(&queue) {
-                    Some(slot) if !slot.waiting.is_empty() => std::mem::take(&mut slot.waiting),
+                    Some(slot) if !slot.waiting.is_empty() || slot.hold_move.is_some() => (
+                        std::mem::take(&mut slot.waiting),
+                        slot.hold_move.take().unwrap_or(HoldMove::AsNeeded),
+                    ),
                     _ => {
                         slots.remove(&queue);
                         release.armed = false;
@@ -296,8 +380,10 @@ impl Committer {
                     }
                 }
             };
-            metrics.batch(batch.len());
-            self.commit(&queue, batch, &snapshot, &cfg, metrics.as_ref())
+            if !batch.is_empty() {
+                metrics.batch(batch.len());
+            }
+            self.commit(&queue, batch, hold_move, &snapshot, &cfg, metrics.as_ref())
                 .await;
         }
     }
@@ -347,6 +433,7 @@ impl Committer {
         &self,
         queue: &QueueName,
         mut undecided: Vec<Waiter>,
+        mut hold_move: HoldMove,
         snapshot: &Mutex<Snapshot>,
         cfg: &Config,
         metrics: &dyn CommitMetrics,
@@ -354,18 +441,37 @@ impl Committer {
         let mut backoff = Duration::from_millis(20);
         let mut attempt = 0u32;
         let mut last_error = String::from("the ledger kept changing");
+        // A change of the hold alone gets the budget of a request.
+        let hold_until = Instant::now() + self.budget;
         loop {
             let now = Instant::now();
             let (live, late): (Vec<_>, Vec<_>) =
                 undecided.into_iter().partition(|w| w.deadline > now);
-            for w in late {
-                metrics.write(WriteOutcome::Timeout);
-                w.send(gave_up(queue, self.budget, &last_error));
+            for mut w in late {
+                match w.refusal.take() {
+                    Some(d) => w.send(d),
+                    None => {
+                        metrics.write(WriteOutcome::Timeout);
+                        w.send(gave_up(queue, self.budget, &last_error));
+                    }
+                }
             }
             undecided = live;
-            let Some(until) = undecided.iter().map(|w| w.deadline).max() else {
+            let moving =
+                !matches!(hold_move, HoldMove::AsNeeded | HoldMove::NoSpare) && now < hold_until;
+            let Some(until) = undecided
+                .iter()
+                .map(|w| w.deadline)
+                .chain(moving.then_some(hold_until))
+                .max()
+            else {
                 return;
             };
+            // Requests that waited behind a renewal may fit the hold it wrote.
+            undecided = self.admit_held(snapshot, cfg, undecided, metrics);
+            if undecided.is_empty() && !moving {
+                return;
+            }
             if !self.caught_up(snapshot, queue, until).await {
                 for w in undecided {
                     metrics.write(WriteOutcome::Behind);
@@ -381,28 +487,73 @@ impl Committer {
                 let reqs: Vec<&AdmissionRequest> =
                     undecided.iter().map(|w| w.req.as_ref()).collect();
                 let mut snap = locked(snapshot);
-                plan(
-                    &mut snap,
-                    queue,
-                    &reqs,
-                    cfg,
-                    jiff::Timestamp::now(),
-                    self.age_fn(queue),
-                )
+                let now = jiff::Timestamp::now();
+                match &self.me {
+                    Some(me) => {
+                        let mut escrows = locked(&self.escrows);
+                        let escrow = escrows.entry(queue.clone()).or_default();
+                        let live = |r: &str, h: &Hold| self.hold_counts(queue, r, h);
+                        let cooling = locked(&self.times)
+                            .get(queue)
+                            .and_then(|t| t.cooldown_until)
+                            .is_some_and(|t| t > Instant::now());
+                        let mv = match hold_move {
+                            HoldMove::Renew if cooling => HoldMove::Shrink,
+                            HoldMove::AsNeeded if cooling => HoldMove::NoSpare,
+                            other => other,
+                        };
+                        let holding = Holding {
+                            me,
+                            live: &live,
+                            escrow,
+                        };
+                        let batch = plan_held(
+                            &mut snap,
+                            queue,
+                            &reqs,
+                            cfg,
+                            now,
+                            self.age_fn(queue),
+                            Some(&holding),
+                            mv,
+                        );
+                        // While the hold is rewritten, admissions wait for the write.
+                        if batch.renewal.is_some() {
+                            escrow.spare.clear();
+                        }
+                        batch
+                    }
+                    None => plan(&mut snap, queue, &reqs, cfg, now, self.age_fn(queue)),
+                }
             };
             for _ in 0..batch.full {
                 metrics.write(WriteOutcome::Full);
             }
             let write_needed = !batch.unchanged();
             let mut admitted = Vec::new();
-            for (w, o) in undecided.into_iter().zip(batch.outcomes) {
+            let mut waiting = Vec::new();
+            for (mut w, o) in undecided.into_iter().zip(batch.outcomes) {
                 match o {
                     Outcome::Answer(d) => w.send(d),
                     Outcome::Admit(d) => admitted.push((w, d)),
+                    Outcome::Wait(d) => {
+                        w.refusal = Some(d);
+                        waiting.push(w);
+                    }
                 }
             }
             if !write_needed {
-                return;
+                if waiting.is_empty() {
+                    return;
+                }
+                // Other replicas' holds are being released: decide again when the
+                // ledger changes.
+                let rv = batch.resource_version.clone();
+                self.ledger_changed(snapshot, queue, rv.as_deref(), Duration::from_millis(50))
+                    .await;
+                undecided = waiting;
+                hold_move = HoldMove::AsNeeded;
+                continue;
             }
             let t = Instant::now();
             let written = tokio::time::timeout_at(
@@ -417,16 +568,43 @@ impl Committer {
                 Ok(Ok(rec)) => {
                     metrics.write(WriteOutcome::Written);
                     metrics.pruned(batch.pruned);
+                    if let Some(r) = batch.renewal {
+                        let answered = r.escrow.released;
+                        locked(&self.escrows).insert(queue.clone(), r.escrow);
+                        let mut times = locked(&self.times);
+                        let tm = times.entry(queue.clone()).or_insert(HoldTimes {
+                            sent: t,
+                            used: t,
+                            cooldown_until: None,
+                            asked: None,
+                        });
+                        tm.sent = t;
+                        tm.asked = None;
+                        if answered > 0 && r.hold.as_ref().is_none_or(|h| h.spare.is_empty()) {
+                            tm.cooldown_until = Some(Instant::now() + HOLD_COOLDOWN);
+                        }
+                    }
                     self.stored(queue, snapshot, rec);
                     for (w, d) in admitted {
                         w.send(d);
                     }
-                    return;
+                    if waiting.is_empty() {
+                        return;
+                    }
+                    self.ledger_changed(snapshot, queue, None, Duration::from_millis(50))
+                        .await;
+                    undecided = waiting;
+                    hold_move = HoldMove::AsNeeded;
+                    continue;
                 }
                 Ok(Err(WriteError::Conflict(_))) => {
                     metrics.write(WriteOutcome::Conflict);
                     attempt += 1;
-                    admitted.into_iter().map(|(w, _)| w).collect()
+                    admitted
+                        .into_iter()
+                        .map(|(w, _)| w)
+                        .chain(waiting)
+                        .collect()
                 }
                 Ok(Err(e)) => {
                     metrics.write(WriteOutcome::Error);
@@ -434,7 +612,11 @@ impl Committer {
                     last_error = e.to_string();
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(400));
-                    admitted.into_iter().map(|(w, _)| w).collect()
+                    admitted
+                        .into_iter()
+                        .map(|(w, _)| w)
+                        .chain(waiting)
+                        .collect()
                 }
                 Err(_) => {
                     for (w, _) in admitted {
@@ -445,11 +627,18 @@ impl Committer {
                             "the API server did not answer in time",
                         ));
                     }
+                    for mut w in waiting {
+                        if let Some(d) = w.refusal.take() {
+                            w.send(d);
+                        }
+                    }
                     return;
                 }
             };
             undecided = retry;
-            if undecided.is_empty() {
+            let hold_retry = !matches!(hold_move, HoldMove::AsNeeded | HoldMove::NoSpare)
+                && batch.renewal.is_some();
+            if undecided.is_empty() && !hold_retry {
                 // Only pruning was lost; the next batch or pass prunes again.
                 return;
             }
@@ -499,6 +688,202 @@ impl Committer {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// Answers the waiters whose charges fit this replica's hold; returns the others.
+    fn admit_held(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        cfg: &Config,
+        waiters: Vec<Waiter>,
+        metrics: &dyn CommitMetrics,
+    ) -> Vec<Waiter> {
+        let Some(me) = &self.me else {
+            return waiters;
+        };
+        if waiters.is_empty() {
+            return waiters;
+        }
+        let mut snap = locked(snapshot);
+        let mut escrows = locked(&self.escrows);
+        let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
+        let mut replica = Replica {
+            me,
+            live: &live,
+            escrows: &mut escrows,
+        };
+        let mut rest = Vec::new();
+        for w in waiters {
+            if w.refusal.is_some() {
+                rest.push(w);
+                continue;
+            }
+            let seen = look(
+                &mut snap,
+                &w.req,
+                cfg,
+                jiff::Timestamp::now(),
+                Some(&mut replica),
+                true,
+            );
+            if seen.held {
+                metrics.held();
+                if let Some(q) = &seen.queue {
+                    if let Some(t) = locked(&self.times).get_mut(q) {
+                        t.used = Instant::now();
+                    }
+                }
+                w.send(seen.decision);
+            } else {
+                rest.push(w);
+            }
+        }
+        rest
+    }
+
+    /// Waits up to `most` for the cache to hold a ledger of `queue` other than the one
+    /// at `seen` (the current one when `None`).
+    async fn ledger_changed(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        queue: &QueueName,
+        seen: Option<&str>,
+        most: Duration,
+    ) {
+        let seen = match seen {
+            Some(s) => Some(s.to_string()),
+            None => locked(snapshot).ledger(queue).resource_version.clone(),
+        };
+        let until = Instant::now() + most;
+        while Instant::now() < until {
+            if locked(snapshot).ledger(queue).resource_version != seen {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Asks the writer of `queue` to change this replica's hold.
+    fn request_move(
+        self: &Arc<Self>,
+        queue: &QueueName,
+        mv: HoldMove,
+        snapshot: &Arc<Mutex<Snapshot>>,
+        cfg: &Config,
+        metrics: &Arc<dyn CommitMetrics>,
+    ) {
+        let start = {
+            let mut slots = locked(&self.slots);
+            let slot = slots.entry(queue.clone()).or_default();
+            slot.hold_move = Some(match (slot.hold_move, mv) {
+                (Some(HoldMove::Drop), _) | (_, HoldMove::Drop) => HoldMove::Drop,
+                (Some(HoldMove::Shrink), _) | (_, HoldMove::Shrink) => HoldMove::Shrink,
+                _ => mv,
+            });
+            !std::mem::replace(&mut slot.running, true)
+        };
+        if start {
+            let me = self.clone();
+            let (q, snapshot, cfg, metrics) = (
+                queue.clone(),
+                snapshot.clone(),
+                cfg.clone(),
+                metrics.clone(),
+            );
+            tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
+        }
+    }
+
+    /// Keeps this replica's holds: answers release requests, writes down holds that
+    /// sit idle, renews those still in use before they may no longer be used, and
+    /// drops them all when `stop` turns true (a graceful stop), before returning.
+    pub async fn keep_holds(
+        self: Arc<Self>,
+        snapshot: Arc<Mutex<Snapshot>>,
+        cfg: Config,
+        metrics: Arc<dyn CommitMetrics>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let Some(me) = self.me.clone() else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(KEEPER_EVERY) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                break;
+            }
+            for (queue, mv) in self.due_moves(&me, &snapshot) {
+                self.request_move(&queue, mv, &snapshot, &cfg, &metrics);
+            }
+        }
+        // A graceful stop: what is held goes back, what is in flight becomes entries.
+        let queues: Vec<QueueName> = locked(&self.escrows).keys().cloned().collect();
+        for q in &queues {
+            self.request_move(q, HoldMove::Drop, &snapshot, &cfg, &metrics);
+        }
+        let until = Instant::now() + self.budget;
+        while Instant::now() < until {
+            let left = {
+                let snap = locked(&snapshot);
+                queues
+                    .iter()
+                    .filter(|q| snap.ledger(q).ledger.holds().contains_key(&me))
+                    .count()
+            };
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::info!("holds given back on {} queue(s)", queues.len());
+    }
+
+    /// The hold changes due now.
+    fn due_moves(&self, me: &str, snapshot: &Mutex<Snapshot>) -> Vec<(QueueName, HoldMove)> {
+        let now = Instant::now();
+        let snap = locked(snapshot);
+        let escrows = locked(&self.escrows);
+        let mut times = locked(&self.times);
+        let mut out = Vec::new();
+        for (q, e) in escrows.iter() {
+            let stored = snap.ledger(q);
+            let holds = stored.ledger.holds().get(me);
+            let Some(t) = times.get_mut(q) else { continue };
+            if t.asked
+                .is_some_and(|a| now.saturating_duration_since(a) < self.budget)
+            {
+                continue;
+            }
+            let age = now.saturating_duration_since(t.sent);
+            if escrow::release_asked(&stored.ledger, e) && holds.is_some_and(|h| !h.is_empty()) {
+                out.push((q.clone(), HoldMove::Shrink));
+            } else if age >= HOLD_USE && !e.spare.is_empty() {
+                // No more admissions under this write: its spare is spent or renewed.
+                out.push((
+                    q.clone(),
+                    if now.saturating_duration_since(t.used) < HOLD_IDLE {
+                        HoldMove::Renew
+                    } else {
+                        HoldMove::Shrink
+                    },
+                ));
+            } else if !e.spare.is_empty() && now.saturating_duration_since(t.used) >= HOLD_IDLE {
+                out.push((q.clone(), HoldMove::Shrink));
+            } else if e.spare.is_empty() && holds.is_some() && age >= HOLD_IDLE {
+                // Written down but still carrying admissions: again once they settle,
+                // and before readers' clocks run out.
+                out.push((q.clone(), HoldMove::Shrink));
+            }
+        }
+        for (q, _) in &out {
+            if let Some(t) = times.get_mut(q) {
+                t.asked = Some(now);
+            }
+        }
+        out
     }
 
     /// Prunes `queue`'s ledger when no batch is running for it (the reconciler's

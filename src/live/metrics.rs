@@ -22,6 +22,8 @@ pub struct LedgerMetrics {
     pub write_seconds: Histogram,
     /// Ledgers read again after a failed write, by where from.
     pub rereads: Family<SourceLabel, Counter>,
+    /// Charges admitted under this replica's hold, with no write of their own.
+    pub held: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,12 +63,19 @@ impl LedgerMetrics {
             "Ledgers read again after a write lost its compare-and-swap or failed (source: watch, when the cache already held a newer one; api otherwise)",
             rereads.clone(),
         );
+        let held = Counter::default();
+        registry.register(
+            "card_quota_ledger_held_charges",
+            "Charges admitted under this replica's hold of headroom, with no ledger write of their own",
+            held.clone(),
+        );
         Self {
             writes,
             pruned,
             batch,
             write_seconds,
             rereads,
+            held,
         }
     }
 }
@@ -87,6 +96,9 @@ impl CommitMetrics for LedgerMetrics {
     }
     fn write_time(&self, took: std::time::Duration) {
         self.write_seconds.observe(took.as_secs_f64());
+    }
+    fn held(&self) {
+        self.held.inc();
     }
     fn reread(&self, from_watch: bool) {
         let source = if from_watch { "watch" } else { "api" };

@@ -222,6 +222,10 @@ async fn decide_live(
         .await
     {
         Preview::Answer(d) => return Answer::Decided(d),
+        Preview::Held(d) => {
+            crate::live::charge::CommitMetrics::held(state.metrics.ledger.as_ref());
+            return Answer::Decided(d);
+        }
         Preview::Charge { queue, deadline } => (queue, deadline),
     };
     if let (Some(routing), Origin::Caller) = (&live.routing, origin) {

@@ -217,6 +217,11 @@ pub struct ServeArgs {
     /// retries included) before the request is refused with "try again".
     #[arg(long, default_value = "3")]
     pub ledger_budget_seconds: f64,
+    /// Record every charge with a ledger write: take no holds of headroom (each
+    /// replica otherwise admits most pod charges under a hold written once per
+    /// renewal; docs/consistency.md).
+    #[arg(long)]
+    pub no_holds: bool,
     /// card-quota's own namespace, where the reconciler's Lease and the queues'
     /// ledgers (ConfigMaps) live (default: $POD_NAMESPACE, else card-quota).
     #[arg(

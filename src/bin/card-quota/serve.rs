@@ -23,6 +23,7 @@ pub struct ServeOptions {
     schedulers: Option<std::collections::BTreeSet<String>>,
     config: Config,
     ledger_budget: std::time::Duration,
+    holds: bool,
     lease_namespace: String,
     lease_name: String,
     reconcile_every: std::time::Duration,
@@ -79,11 +80,20 @@ async fn serve(
                 Some(opts.lease_namespace.clone()),
                 opts.schedulers.clone(),
             );
-            let committer = Arc::new(Committer::new(
+            let me = lease::identity();
+            let mut committer = Committer::new(
                 LedgerApi::new(client.clone(), &opts.lease_namespace),
                 opts.ledger_budget,
-            ));
-            let me = lease::identity();
+            );
+            if opts.holds {
+                // A restarted replica must not take its predecessor's hold for its own.
+                let incarnation = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default();
+                committer = committer.with_holds(format!("{me}.{incarnation:x}"));
+            }
+            let committer = Arc::new(committer);
             let events = Arc::new(EventSink::new(client.clone(), Some(me.clone())));
             let routing = match opts.advertise {
                 Some(addr) => {
@@ -107,7 +117,7 @@ async fn serve(
             };
             let state = Arc::new(server::State::live(
                 snapshot.clone(),
-                opts.config,
+                opts.config.clone(),
                 server::Live {
                     committer: committer.clone(),
                     synced: synced.clone(),
@@ -115,6 +125,14 @@ async fn serve(
                     routing,
                 },
             ));
+            let metrics: Arc<dyn card_quota::live::charge::CommitMetrics> =
+                state.metrics.ledger.clone();
+            background.push(tokio::spawn(committer.clone().keep_holds(
+                snapshot.clone(),
+                opts.config.clone(),
+                metrics,
+                stop_rx.clone(),
+            )));
             let (leader, task, check) =
                 lease::acquire(client.clone(), &opts.lease_namespace, &opts.lease_name, &me)
                     .await?;
@@ -265,6 +283,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             max_queue_depth: a.max_queue_depth,
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
+        holds: !a.no_holds,
         lease_namespace: a.lease_namespace,
         lease_name: a.lease_name,
         reconcile_every: std::time::Duration::from_secs_f64(a.reconcile_seconds.max(0.05)),

@@ -1,0 +1,333 @@
+//! Escrow, the pure half: a replica holds headroom on a queue, written once in the
+//! queue's ledger, and admits pod charges within it with no write of their own. Every
+//! other replica counts the whole hold as reserved until the holder writes it again or
+//! it expires, so "cache ∪ ledger ∪ others' holds" never counts less than exists.
+//!
+//! The rules (docs/consistency.md):
+//! - A hold is written as `carried + spare` per model: `carried` is what the holder's
+//!   own admissions add to the queue's usage while its caches do not show them, at the
+//!   caches' progress the write raises the ledger's watermark to; `spare` is headroom.
+//! - Between two writes the holder admits at most `spare` more; what settles into its
+//!   caches meanwhile is not given back until the next write.
+//! - Spare is a quarter of what is free, at most [`HOLD_CHUNK`] cards, and nothing when
+//!   a release was asked for: holds shrink to nothing near the quota.
+//! - A charge refused only because of others' holds asks them to release (the
+//!   ledger's release request); each holder answers by writing its hold down to what it
+//!   carries.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::cards::{Alternatives, CardName, Cards, QueueName};
+use crate::ledger::entries::{Entry, Hold, Ledger};
+use crate::ledger::Effect;
+use crate::snapshot::overlay::{self, Overlay};
+use crate::snapshot::Snapshot;
+
+/// The most spare cards one write of a hold takes per model.
+pub const HOLD_CHUNK: u64 = 64;
+
+/// One replica's hold on one queue, as the replica itself keeps it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Escrow {
+    /// The renewal last written (0: never).
+    pub renewal: u64,
+    /// What may still be admitted under the written hold, per model.
+    pub spare: BTreeMap<CardName, Cards>,
+    /// This replica's admissions under its holds, kept until its caches show them.
+    pub in_flight: Ledger,
+    /// The release request the last write answered.
+    pub released: u64,
+    /// The models the last write took spare on (kept while the spare is frozen).
+    pub models: BTreeSet<CardName>,
+}
+
+/// How one replica counts a queue's holds.
+pub struct Holding<'a> {
+    /// This replica's identity in `holds`.
+    pub me: &'a str,
+    /// Whether another replica's hold still counts (not expired on this replica's clock).
+    pub live: &'a dyn Fn(&str, &Hold) -> bool,
+    /// This replica's own hold.
+    pub escrow: &'a Escrow,
+}
+
+/// True when holds may be taken on `queue`: one with no card level above or below it
+/// (a tree's charges are serialized through its top level's ledger instead).
+pub fn holdable_queue(snap: &Snapshot, queue: &QueueName) -> bool {
+    snap.is_flat() || (snap.ledger_key(queue) == *queue && snap.card_children(queue).is_empty())
+}
+
+/// The one model a pod charge is pending on, when it is a pod not yet bound that can
+/// end up on one model only (pinned, or naming one).
+pub fn held_model(effect: &Effect) -> Option<CardName> {
+    let Effect::Pod(p) = effect else {
+        return None;
+    };
+    if p.node.is_some() {
+        return None;
+    }
+    let a = p.effective_alternatives()?;
+    match a.models() {
+        [m] => Some(m.clone()),
+        _ => None,
+    }
+}
+
+/// Lays over `snap` what `queue`'s ledger adds for this replica: the entries of
+/// `stored`, the holds of other replicas that still count (all of them without
+/// `holding`; none when `count_holds` is false), and `own` (its admissions in flight).
+pub fn lay(
+    snap: &mut Snapshot,
+    queue: &QueueName,
+    stored: &Ledger,
+    holding: Option<&Holding<'_>>,
+    own: Option<&Ledger>,
+    count_holds: bool,
+) -> Overlay {
+    let mut o = overlay::apply(snap, queue, stored);
+    if count_holds {
+        lay_holds(&mut o, snap, queue, stored, holding);
+    }
+    for (id, e) in own.into_iter().flat_map(Ledger::iter) {
+        o.add(snap, queue, id, e);
+    }
+    o
+}
+
+fn lay_holds(
+    o: &mut Overlay,
+    snap: &mut Snapshot,
+    queue: &QueueName,
+    stored: &Ledger,
+    holding: Option<&Holding<'_>>,
+) {
+    for (replica, hold) in stored.holds() {
+        let counts = match holding {
+            Some(h) => replica != h.me && (h.live)(replica, hold),
+            None => true,
+        };
+        if counts && !hold.is_empty() {
+            let (id, e) = hold.entry(replica);
+            o.add(snap, queue, &id, &e);
+        }
+    }
+}
+
+/// Cards in use per model in `queue` as the snapshot shows it now, and what is free.
+pub fn in_use(
+    snap: &Snapshot,
+    queue: &QueueName,
+    models: &BTreeSet<CardName>,
+    now: jiff::Timestamp,
+) -> BTreeMap<CardName, (Cards, i128)> {
+    let u = snap.counted(queue, now);
+    let cap = snap.cap_of(queue);
+    models
+        .iter()
+        .map(|m| {
+            let used = u.competing(&Alternatives::single(m.clone())).in_use();
+            (m.clone(), (used, cap.get(m).signed_minus(used)))
+        })
+        .collect()
+}
+
+/// The models the entries of `ledger` may charge.
+pub fn models_of(ledger: &Ledger) -> BTreeSet<CardName> {
+    ledger.iter().flat_map(|(_, e)| entry_models(e)).collect()
+}
+
+fn entry_models(e: &Entry) -> Vec<CardName> {
+    let named = e
+        .card
+        .as_deref()
+        .and_then(|c| Alternatives::parse(c).ok())
+        .map(|a| a.models().to_vec())
+        .unwrap_or_default();
+    let charged = e.charged.as_deref().and_then(|c| CardName::parse(c).ok());
+    named.into_iter().chain(charged).collect()
+}
+
+/// What an admitted charge adds to each of `models` in the queue: the usage with its
+/// entry laid over the snapshot, less the usage without.
+pub fn added(
+    snap: &mut Snapshot,
+    queue: &QueueName,
+    effect: &Effect,
+    models: &BTreeSet<CardName>,
+    now: jiff::Timestamp,
+) -> BTreeMap<CardName, Cards> {
+    let before = in_use(snap, queue, models, now);
+    let mut scratch = Ledger::default();
+    let id = scratch.record(effect);
+    let mut o = Overlay::default();
+    if let Some(e) = scratch.get(&id) {
+        o.add(snap, queue, &id, e);
+    }
+    let after = in_use(snap, queue, models, now);
+    o.remove(snap);
+    after
+        .into_iter()
+        .map(|(m, (a, _))| {
+            let b = before.get(&m).map(|x| x.0).unwrap_or_default();
+            (m, a.saturating_sub(b))
+        })
+        .collect()
+}
+
+/// Takes `add` from the spare when it all fits; false (and nothing taken) otherwise.
+pub fn take(spare: &mut BTreeMap<CardName, Cards>, add: &BTreeMap<CardName, Cards>) -> bool {
+    let fits = add
+        .iter()
+        .all(|(m, n)| n.is_zero() || spare.get(m).is_some_and(|s| s.get() >= n.get()));
+    if fits {
+        for (m, n) in add {
+            if let Some(s) = spare.get_mut(m) {
+                *s = s.saturating_sub(*n);
+            }
+        }
+    }
+    fits
+}
+
+/// The spare one write takes on a model with `free` cards free.
+pub fn spare_for(free: i128) -> Cards {
+    let quarter = (free.max(0) / 4) as u128;
+    Cards::from_u128(quarter.min(u128::from(HOLD_CHUNK)))
+}
+
+/// The hold a replica writes, and the escrow it keeps once the write lands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Renewal {
+    /// `None`: the replica holds nothing any more (its hold is dropped).
+    pub hold: Option<Hold>,
+    pub escrow: Escrow,
+}
+
+/// The renewal of this replica's hold on `queue` over a snapshot *without* any
+/// overlay: `stored` is the ledger about to be written (entries, others' holds),
+/// `in_flight` every admission of this replica its caches do not show, `wanted` the
+/// models to keep spare on (none: write the hold down to what it carries).
+#[allow(clippy::too_many_arguments)]
+pub fn renew(
+    snap: &mut Snapshot,
+    queue: &QueueName,
+    stored: &Ledger,
+    holding: &Holding<'_>,
+    in_flight: Ledger,
+    wanted: &BTreeSet<CardName>,
+    answer_release: bool,
+    now: jiff::Timestamp,
+) -> Renewal {
+    let mut models = models_of(&in_flight);
+    models.extend(wanted.iter().cloned());
+    let mut base = overlay::apply(snap, queue, stored);
+    lay_holds(&mut base, snap, queue, stored, Some(holding));
+    let without = in_use(snap, queue, &models, now);
+    let mut own = Overlay::default();
+    for (id, e) in in_flight.iter() {
+        own.add(snap, queue, id, e);
+    }
+    let with = in_use(snap, queue, &models, now);
+    own.remove(snap);
+    base.remove(snap);
+    let mut cards = BTreeMap::new();
+    let mut spare = BTreeMap::new();
+    for (m, (used, free)) in &with {
+        let carried = used.saturating_sub(without.get(m).map(|x| x.0).unwrap_or_default());
+        let s = if wanted.contains(m) {
+            spare_for(*free)
+        } else {
+            Cards::ZERO
+        };
+        if !(carried + s).is_zero() {
+            cards.insert(m.to_string(), carried + s);
+        }
+        if !s.is_zero() {
+            spare.insert(m.clone(), s);
+        }
+    }
+    let released = if answer_release {
+        stored.release()
+    } else {
+        holding.escrow.released
+    };
+    let renewal = holding.escrow.renewal + 1;
+    let hold = (!cards.is_empty()).then(|| Hold {
+        spare: spare.iter().map(|(m, n)| (m.to_string(), *n)).collect(),
+        cards,
+        renewal,
+        released,
+    });
+    Renewal {
+        hold,
+        escrow: Escrow {
+            renewal,
+            models: spare.keys().cloned().collect(),
+            spare,
+            in_flight,
+            released,
+        },
+    }
+}
+
+/// True when a release request is waiting for this replica's answer.
+pub fn release_asked(stored: &Ledger, escrow: &Escrow) -> bool {
+    stored.release() > escrow.released
+}
+
+/// True when some hold that counts still has spare and has not answered the latest
+/// release request (a new request would only repeat it).
+pub fn release_pending(stored: &Ledger, holding: Option<&Holding<'_>>) -> bool {
+    counted(stored, holding).any(|h| !h.spare.is_empty() && h.released < stored.release())
+}
+
+/// True when a hold of another replica that counts has spare.
+pub fn others_spare(stored: &Ledger, holding: Option<&Holding<'_>>) -> bool {
+    counted(stored, holding).any(|h| !h.spare.is_empty())
+}
+
+fn counted<'l>(
+    stored: &'l Ledger,
+    holding: Option<&'l Holding<'_>>,
+) -> impl Iterator<Item = &'l Hold> + 'l {
+    stored
+        .holds()
+        .iter()
+        .filter(move |(r, h)| !h.is_empty() && holding.is_none_or(|x| *r != x.me && (x.live)(r, h)))
+        .map(|(_, h)| h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spare_is_a_quarter_of_what_is_free_up_to_a_chunk() {
+        assert_eq!(spare_for(-5), Cards::ZERO);
+        assert_eq!(spare_for(3), Cards::ZERO);
+        assert_eq!(spare_for(8), Cards::new(2));
+        assert_eq!(spare_for(1_000_000), Cards::new(HOLD_CHUNK));
+    }
+
+    #[test]
+    fn taking_from_the_spare_is_all_or_nothing() {
+        let a = CardName::parse("A").unwrap();
+        let b = CardName::parse("B").unwrap();
+        let mut spare = BTreeMap::from([(a.clone(), Cards::new(2))]);
+        assert!(take(
+            &mut spare,
+            &BTreeMap::from([(a.clone(), Cards::new(2))])
+        ));
+        assert_eq!(spare[&a], Cards::ZERO);
+        assert!(!take(
+            &mut spare,
+            &BTreeMap::from([(a.clone(), Cards::new(1))])
+        ));
+        assert!(!take(
+            &mut spare,
+            &BTreeMap::from([(b.clone(), Cards::new(1))])
+        ));
+        // Nothing added takes nothing.
+        assert!(take(&mut spare, &BTreeMap::from([(b, Cards::ZERO)])));
+    }
+}

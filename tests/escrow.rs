@@ -1,0 +1,153 @@
+//! Holds of headroom (escrow) through the pure core: a replica admits pod charges within
+//! its hold without a write, counts the others' holds as reserved, and a charge refused
+//! only because of another replica's hold waits for its release.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use card_quota::cards::QueueName;
+use card_quota::decide::batch::{look, plan_held, HoldMove, Outcome, Replica};
+use card_quota::decide::escrow::{Escrow, Holding};
+use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
+use card_quota::decide::Config;
+use card_quota::ledger::entries::Hold;
+use card_quota::ledger::{Ledger, LedgerRecord};
+use card_quota::snapshot::load::load;
+use card_quota::snapshot::Snapshot;
+use serde_json::json;
+
+const SNAP: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {nvidia.com/gpu.product: RTX-4090}}
+status: {allocatable: {nvidia.com/gpu: "1000"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, annotations: {volcano.sh/card.quota: '{"RTX-4090":QUOTA}'}}
+status: {state: Open}
+"#;
+
+fn snapshot(quota: u64) -> Snapshot {
+    load(&SNAP.replace("QUOTA", &quota.to_string())).unwrap().0
+}
+
+fn create(name: &str) -> AdmissionRequest {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"),
+            "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    });
+    read_review(R::pod("CREATE", pod).build().to_string().as_bytes())
+        .unwrap()
+        .unwrap()
+}
+
+fn q() -> QueueName {
+    QueueName::new("q")
+}
+
+fn always(_: &str, _: &Hold) -> bool {
+    true
+}
+
+/// One replica's batch: its outcomes, and the ledger (stored in the snapshot) and
+/// escrow as they are once the write lands.
+fn batch(
+    snap: &mut Snapshot,
+    me: &str,
+    escrow: &mut Escrow,
+    reqs: &[AdmissionRequest],
+    mv: HoldMove,
+) -> Vec<Outcome> {
+    let holding = Holding {
+        me,
+        live: &always,
+        escrow,
+    };
+    let refs: Vec<&AdmissionRequest> = reqs.iter().collect();
+    let b = plan_held(
+        snap,
+        &q(),
+        &refs,
+        &Config::default(),
+        jiff::Timestamp::now(),
+        |_| Duration::ZERO,
+        Some(&holding),
+        mv,
+    );
+    let rv = snap
+        .ledger(&q())
+        .resource_version
+        .clone()
+        .map_or(1, |v| v.parse::<u64>().unwrap() + 1);
+    snap.upsert_ledger(LedgerRecord {
+        queue: q(),
+        resource_version: Some(rv.to_string()),
+        ledger: Ledger::parse(&q(), &b.text).unwrap(),
+        problem: None,
+    });
+    if let Some(r) = b.renewal {
+        *escrow = r.escrow;
+    }
+    b.outcomes
+}
+
+fn held(
+    snap: &mut Snapshot,
+    me: &str,
+    escrows: &mut HashMap<QueueName, Escrow>,
+    req: &AdmissionRequest,
+) -> (bool, bool) {
+    let live = |_: &QueueName, _: &str, _: &Hold| true;
+    let mut r = Replica {
+        me,
+        live: &live,
+        escrows,
+    };
+    let l = look(
+        snap,
+        req,
+        &Config::default(),
+        jiff::Timestamp::now(),
+        Some(&mut r),
+        true,
+    );
+    (l.decision.allowed, l.held)
+}
+
+#[test]
+fn after_one_write_a_replica_admits_within_its_hold_without_writing() {
+    let mut snap = snapshot(1000);
+    let mut e = Escrow::default();
+    let out = batch(&mut snap, "a", &mut e, &[create("p0")], HoldMove::AsNeeded);
+    assert!(matches!(out[0], Outcome::Admit(_)));
+    let hold = snap
+        .ledger(&q())
+        .ledger
+        .holds()
+        .get("a")
+        .cloned()
+        .expect("a hold is written");
+    // A quarter of what is free, at most a chunk, plus the pod it carries.
+    assert_eq!(hold.cards["RTX-4090"].get(), 65, "{hold:?}");
+    assert_eq!(
+        snap.ledger(&q()).ledger.len(),
+        0,
+        "the pod is under the hold, not an entry"
+    );
+    let mut escrows = HashMap::from([(q(), e)]);
+    for i in 1..=64 {
+        assert_eq!(
+            held(&mut snap, "a", &mut escrows, &create(&format!("p{i}"))),
+            (true, true),
+            "pod {i}"
+        );
+    }
+    // The spare is spent: the next charge goes through a write.
+    assert_eq!(
+        held(&mut snap, "a", &mut escrows, &create("p65")),
+        (true, false)
+    );
+}
