@@ -7,7 +7,7 @@
 #
 # BURST_PODS (2000), BURST_CONCURRENCY (16), BURST_ROUNDS (2). BURST_NO_CARDS=1 adds a
 # case of pods without cards behind card-quota (the webhook calls' own cost);
-# BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
+# BURST_HOLDS=1 runs card-quota with --holds. BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
 # patch the contract requires and decides nothing (the least any implementation costs). With 2 replicas the
 # API server reaches them through a per-connection round-robin (e2e/rr-proxy.py), as
 # through a Service, and each replica sends a charge to the replica that owns its queue
@@ -78,6 +78,8 @@ for i in $(seq 1 "$REPLICAS"); do
   # Several replicas send each charge to its queue's owner (as manifests/ deploys them);
   # BURST_ROUTING=0 has each record what it admits.
   [ "$REPLICAS" -gt 1 ] && [ "${BURST_ROUTING:-1}" = 1 ] && routing=(--peer-routing --advertise-address "127.0.0.1:$p")
+  # BURST_HOLDS=1: the replicas admit under holds of headroom (serve --holds).
+  [ -n "${BURST_HOLDS:-}" ] && routing+=(--holds)
   KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client "${routing[@]}" \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &

@@ -217,11 +217,12 @@ pub struct ServeArgs {
     /// retries included) before the request is refused with "try again".
     #[arg(long, default_value = "3")]
     pub ledger_budget_seconds: f64,
-    /// Record every charge with a ledger write: take no holds of headroom (each
-    /// replica otherwise admits most pod charges under a hold written once per
-    /// renewal; docs/consistency.md).
+    /// Experimental: hold headroom per queue and model in the queue's ledger and admit
+    /// pod charges within it without a ledger write of their own (escrow; see
+    /// docs/consistency.md, "Holds", for what is not proven yet). Off: every charge is
+    /// recorded with a write.
     #[arg(long)]
-    pub no_holds: bool,
+    pub holds: bool,
     /// card-quota's own namespace, where the reconciler's Lease and the queues'
     /// ledgers (ConfigMaps) live (default: $POD_NAMESPACE, else card-quota).
     #[arg(
