@@ -237,8 +237,10 @@ pub fn plan_held(
         match mv {
             HoldMove::AsNeeded | HoldMove::NoSpare => {}
             HoldMove::Drop => {
+                // What settled is in this replica's caches: readers catch up first.
                 ledger.absorb(&in_flight);
                 ledger.set_hold(h.me, None);
+                ledger.raise_watermark(snap.progress());
                 holds_changed = true;
                 renewal = Some(Renewal {
                     hold: None,

@@ -58,12 +58,14 @@ pub fn holdable_queue(snap: &Snapshot, queue: &QueueName) -> bool {
 }
 
 /// The one model a pod charge is pending on, when it is a pod not yet bound that can
-/// end up on one model only (pinned, or naming one).
+/// end up on one model only (pinned, or naming one) and belongs to no PodGroup. (A
+/// pod of a group may draw on the group's reservation: that adds no usage a hold
+/// could carry, yet uses the reservation up for the other replicas.)
 pub fn held_model(effect: &Effect) -> Option<CardName> {
     let Effect::Pod(p) = effect else {
         return None;
     };
-    if p.node.is_some() {
+    if p.node.is_some() || p.group.is_some() {
         return None;
     }
     let a = p.effective_alternatives()?;
