@@ -12,7 +12,7 @@ use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
 
 use super::enforcement::decide_enforcing;
-use super::escrow::{self, Escrow, Holding, Renewal};
+use super::escrow::{self, Escrow, Holding, Holds, Renewal};
 use super::messages::{INSUFFICIENT, RETRY};
 use super::review::AdmissionRequest;
 use super::{Config, Decision};
@@ -142,7 +142,7 @@ pub fn plan_held(
         .map(|h| h.escrow.in_flight.clone())
         .unwrap_or_default();
     let mut held_models = BTreeSet::new();
-    let mut layer = escrow::lay(snap, queue, &ledger, holding, Some(&in_flight), true);
+    let mut layer = escrow::lay(snap, queue, &ledger, holding, Some(&in_flight), Holds::Full);
     let mut admitted: Vec<(usize, EntryId)> = Vec::new();
     let mut outcomes = Vec::with_capacity(reqs.len());
     let mut refused_full = 0;
@@ -224,14 +224,14 @@ pub fn plan_held(
             .map(|(id, _)| id.clone())
             .filter(|id| h.escrow.in_flight.get(id).is_none())
             .collect();
+        // Admissions the caches show leave the hold; the watermark rises to the
+        // resourceVersions they were shown at (never to this replica's whole progress:
+        // a quiet watch of another replica may never get that far).
         in_flight.prune(|id, e| {
             if fresh_held.contains(id) {
                 Fate::Keep
             } else {
-                match overlay::fate(snap, id, e, age(id), now) {
-                    Fate::Keep => Fate::Keep,
-                    _ => Fate::Drop,
-                }
+                overlay::fate(snap, id, e, age(id), now)
             }
         });
         match mv {
@@ -240,7 +240,7 @@ pub fn plan_held(
                 // What settled is in this replica's caches: readers catch up first.
                 ledger.absorb(&in_flight);
                 ledger.set_hold(h.me, None);
-                ledger.raise_watermark(snap.progress());
+                ledger.raise_watermark(in_flight.watermark());
                 holds_changed = true;
                 renewal = Some(Renewal {
                     hold: None,
@@ -261,7 +261,7 @@ pub fn plan_held(
                 };
                 let r = escrow::renew(snap, queue, &ledger, h, in_flight, &wanted, answer, now);
                 ledger.set_hold(h.me, r.hold.clone());
-                ledger.raise_watermark(snap.progress());
+                ledger.raise_watermark(r.escrow.in_flight.watermark());
                 holds_changed = true;
                 renewal = Some(r);
             }
@@ -344,6 +344,7 @@ pub fn look(
         live: &live,
         escrow,
     };
+    let others_spare = escrow::others_spare(&stored.ledger, Some(&holding));
     let (d, add) =
         if stored.ledger.is_empty() && escrow.in_flight.is_empty() && escrow.spare.is_empty() {
             (first, None)
@@ -354,7 +355,7 @@ pub fn look(
                 &stored.ledger,
                 Some(&holding),
                 Some(&escrow.in_flight),
-                true,
+                if consume { Holds::Full } else { Holds::Carried },
             );
             let d = decide_enforcing(req, snap, cfg, now);
             let add = match &d.charge {
@@ -389,7 +390,14 @@ pub fn look(
             }
         }
     }
-    let queue = d.allowed.then_some(queue).filter(|_| d.charge.is_some());
+    // Refused while other replicas hold spare: recorded like a charge, so that the
+    // writer asks them to give it back and decides again.
+    let waits = consume
+        && !d.allowed
+        && !req.is_dry_run()
+        && d.reason == Some(INSUFFICIENT)
+        && others_spare;
+    let queue = (waits || (d.allowed && d.charge.is_some())).then_some(queue);
     Look {
         decision: d,
         queue,

@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::cards::{Alternatives, CardName, Cards, QueueName};
-use crate::ledger::entries::{Entry, Hold, Ledger};
+use crate::cards::{Alternatives, CardName, Cards, ObjectKey, QueueName};
+use crate::ledger::entries::{Entry, EntryId, EntryKey, Hold, Ledger, HOLD_NAMESPACE};
 use crate::ledger::Effect;
 use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
@@ -75,20 +75,39 @@ pub fn held_model(effect: &Effect) -> Option<CardName> {
     }
 }
 
+/// How other replicas' holds are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds {
+    /// Whole: what they carry and their spare (the line every charge is held to).
+    Full,
+    /// Only what they carry (a pod's pin is chosen as if spare were given back on
+    /// request, which it is).
+    Carried,
+    /// Not at all.
+    Skip,
+}
+
 /// Lays over `snap` what `queue`'s ledger adds for this replica: the entries of
 /// `stored`, the holds of other replicas that still count (all of them without
-/// `holding`; none when `count_holds` is false), and `own` (its admissions in flight).
+/// `holding`) as `holds` says, and `own` (its admissions in flight).
 pub fn lay(
     snap: &mut Snapshot,
     queue: &QueueName,
     stored: &Ledger,
     holding: Option<&Holding<'_>>,
     own: Option<&Ledger>,
-    count_holds: bool,
+    holds: Holds,
 ) -> Overlay {
     let mut o = overlay::apply(snap, queue, stored);
-    if count_holds {
-        lay_holds(&mut o, snap, queue, stored, holding);
+    if holds != Holds::Skip {
+        lay_holds(
+            &mut o,
+            snap,
+            queue,
+            stored,
+            holding,
+            holds == Holds::Carried,
+        );
     }
     for (id, e) in own.into_iter().flat_map(Ledger::iter) {
         o.add(snap, queue, id, e);
@@ -102,17 +121,72 @@ fn lay_holds(
     queue: &QueueName,
     stored: &Ledger,
     holding: Option<&Holding<'_>>,
+    carried_only: bool,
 ) {
     for (replica, hold) in stored.holds() {
         let counts = match holding {
             Some(h) => replica != h.me && (h.live)(replica, hold),
             None => true,
         };
-        if counts && !hold.is_empty() {
-            let (id, e) = hold.entry(replica);
-            o.add(snap, queue, &id, &e);
+        if !counts || hold.is_empty() {
+            continue;
+        }
+        // What a hold carries is pods its holder admitted: laid as pending pods, so
+        // that a refusal counts them as pending. Its spare is a reservation.
+        let carried = hold.carried();
+        for (model, cards) in &carried.cards {
+            let resource = CardName::parse(model)
+                .ok()
+                .and_then(|m| snap.resources_of(&m).and_then(|r| r.keys().next().cloned()));
+            match resource {
+                Some(r) if !cards.is_zero() => {
+                    let (id, e) = carried_pod(replica, model, &r, *cards);
+                    o.add(snap, queue, &id, &e);
+                }
+                _ => {}
+            }
+        }
+        if !carried_only {
+            let mut spare = hold.clone();
+            spare.cards = hold.spare.clone();
+            // A model no node offers yet: its carried cards are reserved too.
+            for (model, cards) in &carried.cards {
+                let offered = CardName::parse(model)
+                    .ok()
+                    .is_some_and(|m| snap.resources_of(&m).is_some());
+                if !offered {
+                    *spare.cards.entry(model.clone()).or_default() += *cards;
+                }
+            }
+            if !spare.is_empty() {
+                let (id, e) = spare.entry(replica);
+                o.add(snap, queue, &id, &e);
+            }
         }
     }
+}
+
+/// The pending pod standing for what `replica`'s hold carries on `model`.
+fn carried_pod(replica: &str, model: &str, resource: &str, cards: Cards) -> (EntryId, Entry) {
+    let key = ObjectKey::new(HOLD_NAMESPACE, format!("{replica}/{model}"));
+    let of = EntryKey::Pod(key);
+    (
+        EntryId::for_key(&of),
+        Entry {
+            of,
+            group: None,
+            resources: BTreeMap::from([(resource.to_string(), cards)]),
+            card: Some(model.to_string()),
+            charged: None,
+            node: None,
+            pinned: BTreeMap::new(),
+            excluded: BTreeMap::new(),
+            request: Vec::new(),
+            phase: None,
+            base: None,
+            queue: None,
+        },
+    )
 }
 
 /// Cards in use per model in `queue` as the snapshot shows it now, and what is free.
@@ -223,7 +297,7 @@ pub fn renew(
     let mut models = models_of(&in_flight);
     models.extend(wanted.iter().cloned());
     let mut base = overlay::apply(snap, queue, stored);
-    lay_holds(&mut base, snap, queue, stored, Some(holding));
+    lay_holds(&mut base, snap, queue, stored, Some(holding), false);
     let without = in_use(snap, queue, &models, now);
     let mut own = Overlay::default();
     for (id, e) in in_flight.iter() {

@@ -142,6 +142,10 @@ impl std::fmt::Display for EntryKey {
 pub struct EntryId(String);
 
 impl EntryId {
+    /// The id of an entry for an object without a uid: its key.
+    pub fn for_key(key: &EntryKey) -> Self {
+        Self(key.render())
+    }
     fn of(key: &EntryKey, version: &Version) -> Self {
         Self(version.uid.clone().unwrap_or_else(|| key.render()))
     }
@@ -496,6 +500,18 @@ impl Hold {
                 queue: None,
             },
         )
+    }
+
+    /// The hold without its spare: what the holder's admissions carry.
+    pub fn carried(&self) -> Hold {
+        let mut h = self.clone();
+        for (m, n) in &self.spare {
+            if let Some(c) = h.cards.get_mut(m) {
+                *c = c.saturating_sub(*n);
+            }
+        }
+        h.spare.clear();
+        h
     }
 
     /// True when the hold holds nothing.
