@@ -310,8 +310,17 @@ pub fn renew(
     let mut spare = BTreeMap::new();
     for (m, (used, free)) in &with {
         let carried = used.saturating_sub(without.get(m).map(|x| x.0).unwrap_or_default());
+        // A renewal written while admissions go on under the old spare keeps what is
+        // left of it: those admissions land under the new hold.
         let s = if wanted.contains(m) {
-            spare_for(*free)
+            let left = holding.escrow.spare.get(m).copied().unwrap_or_default();
+            let most = Cards::from_u128(u128::try_from((*free).max(0)).unwrap_or(u128::MAX));
+            let s = spare_for(*free);
+            if left.get() > s.get() {
+                Cards::from_u128(left.get().min(most.get()))
+            } else {
+                s
+            }
         } else {
             Cards::ZERO
         };
@@ -346,6 +355,26 @@ pub fn renew(
     }
 }
 
+/// The escrow to keep once a renewal written from `planned` (this replica's escrow when
+/// the batch was planned) lands, while `now` is the escrow as admissions left it during
+/// the write: what they took from the old spare comes off the new one, and what they
+/// admitted stays in flight.
+pub fn landed(mut renewed: Escrow, planned: &Escrow, now: &Escrow) -> Escrow {
+    for (m, before) in &planned.spare {
+        let after = now.spare.get(m).copied().unwrap_or_default();
+        let taken = before.saturating_sub(after);
+        if let Some(s) = renewed.spare.get_mut(m) {
+            *s = s.saturating_sub(taken);
+        }
+    }
+    for (id, e) in now.in_flight.iter() {
+        if planned.in_flight.get(id).is_none() {
+            renewed.in_flight.insert(id.clone(), e.clone());
+        }
+    }
+    renewed
+}
+
 /// True when a release request is waiting for this replica's answer.
 pub fn release_asked(stored: &Ledger, escrow: &Escrow) -> bool {
     stored.release() > escrow.released
@@ -376,6 +405,47 @@ fn counted<'l>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn admissions_during_a_renewal_come_off_the_new_spare_and_stay_in_flight() {
+        let a = CardName::parse("A").unwrap();
+        let planned = Escrow {
+            spare: BTreeMap::from([(a.clone(), Cards::new(10))]),
+            ..Escrow::default()
+        };
+        // Three admitted while the write was on its way.
+        let mut now = planned.clone();
+        now.spare.insert(a.clone(), Cards::new(7));
+        let effect = crate::ledger::Effect::Pod(Box::new(crate::cluster::PodRecord {
+            key: ObjectKey::new("ml", "p"),
+            subject: crate::cards::Subject::Pod,
+            stamped_queue: None,
+            named_queue: None,
+            group: None,
+            demand: Ok(BTreeMap::new()),
+            latent: BTreeMap::new(),
+            card_name: None,
+            charged: None,
+            node: None,
+            phase: None,
+            deletion: None,
+            pinned: BTreeMap::new(),
+            excluded: BTreeMap::new(),
+            scheduler: None,
+            seq: 0,
+            version: Default::default(),
+        }));
+        now.in_flight.record(&effect);
+        let renewed = Escrow {
+            spare: BTreeMap::from([(a.clone(), Cards::new(12))]),
+            renewal: 2,
+            ..Escrow::default()
+        };
+        let kept = landed(renewed, &planned, &now);
+        assert_eq!(kept.spare[&a], Cards::new(9));
+        assert_eq!(kept.in_flight.len(), 1);
+        assert_eq!(kept.renewal, 2);
+    }
 
     #[test]
     fn spare_is_a_quarter_of_what_is_free_up_to_a_chunk() {

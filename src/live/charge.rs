@@ -86,6 +86,8 @@ struct HoldTimes {
     cooldown_until: Option<Instant>,
     /// When the keeper last asked for a change not yet written.
     asked: Option<Instant>,
+    /// Spare cards the last renewal left this replica, all models together.
+    granted: u128,
 }
 
 /// How long a write that lost a compare-and-swap waits for the winner's watch event
@@ -226,6 +228,23 @@ impl Committer {
         self
     }
 
+    /// A hold is used for [`HOLD_USE`] after its write was sent, whatever the keeper
+    /// managed meanwhile: readers' clocks run out after that.
+    fn freeze_stale(&self, escrows: &mut HashMap<QueueName, Escrow>) {
+        let times = locked(&self.times);
+        for (q, e) in escrows.iter_mut() {
+            let stale = times.get(q).is_none_or(|t| t.sent.elapsed() >= HOLD_USE);
+            if stale && !e.spare.is_empty() {
+                e.spare.clear();
+            }
+        }
+    }
+
+    /// True when this replica takes holds of headroom.
+    pub fn takes_holds(&self) -> bool {
+        self.me.is_some()
+    }
+
     /// True when another replica's hold still counts on this replica's clock.
     fn hold_counts(&self, queue: &QueueName, replica: &str, hold: &Hold) -> bool {
         let now = Instant::now();
@@ -275,6 +294,7 @@ impl Committer {
             match &self.me {
                 Some(me) => {
                     let mut escrows = locked(&self.escrows);
+                    self.freeze_stale(&mut escrows);
                     let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
                     let mut replica = Replica {
                         me,
@@ -483,6 +503,7 @@ impl Committer {
                 }
                 return;
             }
+            let mut planned: Option<Escrow> = None;
             let batch = {
                 let reqs: Vec<&AdmissionRequest> =
                     undecided.iter().map(|w| w.req.as_ref()).collect();
@@ -517,10 +538,13 @@ impl Committer {
                             Some(&holding),
                             mv,
                         );
-                        // While the hold is rewritten, admissions wait for the write.
-                        if batch.renewal.is_some() {
-                            escrow.spare.clear();
+                        // A hold written down or given back admits nothing more; one
+                        // renewed goes on admitting under its old spare meanwhile.
+                        match &batch.renewal {
+                            Some(r) if r.escrow.spare.is_empty() => escrow.spare.clear(),
+                            _ => {}
                         }
+                        planned = Some(escrow.clone());
                         batch
                     }
                     None => plan(&mut snap, queue, &reqs, cfg, now, self.age_fn(queue)),
@@ -570,16 +594,27 @@ impl Committer {
                     metrics.pruned(batch.pruned);
                     if let Some(r) = batch.renewal {
                         let answered = r.escrow.released;
-                        locked(&self.escrows).insert(queue.clone(), r.escrow);
+                        let granted: u128;
+                        {
+                            let mut escrows = locked(&self.escrows);
+                            let kept = match (&planned, escrows.get(queue)) {
+                                (Some(p), Some(now)) => escrow::landed(r.escrow, p, now),
+                                _ => r.escrow,
+                            };
+                            granted = kept.spare.values().map(|c| c.get()).sum();
+                            escrows.insert(queue.clone(), kept);
+                        }
                         let mut times = locked(&self.times);
                         let tm = times.entry(queue.clone()).or_insert(HoldTimes {
                             sent: t,
                             used: t,
                             cooldown_until: None,
                             asked: None,
+                            granted,
                         });
                         tm.sent = t;
                         tm.asked = None;
+                        tm.granted = granted;
                         if answered > 0 && r.hold.as_ref().is_none_or(|h| h.spare.is_empty()) {
                             tm.cooldown_until = Some(Instant::now() + HOLD_COOLDOWN);
                         }
@@ -706,6 +741,7 @@ impl Committer {
         }
         let mut snap = locked(snapshot);
         let mut escrows = locked(&self.escrows);
+        self.freeze_stale(&mut escrows);
         let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
         let mut replica = Replica {
             me,
@@ -870,6 +906,14 @@ impl Committer {
                         HoldMove::Shrink
                     },
                 ));
+            } else if now.saturating_duration_since(t.used) < HOLD_IDLE
+                && t.granted >= 8
+                && e.spare.values().map(|c| c.get()).sum::<u128>() * 4 < t.granted
+                && t.cooldown_until.is_none_or(|c| c <= now)
+            {
+                // In use and three quarters spent: renewed before admissions must wait
+                // for a write.
+                out.push((q.clone(), HoldMove::Renew));
             } else if !e.spare.is_empty() && now.saturating_duration_since(t.used) >= HOLD_IDLE {
                 out.push((q.clone(), HoldMove::Shrink));
             } else if e.spare.is_empty() && holds.is_some() && age >= HOLD_IDLE {

@@ -228,7 +228,11 @@ async fn decide_live(
         }
         Preview::Charge { queue, deadline } => (queue, deadline),
     };
-    if let (Some(routing), Origin::Caller) = (&live.routing, origin) {
+    // A replica that takes holds records its own charges: its hold makes most of them
+    // free, and a forward costs a round trip every time.
+    if let (Some(routing), Origin::Caller, false) =
+        (&live.routing, origin, live.committer.takes_holds())
+    {
         if let Some(answer) = forward(state, routing, req, body, &queue, deadline).await {
             return Answer::Forwarded(answer);
         }
