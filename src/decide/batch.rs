@@ -118,8 +118,8 @@ pub fn plan(
 }
 
 /// [`plan`] for a replica that takes holds: pod charges of a holdable queue go under
-/// its hold (renewed by the write) instead of into entries, and a charge refused only
-/// because of others' holds waits for their release.
+/// its hold (renewed by the write) instead of into entries, and a charge refused while
+/// other replicas hold spare waits for them to give it back.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_held(
     snap: &mut Snapshot,

@@ -345,17 +345,30 @@ impl Committer {
             !std::mem::replace(&mut slot.running, true)
         };
         if start {
-            let me = self.clone();
-            let snapshot = snapshot.clone();
-            let cfg = cfg.clone();
-            let metrics = metrics.clone();
-            let q = queue.clone();
-            tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
+            self.spawn_writer(&queue, snapshot, cfg, metrics);
         }
         match rx.await {
             Ok(d) => d,
             Err(_) => gave_up(&queue, self.budget, "the ledger writer stopped"),
         }
+    }
+
+    /// Starts the writer of `queue` (its slot is marked running).
+    fn spawn_writer(
+        self: &Arc<Self>,
+        queue: &QueueName,
+        snapshot: &Arc<Mutex<Snapshot>>,
+        cfg: &Config,
+        metrics: &Arc<dyn CommitMetrics>,
+    ) {
+        let me = self.clone();
+        let (q, snapshot, cfg, metrics) = (
+            queue.clone(),
+            snapshot.clone(),
+            cfg.clone(),
+            metrics.clone(),
+        );
+        tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
     }
 
     /// Commits batches for `queue` until nothing waits.
@@ -819,14 +832,7 @@ impl Committer {
             !std::mem::replace(&mut slot.running, true)
         };
         if start {
-            let me = self.clone();
-            let (q, snapshot, cfg, metrics) = (
-                queue.clone(),
-                snapshot.clone(),
-                cfg.clone(),
-                metrics.clone(),
-            );
-            tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
+            self.spawn_writer(queue, snapshot, cfg, metrics);
         }
     }
 
@@ -983,14 +989,7 @@ impl Committer {
         };
         if waiting {
             // Requests that queued behind the sweep get the writer (still marked running).
-            let me = self.clone();
-            let (q, snapshot, cfg, metrics) = (
-                queue.clone(),
-                snapshot.clone(),
-                cfg.clone(),
-                metrics.clone(),
-            );
-            tokio::spawn(async move { me.run(q, snapshot, cfg, metrics).await });
+            self.spawn_writer(queue, snapshot, cfg, metrics);
         }
         out
     }
