@@ -151,3 +151,48 @@ fn after_one_write_a_replica_admits_within_its_hold_without_writing() {
         (true, false)
     );
 }
+
+#[test]
+fn a_charge_refused_while_another_replica_holds_spare_waits_for_its_release() {
+    // Quota 9: a's first pod leaves 8 free, so a holds 1 + 2 spare.
+    let mut snap = snapshot(9);
+    let mut a = Escrow::default();
+    batch(&mut snap, "a", &mut a, &[create("a0")], HoldMove::AsNeeded);
+    assert_eq!(
+        snap.ledger(&q()).ledger.holds()["a"].spare["RTX-4090"].get(),
+        2
+    );
+    // b fills what a does not hold: 9 - 3 = 6 pods.
+    let mut b = Escrow::default();
+    let reqs: Vec<AdmissionRequest> = (0..6).map(|i| create(&format!("b{i}"))).collect();
+    let out = batch(&mut snap, "b", &mut b, &reqs, HoldMove::NoSpare);
+    assert!(
+        out.iter().all(|o| matches!(o, Outcome::Admit(_))),
+        "{out:?}"
+    );
+    // The next one fits only if a gives its spare back: it waits, and asks.
+    let out = batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
+    assert!(matches!(out[0], Outcome::Wait(_)), "{out:?}");
+    assert_eq!(snap.ledger(&q()).ledger.release(), 1);
+    // a answers: its hold is written down to what it carries, and says so.
+    batch(&mut snap, "a", &mut a, &[], HoldMove::AsNeeded);
+    let hold = snap.ledger(&q()).ledger.holds()["a"].clone();
+    assert!(hold.spare.is_empty() && hold.released == 1, "{hold:?}");
+    assert_eq!(hold.cards["RTX-4090"].get(), 1);
+    // Decided again, b's pod takes the card a gave back.
+    let out = batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
+    assert!(matches!(out[0], Outcome::Admit(_)), "{out:?}");
+    // One card is left (1 carried by a, 7 by b): b7 takes it. The queue is full then,
+    // and the next one is refused outright, with the numbers (a's carried pod counted
+    // as pending).
+    let out = batch(&mut snap, "b", &mut b, &[create("b7")], HoldMove::NoSpare);
+    assert!(matches!(out[0], Outcome::Admit(_)), "{out:?}");
+    let out = batch(&mut snap, "b", &mut b, &[create("b8")], HoldMove::NoSpare);
+    match &out[0] {
+        Outcome::Answer(d) => assert_eq!(
+            d.message.as_deref(),
+            Some("queue q has insufficient RTX-4090 quota: requested 1, in use 9 (allocated 0, pending 9, reserved 0), quota 9")
+        ),
+        other => panic!("{other:?}"),
+    }
+}
