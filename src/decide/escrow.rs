@@ -83,8 +83,6 @@ pub enum Holds {
     /// Only what they carry (a pod's pin is chosen as if spare were given back on
     /// request, which it is).
     Carried,
-    /// Not at all.
-    Skip,
 }
 
 /// Lays over `snap` what `queue`'s ledger adds for this replica: the entries of
@@ -99,16 +97,14 @@ pub fn lay(
     holds: Holds,
 ) -> Overlay {
     let mut o = overlay::apply(snap, queue, stored);
-    if holds != Holds::Skip {
-        lay_holds(
-            &mut o,
-            snap,
-            queue,
-            stored,
-            holding,
-            holds == Holds::Carried,
-        );
-    }
+    lay_holds(
+        &mut o,
+        snap,
+        queue,
+        stored,
+        holding,
+        holds == Holds::Carried,
+    );
     for (id, e) in own.into_iter().flat_map(Ledger::iter) {
         o.add(snap, queue, id, e);
     }

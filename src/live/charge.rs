@@ -291,27 +291,13 @@ impl Committer {
             let _turn = self.turn.lock().await;
             let mut snap = locked(snapshot);
             let now = jiff::Timestamp::now();
-            match &self.me {
-                Some(me) => {
-                    let mut escrows = locked(&self.escrows);
-                    self.freeze_stale(&mut escrows);
-                    let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
-                    let mut replica = Replica {
-                        me,
-                        live: &live,
-                        escrows: &mut escrows,
-                    };
-                    look(&mut snap, req, cfg, now, Some(&mut replica), consume)
-                }
-                None => look(&mut snap, req, cfg, now, None, false),
-            }
+            self.as_replica(|replica| {
+                let consume = consume && replica.is_some();
+                look(&mut snap, req, cfg, now, replica, consume)
+            })
         };
         if seen.held {
-            if let Some(q) = &seen.queue {
-                if let Some(t) = locked(&self.times).get_mut(q) {
-                    t.used = Instant::now();
-                }
-            }
+            self.mark_used(seen.queue.as_ref());
             return Preview::Held(seen.decision);
         }
         match seen.queue {
@@ -746,13 +732,45 @@ impl Committer {
         waiters: Vec<Waiter>,
         metrics: &dyn CommitMetrics,
     ) -> Vec<Waiter> {
-        let Some(me) = &self.me else {
-            return waiters;
-        };
-        if waiters.is_empty() {
+        if self.me.is_none() || waiters.is_empty() {
             return waiters;
         }
         let mut snap = locked(snapshot);
+        let (held, rest): (Vec<_>, Vec<_>) = self.as_replica(|replica| {
+            let Some(replica) = replica else {
+                return (Vec::new(), waiters);
+            };
+            let mut held = Vec::new();
+            let mut rest = Vec::new();
+            for w in waiters {
+                if w.refusal.is_some() {
+                    rest.push(w);
+                    continue;
+                }
+                let now = jiff::Timestamp::now();
+                let seen = look(&mut snap, &w.req, cfg, now, Some(&mut *replica), true);
+                if seen.held {
+                    held.push((w, seen));
+                } else {
+                    rest.push(w);
+                }
+            }
+            (held, rest)
+        });
+        for (w, seen) in held {
+            metrics.held();
+            self.mark_used(seen.queue.as_ref());
+            w.send(seen.decision);
+        }
+        rest
+    }
+
+    /// Runs `f` with this replica's holds (`None` when it takes none), stale spare
+    /// frozen first.
+    fn as_replica<T>(&self, f: impl FnOnce(Option<&mut Replica<'_>>) -> T) -> T {
+        let Some(me) = &self.me else {
+            return f(None);
+        };
         let mut escrows = locked(&self.escrows);
         self.freeze_stale(&mut escrows);
         let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
@@ -761,33 +779,15 @@ impl Committer {
             live: &live,
             escrows: &mut escrows,
         };
-        let mut rest = Vec::new();
-        for w in waiters {
-            if w.refusal.is_some() {
-                rest.push(w);
-                continue;
-            }
-            let seen = look(
-                &mut snap,
-                &w.req,
-                cfg,
-                jiff::Timestamp::now(),
-                Some(&mut replica),
-                true,
-            );
-            if seen.held {
-                metrics.held();
-                if let Some(q) = &seen.queue {
-                    if let Some(t) = locked(&self.times).get_mut(q) {
-                        t.used = Instant::now();
-                    }
-                }
-                w.send(seen.decision);
-            } else {
-                rest.push(w);
-            }
+        f(Some(&mut replica))
+    }
+
+    /// Notes that `queue`'s hold admitted a charge just now (the keeper's idle clock).
+    fn mark_used(&self, queue: Option<&QueueName>) {
+        let Some(q) = queue else { return };
+        if let Some(t) = locked(&self.times).get_mut(q) {
+            t.used = Instant::now();
         }
-        rest
     }
 
     /// Waits up to `most` for the cache to hold a ledger of `queue` other than the one
@@ -860,6 +860,7 @@ impl Committer {
             for (queue, mv) in self.due_moves(&me, &snapshot) {
                 self.request_move(&queue, mv, &snapshot, &cfg, &metrics);
             }
+            self.forget_old_renewals(&snapshot);
         }
         // A graceful stop: what is held goes back, what is in flight becomes entries.
         let queues: Vec<QueueName> = locked(&self.escrows).keys().cloned().collect();
@@ -881,6 +882,24 @@ impl Committer {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::info!("holds given back on {} queue(s)", queues.len());
+    }
+
+    /// Forgets the first sight of renewals no ledger holds any more (superseded, or
+    /// the hold dropped): one clock per renewal would otherwise pile up for good. A
+    /// renewal still stored keeps its clock, so a dead replica's hold stays expired.
+    fn forget_old_renewals(&self, snapshot: &Mutex<Snapshot>) {
+        let mut clock = locked(&self.hold_clock);
+        if clock.is_empty() {
+            return;
+        }
+        let snap = locked(snapshot);
+        clock.retain(|(q, r, renewal), _| {
+            snap.ledger(q)
+                .ledger
+                .holds()
+                .get(r)
+                .is_some_and(|h| h.renewal == *renewal)
+        });
     }
 
     /// The hold changes due now.
