@@ -15,9 +15,10 @@ use crate::cards::demand::ContainerResources;
 use super::records::{pod_record_of, RecordError, SpecView};
 use super::PodRecord;
 
-/// A Pod as an admission reads it: its metadata (all but managed fields), the parts of
-/// its spec a decision reads, and its phase.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A Pod as an admission or a watch reads it: its metadata (all but managed fields), the
+/// parts of its spec a decision reads, and its phase.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(from = "Parts")]
 pub struct PodParts {
     pub metadata: ObjectMeta,
     pub spec: Option<SpecParts>,
@@ -156,29 +157,34 @@ struct Parts {
 
 /// Reads a Pod's JSON keeping only what card-quota reads (see the module doc).
 pub fn read_pod(raw: &str) -> Result<PodParts, serde_json::Error> {
-    let p: Parts = serde_json::from_str(raw)?;
-    let m = p.metadata;
-    Ok(PodParts {
-        metadata: ObjectMeta {
-            annotations: m.annotations,
-            creation_timestamp: m.creation_timestamp,
-            deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-            deletion_timestamp: m.deletion_timestamp,
-            finalizers: m.finalizers,
-            generate_name: m.generate_name,
-            generation: m.generation,
-            labels: m.labels,
-            managed_fields: None,
-            name: m.name,
-            namespace: m.namespace,
-            owner_references: m.owner_references,
-            resource_version: m.resource_version,
-            self_link: m.self_link,
-            uid: m.uid,
-        },
-        spec: p.spec,
-        phase: p.status.and_then(|s| s.phase),
-    })
+    serde_json::from_str(raw)
+}
+
+impl From<Parts> for PodParts {
+    fn from(p: Parts) -> Self {
+        let m = p.metadata;
+        PodParts {
+            metadata: ObjectMeta {
+                annotations: m.annotations,
+                creation_timestamp: m.creation_timestamp,
+                deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+                deletion_timestamp: m.deletion_timestamp,
+                finalizers: m.finalizers,
+                generate_name: m.generate_name,
+                generation: m.generation,
+                labels: m.labels,
+                managed_fields: None,
+                name: m.name,
+                namespace: m.namespace,
+                owner_references: m.owner_references,
+                resource_version: m.resource_version,
+                self_link: m.self_link,
+                uid: m.uid,
+            },
+            spec: p.spec,
+            phase: p.status.and_then(|s| s.phase),
+        }
+    }
 }
 
 #[cfg(test)]

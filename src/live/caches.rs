@@ -18,8 +18,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::cards::{NodeCards, ObjectKey, QueueName};
+use crate::cluster::pod_parts::PodParts;
 use crate::cluster::records::{
-    job_record, node_record, pod_record, podgroup_record, queue_record, workload_record, JobRecord,
+    job_record, node_record, podgroup_record, queue_record, workload_record, JobRecord,
     QueueRecord, WorkloadRecord,
 };
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
@@ -167,8 +168,35 @@ fn store_node(s: &mut Snapshot, (name, cards): (String, NodeCards)) {
 
 /// A pod's record with only the default vendors' resources as card demand: which other
 /// vendors count is the snapshot's to say, when it is stored.
-fn read_pod(p: &Pod) -> Result<PodRecord, MirrorError> {
-    Ok(pod_record(p, "", &[], 0)?)
+/// Pods are watched as [`PodParts`]: a watch event carries the whole pod (managed
+/// fields, environment, volumes), and reading only what card-quota uses costs a
+/// fraction of a whole `Pod` for every event of every pod in the cluster.
+impl Resource for PodParts {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as Resource>::kind(&())
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as Resource>::group(&())
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as Resource>::version(&())
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as Resource>::plural(&())
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+fn read_pod(p: &PodParts) -> Result<PodRecord, MirrorError> {
+    Ok(p.record("", &[], 0)?)
 }
 
 fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
@@ -258,7 +286,7 @@ fn cluster_keys(names: Vec<String>, pick: KeyPick<'_>) -> Vec<ObjectKey> {
         .collect()
 }
 
-fn pod_mirror() -> Mirror<Pod, PodRecord> {
+fn pod_mirror() -> Mirror<PodParts, PodRecord> {
     Mirror {
         kind: "Pod",
         read: read_pod,
@@ -471,7 +499,7 @@ pub async fn start(
         &synced,
         "Pod",
         run(
-            Api::<Pod>::all(client.clone()),
+            Api::<PodParts>::all(client.clone()),
             all(),
             pod_mirror(),
             snapshot.clone(),
@@ -654,12 +682,22 @@ mod tests {
         assert_eq!(watched.queue(&name), loaded.queue(&name));
     }
 
+    /// The slim pod type is watched at the same URLs as a whole Pod.
+    #[test]
+    fn pod_parts_are_read_where_pods_are() {
+        for ns in [None, Some("ml")] {
+            assert_eq!(PodParts::url_path(&(), ns), Pod::url_path(&(), ns));
+        }
+        assert_eq!(PodParts::api_version(&()), "v1");
+        assert_eq!(PodParts::kind(&()), "Pod");
+    }
+
     /// A relist deletes exactly what it did not return: card pods and pods without
     /// cards alike, and nothing it returned.
     #[test]
     fn a_relist_sweeps_out_the_pods_it_did_not_return() {
         // A "-0" pod requests no cards and names no model.
-        let pod = |name: &str| -> Pod {
+        let pod = |name: &str| -> PodParts {
             let (limits, annotations) = if name.ends_with("-0") {
                 (json!({"cpu": "1"}), json!({}))
             } else {
