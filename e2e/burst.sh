@@ -7,10 +7,10 @@
 #
 # BURST_PODS (2000), BURST_CONCURRENCY (16), BURST_ROUNDS (2). BURST_NO_CARDS=1 adds a
 # case of pods without cards behind card-quota (the webhook calls' own cost);
-# BURST_HOLDS=1 runs card-quota with --holds. BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
+# BURST_NO_HOLDS=1 runs card-quota with --no-holds. BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
 # patch the contract requires and decides nothing (the least any implementation costs). With 2 replicas the
-# API server reaches them through a per-connection round-robin (e2e/rr-proxy.py), as
-# through a Service, and each replica sends a charge to the replica that owns its queue
+# API server reaches them (and as many floor webhooks) through a per-connection round-robin
+# (examples/rr_proxy.rs), as through a Service, and each replica sends a charge to the replica that owns its queue
 # (--peer-routing; BURST_ROUTING=0: each records its own). Quotas are ample: every pod should be admitted. Prints pods/s per
 # case and round with each case's p50 and p99 creation latency, the medians, the
 # ledger writes per 1,000 pods, and how many times the Queue object was written.
@@ -78,15 +78,15 @@ for i in $(seq 1 "$REPLICAS"); do
   # Several replicas send each charge to its queue's owner (as manifests/ deploys them);
   # BURST_ROUTING=0 has each record what it admits.
   [ "$REPLICAS" -gt 1 ] && [ "${BURST_ROUTING:-1}" = 1 ] && routing=(--peer-routing --advertise-address "127.0.0.1:$p")
-  # BURST_HOLDS=1: the replicas admit under holds of headroom (serve --holds).
-  [ -n "${BURST_HOLDS:-}" ] && routing+=(--holds)
+  # BURST_NO_HOLDS=1: every charge gets a ledger write of its own (serve --no-holds).
+  [ -n "${BURST_NO_HOLDS:-}" ] && routing+=(--no-holds)
   KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client "${routing[@]}" \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
   PIDS+=($!)
 done
 if [ "$REPLICAS" = 1 ]; then URL_PORT=${backends[0]}; else
-  python3 "$HERE/rr-proxy.py" "$PORT" "${backends[@]}" & PIDS+=($!); URL_PORT=$PORT
+  "$HERE/../target/release/examples/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); URL_PORT=$PORT
 fi
 for p in "${backends[@]}"; do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((p + 1000))/readyz" >/dev/null && break; sleep 0.3; done
@@ -94,10 +94,17 @@ done
 "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$URL_PORT" \
   --name "$Q" --namespace-label "card-quota-burst=$RUN" | k apply -f - >/dev/null
 if [ -n "${BURST_FLOOR:-}" ]; then
-  cargo build --quiet --release --example floor_webhook
-  FLOOR_PORT=$((PORT + 50))
-  "$HERE/../target/release/examples/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$FLOOR_PORT" > "$WORK/floor.log" 2>&1 &
-  PIDS+=($!)
+  # As many floor webhooks as replicas, behind the same kind of proxy: both cases pay
+  # for the same path.
+  FLOOR_PORT=$((PORT + 50)); floors=()
+  for i in $(seq 1 "$REPLICAS"); do
+    fp=$((FLOOR_PORT + i)); floors+=("$fp")
+    "$HERE/../target/release/examples/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" > "$WORK/floor-$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  if [ "$REPLICAS" = 1 ]; then FLOOR_PORT=${floors[0]}; else
+    "$HERE/../target/release/examples/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!)
+  fi
   "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$FLOOR_PORT" \
     --name "$Q-floor" --namespace-label "card-quota-floor=$RUN" | k apply -f - >/dev/null
 fi

@@ -28,11 +28,13 @@ e2e_remove_identity() {
   k delete clusterrolebinding,clusterrole "$1" --ignore-not-found >/dev/null 2>&1 || true
 }
 
-# e2e_build_burst REPO: builds examples/burst.rs once, before anything is timed, and sets
-# BURST_BIN. (A `cargo run` inside a scenario would rebuild whenever the sources change
-# during the run, and count cargo's own time.)
+# e2e_build_burst REPO: builds the burst examples (the client, the floor webhook, the
+# round-robin proxy) once, before anything is timed, and sets BURST_BIN. (A `cargo run`
+# inside a scenario would rebuild whenever the sources change during the run, and count
+# cargo's own time.)
 e2e_build_burst() {
-  cargo build --quiet --release --manifest-path "$1/Cargo.toml" --example burst || return 1
+  cargo build --quiet --release --manifest-path "$1/Cargo.toml" \
+    --example burst --example floor_webhook --example rr_proxy || return 1
   BURST_BIN=$1/target/release/examples/burst
 }
 
