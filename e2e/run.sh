@@ -3,7 +3,7 @@
 #
 #   KUBECONFIG=<kubeconfig> e2e/run.sh [path/to/card-quota]
 #
-# E2E_HOLDS=1 runs the replicas with --holds (holds of headroom).
+# E2E_NO_HOLDS=1 runs the replicas with --no-holds (every charge written, no holds of headroom).
 #
 # Needs: kubectl, curl, jq, openssl-free (certs come from `card-quota certs`), and an API
 # server that can reach https://127.0.0.1:<port> (the webhooks run on this machine).
@@ -199,7 +199,7 @@ serve() { # name port metrics-port policy
   KUBECONFIG="$WORK/card-quota.kubeconfig" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$3" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client \
     --scale-policy "$4" --lease-namespace "$SYS" --lease-name card-quota-e2e \
-    --reconcile-seconds 0.5 "${SERVE_SCOPE[@]}" ${E2E_HOLDS:+--holds} > "$WORK/$1.log" 2>&1 &
+    --reconcile-seconds 0.5 "${SERVE_SCOPE[@]}" ${E2E_NO_HOLDS:+--no-holds} > "$WORK/$1.log" 2>&1 &
   PIDS+=($!)
   eval "PID_$1=$!"
   wait_for 30 curl -sf "http://127.0.0.1:$3/readyz" || { echo "replica $1 never became ready"; cat "$WORK/$1.log"; exit 100; }

@@ -217,12 +217,11 @@ pub struct ServeArgs {
     /// retries included) before the request is refused with "try again".
     #[arg(long, default_value = "3")]
     pub ledger_budget_seconds: f64,
-    /// Experimental: hold headroom per queue and model in the queue's ledger and admit
-    /// pod charges within it without a ledger write of their own (escrow; see
-    /// docs/consistency.md, "Holds", for what is not proven yet). Off: every charge is
-    /// recorded with a write.
+    /// Take no holds of headroom: record every pod charge with a ledger write of its
+    /// own. By default each replica holds spare cards per queue and model in the
+    /// queue's ledger and admits within them without a write (docs/consistency.md).
     #[arg(long)]
-    pub holds: bool,
+    pub no_holds: bool,
     /// card-quota's own namespace, where the reconciler's Lease and the queues'
     /// ledgers (ConfigMaps) live (default: $POD_NAMESPACE, else card-quota).
     #[arg(

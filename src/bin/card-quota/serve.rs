@@ -283,7 +283,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             max_queue_depth: a.max_queue_depth,
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
-        holds: a.holds,
+        holds: !a.no_holds,
         lease_namespace: a.lease_namespace,
         lease_name: a.lease_name,
         reconcile_every: std::time::Duration::from_secs_f64(a.reconcile_seconds.max(0.05)),
