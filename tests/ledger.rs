@@ -588,3 +588,67 @@ async fn a_missing_namespace_is_named_in_the_refusal() {
         "{msg}"
     );
 }
+
+/// A replica with holds of headroom, as `serve` runs it (no keeper: it never answers a
+/// release request, as one that died holding).
+fn holding_state(text: &str, client: kube::Client, budget: Duration, me: &str) -> Arc<State> {
+    let (snap, skipped) = load(text).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    Arc::new(State::live(
+        Arc::new(Mutex::new(snap)),
+        Config::default(),
+        Live {
+            committer: Arc::new(
+                Committer::new(LedgerApi::new(client, NS), budget).with_holds(me.to_string()),
+            ),
+            synced: Arc::new(Synced::already()),
+            events: None,
+            routing: None,
+        },
+    ))
+}
+
+/// A replica that died holding spare leaves a hold nobody answers. The first refusal
+/// it blocks waits one budget for the release; the ones after it are answered at once
+/// (the hold still counts until it expires), not a budget each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refusals_wait_for_a_hold_that_never_answers_once_not_each_time() {
+    let api = fake_api();
+    let budget = Duration::from_millis(800);
+    let a = holding_state(&objects(40, 0), api.client(), budget, "a.1");
+    assert_eq!(answer(&a, create("a0"), false).await["allowed"], true);
+    let held = api.object(CM_PATH).unwrap()["data"]["ledger"].to_string();
+    assert!(held.contains("a.1"), "a took no hold: {held}");
+    // a dies here. b sees a's hold, and fills the rest of the queue.
+    let b = holding_state(&objects(40, 0), api.client(), budget, "b.1");
+    deliver_ledger(&api, &b);
+    let mut admitted = 0;
+    let mut waits = Vec::new();
+    for i in 0..40 {
+        let t = Instant::now();
+        let r = answer(&b, create(&format!("b{i:02}")), false).await;
+        if r["allowed"] == true {
+            admitted += 1;
+        } else {
+            let msg = r["status"]["message"].as_str().unwrap().to_string();
+            assert!(
+                msg.starts_with("queue q has insufficient RTX-4090 quota"),
+                "{msg}"
+            );
+            waits.push(t.elapsed());
+        }
+    }
+    // a's carried pod and spare stay counted: b gets what is left, and no more.
+    assert!(admitted > 0 && admitted < 39, "b admitted {admitted}");
+    assert!(waits.len() >= 2, "{waits:?}");
+    assert!(
+        waits[0] >= budget / 2,
+        "the first refusal asked for the release: {waits:?}"
+    );
+    for w in &waits[1..] {
+        assert!(
+            *w < budget / 2,
+            "a refusal waited again for a hold that never answers: {waits:?}"
+        );
+    }
+}
