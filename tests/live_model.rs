@@ -16,7 +16,7 @@
 //!
 //! With steering on, the pods' CREATE line is checked too: cards of pods pinned to (or
 //! bound on) a model never exceed its quota. Replicas that take holds of headroom
-//! (`serve --holds`, experimental) are modelled too (`run_with`): they admit pod charges
+//! (`serve`'s default; `--no-holds` turns them off) are modelled too (`run_with`): they admit pod charges
 //! within a hold with no write, renew, write down and give back holds, and die holding;
 //! half the random runs take them.
 //!
