@@ -665,7 +665,7 @@ t0=$(date +%s%N)
   --case "a=$NS" --case "b=$NS2" > "$WORK/flood.out" 2>&1
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 log "flood: $(grep TOTAL "$WORK/flood.out") (${ms} ms)"
-grep "first error" "$WORK/flood.out" | while read -r line; do log "flood: $line"; done
+grep -E "first (error|refusal)" "$WORK/flood.out" | while read -r line; do log "flood: $line"; done
 check "2,000 pods into quota 1,500 through two replicas: exactly 1,500 admitted, 500 refused" \
   grep -q 'TOTAL admitted=1500 refused=500 errors=0' "$WORK/flood.out"
 check "... with the contract's message" grep -q "first refusal: admission webhook \"pods.card-quota.volcano.sh\" denied the request: queue $Q-flood has insufficient RTX-4090 quota: requested 1, in use 1500 (allocated 0, pending 1500, reserved 0), quota 1500" "$WORK/flood.out"

@@ -130,13 +130,11 @@ fn after_one_write_a_replica_admits_within_its_hold_without_writing() {
         .get("a")
         .cloned()
         .expect("a hold is written");
-    // A quarter of what is free, at most a chunk, plus the pod it carries.
-    assert_eq!(hold.cards["RTX-4090"].get(), 65, "{hold:?}");
-    assert_eq!(
-        snap.ledger(&q()).ledger.len(),
-        0,
-        "the pod is under the hold, not an entry"
-    );
+    // A quarter of what is free, at most a chunk; the pod admitted is an entry of its
+    // own, which a reader whose cache shows the pod counts once.
+    assert_eq!(hold.cards["RTX-4090"].get(), 64, "{hold:?}");
+    assert_eq!(hold.spare["RTX-4090"].get(), 64, "{hold:?}");
+    assert_eq!(snap.ledger(&q()).ledger.len(), 1, "the pod is an entry");
     let mut escrows = HashMap::from([(q(), e)]);
     for i in 1..=64 {
         assert_eq!(
@@ -154,7 +152,7 @@ fn after_one_write_a_replica_admits_within_its_hold_without_writing() {
 
 #[test]
 fn a_charge_refused_while_another_replica_holds_spare_waits_for_its_release() {
-    // Quota 9: a's first pod leaves 8 free, so a holds 1 + 2 spare.
+    // Quota 9: a's first pod (an entry) leaves 8 free, so a holds 2 spare.
     let mut snap = snapshot(9);
     let mut a = Escrow::default();
     batch(&mut snap, "a", &mut a, &[create("a0")], HoldMove::AsNeeded);
@@ -174,21 +172,69 @@ fn a_charge_refused_while_another_replica_holds_spare_waits_for_its_release() {
     let out = batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
     assert!(matches!(out[0], Outcome::Wait(_)), "{out:?}");
     assert_eq!(snap.ledger(&q()).ledger.release(), 1);
-    // a answers: its hold is written down to what it carries, and says so.
+    // a answers: its hold, all spare, is written down to nothing.
     batch(&mut snap, "a", &mut a, &[], HoldMove::AsNeeded);
-    let hold = snap.ledger(&q()).ledger.holds()["a"].clone();
-    assert!(hold.spare.is_empty() && hold.released == 1, "{hold:?}");
-    assert_eq!(hold.cards["RTX-4090"].get(), 1);
+    assert_eq!(snap.ledger(&q()).ledger.holds().get("a"), None);
+    assert_eq!(a.released, 1, "a answered the request");
     // Decided again, b's pod takes the card a gave back.
     let out = batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
     assert!(matches!(out[0], Outcome::Admit(_)), "{out:?}");
-    // One card is left (1 carried by a, 7 by b): b7 takes it. The queue is full then,
-    // and the next one is refused outright, with the numbers (a's carried pod counted
-    // as pending).
+    // One card is left (a's pod and b's 7): b7 takes it. The queue is full then, and
+    // the next one is refused outright, with the numbers (every pod admitted counted
+    // once, as pending).
     let out = batch(&mut snap, "b", &mut b, &[create("b7")], HoldMove::NoSpare);
     assert!(matches!(out[0], Outcome::Admit(_)), "{out:?}");
     let out = batch(&mut snap, "b", &mut b, &[create("b8")], HoldMove::NoSpare);
     match &out[0] {
+        Outcome::Answer(d) => assert_eq!(
+            d.message.as_deref(),
+            Some("queue q has insufficient RTX-4090 quota: requested 1, in use 9 (allocated 0, pending 9, reserved 0), quota 9")
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A pod admitted under a hold is written as an entry at the holder's next write, so a
+/// replica whose cache already shows the pod counts it once. (Carried as a count in
+/// the hold, it was counted twice there: as the pod, and as what the hold carries.)
+#[test]
+fn a_held_pod_another_replica_already_sees_counts_once() {
+    // Quota 9: a0 leaves 8 free, so a holds 2 spare and admits a1 and a2 under it.
+    let mut snap = snapshot(9);
+    let mut a = Escrow::default();
+    batch(&mut snap, "a", &mut a, &[create("a0")], HoldMove::AsNeeded);
+    let mut escrows = HashMap::from([(q(), a)]);
+    for p in ["a1", "a2"] {
+        assert_eq!(held(&mut snap, "a", &mut escrows, &create(p)), (true, true));
+    }
+    let mut a = escrows.remove(&q()).unwrap();
+    batch(&mut snap, "a", &mut a, &[], HoldMove::Shrink);
+    assert_eq!(
+        snap.ledger(&q()).ledger.len(),
+        3,
+        "a0, a1 and a2 are entries"
+    );
+    // The pods reach the cache; a's caches may lag, b's do not.
+    for (i, p) in ["a0", "a1", "a2"].iter().enumerate() {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": p, "namespace": "ml", "uid": format!("u-{p}"),
+                "resourceVersion": (10 + i).to_string(),
+                "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        });
+        card_quota::snapshot::load::upsert(&mut snap, &pod).unwrap();
+    }
+    // b gets all 6 cards left, and its refusal counts 9 pods, each once.
+    let mut b = Escrow::default();
+    let reqs: Vec<AdmissionRequest> = (0..7).map(|i| create(&format!("b{i}"))).collect();
+    let out = batch(&mut snap, "b", &mut b, &reqs, HoldMove::NoSpare);
+    let admitted = out
+        .iter()
+        .filter(|o| matches!(o, Outcome::Admit(_)))
+        .count();
+    assert_eq!(admitted, 6, "{out:?}");
+    match &out[6] {
         Outcome::Answer(d) => assert_eq!(
             d.message.as_deref(),
             Some("queue q has insufficient RTX-4090 quota: requested 1, in use 9 (allocated 0, pending 9, reserved 0), quota 9")

@@ -259,9 +259,13 @@ pub fn plan_held(
                 } else {
                     BTreeSet::new()
                 };
-                let r = escrow::renew(snap, queue, &ledger, h, in_flight, &wanted, answer, now);
+                // What is in flight is written as entries, one per pod: a reader whose
+                // cache already shows a pod counts it once (a count carried in the hold
+                // would count it twice, and refuse a pod that fits).
+                ledger.absorb(&in_flight);
+                ledger.raise_watermark(in_flight.watermark());
+                let r = escrow::renew(snap, queue, &ledger, h, &wanted, answer, now);
                 ledger.set_hold(h.me, r.hold.clone());
-                ledger.raise_watermark(r.escrow.in_flight.watermark());
                 holds_changed = true;
                 renewal = Some(r);
             }

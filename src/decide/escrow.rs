@@ -4,16 +4,18 @@
 //! it expires, so "cache ∪ ledger ∪ others' holds" never counts less than exists.
 //!
 //! The rules (docs/consistency.md):
-//! - A hold is written as `carried + spare` per model: `carried` is what the holder's
-//!   own admissions add to the queue's usage while its caches do not show them, at the
-//!   caches' progress the write raises the ledger's watermark to; `spare` is headroom.
+//! - A hold is written as `spare` per model: headroom. At each write of its hold, what
+//!   the holder admitted under it and its caches do not show yet becomes ledger
+//!   entries (each pod counted once by a reader whose cache shows it); the watermark
+//!   rises to where its caches showed the rest. (A hold's `cards` beyond its spare, as
+//!   the first version wrote them, are read as pending pods.)
 //! - Between two writes the holder admits at most `spare` more; what settles into its
 //!   caches meanwhile is not given back until the next write.
 //! - Spare is a quarter of what is free, at most [`HOLD_CHUNK`] cards, and nothing when
 //!   a release was asked for: holds shrink to nothing near the quota.
 //! - A charge refused only because of others' holds asks them to release (the
-//!   ledger's release request); each holder answers by writing its hold down to what it
-//!   carries.
+//!   ledger's release request); each holder answers by writing its hold down to
+//!   nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -276,57 +278,39 @@ pub struct Renewal {
 }
 
 /// The renewal of this replica's hold on `queue` over a snapshot *without* any
-/// overlay: `stored` is the ledger about to be written (entries, others' holds),
-/// `in_flight` every admission of this replica its caches do not show, `wanted` the
-/// models to keep spare on (none: write the hold down to what it carries).
-#[allow(clippy::too_many_arguments)]
+/// overlay: `stored` is the ledger about to be written (entries, among them what this
+/// replica admitted under its hold, and others' holds), `wanted` the models to keep
+/// spare on (none: write the hold down to nothing).
 pub fn renew(
     snap: &mut Snapshot,
     queue: &QueueName,
     stored: &Ledger,
     holding: &Holding<'_>,
-    in_flight: Ledger,
     wanted: &BTreeSet<CardName>,
     answer_release: bool,
     now: jiff::Timestamp,
 ) -> Renewal {
-    let mut models = models_of(&in_flight);
-    models.extend(wanted.iter().cloned());
     let mut base = overlay::apply(snap, queue, stored);
     lay_holds(&mut base, snap, queue, stored, Some(holding), false);
-    let without = in_use(snap, queue, &models, now);
-    let mut own = Overlay::default();
-    for (id, e) in in_flight.iter() {
-        own.add(snap, queue, id, e);
-    }
-    let with = in_use(snap, queue, &models, now);
-    own.remove(snap);
+    let free = in_use(snap, queue, wanted, now);
     base.remove(snap);
-    let mut cards = BTreeMap::new();
     let mut spare = BTreeMap::new();
-    for (m, (used, free)) in &with {
-        let carried = used.saturating_sub(without.get(m).map(|x| x.0).unwrap_or_default());
+    for (m, (_, free)) in &free {
         // A renewal written while admissions go on under the old spare keeps what is
         // left of it: those admissions land under the new hold.
-        let s = if wanted.contains(m) {
-            let left = holding.escrow.spare.get(m).copied().unwrap_or_default();
-            let most = Cards::from_u128(u128::try_from((*free).max(0)).unwrap_or(u128::MAX));
-            let s = spare_for(*free);
-            if left.get() > s.get() {
-                Cards::from_u128(left.get().min(most.get()))
-            } else {
-                s
-            }
+        let left = holding.escrow.spare.get(m).copied().unwrap_or_default();
+        let most = Cards::from_u128(u128::try_from((*free).max(0)).unwrap_or(u128::MAX));
+        let s = spare_for(*free);
+        let s = if left.get() > s.get() {
+            Cards::from_u128(left.get().min(most.get()))
         } else {
-            Cards::ZERO
+            s
         };
-        if !(carried + s).is_zero() {
-            cards.insert(m.to_string(), carried + s);
-        }
         if !s.is_zero() {
             spare.insert(m.clone(), s);
         }
     }
+    let cards: BTreeMap<String, Cards> = spare.iter().map(|(m, n)| (m.to_string(), *n)).collect();
     let released = if answer_release {
         stored.release()
     } else {
@@ -334,7 +318,7 @@ pub fn renew(
     };
     let renewal = holding.escrow.renewal + 1;
     let hold = (!cards.is_empty()).then(|| Hold {
-        spare: spare.iter().map(|(m, n)| (m.to_string(), *n)).collect(),
+        spare: cards.clone(),
         cards,
         renewal,
         released,
@@ -345,7 +329,7 @@ pub fn renew(
             renewal,
             models: spare.keys().cloned().collect(),
             spare,
-            in_flight,
+            in_flight: Ledger::default(),
             released,
         },
     }

@@ -639,6 +639,9 @@ impl Committer {
                 Ok(Ok(rec)) => {
                     metrics.write(WriteOutcome::Written);
                     metrics.pruned(batch.pruned);
+                    // The written ledger first: until the escrow below drops what the
+                    // write turned into entries, those pods count twice, never zero times.
+                    self.stored(queue, snapshot, rec);
                     if let Some(r) = batch.renewal {
                         let answered = r.escrow.released;
                         let granted: u128;
@@ -666,7 +669,6 @@ impl Committer {
                             tm.cooldown_until = Some(Instant::now() + HOLD_COOLDOWN);
                         }
                     }
-                    self.stored(queue, snapshot, rec);
                     for (w, d) in admitted {
                         w.send(d);
                     }
