@@ -187,8 +187,6 @@ pub struct Committer {
     times: Mutex<HashMap<QueueName, HoldTimes>>,
     /// When this replica first saw each renewal of another replica's hold.
     hold_clock: Mutex<HashMap<(QueueName, String, u64), Instant>>,
-    /// When this replica first saw each queue's latest release request.
-    release_clock: Mutex<HashMap<QueueName, (u64, Instant)>>,
 }
 
 /// What [`Committer::preview`] found.
@@ -220,7 +218,6 @@ impl Committer {
             escrows: Mutex::default(),
             times: Mutex::default(),
             hold_clock: Mutex::default(),
-            release_clock: Mutex::default(),
         }
     }
 
@@ -246,40 +243,6 @@ impl Committer {
     /// True when this replica takes holds of headroom.
     pub fn takes_holds(&self) -> bool {
         self.me.is_some()
-    }
-
-    /// True when `queue`'s latest release request has gone unanswered by a hold that
-    /// still counts for a whole budget on this replica's clock.
-    fn release_unanswered(&self, snapshot: &Mutex<Snapshot>, queue: &QueueName) -> bool {
-        let now = Instant::now();
-        let (asked, pending) = {
-            let snap = locked(snapshot);
-            let stored = &snap.ledger(queue).ledger;
-            let live = |r: &str, h: &Hold| self.hold_counts(queue, r, h);
-            let none = Escrow::default();
-            let holding = Holding {
-                me: self.me.as_deref().unwrap_or_default(),
-                live: &live,
-                escrow: &none,
-            };
-            (
-                stored.release(),
-                escrow::release_pending(stored, Some(&holding)),
-            )
-        };
-        let mut clock = locked(&self.release_clock);
-        if !pending {
-            clock.remove(queue);
-            return false;
-        }
-        let since = match clock.get(queue) {
-            Some(&(n, t)) if n == asked => t,
-            _ => {
-                clock.insert(queue.clone(), (asked, now));
-                now
-            }
-        };
-        now.saturating_duration_since(since) >= self.budget
     }
 
     /// True when another replica's hold still counts on this replica's clock.
@@ -604,17 +567,6 @@ impl Committer {
             }
             if !write_needed {
                 if waiting.is_empty() {
-                    return;
-                }
-                // A holder that has not answered the release request within a
-                // budget is taken for gone (a replica that died holding): refusals
-                // count its hold until it expires rather than each waiting a budget.
-                if self.release_unanswered(snapshot, queue) {
-                    for mut w in waiting {
-                        if let Some(d) = w.refusal.take() {
-                            w.send(d);
-                        }
-                    }
                     return;
                 }
                 // Other replicas' holds are being released: decide again when the
