@@ -234,14 +234,18 @@ pub fn plan_held(
                 overlay::fate(snap, id, e, age(id), now)
             }
         });
+        if !matches!(mv, HoldMove::AsNeeded | HoldMove::NoSpare) {
+            // Written with the hold: what is in flight becomes entries, one per pod (a
+            // reader whose cache already shows a pod counts it once; a count carried in
+            // the hold would count it twice), and readers catch up to what settled.
+            ledger.absorb(&in_flight);
+            ledger.raise_watermark(in_flight.watermark());
+            holds_changed = true;
+        }
         match mv {
             HoldMove::AsNeeded | HoldMove::NoSpare => {}
             HoldMove::Drop => {
-                // What settled is in this replica's caches: readers catch up first.
-                ledger.absorb(&in_flight);
                 ledger.set_hold(h.me, None);
-                ledger.raise_watermark(in_flight.watermark());
-                holds_changed = true;
                 renewal = Some(Renewal {
                     hold: None,
                     escrow: Escrow {
@@ -259,14 +263,8 @@ pub fn plan_held(
                 } else {
                     BTreeSet::new()
                 };
-                // What is in flight is written as entries, one per pod: a reader whose
-                // cache already shows a pod counts it once (a count carried in the hold
-                // would count it twice, and refuse a pod that fits).
-                ledger.absorb(&in_flight);
-                ledger.raise_watermark(in_flight.watermark());
                 let r = escrow::renew(snap, queue, &ledger, h, &wanted, answer, now);
                 ledger.set_hold(h.me, r.hold.clone());
-                holds_changed = true;
                 renewal = Some(r);
             }
         }
