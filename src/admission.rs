@@ -292,7 +292,7 @@ fn bind(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Result<(),
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    let Some(mut pod) = snap.pod(&key).or_else(|| snap.ungated_pod(&key)).cloned() else {
+    let Some(mut pod) = snap.pod(&key).cloned() else {
         return if snap.is_known_cardless_pod(&key) {
             Ok(())
         } else {

@@ -1958,106 +1958,32 @@ fn a_huge_forged_annotation_is_not_echoed_whole() {
     assert!(message(&r).contains("(10000 bytes)"), "{}", message(&r));
 }
 
+/// Issue 45: every card pod is checked at its CREATE and counted, whatever its
+/// scheduler (a second kube-scheduler profile, HAMi's, Yunikorn's): pinned like any, so
+/// any scheduler places it on the model it was admitted for.
 #[test]
-fn pods_of_schedulers_card_quota_does_not_gate_are_neither_charged_nor_counted() {
-    // As `serve --scheduler-name volcano` sets it up: the filter comes first.
-    let mut snap = Snapshot::new();
-    snap.set_gated_schedulers(Some(["volcano".to_string()].into()));
-    for doc in card_quota::snapshot::load::documents(CLUSTER).unwrap() {
-        card_quota::snapshot::load::upsert(&mut snap, &doc).unwrap();
-    }
-    let mut w = World {
-        snap,
-        cfg: Config::default(),
-    };
+fn pods_of_every_scheduler_are_checked_and_counted() {
+    let mut w = World::new();
     let mut other = pod("other", "q", Some("NVIDIA-H200"), "3");
-    other["spec"]["schedulerName"] = json!("yunikorn");
+    other["spec"]["schedulerName"] = json!("gpu-binpack");
     let r = w.send(R::pod("CREATE", other.clone()).build());
-    assert!(r.allowed && r.patch.is_none(), "admitted untouched");
-    // Even when it exists, it holds nothing of the queue's quota.
-    card_quota::snapshot::load::upsert(&mut w.snap, &other).unwrap();
-    assert!(w.usage("q", "NVIDIA-H200").is_null() || w.usage("q", "NVIDIA-H200")["pending"] == 0);
-    assert!(
-        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
-            .allowed
-    );
-    let r = w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200"), "1")).build());
-    assert!(!r.allowed, "the gated pods still fill the quota");
-    // Without the filter (the default) the same pod counts.
-    let mut all = World::new();
-    card_quota::snapshot::load::upsert(&mut all.snap, &other).unwrap();
-    assert_eq!(all.usage("q", "NVIDIA-H200")["pending"], 3);
-    // A pod that names its node is an allocation whatever its scheduler: checked at its
-    // CREATE (the queue is full: refused) and, once it exists, counted.
-    let mut placed = pod("placed", "q", Some("NVIDIA-H200"), "1");
-    placed["spec"]["schedulerName"] = json!("no-such-scheduler");
-    placed["spec"]["nodeName"] = json!("h200-1");
-    let r = w.send(R::pod("CREATE", placed.clone()).build());
-    assert!(!r.allowed, "a queue full of gated pods refuses it");
-    assert!(
-        message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota"),
-        "{}",
-        message(&r)
-    );
-    let mut w = World {
-        snap: {
-            let mut s = Snapshot::new();
-            s.set_gated_schedulers(Some(["volcano".to_string()].into()));
-            for doc in card_quota::snapshot::load::documents(CLUSTER).unwrap() {
-                card_quota::snapshot::load::upsert(&mut s, &doc).unwrap();
-            }
-            s
-        },
-        cfg: Config::default(),
-    };
-    placed["metadata"]["annotations"]["volcano.sh/card.charged"] = json!("NVIDIA-H200");
-    card_quota::snapshot::load::upsert(&mut w.snap, &placed).unwrap();
-    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
-}
-
-/// Issue 32 #1: a second kube-scheduler profile (its own `schedulerName`) binds as
-/// `system:kube-scheduler`, which card-quota gates: the binding is checked like any.
-#[test]
-fn a_gated_binder_binding_a_pod_of_an_ungated_scheduler_is_checked() {
-    let mut snap = Snapshot::new();
-    snap.set_gated_schedulers(Some(["volcano".to_string()].into()));
-    for doc in card_quota::snapshot::load::documents(CLUSTER).unwrap() {
-        card_quota::snapshot::load::upsert(&mut snap, &doc).unwrap();
-    }
-    let mut w = World {
-        snap,
-        cfg: Config::default(),
-    };
-    assert!(
-        w.send(R::pod("CREATE", pod("a", "q", Some("NVIDIA-H200"), "3")).build())
-            .allowed
-    );
-    let mut packed = pod("packed", "q", Some("NVIDIA-H200"), "2");
-    packed["spec"]["schedulerName"] = json!("gpu-binpack");
-    card_quota::snapshot::load::upsert(&mut w.snap, &packed).unwrap();
-    let r = w.send(R::binding("ml", "packed", "h200-1").build());
-    assert!(!r.allowed, "the queue is full");
-    assert!(
-        message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota: requested 2"),
-        "{}",
-        message(&r)
-    );
-    // With room, the binding is admitted and charged like a gated pod's.
-    let mut small = pod("small", "q", Some("RTX-4090"), "1");
-    small["spec"]["schedulerName"] = json!("gpu-binpack");
-    card_quota::snapshot::load::upsert(&mut w.snap, &small).unwrap();
-    assert_eq!(
-        w.usage("q", "RTX-4090")["pending"],
-        0,
-        "not counted while unbound"
-    );
-    let r = w.send(R::binding("ml", "small", "rtx-1").build());
     assert!(r.allowed, "{}", message(&r));
-    assert_eq!(
-        patch(&r),
-        json!([{"op": "add", "path": "/metadata/annotations", "value": {"volcano.sh/card.charged": "RTX-4090"}}])
+    let mut p = patch(&r).to_string();
+    assert!(p.contains("nvidia.com/gpu.product"), "pinned: {p}");
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 3);
+    let mut next = pod("next", "q", Some("NVIDIA-H200"), "1");
+    next["spec"]["schedulerName"] = json!("yunikorn");
+    let r = w.send(R::pod("CREATE", next).build());
+    assert!(!r.allowed, "the other scheduler's pods fill the quota");
+    assert!(
+        message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota: requested 1, in use 3"),
+        "{}",
+        message(&r)
     );
-    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
+    // Its binding by a binder card-quota gates is checked like any other.
+    p.clear();
+    let r = w.send(R::binding("ml", "other", "rtx-1").build());
+    assert!(!r.allowed, "bound on another model than admitted");
 }
 
 /// Issue 32 #4: pods without a `card.queue` stamp (created before card-quota was

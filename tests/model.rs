@@ -9,8 +9,10 @@
 //! stores them and fed to the snapshot the way a watch delivers them. Steps cover pod
 //! CREATE/UPDATE/DELETE (any annotation or label, `card.*` and queue and group keys
 //! included; graceful deletes), bindings, PodGroup CREATE/move/DELETE, scale-ups,
-//! quantities from 0 to u64::MAX in several spellings, pods of several card resources
-//! and a node that brings a new vendor prefix late.
+//! quantities from 0 to u64::MAX in several spellings, pods of several card resources,
+//! pods that name no model, pods of another scheduler (checked like any), pods that name
+//! their node by affinity (as DaemonSet pods do), a NIC's virtual function under a card
+//! vendor's prefix (never a card), and a node that brings a configured vendor late.
 //!
 //! A second check holds the reservations to docs/decisions.md: the cards a queue shows as
 //! reserved equal, per PodGroup, its request minus the most of it its own pods can draw
@@ -24,7 +26,7 @@ use base64::Engine;
 use card_quota::admission::{review, usage_report};
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
-use card_quota::snapshot::load::{load_gated, remove, upsert};
+use card_quota::snapshot::load::{load_with, remove, upsert};
 use card_quota::snapshot::Snapshot;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as RunnerConfig, TestRunner};
@@ -35,7 +37,9 @@ const QUEUES: &[&str] = &["q1", "q2", "default"];
 const GPU: &str = "nvidia.com/gpu";
 const MIG: &str = "nvidia.com/mig-1g.10gb";
 const NPU: &str = "example.com/npu";
-const RESOURCES: &[&str] = &[GPU, MIG, NPU];
+/// An SR-IOV virtual function of a NIC: under a card vendor's prefix, not a card.
+const VF: &str = "nvidia.com/sriov_rdma_vf";
+const RESOURCES: &[&str] = &[GPU, MIG, NPU, VF];
 /// Values a pod may give `volcano.sh/card.name` (None: it gives none).
 const NAMES: &[Option<&str>] = &[
     Some("A"),
@@ -100,7 +104,7 @@ fn node(name: &str) -> Value {
     let (labels, alloc) = match name {
         "a1" => (
             json!({"nvidia.com/gpu.product": "A"}),
-            json!({GPU: "18446744073709551615", MIG: "7"}),
+            json!({GPU: "18446744073709551615", MIG: "7", VF: "8"}),
         ),
         "b1" => (json!({"nvidia.com/gpu.product": "B"}), json!({GPU: "8"})),
         _ => (
@@ -132,9 +136,12 @@ enum Op {
         resources: Vec<(usize, u64, u8)>,
         node: Option<usize>,
         forged: Option<(usize, usize)>,
-        /// Of a scheduler card-quota does not gate (a second kube-scheduler profile):
-        /// the API server does not call card-quota for it unless it names its node.
+        /// Of another scheduler (a second kube-scheduler profile): checked like any card
+        /// pod, whatever its scheduler.
         ungated: bool,
+        /// Names its node by a required `matchFields metadata.name` affinity (as a
+        /// DaemonSet pod does) instead of `spec.nodeName`: unbound until bound there.
+        by_affinity: bool,
         /// Created before card-quota was installed: stored unchecked and unstamped, its
         /// queue follows its PodGroup's.
         before_install: bool,
@@ -239,10 +246,11 @@ fn op() -> impl Strategy<Value = Op> {
         (
             proptest::bool::weighted(0.25),
             proptest::bool::weighted(0.15),
+            proptest::bool::weighted(0.4),
         ),
     )
         .prop_map(
-            |(pod, queue_by, queue, group, name, resources, node, forged, (ungated, before))| {
+            |(pod, queue_by, queue, group, name, resources, node, forged, (ungated, before, by_affinity))| {
                 let before_install = before && !ungated;
                 Op::CreatePod {
                     pod,
@@ -257,6 +265,7 @@ fn op() -> impl Strategy<Value = Op> {
                     // Nobody stamps a pod before the install.
                     forged: forged.filter(|_| !before_install),
                     ungated,
+                    by_affinity,
                     before_install,
                 }
             },
@@ -305,9 +314,11 @@ fn decode_patch(resp: &Value) -> Option<json_patch::Patch> {
 
 impl Cluster {
     fn new() -> Self {
-        // As installed: only Volcano's pods are gated (and any pod created on its node).
-        let gated = Some(["volcano".to_string()].into());
-        let (snap, skipped) = load_gated(&initial_objects(), gated).unwrap();
+        // As installed with a second vendor among the card resources.
+        let mut cards: Vec<&str> = card_quota::cards::resources::DEFAULT_CARD_RESOURCES.to_vec();
+        cards.push(NPU);
+        let cards = card_quota::cards::CardResources::parse(&cards).unwrap();
+        let (snap, skipped) = load_with(&initial_objects(), &cards).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         Self {
             snap,
@@ -430,6 +441,7 @@ impl Cluster {
                 node,
                 forged,
                 ungated,
+                by_affinity,
                 before_install,
             } => {
                 let pname = format!("p{pod}");
@@ -473,13 +485,17 @@ impl Cluster {
                 let mut obj = json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pname, "namespace": NS, "annotations": anns, "labels": labels},
                     "spec": {"schedulerName": scheduler, "containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]}});
+                let named_by_affinity = *by_affinity && node.is_some();
                 if let Some(n) = node {
-                    obj["spec"]["nodeName"] = json!(NODES[*n]);
+                    if named_by_affinity {
+                        obj["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODES[*n]]}]}]}}});
+                    } else {
+                        obj["spec"]["nodeName"] = json!(NODES[*n]);
+                    }
                 }
                 let queue = self.volcano_queue(&obj);
-                // The pod hooks' conditions: an ungated scheduler's pod reaches
-                // card-quota only when it names its node.
-                let stored = if (*ungated && node.is_none()) || *before_install {
+                let stored = if *before_install {
                     Some(obj)
                 } else {
                     self.admit(R::pod("CREATE", obj).build())
@@ -490,7 +506,9 @@ impl Cluster {
                         pname.clone(),
                         Truth {
                             queue,
-                            node: node.map(|n| NODES[n].to_string()),
+                            node: node
+                                .filter(|_| !named_by_affinity)
+                                .map(|n| NODES[n].to_string()),
                             resources: truth,
                         },
                     );
@@ -560,26 +578,13 @@ impl Cluster {
                         }
                     }
                 }
-                // An unbound pod of an ungated scheduler never reaches card-quota. Its
-                // queue is what it names: the model keeps PodGroups to Volcano's pods.
-                let ungated = old.pointer("/spec/schedulerName") != Some(&json!("volcano"));
-                if ungated && EDIT_KEYS[*key] == "scheduling.k8s.io/group-name" {
-                    return;
-                }
-                let unreached = ungated && old.pointer("/spec/nodeName").is_none();
-                let stored = if unreached {
-                    Some(new)
-                } else {
-                    self.admit(R::pod("UPDATE", new).old(old).build())
-                };
-                if let Some(stored) = stored {
-                    // A pod without a stamp is in whatever queue it names now; so is an
-                    // unbound pod the hooks never saw (a stamp its author wrote that
-                    // differs is refused at its bind).
+                // Every pod reaches card-quota, whatever its scheduler.
+                if let Some(stored) = self.admit(R::pod("UPDATE", new).old(old).build()) {
+                    // A pod without a stamp is in whatever queue it names now.
                     let unstamped = stored
                         .pointer("/metadata/annotations/volcano.sh~1card.queue")
                         .is_none();
-                    if unstamped || unreached {
+                    if unstamped {
                         if let Some(last) = self.truth.get(&pname).map(|t| t.queue.clone()) {
                             let q = self.unstamped_queue(&stored, &last);
                             if let Some(t) = self.truth.get_mut(&pname) {
@@ -984,6 +989,7 @@ fn recreating_the_podgroup_of_unstamped_pods_elsewhere_is_checked() {
             node: None,
             forged: None,
             ungated: false,
+            by_affinity: false,
             before_install: true,
         },
         Op::Bind { pod: 0, node: 0 }, // a1: A, checked in q1

@@ -94,6 +94,9 @@ pub struct AnnotationError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Quota {
     cards: BTreeMap<CardName, Cards>,
+    /// The models in the order the annotation writes them: a pod that names no model
+    /// tries its queue's models in this order (the admin's preference).
+    written: Vec<CardName>,
     /// Every model unlimited: how a `warn` queue is decided once its quota refused a
     /// request (never parsed, never stored).
     unlimited: bool,
@@ -102,7 +105,24 @@ pub struct Quota {
 impl Quota {
     pub fn new(cards: BTreeMap<CardName, Cards>) -> Self {
         Self {
+            written: cards.keys().cloned().collect(),
             cards,
+            unlimited: false,
+        }
+    }
+    /// A quota from entries in written order (the first of a model counts).
+    pub fn in_order(entries: Vec<(CardName, Cards)>) -> Self {
+        let mut cards = BTreeMap::new();
+        let mut written = Vec::with_capacity(entries.len());
+        for (m, n) in entries {
+            if let std::collections::btree_map::Entry::Vacant(v) = cards.entry(m.clone()) {
+                v.insert(n);
+                written.push(m);
+            }
+        }
+        Self {
+            cards,
+            written,
             unlimited: false,
         }
     }
@@ -110,8 +130,13 @@ impl Quota {
     pub fn unlimited() -> Self {
         Self {
             cards: BTreeMap::new(),
+            written: Vec::new(),
             unlimited: true,
         }
+    }
+    /// The models the quota names, in the order its annotation writes them.
+    pub fn models_in_order(&self) -> &[CardName] {
+        &self.written
     }
     pub fn get(&self, m: &CardName) -> Cards {
         if self.unlimited {
@@ -130,10 +155,22 @@ impl Quota {
             return Self::unlimited();
         }
         let mut cards = self.cards.clone();
+        let mut written = self.written.clone();
         for (m, n) in &other.cards {
             *cards.entry(m.clone()).or_default() += *n;
         }
-        Self::new(cards)
+        written.extend(
+            other
+                .written
+                .iter()
+                .filter(|m| !self.cards.contains_key(*m))
+                .cloned(),
+        );
+        Self {
+            cards,
+            written,
+            unlimited: false,
+        }
     }
     pub fn is_unlimited(&self) -> bool {
         self.unlimited
@@ -304,7 +341,7 @@ fn parse_quota_in(
 ) -> Result<Quota, AnnotationError> {
     let entries = parse_entries(raw, 0, "non-negative", MAX_QUOTA_ENTRIES)
         .map_err(|p| err(object, annotation, p))?;
-    let mut q = BTreeMap::new();
+    let mut q = Vec::with_capacity(entries.len());
     for (k, n) in entries {
         if k.contains('|') {
             return Err(err(
@@ -323,9 +360,9 @@ fn parse_quota_in(
                 },
             )
         })?;
-        q.insert(name, Cards::new(n));
+        q.push((name, Cards::new(n)));
     }
-    Ok(Quota::new(q))
+    Ok(Quota::in_order(q))
 }
 
 /// Parses `volcano.sh/card.request` of `object` (e.g. `podgroup ml/job-1`).

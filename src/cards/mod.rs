@@ -6,10 +6,12 @@ pub mod hashing;
 pub mod names;
 pub mod nodes;
 pub mod quantity;
+pub mod resources;
 pub mod subject;
 
 pub use annotations::{AnnotationError, CardRequest, Quota};
 pub use names::{Alternatives, CardName, NameError, ObjectKey, QueueName};
 pub use nodes::NodeCards;
 pub use quantity::Cards;
+pub use resources::CardResources;
 pub use subject::{Subject, WorkloadKind};

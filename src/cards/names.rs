@@ -69,6 +69,12 @@ impl CardName {
     }
 }
 
+impl AsRef<str> for CardName {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
 impl fmt::Display for CardName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -51,9 +51,28 @@ pub struct NodeCards {
     pub pins: BTreeMap<String, (String, String)>,
     /// Things that could not be mapped, for logs and warnings.
     pub problems: Vec<String>,
+    /// Cards of resources the install does not gate (not among its card resources):
+    /// reported, never counted.
+    pub unmanaged: BTreeMap<String, (CardName, u64)>,
 }
 
 impl NodeCards {
+    /// Moves the resources `manages` rejects from `resources` to `unmanaged`.
+    pub fn keep_managed(&mut self, manages: impl Fn(&str) -> bool) {
+        let out: Vec<String> = self
+            .resources
+            .keys()
+            .filter(|r| !manages(r))
+            .cloned()
+            .collect();
+        for r in out {
+            if let Some(v) = self.resources.remove(&r) {
+                self.pins.remove(&r);
+                self.unmanaged.insert(r, v);
+            }
+        }
+    }
+
     /// The model a pod requesting `resource` uses on this node.
     pub fn model_for(&self, resource: &str) -> Option<&CardName> {
         self.resources.get(resource).map(|(m, _)| m)

@@ -81,8 +81,9 @@ pub struct Scope {
     pub namespace: String,
     /// card-quota's service account (its own writes skip the Queue hook).
     pub service_account: String,
-    /// `spec.schedulerName`s whose pods are gated and counted.
-    pub schedulers: Vec<String>,
+    /// The card resources: the pod hooks select exactly the pods that request one, and
+    /// `serve` counts exactly those (`--card-resource`).
+    pub cards: crate::cards::CardResources,
     /// Users whose `pods/binding` requests are gated (the schedulers' identities).
     pub binders: Vec<String>,
 }
@@ -92,7 +93,7 @@ impl Default for Scope {
         Self {
             namespace: "card-quota".into(),
             service_account: "card-quota".into(),
-            schedulers: vec!["volcano".into(), "default-scheduler".into()],
+            cards: crate::cards::CardResources::default(),
             binders: vec![
                 "system:serviceaccount:volcano-system:volcano-scheduler".into(),
                 "system:kube-scheduler".into(),
@@ -111,8 +112,30 @@ fn cel_list(items: &[String]) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
+/// The `card-demand` condition of the pod hooks: a `card.name`, or a request or limit of
+/// one of `cards` in any container or init container.
+pub fn card_demand_condition(cards: &crate::cards::CardResources) -> String {
+    let names: Vec<String> = cards.names().map(str::to_string).collect();
+    let prefixes: Vec<String> = cards.prefixes().map(str::to_string).collect();
+    let r = format!(
+        "(r in {} || {}.exists(p, r.startsWith(p)))",
+        cel_list(&names),
+        cel_list(&prefixes)
+    );
+    let asks = |list: &str| {
+        format!(
+            "{list}.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {r})) || (has(c.resources.requests) && c.resources.requests.exists(r, {r}))))"
+        )
+    };
+    format!(
+        "(has(object.metadata.annotations) && 'volcano.sh/card.name' in object.metadata.annotations) || {} || (has(object.spec.initContainers) && {})",
+        asks("object.spec.containers"),
+        asks("object.spec.initContainers")
+    )
+}
+
 /// Puts `scope` into the objects: namespace, service account, and the match conditions
-/// naming schedulers, binders and card-quota itself.
+/// naming card resources, binders and card-quota itself.
 fn apply_scope(objects: &mut [Value], scope: &Scope) {
     const NS: &str = "card-quota";
     let ns = json!(scope.namespace);
@@ -126,21 +149,24 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
             "Deployment" => {
                 let spec = &mut o["spec"]["template"]["spec"];
                 spec["serviceAccountName"] = json!(scope.service_account);
-                // Usage counts exactly the pods the hooks gate.
+                // `serve` counts exactly the card resources the hooks select.
                 if let Some(args) = spec
                     .pointer_mut("/containers/0/args")
                     .and_then(Value::as_array_mut)
                 {
                     args.retain(|a| {
                         !a.as_str()
-                            .is_some_and(|a| a.starts_with("--scheduler-name="))
+                            .is_some_and(|a| a.starts_with("--card-resource="))
                     });
-                    args.extend(
-                        scope
-                            .schedulers
-                            .iter()
-                            .map(|n| json!(format!("--scheduler-name={n}"))),
-                    );
+                    if !scope.cards.is_default() {
+                        args.extend(
+                            scope
+                                .cards
+                                .patterns()
+                                .iter()
+                                .map(|p| json!(format!("--card-resource={p}"))),
+                        );
+                    }
                 }
             }
             "ClusterRoleBinding" | "RoleBinding" => {
@@ -179,10 +205,7 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
                 .flatten()
             {
                 let expr = match c["name"].as_str().unwrap_or_default() {
-                    "gated-schedulers" => format!(
-                        "object.spec.schedulerName in {} || (has(object.spec.nodeName) && object.spec.nodeName != '')",
-                        cel_list(&scope.schedulers)
-                    ),
+                    "card-demand" => card_demand_condition(&scope.cards),
                     "gated-binders" => {
                         format!("request.userInfo.username in {}", cel_list(&scope.binders))
                     }
@@ -514,23 +537,26 @@ mod tests {
         assert!(secret["data"]["tls.key"].as_str().unwrap().len() > 100);
     }
 
+    /// The YAML's `card-demand` conditions (kustomize, the chart's files) are the ones
+    /// `manifests` renders for the default card resources.
     #[test]
-    fn the_pod_hooks_select_the_card_vendors_card_quota_reads() {
+    fn the_pod_hooks_select_the_default_card_resources() {
         let text = include_str!("../../manifests/webhooks/webhooks.yaml");
-        let want: Vec<String> = crate::cards::nodes::DEFAULT_CARD_PREFIXES
+        let want = card_demand_condition(&crate::cards::CardResources::default());
+        let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let conditions: Vec<String> = documents(text)
+            .unwrap()
             .iter()
-            .map(|p| format!("'{p}/'"))
-            .collect();
-        let list = format!("[{}]", want.join(", "));
-        let conditions: Vec<&str> = text
-            .split("- name: card-demand")
-            .skip(1)
-            .map(|c| c.split("- name:").next().unwrap_or(""))
+            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
+            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["name"] == "card-demand")
+            .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
             .collect();
         assert_eq!(conditions.len(), 2, "both pod hooks");
         for c in conditions {
-            assert_eq!(c.matches(&list).count(), 4, "{c}");
+            assert_eq!(squash(&c), squash(&want));
         }
+        assert!(!text.contains("schedulerName"), "no hook filters by scheduler");
     }
 
     #[test]
@@ -574,7 +600,7 @@ mod tests {
     }
 
     #[test]
-    fn scope_flags_rename_the_install_and_the_gated_schedulers_everywhere() {
+    fn scope_flags_rename_the_install_and_the_card_resources_everywhere() {
         let d = certs();
         crate::webhook::tls::generate("card-quota", "gpu-quota", &[], &[], &d.0).unwrap();
         let text = render(&Options {
@@ -590,7 +616,8 @@ mod tests {
             scope: Scope {
                 namespace: "gpu-quota".into(),
                 service_account: "cq".into(),
-                schedulers: vec!["default-scheduler".into()],
+                cards: crate::cards::CardResources::parse(&["nvidia.com/gpu", "cambricon.com/mlu*"])
+                    .unwrap(),
                 binders: vec!["system:kube-scheduler".into(), "o'brien".into()],
             },
         })
@@ -602,14 +629,18 @@ mod tests {
             }
         }
         assert!(!text.contains("namespace: card-quota"), "{text}");
-        assert!(text.contains("object.spec.schedulerName in ['default-scheduler'] || (has(object.spec.nodeName) && object.spec.nodeName != '')"));
+        // Every card pod is checked whatever its scheduler; the pod hooks select exactly
+        // the card resources given, and `serve` is given the same list.
+        assert!(!text.contains("schedulerName"), "{text}");
+        assert!(text.contains("(r in ['nvidia.com/gpu'] || ['cambricon.com/mlu'].exists(p, r.startsWith(p)))"));
         assert!(
             text.contains(r"request.userInfo.username in ['system:kube-scheduler', 'o\'brien']")
         );
         assert!(text.contains("request.userInfo.username != 'system:serviceaccount:gpu-quota:cq'"));
         assert!(text.contains("serviceAccountName: cq"));
-        assert!(text.contains("--scheduler-name=default-scheduler"));
-        assert!(!text.contains("--scheduler-name=volcano"));
+        assert!(text.contains("--card-resource=nvidia.com/gpu"));
+        assert!(text.contains("--card-resource=cambricon.com/mlu*"));
+        assert!(!text.contains("--scheduler-name"));
         assert!(!text.contains("volcano-system"));
     }
 }

@@ -33,7 +33,7 @@ fn created(v: &Value) -> &str {
 /// the Pods and PodGroups of `text`; also returns the objects that could not be read.
 pub fn would_refuse(
     text: &str,
-    gated: Option<std::collections::BTreeSet<String>>,
+    cards: &crate::cards::CardResources,
     cfg: &Config,
 ) -> Result<(Vec<WouldRefuse>, Vec<String>), LoadError> {
     let docs = documents(text)?;
@@ -47,7 +47,7 @@ pub fn would_refuse(
         .iter()
         .partition(|v| matches!(kind(v).as_str(), "Pod" | "PodGroup"));
     let mut snap = Snapshot::new();
-    snap.set_gated_schedulers(gated);
+    snap.set_card_resources(cards.clone());
     let mut skipped = Vec::new();
     let mut rest = rest;
     rest.sort_by_key(|v| match kind(v).as_str() {
@@ -181,7 +181,7 @@ spec: {containers: [{name: c}]}
 
     #[test]
     fn the_pod_that_came_last_into_a_full_queue_is_listed_even_under_warn() {
-        let (refused, skipped) = would_refuse(DUMP, None, &Config::default()).unwrap();
+        let (refused, skipped) = would_refuse(DUMP, &Default::default(), &Config::default()).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!(
             refused,
@@ -194,7 +194,7 @@ spec: {containers: [{name: c}]}
         assert!(table(&refused)
             .starts_with("KIND  NAME     WOULD BE REFUSED WITH\nPod   ml/late  queue q has"));
         let fits = DUMP.replace(r#"'{"NVIDIA-H200":2}'"#, r#"'{"NVIDIA-H200":3}'"#);
-        let (refused, _) = would_refuse(&fits, None, &Config::default()).unwrap();
+        let (refused, _) = would_refuse(&fits, &Default::default(), &Config::default()).unwrap();
         assert!(refused.is_empty());
         assert!(table(&refused).starts_with("Nothing would be refused"));
     }

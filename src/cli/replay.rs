@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::admission::{apply, bad_review, review, usage_report, usage_table};
 use crate::decide::review::ReviewOut;
 use crate::decide::Config;
-use crate::snapshot::load::{documents, load_gated};
+use crate::snapshot::load::{documents, load_with};
 
 /// Output format of the final usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -109,11 +109,11 @@ pub fn run(
     requests: &Path,
     output: Output,
     cfg: &Config,
-    gated: Option<std::collections::BTreeSet<String>>,
+    cards: &crate::cards::CardResources,
     out: &mut impl Write,
 ) -> Result<(), ReplayError> {
     let (mut snap, skipped) =
-        load_gated(&read(objects)?, gated).map_err(|source| ReplayError::Objects {
+        load_with(&read(objects)?, cards).map_err(|source| ReplayError::Objects {
             path: objects.display().to_string(),
             source,
         })?;

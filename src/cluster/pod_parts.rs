@@ -76,7 +76,7 @@ impl PodParts {
     pub fn record(
         &self,
         namespace_hint: &str,
-        card_kinds: &[String],
+        cards: &crate::cards::CardResources,
         seq: u64,
     ) -> Result<PodRecord, RecordError> {
         pod_record_of(
@@ -84,7 +84,7 @@ impl PodParts {
             self.spec.as_ref().map(SpecParts::view),
             self.phase.clone(),
             namespace_hint,
-            card_kinds,
+            cards,
             seq,
         )
     }
@@ -231,10 +231,10 @@ mod tests {
         let raw = full_pod().to_string();
         let whole: Pod = serde_json::from_str(&raw).unwrap();
         let parts = read_pod(&raw).unwrap();
-        let prefixes = ["nvidia.com".to_string()];
+        let cards = crate::cards::CardResources::default();
         assert_eq!(
-            parts.record("ml", &prefixes, 7).unwrap(),
-            pod_record(&whole, "ml", &prefixes, 7).unwrap()
+            parts.record("ml", &cards, 7).unwrap(),
+            pod_record(&whole, "ml", &cards, 7).unwrap()
         );
         // The parts of a whole pod (the path for text only the tree reads) are the same.
         assert_eq!(PodParts::from(whole.clone()), parts);

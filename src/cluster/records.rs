@@ -14,10 +14,11 @@ use crate::cards::annotations::{
 use crate::cards::demand::{
     containers_demand, pinned_products, ContainerResources, PodDemandError, ResourceDemand,
 };
-use crate::cards::nodes::{discover, is_card_resource, product_of, resource_fits_model_shape};
+use crate::cards::nodes::{discover, product_of, resource_fits_model_shape};
 pub use crate::cards::WorkloadKind;
 use crate::cards::{
-    Alternatives, CardName, CardRequest, Cards, NodeCards, ObjectKey, QueueName, Quota, Subject,
+    Alternatives, CardName, CardRequest, CardResources, Cards, NodeCards, ObjectKey, QueueName,
+    Quota, Subject,
 };
 
 /// A Queue as card-quota sees it.
@@ -336,11 +337,11 @@ fn anns(meta: &ObjectMeta) -> BTreeMap<String, String> {
 
 static NO_STRINGS: BTreeMap<String, String> = BTreeMap::new();
 
-/// Builds a pod record. `card_kinds` are the card types nodes announce.
+/// Builds a pod record; `cards` says which extended resources are card demand.
 pub fn pod_record(
     pod: &Pod,
     namespace_hint: &str,
-    card_kinds: &[String],
+    cards: &CardResources,
     seq: u64,
 ) -> Result<PodRecord, RecordError> {
     pod_record_of(
@@ -348,7 +349,7 @@ pub fn pod_record(
         pod.spec.as_ref().map(SpecView::of),
         pod.status.as_ref().and_then(|s| s.phase.clone()),
         namespace_hint,
-        card_kinds,
+        cards,
         seq,
     )
 }
@@ -394,7 +395,7 @@ pub fn pod_record_of<C: ContainerResources>(
     spec: Option<SpecView<'_, C>>,
     phase: Option<String>,
     namespace_hint: &str,
-    card_kinds: &[String],
+    cards: &CardResources,
     seq: u64,
 ) -> Result<PodRecord, RecordError> {
     let name = meta
@@ -413,7 +414,7 @@ pub fn pod_record_of<C: ContainerResources>(
         meta,
         spec,
         phase,
-        card_kinds,
+        cards,
         seq,
     ))
 }
@@ -424,14 +425,14 @@ fn record_from_parts<C: ContainerResources>(
     meta: &ObjectMeta,
     spec: Option<SpecView<'_, C>>,
     phase: Option<String>,
-    card_kinds: &[String],
+    cards: &CardResources,
     seq: u64,
 ) -> PodRecord {
     // Read in place: records are built for every pod event and admission.
     let a = meta.annotations.as_ref().unwrap_or(&NO_STRINGS);
     let labels = meta.labels.as_ref().unwrap_or(&NO_STRINGS);
     let object = || subject.named(key).to_string();
-    let is_card = |r: &str| is_card_resource(r, card_kinds.iter().map(String::as_str));
+    let is_card = |r: &str| cards.matches(r);
     // Every extended resource is read; those of no known card type wait as latent
     // demand for a node to announce their type.
     let mut demand = match spec {
@@ -620,7 +621,7 @@ fn template_record(
     kind: WorkloadKind,
     key: &ObjectKey,
     t: Option<&PodTemplateSpec>,
-    prefixes: &[String],
+    cards: &CardResources,
     seq: u64,
 ) -> PodRecord {
     let meta = t.and_then(|t| t.metadata.clone()).unwrap_or_default();
@@ -630,7 +631,7 @@ fn template_record(
         &meta,
         t.and_then(|t| t.spec.as_ref()).map(SpecView::of),
         None,
-        prefixes,
+        cards,
         seq,
     )
 }
@@ -649,7 +650,7 @@ pub struct JobRecord {
 pub fn job_record(
     v: &Value,
     namespace_hint: &str,
-    prefixes: &[String],
+    cards: &CardResources,
     seq: u64,
 ) -> Result<JobRecord, RecordError> {
     let meta = meta_of(v, "Job")?;
@@ -700,7 +701,7 @@ pub fn job_record(
                 .and_then(|t| t.spec.as_ref())
                 .map(SpecView::of),
             None,
-            prefixes,
+            cards,
             seq,
         );
         tasks.push((task, replicas, rec));
@@ -717,7 +718,7 @@ pub fn workload_record(
     kind: WorkloadKind,
     v: &Value,
     namespace_hint: &str,
-    prefixes: &[String],
+    cards: &CardResources,
     seq: u64,
 ) -> Result<WorkloadRecord, RecordError> {
     let decode = |source| RecordError::Decode {
@@ -754,7 +755,7 @@ pub fn workload_record(
         .any(|o| o.kind == "Deployment" && o.controller == Some(true));
     Ok(WorkloadRecord {
         kind,
-        template: template_record(kind, &key, template.as_ref(), prefixes, seq),
+        template: template_record(kind, &key, template.as_ref(), cards, seq),
         key,
         replicas: replicas.unwrap_or(1),
         owned_by_deployment,

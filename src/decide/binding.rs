@@ -2,14 +2,14 @@
 
 use serde_json::Value;
 
-use crate::cards::annotations::{CARD_QUEUE, CHARGED};
+use crate::cards::annotations::CHARGED;
 use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::messages::{gate, BAD_REQUEST, IMMUTABLE, INVALID_DEMAND, RETRY};
+use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, RETRY};
 use super::patch::set_annotation;
-use super::pod::{allocate, card_demand};
+use super::pod::{allocate, card_demand, Source};
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision, ObjectRef};
 
@@ -42,12 +42,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             format!("binding of pod {key} has no target.name"),
         );
     };
-    // A pod of a scheduler card-quota does not gate, bound by one it does (a second
-    // kube-scheduler profile): the binding makes it an allocation, checked like any.
-    let Some(pod) = snap.pod(&key).or_else(|| snap.ungated_pod(&key)) else {
-        if snap.latent_pod(&key).is_some() && snap.node(node).is_none() {
-            return unseen_node(&key, node);
-        }
+    let Some(pod) = snap.pod(&key) else {
         if snap.is_known_cardless_pod(&key) {
             return Decision::allow();
         }
@@ -56,10 +51,6 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             format!("pod {key} is not in card-quota's cache yet; try again"),
         );
     };
-    // Resources of a type no node announces yet may become cards on the node it goes to.
-    if !pod.latent.is_empty() && snap.node(node).is_none() {
-        return unseen_node(&key, node);
-    }
     // A scheduler retrying a bind that succeeded (its client timed out) must not replace
     // the first charge: the API server refuses it with 409 anyway, but only after the
     // webhooks ran. The cache, or a ledger entry laid over it, shows the first bind.
@@ -68,22 +59,6 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             BAD_REQUEST,
             format!("pod {key} is already bound to node {bound}; a pod is bound once"),
         );
-    }
-    // The pod hooks never saw an unbound pod of an ungated scheduler: a `card.queue` on
-    // it is the user's, and would charge another queue than Volcano's. Refused, as at a
-    // CREATE that carries one.
-    if snap.pod(&key).is_none() {
-        if let (Some(stamped), Ok(own)) = (&pod.stamped_queue, snap.volcano_queue(pod)) {
-            if *stamped != own {
-                return Decision::deny(
-                    IMMUTABLE,
-                    format!(
-                        "pod {key} sets {CARD_QUEUE}={:?} but its queue is {own}; card-quota writes that annotation, remove it",
-                        crate::cards::names::shown(stamped.as_str())
-                    ),
-                );
-            }
-        }
     }
     let queue = match snap.resolve_queue(pod) {
         Ok(q) => q,
@@ -104,10 +79,13 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if resources <= 1 {
         match card_demand(&rec, snap, Some(&queue)) {
             Ok(Some(d)) => {
-                if d.inferred {
+                // A pod that names no model (admitted before card-quota named one for
+                // it, or unpinned under warn) is charged by its node's model.
+                if d.source == Source::Pinned {
                     rec.card_name = Some(Ok(d.alternatives));
                 }
             }
+            Ok(None) if rec.card_name.is_none() => {}
             Ok(None) => return Decision::allow(),
             // No name and no pin: the node decides the model.
             Err(_) if rec.card_name.is_none() => {}

@@ -4,7 +4,8 @@
 //! warning, an Event and a metric that say what `deny` would have done.
 
 use super::messages::{cap, Reason};
-use super::{decide, Config, Decision, EventIntent, ObjectRef, RequestKind};
+use super::{decide, Config, Decision, Enforcement, EventIntent, ObjectRef, RequestKind};
+use crate::cards::annotations::ENFORCEMENT;
 use crate::snapshot::Snapshot;
 
 use super::review::{AdmissionRequest, Operation};
@@ -24,7 +25,13 @@ pub fn decide_enforcing(
     if !refused_by_quota(req, &d) {
         return d;
     }
-    let default = cfg.enforcement_in(req.ns());
+    // A namespace may only tighten: one in deny is refused whatever its queue says, and
+    // one in warn cannot loosen a queue in deny (one tenant's rollout never breaches
+    // another's quota).
+    if cfg.namespace_mode(req.ns()) == Some(Enforcement::Deny) {
+        return d;
+    }
+    let default = cfg.enforcement;
     if !snap.any_warn(default) {
         return d;
     }
@@ -34,7 +41,17 @@ pub fn decide_enforcing(
     if !relaxed.allowed || relaxed.reason.is_some() {
         return d;
     }
-    warned(relaxed, d, created_pod(req))
+    let why = match relaxed.charge.as_ref().map(|c| &c.queue) {
+        Some(q) => {
+            let source = match snap.queue(q).map(|r| &r.enforcement) {
+                Some(Ok(Some(_))) => format!("its {ENFORCEMENT} annotation"),
+                _ => "the install's default".to_string(),
+            };
+            format!("queue {q}'s enforcement is warn ({source})")
+        }
+        None => "the queue's enforcement is warn".to_string(),
+    };
+    warned(relaxed, d, created_pod(req), &why)
 }
 
 /// The pod a CREATE makes, when its name is known: an admitted pod will exist, so the
@@ -72,14 +89,19 @@ fn refused_by_quota(req: &AdmissionRequest, d: &Decision) -> bool {
 }
 
 /// `admitted`, saying what `refused` says.
-fn warned(mut admitted: Decision, refused: Decision, pod: Option<ObjectRef>) -> Decision {
+fn warned(
+    mut admitted: Decision,
+    refused: Decision,
+    pod: Option<ObjectRef>,
+    why: &str,
+) -> Decision {
     let said = refused
         .message
         .clone()
         .or_else(|| refused.event.as_ref().map(|e| e.message.clone()))
         .unwrap_or_default();
     admitted.warnings.push(cap(format!(
-        "card-quota would refuse this if the queue's enforcement were deny: {said}"
+        "card-quota admitted this because {why}; under deny: {said}"
     )));
     let message = cap(format!("admitted in warn mode; under deny: {said}"));
     admitted.event = match (pod, refused.event) {

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod binding;
+pub mod candidates;
 pub mod enforcement;
 pub mod escrow;
 pub mod fit;
@@ -46,8 +47,8 @@ pub struct Config {
     pub enforcement: Enforcement,
     /// The deepest a queue may sit below `root` (`--max-queue-depth`).
     pub max_queue_depth: usize,
-    /// Per namespace, the enforcement of its requests, over `enforcement` (a queue's
-    /// own annotation still wins: the queue's admin chose it).
+    /// Per namespace, an enforcement that may only tighten a queue's: a namespace in
+    /// deny is refused even in a queue in warn; one in warn never loosens a queue in deny.
     pub namespace_enforcement: NamespaceEnforcement,
 }
 
@@ -64,14 +65,9 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The enforcement of a request from `namespace` (empty: cluster-scoped) to a queue
-    /// without its own `volcano.sh/card.enforcement`.
-    pub fn enforcement_in(&self, namespace: &str) -> Enforcement {
-        self.namespace_enforcement
-            .0
-            .get(namespace)
-            .copied()
-            .unwrap_or(self.enforcement)
+    /// The `--namespace-enforcement` of `namespace` (empty: cluster-scoped), if any.
+    pub fn namespace_mode(&self, namespace: &str) -> Option<Enforcement> {
+        self.namespace_enforcement.0.get(namespace).copied()
     }
 }
 

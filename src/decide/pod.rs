@@ -17,6 +17,7 @@ use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
 use crate::snapshot::{Snapshot, UnknownGroup};
 
+use super::candidates::{allowed_by_constraints, none_usable, queue_models};
 use super::fit::{feasible, fit, fit_leaf, models_of, Change};
 use super::messages::{
     gate, insufficient, short_list, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
@@ -33,8 +34,29 @@ pub struct CardDemand {
     pub resource: String,
     pub cards: Cards,
     pub alternatives: Alternatives,
-    /// The alternatives were inferred from node affinity (the mutating webhook adds them).
-    pub inferred: bool,
+    /// Where the alternatives come from.
+    pub source: Source,
+}
+
+/// Where a pod's alternatives come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Its `volcano.sh/card.name`.
+    Named,
+    /// Its node constraints on a product label (the mutating webhook writes them as
+    /// `card.name`).
+    Pinned,
+    /// It names no model: the models of its resource its queue's quota names, in the
+    /// quota's order (the mutating webhook writes them as `card.name`).
+    Quota,
+}
+
+impl CardDemand {
+    /// The alternatives are card-quota's reading, not the pod's own `card.name`: the
+    /// mutating webhook writes them on the pod.
+    pub fn is_inferred(&self) -> bool {
+        self.source != Source::Named
+    }
 }
 
 pub fn decide(
@@ -83,7 +105,7 @@ fn read(req: &AdmissionRequest, obj: &Object) -> Result<Box<ReadPod>, Decision> 
         )
     })?;
     let mut record = pod
-        .record(req.ns(), &[], u64::MAX)
+        .record(req.ns(), crate::cards::CardResources::defaults(), u64::MAX)
         .map_err(|e| Decision::deny(BAD_REQUEST, e.to_string()))?;
     if pod.metadata.name.as_deref().unwrap_or("").is_empty() {
         if let Some(n) = req.name.as_ref().filter(|n| !n.is_empty()) {
@@ -138,23 +160,6 @@ pub fn owner_ref(owners: &[OwnerReference], namespace: &str) -> Option<ObjectRef
         name: o.name.clone(),
         uid: Some(o.uid.clone()).filter(|u| !u.is_empty()),
     })
-}
-
-/// Models of `resource` that `queue` has quota for (for the "set card.name" hint).
-fn quota_models_of(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<CardName> {
-    let quota = snap
-        .queue(queue)
-        .map(|q| q.effective_quota())
-        .unwrap_or_default();
-    quota
-        .entries()
-        .keys()
-        .filter(|m| match snap.resources_of(m) {
-            Some(r) => r.contains_key(resource),
-            None => resource_fits_model_shape(resource, m),
-        })
-        .cloned()
-        .collect()
 }
 
 /// Infers alternatives from node-affinity / nodeSelector pins on the product label.
@@ -251,7 +256,7 @@ pub fn card_demand(
                 resource,
                 cards,
                 alternatives,
-                inferred: false,
+                source: Source::Named,
             })),
             None => Err(Decision::deny(
                 INVALID_DEMAND,
@@ -268,21 +273,32 @@ pub fn card_demand(
             resource,
             cards,
             alternatives: a,
-            inferred: true,
+            source: Source::Pinned,
         }));
     }
+    // No name and no product pin: every model of the resource its queue's quota names,
+    // in the quota's order, that the pod's own constraints allow.
     let q = queue.cloned().unwrap_or_else(QueueName::default_queue);
-    let models = quota_models_of(snap, &q, &resource);
-    let hint = if models.is_empty() {
-        format!("queue {q} has quota for no {resource} model")
-    } else {
-        let list: Vec<String> = models.iter().map(ToString::to_string).collect();
-        format!("queue {q} has quota for: {}", list.join(", "))
-    };
-    Err(Decision::deny(
-        INVALID_DEMAND,
-        format!("{subject} requests {resource} but has no {CARD_NAME} and no node affinity pinning a model; {hint}"),
-    ))
+    let named = queue_models(snap, &q, &resource);
+    let usable = allowed_by_constraints(rec, &resource, &named);
+    match Alternatives::from_models(usable) {
+        Some(alternatives) => Ok(Some(CardDemand {
+            resource,
+            cards,
+            alternatives,
+            source: Source::Quota,
+        })),
+        // Under warn a quota refusal is a warning: admitted unpinned, charged on its
+        // node's model once bound.
+        None if named.is_empty() && snap.quota_lifted(&q) => Ok(None),
+        None => {
+            let message = none_usable(snap, &subject.to_string(), &q, &resource, &named, rec);
+            // A quota that names no model of the resource is a quota refusal (warn admits
+            // it); the pod's own constraints ruling out every model is the pod's to fix.
+            let reason = if named.is_empty() { INSUFFICIENT } else { INVALID_DEMAND };
+            Err(Decision::deny(reason, message))
+        }
+    }
 }
 
 fn undecided(
@@ -421,7 +437,15 @@ fn admit(
     let at = AnnotationsAt::of_meta(&pod.metadata);
     let demand = match card_demand(&rec, snap, Some(&queue)) {
         Ok(Some(d)) => d,
-        Ok(None) => return Decision::allow(),
+        // Nothing to charge now (under warn, a pod whose queue names no model of its
+        // resource): still stamped, so that its cards count in this queue once bound.
+        Ok(None) => {
+            let mut d = Decision::allow();
+            if stamp {
+                d.patch = annotations_at(at, vec![(CARD_QUEUE, queue.to_string())]);
+            }
+            return d;
+        }
         Err(d) => return d.with_event(owner),
     };
     if let Err(d) = gate(snap, &queue) {
@@ -432,11 +456,16 @@ fn admit(
         annotations.push((CARD_QUEUE, queue.to_string()));
         rec.stamped_queue = Some(queue.clone());
     }
-    if demand.inferred {
+    if demand.is_inferred() {
         annotations.push((CARD_NAME, demand.alternatives.to_string()));
         rec.card_name = Some(Ok(demand.alternatives.clone()));
     }
     if let Some(node) = rec.node.clone() {
+        // Created on its node: charged on that node's model, whatever its queue names.
+        if demand.source == Source::Quota {
+            annotations.retain(|(k, _)| *k != CARD_NAME);
+            rec.card_name = None;
+        }
         return match allocate(snap, &queue, &rec, &node, now) {
             Ok(charges) => {
                 let mut bound = rec.clone();
@@ -450,6 +479,10 @@ fn admit(
             }
             Err(d) => d.with_event(owner),
         };
+    }
+    if let Some(node) = node_named_by_affinity(pod) {
+        return charge_on_named_node(pod, rec, queue, snap, now, &demand, &node, annotations)
+            .with_event(owner);
     }
     let mut node_selector = None;
     let mut fits_pinned = false;
@@ -531,20 +564,10 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         Ok(r) => r,
         Err(d) => return d,
     };
-    // Pods of schedulers card-quota does not gate are neither charged nor counted.
-    if !snap.gates(&rec) {
+    // Only the install's card resources are cards: a NIC's virtual function under a
+    // card vendor's prefix is not.
+    if !rec.is_card_pod() {
         return Decision::allow();
-    }
-    // Pods requesting resources of a vendor no node announces yet may hold cards later:
-    // they get the same stamp and protection as card pods.
-    let latent_only = !rec.is_card_pod();
-    if latent_only && rec.latent.is_empty() {
-        return Decision::allow();
-    }
-    if let (true, Some(n)) = (latent_only, &rec.node) {
-        if snap.node(n).is_none() {
-            return super::binding::unseen_node(&rec.key, n);
-        }
     }
     let key = rec.key.clone();
     // docs/annotations.md: the queue Volcano will schedule the pod in is the queue it is charged
@@ -574,7 +597,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         }
     }
     if let Some(charged) = annotation(pod, CHARGED) {
-        if rec.node.is_none() || latent_only {
+        if rec.node.is_none() {
             let charged = shown(charged);
             return Decision::deny(
                 IMMUTABLE,
@@ -583,14 +606,6 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
                 ),
             );
         }
-    }
-    if latent_only {
-        let mut d = Decision::allow();
-        d.patch = annotations_at(
-            AnnotationsAt::of_meta(&pod.metadata),
-            vec![(CARD_QUEUE, queue.to_string())],
-        );
-        return d;
     }
     let steer = cfg.pin && rec.node.is_none() && !names_its_node(pod) && !owned_by_daemonset(pod);
     let d = admit(pod, rec, queue, snap, now, true, steer);
@@ -635,7 +650,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         Ok(r) => r,
         Err(d) => return d,
     };
-    let may_hold_cards = |p: &PodRecord| p.is_card_pod() || !p.latent.is_empty();
+    let may_hold_cards = |p: &PodRecord| p.is_card_pod();
     if may_hold_cards(&old) || may_hold_cards(&new) {
         // The stamp a pod from before the install gets from the reconciler: the queue
         // it is counted in already, so nothing moves.
@@ -663,8 +678,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
             }
         }
     }
-    // spec.schedulerName is immutable: an ungated pod stays ungated.
-    if !new.is_card_pod() || !snap.gates(&new) {
+    if !new.is_card_pod() {
         return Decision::allow();
     }
     let same_demand = new.demand == old.demand && new.card_name == old.card_name;
@@ -717,8 +731,14 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`
 /// term) is placed there whatever a pin says: it is left alone.
 fn names_its_node(pod: &PodParts) -> bool {
-    let terms = pod
-        .spec
+    required_terms(pod)
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .any(|f| f.key == "metadata.name")
+}
+
+fn required_terms(pod: &PodParts) -> &[k8s_openapi::api::core::v1::NodeSelectorTerm] {
+    pod.spec
         .as_ref()
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
@@ -727,11 +747,89 @@ fn names_its_node(pod: &PodParts) -> bool {
                 .as_ref()
         })
         .map(|r| r.node_selector_terms.as_slice())
-        .unwrap_or_default();
-    terms
-        .iter()
-        .flat_map(|t| t.match_fields.iter().flatten())
-        .any(|f| f.key == "metadata.name")
+        .unwrap_or_default()
+}
+
+/// The one node a pod's required node affinity allows by `metadata.name` (as every
+/// DaemonSet pod's does): each term names that node and only it.
+fn node_named_by_affinity(pod: &PodParts) -> Option<String> {
+    let terms = required_terms(pod);
+    let mut named: Option<&String> = None;
+    for t in terms {
+        let mut in_term: Option<&String> = None;
+        for f in t.match_fields.iter().flatten() {
+            if f.key != "metadata.name" || f.operator != "In" {
+                continue;
+            }
+            match f.values.as_deref() {
+                Some([one]) if in_term.is_none_or(|n| n == one) => in_term = Some(one),
+                _ => return None,
+            }
+        }
+        match (in_term, named) {
+            (None, _) => return None,
+            (Some(n), None) => named = Some(n),
+            (Some(n), Some(m)) if n == m => {}
+            _ => return None,
+        }
+    }
+    named.cloned()
+}
+
+/// A pod whose affinity names its node is charged at CREATE on that node's model (it
+/// can run nowhere else), never pinned: pending on that one model.
+#[allow(clippy::too_many_arguments)]
+fn charge_on_named_node(
+    pod: &PodParts,
+    mut rec: PodRecord,
+    queue: QueueName,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+    demand: &CardDemand,
+    node: &str,
+    mut annotations: Vec<(&str, String)>,
+) -> Decision {
+    let Some(n) = snap.node(node) else {
+        return super::binding::unseen_node(&rec.key, node);
+    };
+    let Some(model) = n.model_for(&demand.resource).cloned() else {
+        return Decision::deny(
+            INVALID_DEMAND,
+            format!(
+                "pod {} names node {node}, which offers no card model for {} (no <prefix>/<type>.product label, or no such allocatable resource)",
+                rec.key, demand.resource
+            ),
+        );
+    };
+    if demand.source != Source::Quota && !demand.alternatives.contains(&model) {
+        return Decision::deny(
+            NOT_ACCEPTED,
+            format!(
+                "pod {} accepts {} but names node {node}, which has {model}",
+                rec.key, demand.alternatives
+            ),
+        );
+    }
+    let only = Alternatives::single(model.clone());
+    annotations.retain(|(k, _)| *k != CARD_NAME);
+    if rec.alternatives() != Some(&only) {
+        annotations.push((CARD_NAME, only.to_string()));
+    }
+    rec.card_name = Some(Ok(only.clone()));
+    let change = Change {
+        add_pods: vec![rec.clone()],
+        ..Default::default()
+    };
+    let f = fit(snap, &queue, &change, &models_of([&only]), now);
+    match f.verdict {
+        Verdict::Feasible => {
+            let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
+            d.patch = annotations_at(AnnotationsAt::of_meta(&pod.metadata), annotations);
+            d
+        }
+        Verdict::Infeasible => Decision::deny(INSUFFICIENT, f.message(&only, demand.cards)),
+        Verdict::Undecided => undecided(&queue, &only, demand.cards, &f.before()),
+    }
 }
 
 /// DaemonSet pods go to every node of their selector; pinning them is not ours to do.

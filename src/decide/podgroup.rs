@@ -265,7 +265,7 @@ fn derive_request(obj: &serde_json::Value, rec: &PodGroupRecord, snap: &Snapshot
         if *replicas == 0 || !template.is_card_pod() {
             continue;
         }
-        let demand = match card_demand(template, snap, None) {
+        let demand = match card_demand(template, snap, Some(&rec.queue)) {
             Ok(Some(d)) => d,
             Ok(None) => continue,
             Err(d) => {

@@ -110,8 +110,8 @@ pub fn decide_workload(
         Ok(o) => o,
         Err(d) => return d,
     };
-    let prefixes = snap.card_kinds();
-    let new = match workload_record(kind, obj, req.ns(), &prefixes, 0) {
+    let cards = snap.card_resources();
+    let new = match workload_record(kind, obj, req.ns(), cards, 0) {
         Ok(w) => w,
         Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
     };
@@ -125,7 +125,7 @@ pub fn decide_workload(
         .map(Object::tree)
         .filter(|o| !o.is_null())
     {
-        Some(old) => match workload_record(kind, old, req.ns(), &prefixes, 0) {
+        Some(old) => match workload_record(kind, old, req.ns(), cards, 0) {
             Ok(w) => w.replicas,
             Err(e) => return Decision::deny(BAD_REQUEST, e.to_string()),
         },

@@ -13,6 +13,8 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, Resource, ResourceExt};
+
+use crate::cards::CardResources;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -196,7 +198,7 @@ impl Resource for PodParts {
 }
 
 fn read_pod(p: &PodParts) -> Result<PodRecord, MirrorError> {
-    Ok(p.record("", &[], 0)?)
+    Ok(p.record("", CardResources::defaults(), 0)?)
 }
 
 fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
@@ -256,13 +258,13 @@ fn read_workload<K: Serialize + Resource>(
         kind,
         &as_value(o, kind.kind())?,
         "",
-        &[],
+        CardResources::defaults(),
         0,
     )?)
 }
 
 fn read_job(j: &DynamicObject) -> Result<JobRecord, MirrorError> {
-    Ok(job_record(&as_value(j, "Job")?, "", &[], 0)?)
+    Ok(job_record(&as_value(j, "Job")?, "", CardResources::defaults(), 0)?)
 }
 
 fn store_job(s: &mut Snapshot, mut rec: JobRecord) {
@@ -606,7 +608,7 @@ mod tests {
     use serde_json::json;
 
     /// A watched object read before the lock and stored after is stored as the offline
-    /// loader stores it, with the vendors the snapshot knows when it is stored.
+    /// loader stores it, with the card resources of the snapshot it is stored in.
     #[test]
     fn objects_read_outside_the_lock_are_stored_as_the_loader_stores_them() {
         let node = json!({"apiVersion": "v1", "kind": "Node",
@@ -625,12 +627,14 @@ mod tests {
             "spec": {"queue": "npu", "minMember": 1}});
         let queue = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
             "metadata": {"name": "npu", "annotations": {"volcano.sh/card.quota": "{\"X-NPU\":4}"}}});
+        let cards = CardResources::parse(&["nvidia.com/gpu", "example.com/npu"]).unwrap();
         let mut loaded = Snapshot::new();
+        loaded.set_card_resources(cards.clone());
         for o in [&node, &queue, &group, &pod, &deployment] {
             crate::snapshot::load::upsert(&mut loaded, o).unwrap();
         }
-        // The pod and the Deployment are read while no node announces example.com:
-        // their npu request is not card demand until stored.
+        // The pod and the Deployment are read with the default card resources: their
+        // npu request is not card demand until stored.
         let p = read_pod(&serde_json::from_value(pod).unwrap()).unwrap();
         let d = read_workload::<Deployment>(
             WorkloadKind::Deployment,
@@ -641,6 +645,7 @@ mod tests {
         let g = read_group(&serde_json::from_value(group).unwrap()).unwrap();
         let q = read_queue(&serde_json::from_value(queue).unwrap()).unwrap();
         let mut watched = Snapshot::new();
+        watched.set_card_resources(cards);
         store_node(
             &mut watched,
             read_node(&serde_json::from_value(node).unwrap()).unwrap(),

@@ -99,19 +99,19 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
                     kind: "Pod",
                     source,
                 })?;
-            let prefixes = snap.card_kinds();
-            snap.upsert_pod(pod_record(&p, "default", &prefixes, seq)?);
+            let cards = snap.card_resources().clone();
+            snap.upsert_pod(pod_record(&p, "default", &cards, seq)?);
             Ok(Some("Pod"))
         }
         "Job" if is_volcano_job(v) => {
-            let prefixes = snap.card_kinds();
-            snap.upsert_job(job_record(v, "default", &prefixes, seq)?);
+            let cards = snap.card_resources().clone();
+            snap.upsert_job(job_record(v, "default", &cards, seq)?);
             Ok(Some("Job"))
         }
         other => match WorkloadKind::from_kind(other) {
             Some(k) => {
-                let prefixes = snap.card_kinds();
-                snap.upsert_workload(workload_record(k, v, "default", &prefixes, seq)?);
+                let cards = snap.card_resources().clone();
+                snap.upsert_workload(workload_record(k, v, "default", &cards, seq)?);
                 Ok(Some(k.kind()))
             }
             None => Ok(None),
@@ -146,18 +146,17 @@ pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
 /// Loads a whole stream. Nodes go first so pods see every card vendor prefix.
 /// Returns the snapshot and one line per object that was skipped, and why.
 pub fn load(text: &str) -> Result<(Snapshot, Vec<String>), LoadError> {
-    load_gated(text, None)
+    load_with(text, &crate::cards::CardResources::default())
 }
 
-/// [`load`], gating and counting only the pods of `gated` schedulers (`None`: every
-/// pod), as `serve --scheduler-name` does.
-pub fn load_gated(
+/// [`load`] with the install's card resources (`--card-resource`).
+pub fn load_with(
     text: &str,
-    gated: Option<std::collections::BTreeSet<String>>,
+    cards: &crate::cards::CardResources,
 ) -> Result<(Snapshot, Vec<String>), LoadError> {
     let docs = documents(text)?;
     let mut snap = Snapshot::new();
-    snap.set_gated_schedulers(gated);
+    snap.set_card_resources(cards.clone());
     let mut skipped = Vec::new();
     let rank = |v: &Value| match v.get("kind").and_then(Value::as_str) {
         Some("Node") => 0,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::cards::annotations::Enforcement;
 use crate::cards::hashing::{Map, Set};
-use crate::cards::nodes::{is_card_resource, DEFAULT_CARD_KINDS};
+use crate::cards::CardResources;
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName, Quota};
 
 use crate::ledger::entries::Watermark;
@@ -37,9 +37,8 @@ pub type KeyPick<'a> = &'a dyn Fn(&ObjectKey) -> bool;
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     nodes: Map<String, NodeCards>,
-    /// Card types (`<prefix>/<type>`) announced by node product labels, with how many
-    /// nodes announce each.
-    kind_counts: BTreeMap<String, usize>,
+    /// Which extended resources are cards (the install's `--card-resource` list).
+    card_resources: CardResources,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
     /// model -> the node label (key, value) that places a pod on it.
     model_pins: BTreeMap<CardName, (String, String)>,
@@ -51,13 +50,6 @@ pub struct Snapshot {
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
-    /// Cardless pods that request extended resources of a type no node announces as a
-    /// card yet, kept whole so a node bringing the type can make them card pods.
-    latent_pods: Map<ObjectKey, PodRecord>,
-    /// Unbound pods with card demand of schedulers card-quota does not gate: counted
-    /// only once bound, and kept whole so that a gated binder's binding of one (a second
-    /// kube-scheduler profile) is checked like any other.
-    ungated_pods: Map<ObjectKey, PodRecord>,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
     /// Volcano Jobs: the demand of a PodGroup without `card.request` comes from them.
     jobs: Map<ObjectKey, JobRecord>,
@@ -71,8 +63,6 @@ pub struct Snapshot {
     progress: Watermark,
     /// Usage per queue, kept up to date with every change above.
     tally: Tally,
-    /// The schedulers whose pods are gated and counted (`None`: every pod).
-    gated: Option<BTreeSet<String>>,
     /// Set for one decision only, to the install's enforcement (see
     /// [`Snapshot::lifted`]).
     lifting: Option<Enforcement>,
@@ -119,12 +109,6 @@ impl Snapshot {
         Self::default()
     }
 
-    /// Gates and counts only pods of these schedulers (`spec.schedulerName`), as the
-    /// webhooks' match conditions do. Set before any pod is added.
-    pub fn set_gated_schedulers(&mut self, names: Option<BTreeSet<String>>) {
-        self.gated = names;
-    }
-
     /// The enforcement in force for `queue`: its own annotation, else `default` (the
     /// install's; a malformed annotation, which the queue hook refuses, also falls back
     /// to it).
@@ -162,16 +146,6 @@ impl Snapshot {
             .is_some_and(|d| self.enforcement_of(queue, d) == Enforcement::Warn)
     }
 
-    /// True when card-quota gates and counts this pod: a pod of a gated scheduler, or
-    /// any pod with a node (created with `nodeName`, or bound by any binder), whose cards
-    /// are in use whatever scheduled it.
-    pub fn gates(&self, p: &PodRecord) -> bool {
-        match (&self.gated, &p.scheduler) {
-            (Some(set), Some(s)) => set.contains(&**s) || p.node.is_some(),
-            _ => true,
-        }
-    }
-
     /// A monotonically increasing number that orders objects by arrival.
     pub fn next_seq(&mut self) -> u64 {
         self.seq += 1;
@@ -180,25 +154,15 @@ impl Snapshot {
 
     // ---- nodes -------------------------------------------------------------------
 
-    pub fn upsert_node(&mut self, name: String, cards: NodeCards) {
+    pub fn upsert_node(&mut self, name: String, mut cards: NodeCards) {
+        // Only the install's card resources are cards; the others a node announces are
+        // kept apart and reported.
+        cards.keep_managed(|r| self.card_resources.matches(r));
         if self.nodes.get(&name) == Some(&cards) {
             return;
         }
-        let gone = self.detach_node(&name);
+        self.detach_node(&name);
         self.dirty = Dirty::All;
-        let mut changed: Vec<String> = Vec::new();
-        for p in &cards.kinds {
-            let c = self.kind_counts.entry(p.clone()).or_default();
-            *c += 1;
-            if *c == 1 && !gone.contains(p) {
-                changed.push(p.clone());
-            }
-        }
-        // A type this node kept is no change; one it dropped is.
-        changed.extend(
-            gone.into_iter()
-                .filter(|p| !self.kind_counts.contains_key(p)),
-        );
         for (res, (m, _)) in &cards.resources {
             *self
                 .model_resources
@@ -213,13 +177,11 @@ impl Snapshot {
             }
         }
         self.nodes.insert(name.clone(), cards);
-        self.reclassify_pods(&changed);
         self.retally_node(&name);
     }
 
     pub fn remove_node(&mut self, name: &str) {
-        let gone = self.detach_node(name);
-        self.reclassify_pods(&gone);
+        self.detach_node(name);
         self.retally_node(name);
     }
 
@@ -238,23 +200,12 @@ impl Snapshot {
         }
     }
 
-    /// Takes a node out of the indexes; returns the card types no node announces any
-    /// more.
-    fn detach_node(&mut self, name: &str) -> Vec<String> {
+    /// Takes a node out of the indexes.
+    fn detach_node(&mut self, name: &str) {
         let Some(old) = self.nodes.remove(name) else {
-            return Vec::new();
+            return;
         };
         self.dirty = Dirty::All;
-        let mut gone_kinds = Vec::new();
-        for p in &old.kinds {
-            if let Some(c) = self.kind_counts.get_mut(p) {
-                *c -= 1;
-                if *c == 0 {
-                    self.kind_counts.remove(p);
-                    gone_kinds.push(p.clone());
-                }
-            }
-        }
         for (res, (m, _)) in &old.resources {
             if let Some(by_res) = self.model_resources.get_mut(m) {
                 if let Some(c) = by_res.get_mut(res) {
@@ -269,36 +220,6 @@ impl Snapshot {
                 }
             }
         }
-        gone_kinds
-    }
-
-    /// Re-derives the card demand of pods requesting resources under the vendors of
-    /// `kinds`, card types whose announcement just changed (docs/models.md: any type a
-    /// node labels).
-    fn reclassify_pods(&mut self, kinds: &[String]) {
-        let prefixes: Vec<&str> = kinds
-            .iter()
-            .filter(|k| !DEFAULT_CARD_KINDS.contains(&k.as_str()))
-            .filter_map(|k| k.split_once('/').map(|(p, _)| p))
-            .collect();
-        if prefixes.is_empty() {
-            return;
-        }
-        let touches = |p: &PodRecord| p.resource_prefixes().any(|x| prefixes.contains(&x));
-        let affected: Vec<PodRecord> = self
-            .pods
-            .values()
-            .chain(self.latent_pods.values())
-            .chain(self.ungated_pods.values())
-            .filter(|p| touches(p))
-            .cloned()
-            .collect();
-        let known = self.card_kinds();
-        for mut p in affected {
-            if p.reclassify(|r| is_card_resource(r, known.iter().map(String::as_str))) {
-                self.upsert_pod(p);
-            }
-        }
     }
 
     pub fn node(&self, name: &str) -> Option<&NodeCards> {
@@ -310,19 +231,44 @@ impl Snapshot {
         self.nodes.keys().cloned().collect()
     }
 
-    /// Card types (`<prefix>/<type>`) announced by node product labels.
-    pub fn card_kinds(&self) -> Vec<String> {
-        self.kind_counts.keys().cloned().collect()
+    /// Is `resource` a card resource of this install?
+    pub fn is_card_resource(&self, resource: &str) -> bool {
+        self.card_resources.matches(resource)
     }
 
-    /// Is `resource` a card resource: of a default card type or one a node announces?
-    pub fn is_card_resource(&self, resource: &str) -> bool {
-        is_card_resource(resource, self.kind_counts.keys().map(String::as_str))
+    /// The install's card resources.
+    pub fn card_resources(&self) -> &CardResources {
+        &self.card_resources
+    }
+
+    /// Sets the install's card resources. Set before any object is added: nodes and
+    /// pods are read with the list in force when they arrive.
+    pub fn set_card_resources(&mut self, c: CardResources) {
+        self.card_resources = c;
+    }
+
+    /// Nodes that announce cards of resources this install does not gate: node, resource
+    /// and model (reported, never counted).
+    pub fn unmanaged_cards(&self) -> impl Iterator<Item = (&str, &str, &CardName)> {
+        self.nodes.iter().flat_map(|(n, c)| {
+            c.unmanaged
+                .iter()
+                .map(move |(r, (m, _))| (n.as_str(), r.as_str(), m))
+        })
     }
 
     /// Resources that request `model` on some node.
     pub fn resources_of(&self, model: &CardName) -> Option<&BTreeMap<String, usize>> {
         self.model_resources.get(model)
+    }
+
+    /// Models some node offers for `resource`, by name.
+    pub fn models_offering(&self, resource: &str) -> Vec<CardName> {
+        self.model_resources
+            .iter()
+            .filter(|(_, r)| r.contains_key(resource))
+            .map(|(m, _)| m.clone())
+            .collect()
     }
 
     /// The node label (key, value) that places a pod on `model`, when a node offers it.
@@ -620,33 +566,20 @@ impl Snapshot {
     /// Adds or replaces a pod; pods without cards are only remembered by key. A
     /// replaced pod keeps its place in the queue (its `seq`).
     pub fn upsert_pod(&mut self, mut p: PodRecord) {
-        if let Some(old) = self
-            .pods
-            .get(&p.key)
-            .or_else(|| self.latent_pods.get(&p.key))
-            .or_else(|| self.ungated_pods.get(&p.key))
-        {
+        p.reclassify(|r| self.card_resources.matches(r));
+        if let Some(old) = self.pods.get(&p.key) {
             p.seq = old.seq;
         }
         let previous = self.tally.queue_of(&p.key).cloned();
-        if !p.is_card_pod() || !self.gates(&p) {
+        // Every card pod counts, whatever its scheduler (docs/decisions.md).
+        if !p.is_card_pod() {
             self.remove_pod(&p.key);
-            // Pods of schedulers card-quota does not gate hold nothing here until they
-            // are bound, whatever they request.
-            if !self.gates(&p) && (p.is_card_pod() || !p.latent.is_empty()) {
-                self.ungated_pods.insert(p.key.clone(), p);
-            } else if p.latent.is_empty() || !self.gates(&p) {
-                self.other_pods.insert(p.key.clone());
-            } else {
-                self.latent_pods.insert(p.key.clone(), p);
-            }
+            self.other_pods.insert(p.key.clone());
             return;
         }
         // A card pod replacing one: the tally swaps the old share for the new in the one
         // re-count below, so the old pod leaves only the indexes here.
         self.other_pods.remove(&p.key);
-        self.latent_pods.remove(&p.key);
-        self.ungated_pods.remove(&p.key);
         let old_group = self.pods.remove(&p.key).and_then(|old| old.group);
         if old_group != p.group {
             if let Some(g) = old_group {
@@ -678,8 +611,6 @@ impl Snapshot {
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.other_pods.remove(key);
-        self.latent_pods.remove(key);
-        self.ungated_pods.remove(key);
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
             self.retally_pod(key, None);
@@ -702,20 +633,9 @@ impl Snapshot {
         self.pods.get(key)
     }
 
-    /// A cardless pod that requests resources of a vendor no node announces yet.
-    pub fn latent_pod(&self, key: &ObjectKey) -> Option<&PodRecord> {
-        self.latent_pods.get(key)
-    }
-
-    /// An unbound pod with card demand (or latent demand) of a scheduler card-quota
-    /// does not gate.
-    pub fn ungated_pod(&self, key: &ObjectKey) -> Option<&PodRecord> {
-        self.ungated_pods.get(key)
-    }
-
     /// True when the pod is known and requests no cards.
     pub fn is_known_cardless_pod(&self, key: &ObjectKey) -> bool {
-        self.other_pods.contains(key) || self.latent_pods.contains_key(key)
+        self.other_pods.contains(key)
     }
 
     /// Keys of every pod held, card pods or not.
@@ -728,8 +648,6 @@ impl Snapshot {
         self.pods
             .keys()
             .chain(self.other_pods.iter())
-            .chain(self.latent_pods.keys())
-            .chain(self.ungated_pods.keys())
             .filter(|k| pick(k))
             .cloned()
             .collect()
@@ -878,7 +796,8 @@ impl Snapshot {
 
     // ---- workloads ---------------------------------------------------------------
 
-    pub fn upsert_workload(&mut self, w: WorkloadRecord) {
+    pub fn upsert_workload(&mut self, mut w: WorkloadRecord) {
+        w.template.reclassify(|r| self.card_resources.matches(r));
         self.workloads.insert((w.kind, w.key.clone()), w);
     }
 
@@ -914,7 +833,10 @@ impl Snapshot {
 
     // ---- Volcano Jobs -------------------------------------------------------------
 
-    pub fn upsert_job(&mut self, j: JobRecord) {
+    pub fn upsert_job(&mut self, mut j: JobRecord) {
+        for (_, _, t) in &mut j.tasks {
+            t.reclassify(|r| self.card_resources.matches(r));
+        }
         self.jobs.insert(j.key.clone(), j);
     }
 

@@ -23,7 +23,6 @@ fn same(v: &Version, id: &EntryId) -> bool {
 
 fn cached_pod<'a>(snap: &'a Snapshot, id: &EntryId, k: &ObjectKey) -> Option<&'a PodRecord> {
     snap.pod(k)
-        .or_else(|| snap.ungated_pod(k))
         .filter(|p| same(&p.version, id))
 }
 
@@ -148,9 +147,7 @@ impl Overlay {
         };
         match &e.of {
             EntryKey::Pod(k) => {
-                // An ungated pod's binding is charged too: its entry lays it bound, and
-                // taking the overlay off puts the unbound record back.
-                let prev = snap.pod(k).or_else(|| snap.ungated_pod(k)).cloned();
+                let prev = snap.pod(k).cloned();
                 let seq = prev
                     .as_ref()
                     .map(|p| p.seq)

@@ -12,6 +12,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
+{{/* The install's card resources (names and `prefix*` patterns), as a YAML list: the
+value, or the defaults when a release upgraded with --reuse-values has none. */}}
+{{- define "card-quota.cardResources" -}}
+{{- toYaml (.Values.cardResources | default (list "nvidia.com/gpu" "nvidia.com/gpu.shared" "nvidia.com/mig-*" "amd.com/gpu" "huawei.com/Ascend*" "huawei.com/npu")) -}}
+{{- end }}
+
 {{- define "card-quota.celList" -}}
 [{{- range $i, $v := . }}{{ if $i }}, {{ end }}'{{ $v | replace "\\" "\\\\" | replace "'" "\\'" }}'{{ end -}}]
 {{- end }}

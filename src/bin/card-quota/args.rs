@@ -54,8 +54,9 @@ pub struct ReplayArgs {
     /// metric (warn: roll out first in warn, then switch).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
-    /// Per namespace (repeatable NAMESPACE=deny|warn): the enforcement of its requests,
-    /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
+    /// Per namespace (repeatable NAMESPACE=deny|warn): may only tighten. A namespace in
+    /// deny is refused even in a queue in warn (roll out namespace by namespace); warn
+    /// never loosens a queue in deny, whoever charges it.
     #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
     pub namespace_enforcement: Vec<String>,
     /// The deepest a queue may sit below Volcano's root queue; a Queue apply that would
@@ -66,9 +67,15 @@ pub struct ReplayArgs {
     /// that already place pods by card model).
     #[arg(long)]
     pub no_pin: bool,
-    /// Gate and count only pods with this spec.schedulerName (repeatable), as
-    /// `serve --scheduler-name` does. Default: every pod.
-    #[arg(long = "scheduler-name")]
+    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
+    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
+    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
+    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
+    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
+    pub card_resources: Vec<String>,
+    /// Ignored (kept for older installs): every card pod is checked and counted
+    /// whatever its spec.schedulerName.
+    #[arg(long = "scheduler-name", hide = true)]
     pub scheduler_names: Vec<String>,
 }
 
@@ -126,8 +133,9 @@ pub struct ManifestsArgs {
     /// The Deployment's `serve --enforcement` (deny or warn).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
-    /// Per namespace (repeatable NAMESPACE=deny|warn): the enforcement of its requests,
-    /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
+    /// Per namespace (repeatable NAMESPACE=deny|warn): may only tighten. A namespace in
+    /// deny is refused even in a queue in warn (roll out namespace by namespace); warn
+    /// never loosens a queue in deny, whoever charges it.
     #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
     pub namespace_enforcement: Vec<String>,
     /// The Deployment's image (default: ghcr.io/card-quota/card-quota:<this version>).
@@ -145,9 +153,15 @@ pub struct ManifestsArgs {
     /// card-quota's service account.
     #[arg(long, default_value = "card-quota")]
     pub service_account: String,
-    /// spec.schedulerName of the pods card-quota gates (repeatable; default
-    /// volcano and default-scheduler). Give `serve` the same list.
-    #[arg(long = "scheduler-name")]
+    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
+    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
+    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
+    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
+    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
+    pub card_resources: Vec<String>,
+    /// Ignored (kept for older scripts): every card pod is checked at its CREATE
+    /// whatever its spec.schedulerName.
+    #[arg(long = "scheduler-name", hide = true)]
     pub scheduler_names: Vec<String>,
     /// User whose pods/binding requests are gated (repeatable; default Volcano's
     /// scheduler service account in volcano-system and system:kube-scheduler).
@@ -182,9 +196,15 @@ pub struct ServeArgs {
     /// sending new requests before the listener closes.
     #[arg(long, default_value = "5")]
     pub drain_seconds: f64,
-    /// Gate and count only pods with this spec.schedulerName (repeatable; the same
-    /// list as `manifests --scheduler-name`). Default: every pod.
-    #[arg(long = "scheduler-name")]
+    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
+    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
+    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
+    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
+    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
+    pub card_resources: Vec<String>,
+    /// Ignored (kept for older installs): every card pod is checked and counted
+    /// whatever its spec.schedulerName.
+    #[arg(long = "scheduler-name", hide = true)]
     pub scheduler_names: Vec<String>,
     /// A scale-up that does not fully fit: clamp (lower spec.replicas to what fits) or
     /// deny.
@@ -195,8 +215,9 @@ pub struct ServeArgs {
     /// metric (warn: roll out first in warn, then switch).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
-    /// Per namespace (repeatable NAMESPACE=deny|warn): the enforcement of its requests,
-    /// over --enforcement. A queue's own volcano.sh/card.enforcement wins over both.
+    /// Per namespace (repeatable NAMESPACE=deny|warn): may only tighten. A namespace in
+    /// deny is refused even in a queue in warn (roll out namespace by namespace); warn
+    /// never loosens a queue in deny, whoever charges it.
     #[arg(long = "namespace-enforcement", value_name = "NAMESPACE=MODE")]
     pub namespace_enforcement: Vec<String>,
     /// The deepest a queue may sit below Volcano's root queue; a Queue apply that would
@@ -262,9 +283,15 @@ pub struct StatusArgs {
     pub queue: Option<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: status::Format,
-    /// Count only pods with this spec.schedulerName (repeatable), as
-    /// `serve --scheduler-name` does. Default: every pod.
-    #[arg(long = "scheduler-name")]
+    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
+    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
+    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
+    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
+    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
+    pub card_resources: Vec<String>,
+    /// Ignored (kept for older scripts): every card pod is counted whatever its
+    /// spec.schedulerName.
+    #[arg(long = "scheduler-name", hide = true)]
     pub scheduler_names: Vec<String>,
     /// Pre-flight: list the card pods and PodGroups of --objects (a dump of the cluster:
     /// `kubectl get nodes,queues,podgroups,pods -A -o yaml`) that enforcement (deny)
@@ -278,9 +305,24 @@ pub struct StatusArgs {
     pub recount: bool,
 }
 
-/// The gated schedulers a repeatable `--scheduler-name` gives (`None`: every pod).
-pub fn gated(names: Vec<String>) -> Option<std::collections::BTreeSet<String>> {
-    (!names.is_empty()).then(|| names.into_iter().collect())
+/// `--scheduler-name` no longer limits anything: every card pod is checked at its
+/// CREATE and counted, whatever its scheduler (a card pod of an unlisted scheduler used
+/// to bypass the quota). Accepted so that older installs still start, and said aloud.
+pub fn no_scheduler_filter(names: &[String]) {
+    if !names.is_empty() {
+        tracing::warn!(
+            "--scheduler-name {} is ignored: every card pod is checked and counted whatever its spec.schedulerName; the binders (manifests --binder) say whose bindings are checked",
+            names.join(",")
+        );
+    }
+}
+
+/// The card resources `--card-resource` names (the defaults when none).
+pub fn card_resources(given: &[String]) -> anyhow::Result<card_quota::cards::CardResources> {
+    if given.is_empty() {
+        return Ok(card_quota::cards::CardResources::default());
+    }
+    Ok(card_quota::cards::CardResources::parse(given)?)
 }
 
 pub fn parse_label(s: &str) -> anyhow::Result<(String, String)> {

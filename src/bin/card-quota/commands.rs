@@ -3,7 +3,7 @@
 use card_quota::cli::{manifests, preflight, replay, status};
 use card_quota::decide::{Config, NamespaceEnforcement};
 
-use crate::args::{gated, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
+use crate::args::{card_resources, no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
 use crate::snapshots::{live_queues, live_snapshot, snapshot_file};
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
@@ -14,12 +14,13 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         namespace_enforcement: NamespaceEnforcement::parse(&a.namespace_enforcement)?,
         max_queue_depth: a.max_queue_depth,
     };
+    no_scheduler_filter(&a.scheduler_names);
     replay::run(
         &a.objects,
         &a.requests,
         a.output,
         &cfg,
-        gated(a.scheduler_names),
+        &card_resources(&a.card_resources)?,
         &mut std::io::stdout().lock(),
     )?;
     Ok(())
@@ -61,14 +62,11 @@ pub fn certs(a: CertsArgs) -> anyhow::Result<()> {
 
 pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
     let default = manifests::Scope::default();
+    no_scheduler_filter(&a.scheduler_names);
     let scope = manifests::Scope {
         namespace: a.namespace,
         service_account: a.service_account,
-        schedulers: if a.scheduler_names.is_empty() {
-            default.schedulers
-        } else {
-            a.scheduler_names
-        },
+        cards: card_resources(&a.card_resources)?,
         binders: if a.binders.is_empty() {
             default.binders
         } else {
@@ -97,10 +95,11 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
 }
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let gated = gated(a.scheduler_names);
+    no_scheduler_filter(&a.scheduler_names);
+    let cards = card_resources(&a.card_resources)?;
     if let (true, Some(path)) = (a.would_refuse, &a.objects) {
         let text = crate::snapshots::read_objects(path)?;
-        let (refused, skipped) = preflight::would_refuse(&text, gated, &Config::default())?;
+        let (refused, skipped) = preflight::would_refuse(&text, &cards, &Config::default())?;
         for s in skipped {
             tracing::warn!("{}: {s}", path.display());
         }
@@ -112,8 +111,8 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let snap = match a.objects {
-        Some(path) => snapshot_file(&path, gated)?,
-        None if a.recount => tokio::runtime::Runtime::new()?.block_on(live_snapshot(gated))?,
+        Some(path) => snapshot_file(&path, &cards)?,
+        None if a.recount => tokio::runtime::Runtime::new()?.block_on(live_snapshot(&cards))?,
         None => {
             // What the reconciler wrote: reading Queues is all it takes.
             let queues = tokio::runtime::Runtime::new()?.block_on(live_queues())?;

@@ -20,7 +20,7 @@ pub struct ServeOptions {
     reload_seconds: f64,
     client: Option<card_quota::webhook::tls::ClientAuth>,
     drain: std::time::Duration,
-    schedulers: Option<std::collections::BTreeSet<String>>,
+    cards: card_quota::cards::CardResources,
     config: Config,
     ledger_budget: std::time::Duration,
     holds: bool,
@@ -75,11 +75,7 @@ async fn serve(
             timed.write_timeout = Some(API_TIMEOUT);
             timed.reset_reader_on_write = true;
             let client = kube::Client::try_from(timed).context("connecting to the API server")?;
-            let (snapshot, synced) = start_caches(
-                watches,
-                Some(opts.lease_namespace.clone()),
-                opts.schedulers.clone(),
-            );
+            let (snapshot, synced) = start_caches(watches, Some(opts.lease_namespace.clone()), &opts.cards);
             let me = lease::identity();
             let mut committer = Committer::new(
                 LedgerApi::new(client.clone(), &opts.lease_namespace),
@@ -261,6 +257,7 @@ fn advertise_address(a: &ServeArgs) -> anyhow::Result<Option<std::net::SocketAdd
 
 /// Runs `serve` until SIGTERM: offline from `--objects`, else live.
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    crate::args::no_scheduler_filter(&a.scheduler_names);
     let advertise = advertise_address(&a)?;
     let opts = ServeOptions {
         listen: a.listen,
@@ -272,14 +269,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             names: a.client_name,
         }),
         drain: std::time::Duration::from_secs_f64(a.drain_seconds.max(0.0)),
-        schedulers: crate::args::gated(a.scheduler_names),
+        cards: crate::args::card_resources(&a.card_resources)?,
         config: Config {
             scale_policy: a.scale_policy.into(),
             pin: !a.no_pin,
             enforcement: a.enforcement.into(),
-            namespace_enforcement: card_quota::decide::NamespaceEnforcement::parse(
-                &a.namespace_enforcement,
-            )?,
+            namespace_enforcement: namespace_enforcement(&a.namespace_enforcement)?,
             max_queue_depth: a.max_queue_depth,
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
@@ -298,8 +293,25 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         return rt.block_on(serve(opts, None));
     }
     let snap = match a.objects {
-        Some(path) => snapshot_file(&path, opts.schedulers.clone())?,
+        Some(path) => snapshot_file(&path, &opts.cards)?,
         None => card_quota::snapshot::Snapshot::new(),
     };
     rt.block_on(serve(opts, Some(snap)))
+}
+
+/// `--namespace-enforcement`, saying at start-up that a namespace in warn loosens nothing
+/// (namespaces may only tighten a queue's enforcement).
+fn namespace_enforcement(
+    entries: &[String],
+) -> anyhow::Result<card_quota::decide::NamespaceEnforcement> {
+    let parsed = card_quota::decide::NamespaceEnforcement::parse(entries)?;
+    for (ns, mode) in parsed.entries() {
+        if mode == card_quota::decide::Enforcement::Warn {
+            tracing::warn!(
+                namespace = ns,
+                "--namespace-enforcement {ns}=warn loosens nothing: a namespace may only tighten its queues' enforcement (a queue in deny stays deny); give the queue volcano.sh/card.enforcement: warn instead"
+            );
+        }
+    }
+    Ok(parsed)
 }

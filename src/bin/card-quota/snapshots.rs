@@ -1,10 +1,10 @@
 //! Where a snapshot comes from: a file of objects, or the cluster's informer caches.
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use card_quota::live::caches;
+use card_quota::cards::CardResources;
 use card_quota::snapshot::Snapshot;
 
 /// The text of an objects file, or of stdin for `-`.
@@ -17,13 +17,9 @@ pub fn read_objects(path: &std::path::Path) -> anyhow::Result<String> {
 }
 
 /// A snapshot from a YAML/JSON stream of objects; objects it cannot read are logged.
-/// `gated` limits the pods counted to those schedulers.
-pub fn snapshot_file(
-    path: &std::path::Path,
-    gated: Option<BTreeSet<String>>,
-) -> anyhow::Result<Snapshot> {
+pub fn snapshot_file(path: &std::path::Path, cards: &CardResources) -> anyhow::Result<Snapshot> {
     let text = read_objects(path)?;
-    let (snap, skipped) = card_quota::snapshot::load::load_gated(&text, gated)?;
+    let (snap, skipped) = card_quota::snapshot::load::load_with(&text, cards)?;
     for s in skipped {
         tracing::warn!("{}: {s}", path.display());
     }
@@ -31,14 +27,14 @@ pub fn snapshot_file(
 }
 
 /// Informer caches feeding a new snapshot, as `serve` and `status` both use them.
-/// `own_namespace` holds the ledgers; `gated` limits the pods counted to those schedulers.
+/// `own_namespace` holds the ledgers.
 pub fn start_caches(
     client: kube::Client,
     own_namespace: Option<String>,
-    gated: Option<BTreeSet<String>>,
+    cards: &CardResources,
 ) -> (Arc<Mutex<Snapshot>>, Arc<caches::Synced>) {
     let mut empty = Snapshot::new();
-    empty.set_gated_schedulers(gated);
+    empty.set_card_resources(cards.clone());
     let snapshot = Arc::new(Mutex::new(empty));
     let synced = Arc::new(caches::Synced::default());
     tokio::spawn(caches::start(
@@ -51,11 +47,11 @@ pub fn start_caches(
 }
 
 /// The cluster as the webhook sees it: the same informer caches, synced once.
-pub async fn live_snapshot(gated: Option<BTreeSet<String>>) -> anyhow::Result<Snapshot> {
+pub async fn live_snapshot(cards: &CardResources) -> anyhow::Result<Snapshot> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server (kubeconfig or in-cluster config)")?;
-    let (snapshot, synced) = start_caches(client, None, gated);
+    let (snapshot, synced) = start_caches(client, None, cards);
     tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
         .await
         .context("listing Nodes, Queues, PodGroups, Pods and workloads took over 60s")?;
