@@ -190,7 +190,7 @@ fn burst(c: &mut Criterion) {
     for entries in [0usize, 50, 200] {
         let mut live = snap.clone();
         let mut ledger = card_quota::ledger::Ledger::default();
-        let prefixes = live.card_kinds();
+        let prefixes = live.card_resources().clone();
         for i in 0..entries {
             let mut p = pod(&format!("led{i}"), "q", "RTX-4090", 1, None);
             p["metadata"]["uid"] = json!(format!("u-led{i}"));
@@ -416,7 +416,7 @@ fn recount(c: &mut Criterion) {
     // One watch event: a pod of queue q7 is bound; the reconciler recounts q7 only.
     let k8s_pod: k8s_openapi::api::core::v1::Pod =
         serde_json::from_value(pod("p7", "q7", "MODEL-7", 1, Some("n7"))).unwrap();
-    let prefixes = s.card_kinds();
+    let prefixes = s.card_resources().clone();
     let rec = pod_record(&k8s_pod, "bench", &prefixes, 0).unwrap();
     let _ = s.take_dirty();
     c.bench_function(
@@ -465,10 +465,14 @@ fn recount(c: &mut Criterion) {
         Some("n7"),
     )))
     .unwrap();
-    assert!(pod_record(&full, "", &[], 0).unwrap().is_card_pod());
+    assert!(
+        pod_record(&full, "", card_quota::cards::CardResources::defaults(), 0)
+            .unwrap()
+            .is_card_pod()
+    );
     c.bench_function(
         "pod watch event, record read before the lock (full-size pod)",
-        |b| b.iter(|| pod_record(&full, "", &[], 0)),
+        |b| b.iter(|| pod_record(&full, "", card_quota::cards::CardResources::defaults(), 0)),
     );
     // A Deployment of that pod: the watchers re-encode it to JSON and read its template.
     let dep: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
@@ -479,7 +483,14 @@ fn recount(c: &mut Criterion) {
     .unwrap();
     let read_deployment = || {
         let v = serde_json::to_value(&dep).unwrap();
-        workload_record(WorkloadKind::Deployment, &v, "", &[], 0).unwrap()
+        workload_record(
+            WorkloadKind::Deployment,
+            &v,
+            "",
+            card_quota::cards::CardResources::defaults(),
+            0,
+        )
+        .unwrap()
     };
     assert!(read_deployment().template.is_card_pod());
     c.bench_function(

@@ -93,7 +93,10 @@ async fn bound(req: Request<Incoming>, answer: Bytes) -> Result<Response<Full<By
             .as_ref()
             .map(|o| o.read_with::<_, Pod>(read_pod));
         if let Some(Ok(pod)) = &pod {
-            std::hint::black_box(pod.record(review.ns(), &[], 0).ok());
+            std::hint::black_box(
+                pod.record(review.ns(), card_quota::cards::CardResources::defaults(), 0)
+                    .ok(),
+            );
         }
         std::hint::black_box((&review, &pod));
     }

@@ -250,7 +250,17 @@ fn op() -> impl Strategy<Value = Op> {
         ),
     )
         .prop_map(
-            |(pod, queue_by, queue, group, name, resources, node, forged, (ungated, before, by_affinity))| {
+            |(
+                pod,
+                queue_by,
+                queue,
+                group,
+                name,
+                resources,
+                node,
+                forged,
+                (ungated, before, by_affinity),
+            )| {
                 let before_install = before && !ungated;
                 Op::CreatePod {
                     pod,

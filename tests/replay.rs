@@ -71,11 +71,23 @@ fn the_capacity_card_worked_example_admits_a_four_card_job_and_refuses_zero_quot
 }
 
 #[test]
-fn a_namespace_in_warn_admits_what_only_the_quota_refuses_and_a_bad_entry_stops_replay() {
+fn warn_admits_what_only_the_quota_refuses_and_a_bad_entry_stops_replay() {
+    // A namespace in warn cannot loosen a queue in deny (issue 45): the same refusals.
     let (lines, out) = replay(
         "tests/fixtures/capacity-card-objects.yaml",
         "tests/fixtures/capacity-card-requests.yaml",
         &["--output", "json", "--namespace-enforcement", "ml=warn"],
+    );
+    assert!(out.status.success());
+    let allowed: Vec<bool> = lines[..5]
+        .iter()
+        .map(|l| l["response"]["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(allowed, vec![true, true, false, false, false]);
+    let (lines, out) = replay(
+        "tests/fixtures/capacity-card-objects.yaml",
+        "tests/fixtures/capacity-card-requests.yaml",
+        &["--output", "json", "--enforcement", "warn"],
     );
     assert!(
         out.status.success(),
@@ -90,7 +102,7 @@ fn a_namespace_in_warn_admits_what_only_the_quota_refuses_and_a_bad_entry_stops_
     assert_eq!(allowed, vec![true, true, true, true, false]);
     assert_eq!(
         lines[2]["response"]["warnings"][0],
-        "card-quota would refuse this if the queue's enforcement were deny: queue q1 has insufficient NVIDIA-H100 quota: requested 1, in use 5 (allocated 0, pending 0, reserved 5), quota 3"
+        "card-quota admitted this because queue q1's enforcement is warn (the install's default); under deny: queue q1 has insufficient NVIDIA-H100 quota: requested 1, in use 5 (allocated 0, pending 0, reserved 5), quota 3"
     );
     let (_, out) = replay(
         "tests/fixtures/capacity-card-objects.yaml",

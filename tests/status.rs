@@ -63,11 +63,11 @@ fn an_unknown_queue_is_an_error_not_an_empty_table() {
     );
 }
 
-/// Issue 32 #14: a broken quota is named with its problem, and `--scheduler-name` counts
-/// what `serve` with the same flags counts (a bound pod whatever its scheduler; a
-/// pending one only of a gated scheduler).
+/// Issue 32 #14: a broken quota is named with its problem. Issue 45: every card pod
+/// counts whatever its scheduler; `--scheduler-name` no longer narrows the count (it is
+/// accepted, with a warning, so that older scripts still run).
 #[test]
-fn a_broken_quota_is_named_and_scheduler_names_scope_the_count() {
+fn a_broken_quota_is_named_and_every_scheduler_counts() {
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
             .args([
@@ -83,27 +83,30 @@ fn a_broken_quota_is_named_and_scheduler_names_scope_the_count() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8(out.stdout).unwrap()
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
     };
-    let all = run(&[]);
+    let (all, _) = run(&[]);
     assert!(
         all.ends_with("queue bad: quota 0 for every model until its annotation is fixed: invalid volcano.sh/card.quota on queue bad: value for \"NVIDIA-H200\" must be a non-negative integer, got \"3\"\n"),
+        "{all}"
+    );
+    assert!(all.contains("bad    NVIDIA-H200  0      2"), "{all}");
+    assert!(
+        all.contains("card.quota invalid: quota 0 until fixed (below)"),
         "{all}"
     );
     assert!(
         all.contains("good   RTX-4090     1      0          1"),
         "{all}"
     );
-    let scoped = run(&["--scheduler-name", "volcano"]);
-    assert!(scoped.contains("bad    NVIDIA-H200  0      2"), "{scoped}");
-    // The broken queue says so on its rows.
+    let (scoped, warned) = run(&["--scheduler-name", "volcano"]);
+    assert_eq!(scoped, all, "the same count");
     assert!(
-        scoped.contains("card.quota invalid: quota 0 until fixed (below)"),
-        "{scoped}"
-    );
-    assert!(
-        !scoped.contains("RTX-4090     1      0          1"),
-        "{scoped}"
+        warned.contains("--scheduler-name volcano is ignored"),
+        "{warned}"
     );
 }
 
@@ -193,7 +196,7 @@ fn would_refuse_lists_the_objects_enforcement_would_refuse() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "KIND  NAME    WOULD BE REFUSED WITH\nPod   ml/big  pod ml/big requests nvidia.com/gpu but has no volcano.sh/card.name and no node affinity pinning a model; queue research has quota for: NVIDIA-H200\n"
+        "KIND  NAME    WOULD BE REFUSED WITH\nPod   ml/big  queue research has insufficient NVIDIA-H200 quota: requested 3, in use 0 (allocated 0, pending 0, reserved 0), quota 2\n"
     );
     let json = status(&["--would-refuse", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();

@@ -86,11 +86,19 @@ impl CardResources {
             let Some((domain, name)) = body.split_once('/') else {
                 return Err(err("expected <domain>/<name>, e.g. nvidia.com/gpu"));
             };
-            if !domain.contains('.') || !domain.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-') {
-                return Err(err("the domain must be a DNS subdomain (lowercase, with a dot), e.g. nvidia.com"));
+            if !domain.contains('.')
+                || !domain
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+            {
+                return Err(err(
+                    "the domain must be a DNS subdomain (lowercase, with a dot), e.g. nvidia.com",
+                ));
             }
             if domain.ends_with("kubernetes.io") || domain.ends_with("k8s.io") {
-                return Err(err("resources under kubernetes.io and k8s.io are not extended resources"));
+                return Err(err(
+                    "resources under kubernetes.io and k8s.io are not extended resources",
+                ));
             }
             let name_ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
             if (!prefix && name.is_empty()) || !name.chars().all(name_ok) {

@@ -556,7 +556,10 @@ mod tests {
         for c in conditions {
             assert_eq!(squash(&c), squash(&want));
         }
-        assert!(!text.contains("schedulerName"), "no hook filters by scheduler");
+        assert!(
+            !text.contains("schedulerName"),
+            "no hook filters by scheduler"
+        );
     }
 
     #[test]
@@ -616,8 +619,11 @@ mod tests {
             scope: Scope {
                 namespace: "gpu-quota".into(),
                 service_account: "cq".into(),
-                cards: crate::cards::CardResources::parse(&["nvidia.com/gpu", "cambricon.com/mlu*"])
-                    .unwrap(),
+                cards: crate::cards::CardResources::parse(&[
+                    "nvidia.com/gpu",
+                    "cambricon.com/mlu*",
+                ])
+                .unwrap(),
                 binders: vec!["system:kube-scheduler".into(), "o'brien".into()],
             },
         })
@@ -632,7 +638,9 @@ mod tests {
         // Every card pod is checked whatever its scheduler; the pod hooks select exactly
         // the card resources given, and `serve` is given the same list.
         assert!(!text.contains("schedulerName"), "{text}");
-        assert!(text.contains("(r in ['nvidia.com/gpu'] || ['cambricon.com/mlu'].exists(p, r.startsWith(p)))"));
+        assert!(text.contains(
+            "(r in ['nvidia.com/gpu'] || ['cambricon.com/mlu'].exists(p, r.startsWith(p)))"
+        ));
         assert!(
             text.contains(r"request.userInfo.username in ['system:kube-scheduler', 'o\'brien']")
         );

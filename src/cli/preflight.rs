@@ -181,7 +181,8 @@ spec: {containers: [{name: c}]}
 
     #[test]
     fn the_pod_that_came_last_into_a_full_queue_is_listed_even_under_warn() {
-        let (refused, skipped) = would_refuse(DUMP, &Default::default(), &Config::default()).unwrap();
+        let (refused, skipped) =
+            would_refuse(DUMP, &Default::default(), &Config::default()).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         assert_eq!(
             refused,

@@ -52,7 +52,11 @@ pub fn queue_models(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<C
 
 /// The models among `models` that the pod's own required product constraints (on the
 /// labels of `resource`'s vendor) allow, in order.
-pub fn allowed_by_constraints(rec: &PodRecord, resource: &str, models: &[CardName]) -> Vec<CardName> {
+pub fn allowed_by_constraints(
+    rec: &PodRecord,
+    resource: &str,
+    models: &[CardName],
+) -> Vec<CardName> {
     let prefix = resource.split('/').next().unwrap_or_default();
     let ours = |label: &str| label.split('/').next() == Some(prefix);
     let ok = rec.constraints_allow(models, ours);

@@ -295,7 +295,11 @@ pub fn card_demand(
             let message = none_usable(snap, &subject.to_string(), &q, &resource, &named, rec);
             // A quota that names no model of the resource is a quota refusal (warn admits
             // it); the pod's own constraints ruling out every model is the pod's to fix.
-            let reason = if named.is_empty() { INSUFFICIENT } else { INVALID_DEMAND };
+            let reason = if named.is_empty() {
+                INSUFFICIENT
+            } else {
+                INVALID_DEMAND
+            };
             Err(Decision::deny(reason, message))
         }
     }

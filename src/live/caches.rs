@@ -264,7 +264,12 @@ fn read_workload<K: Serialize + Resource>(
 }
 
 fn read_job(j: &DynamicObject) -> Result<JobRecord, MirrorError> {
-    Ok(job_record(&as_value(j, "Job")?, "", CardResources::defaults(), 0)?)
+    Ok(job_record(
+        &as_value(j, "Job")?,
+        "",
+        CardResources::defaults(),
+        0,
+    )?)
 }
 
 fn store_job(s: &mut Snapshot, mut rec: JobRecord) {

@@ -22,8 +22,7 @@ fn same(v: &Version, id: &EntryId) -> bool {
 }
 
 fn cached_pod<'a>(snap: &'a Snapshot, id: &EntryId, k: &ObjectKey) -> Option<&'a PodRecord> {
-    snap.pod(k)
-        .filter(|p| same(&p.version, id))
+    snap.pod(k).filter(|p| same(&p.version, id))
 }
 
 fn cached_group<'a>(snap: &'a Snapshot, id: &EntryId, k: &ObjectKey) -> Option<&'a PodGroupRecord> {

@@ -3,7 +3,9 @@
 use card_quota::cli::{manifests, preflight, replay, status};
 use card_quota::decide::{Config, NamespaceEnforcement};
 
-use crate::args::{card_resources, no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
+use crate::args::{
+    card_resources, no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs,
+};
 use crate::snapshots::{live_queues, live_snapshot, snapshot_file};
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {

@@ -75,7 +75,8 @@ async fn serve(
             timed.write_timeout = Some(API_TIMEOUT);
             timed.reset_reader_on_write = true;
             let client = kube::Client::try_from(timed).context("connecting to the API server")?;
-            let (snapshot, synced) = start_caches(watches, Some(opts.lease_namespace.clone()), &opts.cards);
+            let (snapshot, synced) =
+                start_caches(watches, Some(opts.lease_namespace.clone()), &opts.cards);
             let me = lease::identity();
             let mut committer = Committer::new(
                 LedgerApi::new(client.clone(), &opts.lease_namespace),

@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use card_quota::live::caches;
 use card_quota::cards::CardResources;
+use card_quota::live::caches;
 use card_quota::snapshot::Snapshot;
 
 /// The text of an objects file, or of stdin for `-`.
