@@ -2503,3 +2503,41 @@ fn warn_admits_nothing_that_is_not_about_a_quota() {
         r#"invalid volcano.sh/card.enforcement on queue n: expected "deny" or "warn", got "audit""#
     );
 }
+
+/// Issue 45: the pin respects all of the pod's own node constraints, not only product
+/// labels. An `H200|RTX` pod confined to a zone where only RTX nodes run is pinned to
+/// RTX (pinned to H200 it would wait for ever, holding an H200 of its queue); confined
+/// to a zone with no node of either, it is refused naming the constraint.
+#[test]
+fn the_pin_goes_to_a_model_whose_nodes_the_pods_constraints_allow() {
+    let mut w = World::with(&format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: v1
+kind: Node
+metadata: {name: rtx-east, labels: {nvidia.com/gpu.product: RTX-4090, topology.kubernetes.io/zone: east}}
+status: {allocatable: {nvidia.com/gpu: "4"}}
+"#
+    ));
+    let in_zone = |name: &str, zone: &str| {
+        let mut p = pod(name, "q", None, "1");
+        p["spec"]["nodeSelector"] = json!({"topology.kubernetes.io/zone": zone});
+        p
+    };
+    let p = in_zone("east-1", "east");
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    let (selector, _) = pinned_by(&r, &p);
+    assert_eq!(
+        selector,
+        json!({"topology.kubernetes.io/zone": "east", "nvidia.com/gpu.product": "RTX-4090"})
+    );
+    assert_eq!(w.usage("q", "RTX-4090")["pending"], 1);
+    let r = w.send(R::pod("CREATE", in_zone("west-1", "west")).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/west-1 accepts NVIDIA-H200|RTX-4090 but its node constraints (nodeSelector topology.kubernetes.io/zone=west) allow no node of any of them"
+    );
+}

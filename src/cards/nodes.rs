@@ -54,6 +54,9 @@ pub struct NodeCards {
     /// Cards of resources the install does not gate (not among its card resources):
     /// reported, never counted.
     pub unmanaged: BTreeMap<String, (CardName, u64)>,
+    /// The node's labels, kept for nodes with a product label only: a pin goes to a model
+    /// some of whose nodes the pod's own constraints allow.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl NodeCards {
@@ -117,6 +120,9 @@ pub fn discover(
         ..Default::default()
     };
     out.prefixes.dedup();
+    if !out.products.is_empty() {
+        out.labels = labels.clone();
+    }
     for (resource, qty) in allocatable {
         let Some((prefix, suffix)) = resource.split_once('/') else {
             continue;

@@ -11,6 +11,7 @@ use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
+use crate::cluster::placement::NodeConstraints;
 use crate::cluster::pod_parts::{read_pod, PodParts};
 use crate::cluster::PodRecord;
 use crate::ledger::usage::reservation;
@@ -491,7 +492,11 @@ fn admit(
     let mut node_selector = None;
     let mut fits_pinned = false;
     if steer {
-        let pinned = match choose_pin(rec, &demand, &queue, snap, now) {
+        let constraints = NodeConstraints {
+            node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()),
+            affinity: pod.spec.as_ref().and_then(|s| s.affinity.as_ref()),
+        };
+        let pinned = match choose_pin(rec, &demand, &queue, snap, now, &constraints) {
             Err(d) => return d.with_event(owner),
             Ok((r, pinned)) => {
                 rec = r;
@@ -862,6 +867,7 @@ fn choose_pin<'s>(
     queue: &QueueName,
     snap: &'s Snapshot,
     now: jiff::Timestamp,
+    constraints: &NodeConstraints<'_>,
 ) -> Result<(PodRecord, Option<Pin<'s>>), Decision> {
     let prefix = demand.resource.split('/').next().unwrap_or_default();
     let ours = |label: &str| label.split('/').next() == Some(prefix);
@@ -941,10 +947,21 @@ fn choose_pin<'s>(
     // borrowing from a card parent's pool.
     let mut chosen = None;
     let mut borrowing = None;
+    // Models whose nodes the pod's own constraints all rule out (a zone, a rack, a
+    // named node): pinned there, it would wait for ever holding the queue's cards.
+    let (mut offered, mut allowed) = (0, 0);
     for m in order {
         let Some(pin) = snap.pin_of(m) else {
             continue;
         };
+        if constraints.any() {
+            let (o, a) = snap.model_nodes_allowed(m, &demand.resource, constraints);
+            offered += usize::from(o);
+            allowed += usize::from(a);
+            if !a {
+                continue;
+            }
+        }
         let pod = &mut change.add_pods[0];
         pod.pinned.clone_from(&own_pins);
         pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
@@ -956,6 +973,17 @@ fn choose_pin<'s>(
             }
             borrowing = borrowing.or(Some((m.clone(), pin)));
         }
+    }
+    if offered > 0 && allowed == 0 {
+        return Err(Decision::deny(
+            INVALID_DEMAND,
+            format!(
+                "pod {} accepts {} but its node constraints ({}) allow no node of any of them",
+                change.add_pods[0].key,
+                demand.alternatives,
+                constraints.describe()
+            ),
+        ));
     }
     let chosen = chosen.or(borrowing);
     if let Some((_, pin)) = &chosen {

@@ -262,6 +262,27 @@ impl Snapshot {
         self.model_resources.get(model)
     }
 
+    /// Whether some node offers `model` for `resource` and whether one of those the
+    /// pod's own constraints allow: (offered, allowed).
+    pub fn model_nodes_allowed(
+        &self,
+        model: &CardName,
+        resource: &str,
+        constraints: &crate::cluster::placement::NodeConstraints<'_>,
+    ) -> (bool, bool) {
+        let mut offered = false;
+        for (name, n) in self.nodes.iter() {
+            if n.model_for(resource) != Some(model) {
+                continue;
+            }
+            offered = true;
+            if constraints.allow(name, &n.labels) {
+                return (true, true);
+            }
+        }
+        (offered, false)
+    }
+
     /// Models some node offers for `resource`, by name.
     pub fn models_offering(&self, resource: &str) -> Vec<CardName> {
         self.model_resources
