@@ -1877,7 +1877,7 @@ fn a_node_announcing_cards_the_install_does_not_gate_is_reported_not_counted() {
     let unmanaged: Vec<(String, String, String)> = w
         .snap
         .unmanaged_cards()
-        .map(|(n, r, m)| (n.to_string(), r.to_string(), m.to_string()))
+        .map(|(n, r, m, _)| (n.to_string(), r.to_string(), m.to_string()))
         .collect();
     assert_eq!(
         unmanaged,

@@ -399,6 +399,11 @@ pub fn problems(snap: &Snapshot, queue: Option<&str>) -> String {
             out.push_str(&format!("\nqueue {name}: {e}\n"));
         }
     }
+    if queue.is_none() {
+        for u in crate::controller::plan::unmanaged(snap) {
+            out.push_str(&format!("\n{}\n", u.message()));
+        }
+    }
     out
 }
 

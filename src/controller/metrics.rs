@@ -39,8 +39,18 @@ pub struct QueueParentLabels {
     pub parent_name: String,
 }
 
+/// A node's cards of one resource and model.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeCardLabels {
+    pub node: String,
+    pub resource: String,
+    pub card_name: String,
+}
+
 /// What the reconciler measured and did.
 pub struct ReconcilerMetrics {
+    /// Cards nodes announce of resources the install does not gate (never counted).
+    pub unmanaged: Family<NodeCardLabels, Gauge>,
     pub capacity: Family<QueueCardLabels, Gauge>,
     pub allocated: Family<QueueCardLabels, Gauge>,
     pub request: Family<QueueCardLabels, Gauge>,
@@ -159,7 +169,14 @@ impl ReconcilerMetrics {
             "1 per queue, labelled with its parent queue (root at the top)",
             queue_info.clone(),
         );
+        let unmanaged = Family::<NodeCardLabels, Gauge>::default();
+        registry.register(
+            "card_quota_unmanaged_cards",
+            "Cards a node announces of a resource that is not among the install's card resources (--card-resource): neither counted nor gated",
+            unmanaged.clone(),
+        );
         Self {
+            unmanaged,
             borrowed,
             borrow_limit,
             queue_info,
@@ -306,6 +323,20 @@ impl ReconcilerMetrics {
             self.longest_wait
                 .get_or_create(&QueueLabel { queue_name })
                 .set(s);
+        }
+    }
+
+    /// Sets the unmanaged-cards gauge to `list` (every node).
+    pub fn publish_unmanaged(&self, list: &[crate::controller::plan::Unmanaged]) {
+        self.unmanaged.clear();
+        for u in list {
+            self.unmanaged
+                .get_or_create(&NodeCardLabels {
+                    node: u.node.clone(),
+                    resource: u.resource.clone(),
+                    card_name: u.model.clone(),
+                })
+                .set(i64::try_from(u.cards).unwrap_or(i64::MAX));
         }
     }
 

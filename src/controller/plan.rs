@@ -35,6 +35,41 @@ pub struct QueueState {
     pub tree: Option<String>,
 }
 
+/// Event reason for a node that announces cards of a resource the install does not gate.
+pub const UNMANAGED: &str = "UnmanagedCardResource";
+
+/// A node's cards of a resource that is not among the install's card resources: never
+/// counted nor gated, so said aloud (status, a metric, an Event on the node).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unmanaged {
+    pub node: String,
+    pub resource: String,
+    pub model: String,
+    pub cards: u64,
+}
+
+impl Unmanaged {
+    /// The Event's message, and `status`'s line.
+    pub fn message(&self) -> String {
+        format!(
+            "node {} announces {} {} cards ({}) but {} is not among card-quota's card resources: they are neither counted nor gated; add it with --card-resource (Helm: cardResources) to give queues a quota for {}",
+            self.node, self.cards, self.resource, self.model, self.resource, self.model
+        )
+    }
+}
+
+/// Every node's cards the install does not gate.
+pub fn unmanaged(snap: &Snapshot) -> Vec<Unmanaged> {
+    snap.unmanaged_cards()
+        .map(|(node, resource, model, cards)| Unmanaged {
+            node: node.to_string(),
+            resource: resource.to_string(),
+            model: model.to_string(),
+            cards,
+        })
+        .collect()
+}
+
 /// Event reason for a queue whose place in the tree needs an admin.
 pub const TREE: &str = "CardQuotaTreeProblem";
 

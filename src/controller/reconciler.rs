@@ -71,6 +71,8 @@ pub struct Reconciler {
     ledger_metrics: Arc<LedgerMetrics>,
     leader: watch::Receiver<bool>,
     memory: EventMemory,
+    /// Nodes' unmanaged cards already told in an Event (told again after a restart).
+    told_unmanaged: std::collections::BTreeSet<super::plan::Unmanaged>,
     /// When each queue's usage was last written.
     written: HashMap<QueueName, Instant>,
     /// Queues whose last usage writes failed: how many in a row, and until when the
@@ -125,6 +127,7 @@ impl Reconciler {
             ledger_metrics,
             leader,
             memory: EventMemory::default(),
+            told_unmanaged: Default::default(),
             written: HashMap::new(),
             failing: HashMap::new(),
             lease: None,
@@ -207,6 +210,45 @@ impl Reconciler {
                 false
             }
         }
+    }
+
+    /// Publishes the cards nodes announce of resources the install does not gate, and
+    /// tells each once in an Event on its node. Returns the Events published.
+    async fn report_unmanaged(&mut self) -> usize {
+        let list = super::plan::unmanaged(&self.lock());
+        self.metrics.publish_unmanaged(&list);
+        self.told_unmanaged.retain(|u| list.contains(u));
+        let mut published = 0;
+        for u in list {
+            if self.told_unmanaged.contains(&u) {
+                continue;
+            }
+            let intent = EventIntent {
+                regarding: ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    namespace: None,
+                    name: u.node.clone(),
+                    uid: None,
+                },
+                reason: super::plan::UNMANAGED,
+                message: crate::decide::messages::cap(u.message()),
+                warning: true,
+                also: None,
+            };
+            match self.events.publish(&intent, "Reconcile").await {
+                Ok(()) => {
+                    published += 1;
+                    self.told_unmanaged.insert(u);
+                }
+                Err(e) => tracing::warn!(
+                    "could not publish {} on node {}: {e}",
+                    super::plan::UNMANAGED,
+                    u.node
+                ),
+            }
+        }
+        published
     }
 
     /// Recounts every queue and rebuilds the tally if any disagrees. The recount goes
@@ -379,6 +421,7 @@ impl Reconciler {
                 }
             }
             if full {
+                pass.events += self.report_unmanaged().await;
                 let stamps = unstamped(&self.lock(), now, STAMPS_PER_PASS);
                 for s in &stamps {
                     match self.stamp(s).await {

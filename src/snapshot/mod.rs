@@ -247,13 +247,13 @@ impl Snapshot {
         self.card_resources = c;
     }
 
-    /// Nodes that announce cards of resources this install does not gate: node, resource
-    /// and model (reported, never counted).
-    pub fn unmanaged_cards(&self) -> impl Iterator<Item = (&str, &str, &CardName)> {
+    /// Nodes that announce cards of resources this install does not gate: node, resource,
+    /// model and cards (reported, never counted).
+    pub fn unmanaged_cards(&self) -> impl Iterator<Item = (&str, &str, &CardName, u64)> {
         self.nodes.iter().flat_map(|(n, c)| {
             c.unmanaged
                 .iter()
-                .map(move |(r, (m, _))| (n.as_str(), r.as_str(), m))
+                .map(move |(r, (m, k))| (n.as_str(), r.as_str(), m, *k))
         })
     }
 
