@@ -150,6 +150,61 @@ fn decisions(c: &mut Criterion) {
     );
 }
 
+/// Issue 45: GPU pods as most are written (no `card.name`): each may use the 5 models
+/// of its resource its queue names, as card-quota writes them on it. 1,000 pending pods
+/// of 1, 2 and 8 cards, pinned round-robin (pins on) or not (`--no-pin`: every pod an
+/// open 5-model demand the exact check must place).
+fn plain_queue(pinned: bool) -> Snapshot {
+    let mut s = Snapshot::new();
+    let models: Vec<String> = (0..5).map(|i| format!("MODEL-{i}")).collect();
+    for (i, m) in models.iter().enumerate() {
+        upsert(&mut s, &node(&format!("n{i}"), m)).unwrap();
+    }
+    let quota: serde_json::Map<String, Value> =
+        models.iter().map(|m| (m.clone(), json!(1000))).collect();
+    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": Value::Object(quota).to_string()}}}))
+    .unwrap();
+    let all = models.join("|");
+    for i in 0..1000 {
+        let mut p = pod(&format!("p{i}"), "q", &all, [1, 2, 8][i % 3], None);
+        if pinned {
+            p["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": models[i % 5]});
+        }
+        upsert(&mut s, &p).unwrap();
+    }
+    s
+}
+
+fn plain(c: &mut Criterion) {
+    let now = jiff::Timestamp::now();
+    for (pinned, label) in [(true, "pins on"), (false, "pins off")] {
+        let mut snap = plain_queue(pinned);
+        let cfg = Config {
+            pin: pinned,
+            ..Config::default()
+        };
+        for n in [1, 2, 8] {
+            // A plain GPU pod: no annotation but its queue.
+            let mut p = pod("new", "q", "x", n, None);
+            p["metadata"]["annotations"]
+                .as_object_mut()
+                .map(|a| a.remove("volcano.sh/card.name"));
+            let create = R::pod("CREATE", p).build();
+            let r = review(&create, &mut snap, &cfg, now, true);
+            assert!(r.out.response.allowed, "{:?}", r.out.response.status);
+            assert!(
+                !r.decision.as_ref().is_some_and(|d| d.undecided),
+                "the search budget was reached"
+            );
+            c.bench_function(
+                &format!("plain pod create ({n} cards), 1000 pending plain pods, 5 models, {label}"),
+                |b| b.iter(|| review(&create, &mut snap, &cfg, now, true)),
+            );
+        }
+    }
+}
+
 /// The burst benchmark's queue: one model, 2,000 pending pods already pinned to it.
 fn burst_queue() -> Snapshot {
     let mut s = Snapshot::new();
@@ -524,5 +579,5 @@ fn webhook(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decisions, burst, tree, recount, webhook);
+criterion_group!(benches, decisions, plain, burst, tree, recount, webhook);
 criterion_main!(benches);

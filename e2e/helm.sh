@@ -104,7 +104,7 @@ check "... whose Deployment now runs --enforcement=warn" e2e_serve_release
 grep -q -- '--enforcement=warn' "$WORK/args" || { FAILED=$((FAILED + 1)); log "FAIL: the upgraded Deployment has no --enforcement=warn: $(tr '\n' ' ' < "$WORK/args")"; }
 out=$(pod p2 | k apply -f - 2>&1)
 check "under warn the pod past the quota is created with a warning" contains "$out" \
-  "Warning: card-quota would refuse this if the queue's enforcement were deny: queue $Q has insufficient RTX-4090 quota"
+  "Warning: card-quota admitted this because queue $Q's enforcement is warn (the install's default); under deny: queue $Q has insufficient RTX-4090 quota"
 stop_serve
 
 out=$("$HELM" uninstall cq -n "$NS" 2>&1)

@@ -329,7 +329,7 @@ card_pod trial-1 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - >/dev/null 
 out=$(card_pod trial-2 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - 2>&1)
 check "warn: a pod past the quota of a queue in warn is created" contains "$out" "pod/trial-2 created"
 check "... with a warning that says what deny would refuse" contains "$out" \
-  "Warning: card-quota would refuse this if the queue's enforcement were deny: queue $Q-trial has insufficient RTX-4090 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
+  "Warning: card-quota admitted this because queue $Q-trial's enforcement is warn (its volcano.sh/card.enforcement annotation); under deny: queue $Q-trial has insufficient RTX-4090 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
 check "... an Event CardQuotaWouldRefuse on the pod" wait_for 20 bash -c \
   "kubectl -n $NS get events.events.k8s.io --field-selector regarding.name=trial-2 -o jsonpath='{.items[*].reason}' | grep -q CardQuotaWouldRefuse"
 check "... the admissions metric counts it as warned" bash -c \
