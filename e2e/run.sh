@@ -76,10 +76,16 @@ fi
 #   control plane's vc-scheduler identity, on pods of schedulerName volcano.
 # - E2E_VOLCANO=real: the real Volcano runs beside; its scheduler binds every
 #   `volcano` pod. The pods the e2e binds itself use a scheduler name nobody runs
-#   ($HAND_SCHED), the install gates that name, and the e2e's own user is added to the
-#   gated binders: no check binds one of Volcano's pods by hand.
+#   ($HAND_SCHED), and the e2e's own user is added to the gated binders: no check binds
+#   one of Volcano's pods by hand.
+# Every card pod is checked whatever its scheduler. The install also gates a second
+# vendor's cards (example.com/npu): the hooks' conditions and serve get the same list.
 VOLCANO=${E2E_VOLCANO:-standin}
-SCOPE=()
+CARDS=()
+for r in nvidia.com/gpu nvidia.com/gpu.shared 'nvidia.com/mig-*' amd.com/gpu 'huawei.com/Ascend*' huawei.com/npu example.com/npu; do
+  CARDS+=(--card-resource "$r")
+done
+SCOPE=("${CARDS[@]}")
 case $VOLCANO in
   standin)
     HAND_SCHED=volcano
@@ -92,15 +98,11 @@ case $VOLCANO in
     HAND_SCHED=cq-e2e-by-hand
     VC_KUBECONFIG=$KUBECONFIG
     ME=$(k auth whoami -o jsonpath='{.status.userInfo.username}') || { echo "kubectl auth whoami failed"; exit 100; }
-    SCOPE=(--scheduler-name volcano --scheduler-name default-scheduler --scheduler-name "$HAND_SCHED"
-      --binder system:serviceaccount:volcano-system:volcano-scheduler --binder system:kube-scheduler --binder "$ME") ;;
+    SCOPE+=(--binder system:serviceaccount:volcano-system:volcano-scheduler --binder system:kube-scheduler --binder "$ME") ;;
   *) echo "E2E_VOLCANO must be standin or real, not $VOLCANO"; exit 100 ;;
 esac
-# serve takes the scheduler names only.
-SERVE_SCOPE=()
-for ((i = 0; i < ${#SCOPE[@]}; i += 2)); do
-  [ "${SCOPE[i]}" = --scheduler-name ] && SERVE_SCOPE+=("${SCOPE[i]}" "${SCOPE[i + 1]}")
-done
+# serve takes the card resources only.
+SERVE_SCOPE=("${CARDS[@]}")
 api_bind() { # ns pod node -> prints the HTTP status
   curl -s -o "$WORK/binds/$2.out" -w '%{http_code}' --cacert "$WORK/api-ca.crt" "${CURL_AUTH[@]}" \
     -H 'Content-Type: application/json' -X POST "$SERVER/api/v1/namespaces/$1/pods/$2/binding" \
@@ -608,6 +610,114 @@ check "kube-scheduler: 200 NVIDIA-H200|RTX-4090 pods all bound with 0 refused bi
 check "... 100 on each model, each on a model it named" wait_for 30 bash -c \
   "on_named_models $Q-steer4 && usage_is $Q-steer4 NVIDIA-H200 allocated 100 && usage_is $Q-steer4 RTX-4090 allocated 100"
 
+# ---- 4d. GPU pods as most are written: no annotation, any scheduler, a second vendor ----
+# A Deployment of plain `nvidia.com/gpu: 1` pods (no card.name) in a queue whose quota
+# names two models, RTX first: kube-scheduler binds each on the model it was pinned to,
+# RTX then H200 in the quota's order, and the queue's quota is the line.
+for i in 1 2; do
+  node "$Q-p-h200-$i" NVIDIA-H200 1 ',"cq-e2e-pool":"plain"' ''
+  node "$Q-p-rtx-$i" RTX-4090 1 ',"cq-e2e-pool":"plain"' ''
+done
+sleep 1
+queue "$Q-plain" '{"RTX-4090":2,"NVIDIA-H200":2}' | k apply -f - >/dev/null 2>&1
+plain_deploy() { # name queue replicas
+  cat <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: $1, namespace: $NS}
+spec:
+  replicas: $3
+  selector: {matchLabels: {plain: $1}}
+  template:
+    metadata:
+      labels: {plain: $1, card-quota-e2e: "$RUN"}
+      annotations: {scheduling.volcano.sh/queue-name: $2}
+    spec:
+      nodeSelector: {cq-e2e-pool: plain}
+      containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {limits: {nvidia.com/gpu: "1"}}}]
+EOF
+}
+plain_bound() { k -n "$NS" get pods -l "plain=$1" -o json 2>/dev/null | jq '[.items[] | select((.spec.nodeName // "") != "")] | length'; }
+# Each bound pod's node has the product of its pin, and its card.name lists the queue's models.
+on_pinned_models() {
+  k -n "$NS" get pods -l "plain=$1" -o json | jq -r '.items[] | select((.spec.nodeName // "") != "") | "\(.spec.nodeName) \(.spec.nodeSelector["nvidia.com/gpu.product"]) \(.metadata.annotations["volcano.sh/card.name"])"' |
+    while read -r node pin names; do
+      product=$(k get node "$node" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.product}')
+      [ "$product" = "$pin" ] && [ "$names" = "RTX-4090|NVIDIA-H200" ] || { echo "$node ($product) pin $pin names $names"; return 1; }
+    done
+}
+export -f plain_bound on_pinned_models
+plain_deploy plain "$Q-plain" 2 | k apply -f - >/dev/null 2>&1
+check "plain GPU pods: a Deployment of 2 without card.name is bound, both on RTX-4090 (first in the quota)" wait_for 30 bash -c \
+  "[ \"\$(plain_bound plain)\" = 2 ] && on_pinned_models plain && usage_is $Q-plain RTX-4090 allocated 2"
+k -n "$NS" scale deployment plain --replicas 4 >/dev/null 2>&1
+check "... scaled to 4: the next 2 go to NVIDIA-H200, each bound on the model it was pinned to" wait_for 30 bash -c \
+  "[ \"\$(plain_bound plain)\" = 4 ] && on_pinned_models plain && usage_is $Q-plain RTX-4090 allocated 2 && usage_is $Q-plain NVIDIA-H200 allocated 2"
+plain_pod() { # name queue [extra spec json]
+  k -n "$NS" run "$1" --image=registry.k8s.io/pause:3.9 --restart=Never --labels="card-quota-e2e=$RUN" \
+    --overrides="{\"apiVersion\":\"v1\",\"metadata\":{\"annotations\":{\"scheduling.volcano.sh/queue-name\":\"$2\"}},\"spec\":{\"schedulerName\":\"$HAND_SCHED\",\"containers\":[{\"name\":\"$1\",\"image\":\"registry.k8s.io/pause:3.9\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]${3:+,$3}}}" 2>&1
+}
+out=$(plain_pod plain-5 "$Q-plain")
+check "... a fifth plain pod is refused at the quota" contains "$out" \
+  "queue $Q-plain has insufficient RTX-4090|NVIDIA-H200 quota: requested 1, in use 4"
+out=$(k -n "$NS" scale deployment plain --replicas 5 2>&1)
+check "... and a scale-up to 5 goes through clamped, with a warning" contains "$out" "scaled"
+check "... to 4 replicas" [ "$(k -n "$NS" get deploy plain -o jsonpath='{.spec.replicas}')" = 4 ]
+k -n "$NS" delete deploy plain --wait=false >/dev/null 2>&1
+
+# The same under warn: admitted with the warning, the Event and the metric.
+k apply -f - >/dev/null <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: $Q-plainwarn
+  labels: {card-quota-e2e: "$RUN"}
+  annotations: {volcano.sh/card.quota: '{"RTX-4090":1}', volcano.sh/card.enforcement: warn}
+spec: {weight: 1}
+EOF
+sleep 1
+warned0=$(curl -s "http://127.0.0.1:$((PORT_A + 1000))/metrics" | awk '/^card_quota_admission_requests_total\{/ && /result="warned"/ {s += $NF} END {print s + 0}')
+plain_pod pw-1 "$Q-plainwarn" >/dev/null
+out=$(plain_pod pw-2 "$Q-plainwarn")
+check "warn: a plain pod past its queue's quota is created" contains "$out" "pod/pw-2 created"
+check "... with a warning naming the enforcement that applied" contains "$out" \
+  "Warning: card-quota admitted this because queue $Q-plainwarn's enforcement is warn (its volcano.sh/card.enforcement annotation); under deny: queue $Q-plainwarn has insufficient RTX-4090 quota: requested 1, in use 1"
+check "... an Event CardQuotaWouldRefuse on the pod, usage past the quota, the warned metric" wait_for 20 bash -c \
+  "kubectl -n $NS get events.events.k8s.io --field-selector regarding.name=pw-2 -o jsonpath='{.items[*].reason}' | grep -q CardQuotaWouldRefuse && usage_is $Q-plainwarn RTX-4090 pending 2 && [ \"\$(curl -s http://127.0.0.1:$((PORT_A + 1000))/metrics | awk '/^card_quota_admission_requests_total\\{/ && /result=\"warned\"/ {s += \$NF} END {print s + 0}')\" -gt $warned0 ]"
+k -n "$NS" delete pod pw-1 pw-2 --wait=false >/dev/null 2>&1
+
+# A pod created on its node (the GPU Operator's validators) is charged on that node's model.
+queue "$Q-named" '{"RTX-4090":1}' | k apply -f - >/dev/null 2>&1
+sleep 1
+out=$(plain_pod named-1 "$Q-named" "\"nodeName\":\"$Q-rtx\"")
+check "a plain pod with spec.nodeName is created" contains "$out" "pod/named-1 created"
+check "... and charged on its node's model" wait_for 20 usage_is "$Q-named" RTX-4090 allocated 1
+out=$(plain_pod named-2 "$Q-named" "\"nodeName\":\"$Q-rtx\"")
+check "... a second one on that model is refused at the queue's quota" contains "$out" \
+  "queue $Q-named has insufficient RTX-4090 quota: requested 1, in use 1 (allocated 1"
+
+# A second vendor, gated because the install lists it (--card-resource example.com/npu).
+k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$Q-npu","labels":{"card-quota-e2e":"$RUN","example.com/npu.product":"X-NPU"}}}
+EOF
+for try in 1 2 3 4 5 6 7 8; do
+  k get --raw "/api/v1/nodes/$Q-npu" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "example.com/npu": "4"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "example.com/npu": "4"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' > "$WORK/node-npu.json"
+  k replace --raw "/api/v1/nodes/$Q-npu/status" -f "$WORK/node-npu.json" >/dev/null 2>&1 && break
+  sleep 0.3
+done
+queue "$Q-npu" '{"X-NPU":1}' | k apply -f - >/dev/null 2>&1
+sleep 1
+npu_pod() {
+  k -n "$NS" run "$1" --image=registry.k8s.io/pause:3.9 --restart=Never --labels="card-quota-e2e=$RUN" \
+    --overrides="{\"apiVersion\":\"v1\",\"metadata\":{\"annotations\":{\"scheduling.volcano.sh/queue-name\":\"$Q-npu\"}},\"spec\":{\"schedulerName\":\"$HAND_SCHED\",\"containers\":[{\"name\":\"$1\",\"image\":\"registry.k8s.io/pause:3.9\",\"resources\":{\"limits\":{\"example.com/npu\":\"1\"}}}]}}" 2>&1
+}
+out=$(npu_pod npu-1)
+check "a second vendor configured at install: its plain pod is created" contains "$out" "pod/npu-1 created"
+check "... pinned to its model by the vendor's product label" \
+  [ "$(k -n "$NS" get pod npu-1 -o jsonpath='{.spec.nodeSelector.example\.com/npu\.product}')" = X-NPU ]
+out=$(npu_pod npu-2)
+check "... and the next is refused at the queue's X-NPU quota" contains "$out" "queue $Q-npu has insufficient X-NPU quota: requested 1, in use 1"
+
 # ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
 ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }
 burst_queue() { # name pods : half the pods in each replica's namespace
@@ -849,8 +959,12 @@ check "... and a PodGroup status update there (matchConditions: it charges nothi
   contains "$out" "podgroup.scheduling.volcano.sh/job-mig patched"
 out=$(k -n "$NS" run "down-plain" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' 2>&1)
 check "... and a cardless pod there" contains "$out" "pod/down-plain created"
+out=$(k -n "$NS" run "down-vf" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano","containers":[{"name":"down-vf","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/sriov_rdma_vf":"1"}}}]}}' 2>&1)
+check "... and a pod asking only for a NIC's virtual function under nvidia.com/ (not a card resource)" contains "$out" "pod/down-vf created"
 out=$(card_pod down-card "$Q-research" NVIDIA-H200 nvidia.com/gpu 1 | k apply -f - 2>&1)
 check "... while a card pod fails closed until a replica answers" contains "$out" "failed calling webhook"
+out=$(card_pod down-binpack "$Q-research" NVIDIA-H200 nvidia.com/gpu 1 | sed "s/schedulerName: .*/schedulerName: gpu-binpack/" | k apply -f - 2>&1)
+check "... and so does a card pod of a second scheduler profile (every card pod is checked)" contains "$out" "failed calling webhook"
 pg down-wait '{"NVIDIA-H200":1}' | k apply -f - >/dev/null 2>&1
 out=$(enqueue down-wait)
 check "... and so does a PodGroup's enqueue (its creation went through: Ignore)" contains "$out" "failed calling webhook"

@@ -798,7 +798,8 @@ impl Cluster {
                     match &t.node {
                         Some(n) => {
                             let models = node_models(n);
-                            for (r, c) in &t.resources {
+                            // A NIC's virtual function is not a card resource.
+                            for (r, c) in t.resources.iter().filter(|(r, _)| r.as_str() != VF) {
                                 match models.get(r.as_str()) {
                                     Some(m) => members.push((BTreeSet::from([m.to_string()]), *c)),
                                     // Charged by a fallback the oracle does not model.
@@ -820,9 +821,8 @@ impl Cluster {
                             let cards: u128 = t
                                 .resources
                                 .iter()
-                                .filter(|(r, _)| {
-                                    r.starts_with("nvidia.com/") || self.nodes.contains("n1")
-                                })
+                                // The install's card resources, from the start.
+                                .filter(|(r, _)| r.as_str() != VF)
                                 .map(|(_, c)| *c)
                                 .sum();
                             if let (Some(name), true) = (name, cards > 0) {

@@ -202,3 +202,57 @@ fn would_refuse_lists_the_objects_enforcement_would_refuse() {
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v[0]["name"], "ml/big");
 }
+
+/// Issue 45: a node that announces cards of a resource outside the install's card
+/// resources is named under the table; with the resource listed, its cards count.
+#[test]
+fn status_names_nodes_whose_cards_the_install_does_not_gate() {
+    use std::io::Write;
+    let objects = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: mlu-1, labels: {cambricon.com/mlu.product: MLU370}}
+status: {allocatable: {cambricon.com/mlu: "4"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: mlu, annotations: {volcano.sh/card.quota: '{"MLU370":1}'}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: mlu}}
+spec: {nodeName: mlu-1, containers: [{name: c, image: x, resources: {limits: {cambricon.com/mlu: "2"}}}]}
+"#;
+    let run = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+            .args(["status", "--objects", "-"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(objects.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plain = run(&[]);
+    assert!(
+        plain.contains("\nnode mlu-1 announces 4 cambricon.com/mlu cards (MLU370) but cambricon.com/mlu is not among card-quota's card resources: they are neither counted nor gated; add it with --card-resource"),
+        "{plain}"
+    );
+    assert!(plain.contains("mlu    MLU370  1      0"), "not counted: {plain}");
+    let listed = run(&["--card-resource", "nvidia.com/gpu", "--card-resource", "cambricon.com/mlu"]);
+    assert!(!listed.contains("announces"), "{listed}");
+    assert!(listed.contains("mlu    MLU370  1      2"), "counted: {listed}");
+}
