@@ -198,7 +198,9 @@ fn plain(c: &mut Criterion) {
                 "the search budget was reached"
             );
             c.bench_function(
-                &format!("plain pod create ({n} cards), 1000 pending plain pods, 5 models, {label}"),
+                &format!(
+                    "plain pod create ({n} cards), 1000 pending plain pods, 5 models, {label}"
+                ),
                 |b| b.iter(|| review(&create, &mut snap, &cfg, now, true)),
             );
         }

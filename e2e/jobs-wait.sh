@@ -177,15 +177,26 @@ out=$("${VC_SCHED[@]}" create --raw "/api/v1/namespaces/$NS/pods/rdma/binding" -
 EOF
 )
 check "a scheduler's retried bind of a bound pod is refused by card-quota" contains "$out" "pod $NS/rdma is already bound to node $NODE"
-out=$(plain_pod legacy "$Q-h" nobody '{"nvidia.com/gpu":"1"}' NVIDIA-H200)
+# Every card pod is checked at its CREATE, whatever its scheduler: one of a scheduler
+# nobody runs is refused in a full queue, and admitted where there is room.
+out=$(plain_pod nobody-1 "$Q-h" nobody '{"nvidia.com/gpu":"1"}')
+check "a card pod of another scheduler, into a full queue, is refused at its CREATE" \
+  contains "$out" "queue $Q-h has insufficient NVIDIA-H200 quota"
+queue "$Q-legacy" '{"NVIDIA-H200":1}' >/dev/null
+sleep 1
+out=$(plain_pod legacy "$Q-legacy" nobody '{"nvidia.com/gpu":"1"}')
+check "... and admitted where its queue has room (no card.name needed)" contains "$out" "pod/legacy created"
+# The quota cut under it, the legacy POST .../bindings is checked like pods/binding.
+queue "$Q-legacy" '{"NVIDIA-H200":0}' >/dev/null
+sleep 1
 out=$("${VC_SCHED[@]}" -n "$NS" create -f - 2>&1 <<EOF
 {"apiVersion":"v1","kind":"Binding","metadata":{"name":"legacy"},"target":{"apiVersion":"v1","kind":"Node","name":"$NODE"}}
 EOF
 )
-check "a bind through the legacy POST .../bindings into a full queue is refused" \
-  contains "$out" "queue $Q-h has insufficient NVIDIA-H200 quota"
+check "a bind through the legacy POST .../bindings past the queue's quota is refused" \
+  contains "$out" "queue $Q-legacy has insufficient NVIDIA-H200 quota"
 out=$(plain_pod placed "$Q-h" no-such-scheduler '{"nvidia.com/gpu":"1"}' NVIDIA-H200 "$NODE")
-check "a pod of an ungated scheduler created on its node, into a full queue, is refused" \
+check "a pod of another scheduler created on its node, into a full queue, is refused" \
   contains "$out" "queue $Q-h has insufficient NVIDIA-H200 quota"
 
 # ---- card-quota down: only card work waits ---------------------------------------------------

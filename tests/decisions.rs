@@ -21,7 +21,7 @@ status: {allocatable: {nvidia.com/gpu: "8", nvidia.com/mig-1g.18gb: "7", nvidia.
 ---
 apiVersion: v1
 kind: Node
-metadata: {name: rtx-1, labels: {nvidia.com/gpu.product: RTX-4090}}
+metadata: {name: rtx-1, labels: {nvidia.com/gpu.product: RTX-4090, zone: a}}
 status: {allocatable: {nvidia.com/gpu: "4"}}
 ---
 apiVersion: scheduling.volcano.sh/v1beta1

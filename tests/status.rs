@@ -2,6 +2,33 @@
 
 use std::process::Command;
 
+/// `card-quota status --objects -` with `objects` on stdin: what it prints (it must
+/// succeed).
+fn status_of(objects: &str, args: &[&str]) -> String {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .args(["status", "--objects", "-"])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(objects.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn status(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_card-quota"))
         .arg("status")
@@ -115,7 +142,6 @@ fn a_broken_quota_is_named_and_every_scheduler_counts() {
 /// filter that matches a queue without rows still shows it.
 #[test]
 fn every_queue_shows_with_a_note_and_objects_come_from_stdin() {
-    use std::io::Write;
     let objects = r#"
 apiVersion: scheduling.volcano.sh/v1beta1
 kind: Queue
@@ -130,29 +156,7 @@ apiVersion: scheduling.volcano.sh/v1beta1
 kind: Queue
 metadata: {name: typo, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":'}}
 "#;
-    let run = |args: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_card-quota"))
-            .args(["status", "--objects", "-"])
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(objects.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run = |args: &[&str]| status_of(objects, args);
     let table = run(&[]);
     assert!(
         table.starts_with(
@@ -207,7 +211,6 @@ fn would_refuse_lists_the_objects_enforcement_would_refuse() {
 /// resources is named under the table; with the resource listed, its cards count.
 #[test]
 fn status_names_nodes_whose_cards_the_install_does_not_gate() {
-    use std::io::Write;
     let objects = r#"
 apiVersion: v1
 kind: Node
@@ -223,36 +226,25 @@ kind: Pod
 metadata: {name: p, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: mlu}}
 spec: {nodeName: mlu-1, containers: [{name: c, image: x, resources: {limits: {cambricon.com/mlu: "2"}}}]}
 "#;
-    let run = |args: &[&str]| {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_card-quota"))
-            .args(["status", "--objects", "-"])
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(objects.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run = |args: &[&str]| status_of(objects, args);
     let plain = run(&[]);
     assert!(
         plain.contains("\nnode mlu-1 announces 4 cambricon.com/mlu cards (MLU370) but cambricon.com/mlu is not among card-quota's card resources: they are neither counted nor gated; add it with --card-resource"),
         "{plain}"
     );
-    assert!(plain.contains("mlu    MLU370  1      0"), "not counted: {plain}");
-    let listed = run(&["--card-resource", "nvidia.com/gpu", "--card-resource", "cambricon.com/mlu"]);
+    assert!(
+        plain.contains("mlu    MLU370  1      0"),
+        "not counted: {plain}"
+    );
+    let listed = run(&[
+        "--card-resource",
+        "nvidia.com/gpu",
+        "--card-resource",
+        "cambricon.com/mlu",
+    ]);
     assert!(!listed.contains("announces"), "{listed}");
-    assert!(listed.contains("mlu    MLU370  1      2"), "counted: {listed}");
+    assert!(
+        listed.contains("mlu    MLU370  1      2"),
+        "counted: {listed}"
+    );
 }

@@ -84,7 +84,7 @@ pub fn tree_problem(
     }
     let mut out = Vec::new();
     match snap.ancestry(queue) {
-        Err(f) => out.push(crate::decide::tree::fault_message(queue, &f)),
+        Err(f) => out.push(crate::decide::messages::fault_message(queue, &f)),
         Ok(a) => {
             if let Some(p) = a.missing {
                 out.push(format!(

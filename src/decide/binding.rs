@@ -120,13 +120,3 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         Err(d) => d.with_event(Some(regarding)),
     }
 }
-
-/// A pod requesting resources of a vendor no node announces yet is placed only on nodes
-/// card-quota has seen: an unseen node may be the one that announces the vendor, and
-/// the pod would then hold cards no decision checked.
-pub fn unseen_node(key: &ObjectKey, node: &str) -> Decision {
-    Decision::deny(
-        RETRY,
-        format!("pod {key} requests resources of a vendor no node announces yet, and node {node} is not in card-quota's cache; try again"),
-    )
-}

@@ -5,9 +5,8 @@ use crate::cluster::QueueRecord;
 use crate::ledger::QueueUsage;
 use crate::snapshot::Snapshot;
 
-use super::tree::fault_message;
 use super::Decision;
-use crate::snapshot::tree::TreeFault;
+use crate::snapshot::tree::{TreeFault, WALK_LIMIT};
 
 /// Why a request was refused: the `reason` of the AdmissionReview status and of the
 /// Event that tells the user.
@@ -204,6 +203,28 @@ fn gate_record(q: &QueueRecord) -> Result<(), Decision> {
         ));
     }
     Ok(())
+}
+
+/// The message of a charge refused because of where its queue sits in the tree.
+pub fn fault_message(queue: &QueueName, fault: &TreeFault) -> String {
+    match fault {
+        TreeFault::Cycle(path) => {
+            let names: Vec<&str> = path.iter().map(QueueName::as_str).collect();
+            format!(
+                "queue {queue} is in a cycle of parents ({}): set spec.parent of one of them to a queue outside it",
+                names.join(" -> ")
+            )
+        }
+        TreeFault::TooDeep => format!(
+            "queue {queue} has more than {WALK_LIMIT} ancestors: shorten its chain of spec.parent"
+        ),
+        TreeFault::BrokenAncestor { ancestor, error } => format!(
+            "queue {queue} is under queue {ancestor}, whose card quota does not parse: fix it ({error})"
+        ),
+        TreeFault::ClosedAncestor { ancestor, state } => format!(
+            "queue {queue} is under queue {ancestor}, which is {state} and admits no new card requests"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -799,7 +799,13 @@ fn charge_on_named_node(
     mut annotations: Vec<(&str, String)>,
 ) -> Decision {
     let Some(n) = snap.node(node) else {
-        return super::binding::unseen_node(&rec.key, node);
+        return Decision::deny(
+            RETRY,
+            format!(
+                "pod {} names node {node}, which is not in card-quota's cache yet; try again",
+                rec.key
+            ),
+        );
     };
     let Some(model) = n.model_for(&demand.resource).cloned() else {
         return Decision::deny(

@@ -10,10 +10,9 @@ use crate::cards::{Alternatives, CardName, Cards, QueueName};
 
 use crate::ledger::flow::{Network, UNLIMITED};
 use crate::ledger::{QueueUsage, Row, UsageKey, Verdict};
-use crate::snapshot::tree::{TreeFault, WALK_LIMIT};
+use crate::snapshot::tree::WALK_LIMIT;
 use crate::snapshot::Snapshot;
 
-use super::fit::feasible;
 use super::messages::quota_text;
 
 /// The first card level above a leaf that a charge would break.
@@ -358,7 +357,12 @@ pub fn fits_cap(u: &QueueUsage, touched: &BTreeSet<CardName>) -> bool {
     touched
         .iter()
         .all(|m| u.allocated.get(m).copied().unwrap_or_default() <= u.quota.get(m))
-        && feasible(u, touched) == Verdict::Feasible
+        && crate::ledger::adjusted::Adjusted::new(
+            std::borrow::Cow::Borrowed(u),
+            std::borrow::Cow::Borrowed(&u.quota),
+        )
+        .feasible(touched)
+            == Verdict::Feasible
 }
 
 /// Cards in use on `touched` models: allocated, and unbound demand that may use them.
@@ -421,28 +425,6 @@ fn effective_at(
     e
 }
 
-/// The message of a charge refused because of where its queue sits in the tree.
-pub fn fault_message(queue: &QueueName, fault: &TreeFault) -> String {
-    match fault {
-        TreeFault::Cycle(path) => {
-            let names: Vec<&str> = path.iter().map(QueueName::as_str).collect();
-            format!(
-                "queue {queue} is in a cycle of parents ({}): set spec.parent of one of them to a queue outside it",
-                names.join(" -> ")
-            )
-        }
-        TreeFault::TooDeep => format!(
-            "queue {queue} has more than {WALK_LIMIT} ancestors: shorten its chain of spec.parent"
-        ),
-        TreeFault::BrokenAncestor { ancestor, error } => format!(
-            "queue {queue} is under queue {ancestor}, whose card quota does not parse: fix it ({error})"
-        ),
-        TreeFault::ClosedAncestor { ancestor, state } => format!(
-            "queue {queue} is under queue {ancestor}, which is {state} and admits no new card requests"
-        ),
-    }
-}
-
 /// The usage rows of `queue`: its own objects' usage; in a tree, subtree sums on a
 /// queue with children, and what it borrows and lends (docs/hierarchy.md).
 pub fn queue_rows(
@@ -457,7 +439,7 @@ pub fn queue_rows(
     };
     let inner = !snap.is_flat() && snap.has_children(queue);
     if parent.is_none() && !inner {
-        return super::fit::usage_of(snap, queue, now).rows();
+        return snap.usage(queue, now).rows();
     }
     let share = snap.share_of(queue);
     let mut u = if inner {
