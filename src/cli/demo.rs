@@ -227,8 +227,8 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
             &clamp,
         ),
         (
-            "A pod asks for nvidia.com/gpu without naming a model or pinning a product",
-            R::pod("CREATE", pod("ml", "anonymous", None, None, 1)).build(),
+            "A GPU pod written as most are (nvidia.com/gpu: 1, no card annotation) may use research's nvidia.com/gpu models in its quota's order: all are full",
+            R::pod("CREATE", pod("ml", "plain", None, None, 1)).build(),
             &clamp,
         ),
         (
