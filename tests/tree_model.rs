@@ -1,7 +1,7 @@
 //! Model-based test of hierarchical card quota (docs/hierarchy.md). Trees of up to 6
 //! queues and depth 4 (random shares, borrow limits, over-subscription, queues without
 //! `card.quota`), then random steps through the webhook's path: pod creations (one
-//! model or `A|B`), bindings, deletions, quota cuts and raises, re-parents. After every
+//! model, `A|B`, or none: the models its queue and levels allow), bindings, deletions, quota cuts and raises, re-parents. After every
 //! step an oracle that shares no code with card-quota checks:
 //!
 //! - the extended invariant: for every card level x and model m, the cards of bound pods
@@ -105,7 +105,7 @@ fn depth(qs: &[QueueSpec], i: usize) -> usize {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (0..6usize, 0..3u8, 1..=3u64).prop_map(|(queue, card, cards)| Op::Create { queue, card, cards }),
+        5 => (0..6usize, 0..4u8, 1..=3u64).prop_map(|(queue, card, cards)| Op::Create { queue, card, cards }),
         4 => (0..20usize).prop_map(|pod| Op::Bind { pod }),
         1 => (0..20usize).prop_map(|pod| Op::Delete { pod }),
         1 => (0..6usize, proptest::option::weighted(0.8, pair(6))).prop_map(|(queue, quota)| Op::SetQuota { queue, quota }),
@@ -324,15 +324,21 @@ impl World {
         match *op {
             Op::Create { queue, card, cards } => {
                 let queue = queue % n;
-                let card_name = ["A", "B", "A|B"][usize::from(card)];
+                // 3: a GPU pod that names no model (the models its queue and levels allow).
+                let card_name = ["A", "B", "A|B", "(none)"][usize::from(card)];
                 self.next += 1;
                 let pod_name = format!("p{}", self.next);
-                let doc = json!({"apiVersion": "v1", "kind": "Pod",
+                let mut doc = json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod_name, "namespace": "ml", "annotations": {
                         "scheduling.volcano.sh/queue-name": name(queue),
                         "volcano.sh/card.name": card_name}},
                     "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
                         "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
+                if card == 3 {
+                    if let Some(a) = doc["metadata"]["annotations"].as_object_mut() {
+                        a.remove("volcano.sh/card.name");
+                    }
+                }
                 // Within its leaf's own share, in a sound tree: must be admitted.
                 let single = usize::from(card).min(2);
                 let must = single < 2
