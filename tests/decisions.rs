@@ -2541,3 +2541,22 @@ status: {allocatable: {nvidia.com/gpu: "4"}}
         "pod ml/west-1 accepts NVIDIA-H200|RTX-4090 but its node constraints (nodeSelector topology.kubernetes.io/zone=west) allow no node of any of them"
     );
 }
+
+/// Issue 46 #8: with pins on, the bind of a pod card-quota's cache does not show yet
+/// never waits on card-quota (a cardless pod, or a card pod charged at its CREATE); with
+/// pins off the binding is the hard line and says "try again".
+#[test]
+fn a_bind_of_a_pod_the_cache_does_not_show_fails_open_only_with_pins_on() {
+    let mut w = World::new();
+    let now = jiff::Timestamp::now();
+    let doc = R::binding("ml", "not-seen-yet", "rtx-1").build();
+    let r = review(&doc, &mut w.snap, &w.cfg, now, true).out.response;
+    assert!(r.allowed, "{}", message(&r));
+    w.cfg.pin = false;
+    let r = review(&doc, &mut w.snap, &w.cfg, now, true).out.response;
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/not-seen-yet is not in card-quota's cache yet; try again"
+    );
+}

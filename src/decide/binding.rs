@@ -27,7 +27,12 @@ pub fn target<'a>(req: &AdmissionRequest, obj: &'a Value) -> (ObjectKey, Option<
     (ObjectKey::new(namespace, req.object_name(obj)), node)
 }
 
-pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+pub fn decide(
+    req: &AdmissionRequest,
+    snap: &Snapshot,
+    cfg: &super::Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if req.operation != Operation::Create {
         return Decision::allow();
     }
@@ -43,7 +48,11 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         );
     };
     let Some(pod) = snap.pod(&key) else {
-        if snap.is_known_cardless_pod(&key) {
+        // With pins on, every card pod was charged at its CREATE on the one model it is
+        // pinned to (the ledger shows it to every replica), so a pod the cache does not
+        // show yet is a cardless one, or a card pod whose charge already counts: its bind
+        // never waits on card-quota's cache (the reconciler stamps `card.charged` later).
+        if snap.is_known_cardless_pod(&key) || cfg.pin {
             return Decision::allow();
         }
         return Decision::deny(

@@ -288,7 +288,7 @@ pub fn decide(
         RequestKind::Queue => queue::decide(req, snap, cfg, now),
         RequestKind::PodGroup => podgroup::decide(req, snap, now),
         RequestKind::Pod => pod::decide(req, snap, cfg, now),
-        RequestKind::Binding => binding::decide(req, snap, now),
+        RequestKind::Binding => binding::decide(req, snap, cfg, now),
         RequestKind::Scale(k) => scale::decide_scale(req, k, snap, cfg, now),
         RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),
         RequestKind::Other => Decision::allow(),
