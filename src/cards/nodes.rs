@@ -18,15 +18,6 @@ pub fn mps_model(product: &str, memory_mib: u64, replicas: u64) -> String {
     format!("{product}/mps-{gib}g*1/{replicas}")
 }
 
-/// Prefixes treated as card vendors even before any node announces a product label
-/// (the pod hooks' `matchConditions` select pods requesting anything under them).
-pub const DEFAULT_CARD_PREFIXES: &[&str] = &["nvidia.com", "amd.com", "huawei.com"];
-
-/// Card types (`<prefix>/<type>`) known before any node announces one: their resources
-/// are cards from the start. Other types become cards when a node labels
-/// `<prefix>/<type>.product`.
-pub const DEFAULT_CARD_KINDS: &[&str] = &["nvidia.com/gpu", "amd.com/gpu", "huawei.com/npu"];
-
 /// One product label: `<prefix>/<type>.product`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Product {
@@ -191,25 +182,6 @@ pub fn product_of(model: &CardName) -> &str {
     model.as_str().split('/').next().unwrap_or_default()
 }
 
-/// True when `resource` requests a card: `<prefix>/<type>` or `<prefix>/<type>.shared`
-/// of a known card type, or a MIG profile `<prefix>/mig-*` of a known card vendor.
-/// `kinds` are the types nodes announce, beside [`DEFAULT_CARD_KINDS`].
-pub fn is_card_resource<'a>(resource: &str, kinds: impl Iterator<Item = &'a str>) -> bool {
-    let Some((prefix, suffix)) = resource.split_once('/') else {
-        return false;
-    };
-    let mig = suffix.starts_with("mig-");
-    let base = suffix.strip_suffix(".shared").unwrap_or(suffix);
-    DEFAULT_CARD_KINDS
-        .iter()
-        .copied()
-        .chain(kinds)
-        .any(|k| match k.split_once('/') {
-            Some((p, t)) => p == prefix && (mig || t == base),
-            None => false,
-        })
-}
-
 /// The resource shape a model name implies when no node shows the model:
 /// MIG models need `*/mig-<profile>`, MPS models `*.shared`, others a whole-card resource.
 pub fn resource_fits_model_shape(resource: &str, model: &CardName) -> bool {
@@ -285,32 +257,6 @@ mod tests {
         assert!(n.model_for("nvidia.com/hostdev").is_none());
         assert!(n.problems.is_empty());
         assert_eq!(n.kinds, vec!["nvidia.com/gpu".to_string()]);
-    }
-
-    #[test]
-    fn card_resources_are_those_of_card_types() {
-        let none = std::iter::empty();
-        assert!(is_card_resource("nvidia.com/gpu", none.clone()));
-        assert!(is_card_resource("nvidia.com/gpu.shared", none.clone()));
-        assert!(is_card_resource("nvidia.com/mig-1g.18gb", none.clone()));
-        assert!(is_card_resource("huawei.com/npu", none.clone()));
-        assert!(!is_card_resource("nvidia.com/hostdev", none.clone()));
-        assert!(!is_card_resource("rdma/hca", none.clone()));
-        assert!(!is_card_resource("cpu", none.clone()));
-        assert!(!is_card_resource("example.com/tpu", none));
-        let announced = ["example.com/tpu"];
-        assert!(is_card_resource(
-            "example.com/tpu",
-            announced.iter().copied()
-        ));
-        assert!(is_card_resource(
-            "example.com/mig-2g",
-            announced.iter().copied()
-        ));
-        assert!(!is_card_resource(
-            "example.com/nic",
-            announced.iter().copied()
-        ));
     }
 
     #[test]

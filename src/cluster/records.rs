@@ -292,15 +292,6 @@ impl PodRecord {
         !(to_card.is_empty() && to_latent.is_empty())
     }
 
-    /// Vendor prefixes of the extended resources this pod requests.
-    pub fn resource_prefixes(&self) -> impl Iterator<Item = &str> {
-        self.demand
-            .iter()
-            .flat_map(|d| d.keys())
-            .chain(self.latent.keys())
-            .filter_map(|r| r.split_once('/').map(|(p, _)| p))
-    }
-
     /// True when the pod involves cards at all.
     pub fn is_card_pod(&self) -> bool {
         self.card_name.is_some() || self.demand.as_ref().map(|d| !d.is_empty()).unwrap_or(true)

@@ -27,10 +27,16 @@ pub fn queue_models(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<C
     let Some(q) = snap.queue(queue) else {
         return Vec::new();
     };
-    let mut quota = q.effective_quota();
-    if let Some(Ok(b)) = &q.borrow {
-        quota = quota.plus(b);
-    }
+    // A queue's own quota, borrowed; a copy only with a borrow to add.
+    let empty = crate::cards::Quota::default();
+    let own = match &q.quota {
+        Some(Ok(quota)) => quota,
+        _ => &empty,
+    };
+    let quota = match &q.borrow {
+        Some(Ok(b)) => std::borrow::Cow::Owned(own.plus(b)),
+        _ => std::borrow::Cow::Borrowed(own),
+    };
     let levels: Vec<crate::cards::Quota> = if snap.is_flat() {
         Vec::new()
     } else {

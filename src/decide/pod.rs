@@ -9,7 +9,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED};
 use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
-use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
 use crate::cluster::placement::NodeConstraints;
 use crate::cluster::pod_parts::{read_pod, PodParts};
@@ -18,7 +17,7 @@ use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::candidates::{allowed_by_constraints, none_usable, queue_models};
+use super::candidates::{allowed_by_constraints, none_usable, queue_models, resource_serves};
 use super::fit::{feasible, fit, fit_leaf, models_of, Change};
 use super::messages::{
     gate, insufficient, short_list, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
@@ -247,11 +246,12 @@ pub fn card_demand(
     if let Some(a) = named {
         // Alternatives whose card resource the pod does not request are dropped; only
         // when none is left is the pod refused.
-        let fits = |m: &CardName| match snap.resources_of(m) {
-            Some(r) => r.contains_key(&resource),
-            None => resource_fits_model_shape(&resource, m),
-        };
-        let usable: Vec<CardName> = a.models().iter().filter(|m| fits(m)).cloned().collect();
+        let usable: Vec<CardName> = a
+            .models()
+            .iter()
+            .filter(|m| resource_serves(snap, &resource, m))
+            .cloned()
+            .collect();
         return match Alternatives::from_models(usable) {
             Some(alternatives) => Ok(Some(CardDemand {
                 resource,

@@ -40,6 +40,9 @@ pub struct Snapshot {
     /// Which extended resources are cards (the install's `--card-resource` list).
     card_resources: CardResources,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
+    /// model -> the nodes that offer it (the pin checks a constrained pod against those
+    /// only, not against every node of the cluster, under the lock).
+    model_nodes: BTreeMap<CardName, BTreeSet<String>>,
     /// model -> the node label (key, value) that places a pod on it.
     model_pins: BTreeMap<CardName, (String, String)>,
     queues: BTreeMap<QueueName, QueueRecord>,
@@ -175,6 +178,10 @@ impl Snapshot {
                     .entry(m.clone())
                     .or_insert_with(|| pin.clone());
             }
+            self.model_nodes
+                .entry(m.clone())
+                .or_default()
+                .insert(name.clone());
         }
         self.nodes.insert(name.clone(), cards);
         self.retally_node(&name);
@@ -207,6 +214,12 @@ impl Snapshot {
         };
         self.dirty = Dirty::All;
         for (res, (m, _)) in &old.resources {
+            if let Some(on) = self.model_nodes.get_mut(m) {
+                on.remove(name);
+                if on.is_empty() {
+                    self.model_nodes.remove(m);
+                }
+            }
             if let Some(by_res) = self.model_resources.get_mut(m) {
                 if let Some(c) = by_res.get_mut(res) {
                     *c -= 1;
@@ -271,7 +284,8 @@ impl Snapshot {
         constraints: &crate::cluster::placement::NodeConstraints<'_>,
     ) -> (bool, bool) {
         let mut offered = false;
-        for (name, n) in self.nodes.iter() {
+        let on = self.model_nodes.get(model).into_iter().flatten();
+        for (name, n) in on.filter_map(|name| self.nodes.get(name).map(|n| (name, n))) {
             if n.model_for(resource) != Some(model) {
                 continue;
             }
