@@ -74,6 +74,7 @@ fn batch(
         &Config::default(),
         jiff::Timestamp::now(),
         |_| Duration::ZERO,
+        None,
         Some(&holding),
         mv,
     );

@@ -561,9 +561,15 @@ fn two_replicas_racing_for_the_last_pool_cards_lend_exactly_the_pool() {
             let refs: Vec<&AdmissionRequest> = reqs.iter().collect();
             (
                 r,
-                plan(&mut replicas[r], &keys[r], &refs, &cfg, now, |_| {
-                    std::time::Duration::ZERO
-                }),
+                plan(
+                    &mut replicas[r],
+                    &keys[r],
+                    &refs,
+                    &cfg,
+                    now,
+                    |_| std::time::Duration::ZERO,
+                    None,
+                ),
             )
         })
         .collect();
@@ -590,9 +596,15 @@ fn two_replicas_racing_for_the_last_pool_cards_lend_exactly_the_pool() {
             // Lost the race: read the winner's ledger and decide again.
             let (rv, text) = store[k].clone();
             replicas[r].upsert_ledger(configmap(k, rv, &text));
-            batch = plan(&mut replicas[r], k, &reqs, &cfg, now, |_| {
-                std::time::Duration::ZERO
-            });
+            batch = plan(
+                &mut replicas[r],
+                k,
+                &reqs,
+                &cfg,
+                now,
+                |_| std::time::Duration::ZERO,
+                None,
+            );
         }
     }
     assert_eq!(admitted, 2, "the pool of 2 lent exactly once");

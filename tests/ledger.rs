@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use card_quota::cards::QueueName;
 use card_quota::decide::review::ReviewBuilder as R;
 use card_quota::decide::Config;
-use card_quota::ledger::entries::Watermark;
+use card_quota::ledger::entries::{Stream, Watermark};
 use card_quota::ledger::ledger_record;
 use card_quota::live::caches::Synced;
 use card_quota::live::charge::CommitMetrics;
+use card_quota::live::freshness::Freshness;
 use card_quota::live::{Committer, LedgerApi};
 use card_quota::snapshot::load::{load, upsert};
 use card_quota::webhook::server::{handle_review, Live, State};
@@ -79,13 +80,27 @@ fn configmap(rv: u64, ledger: &str) -> Value {
 }
 
 fn state(text: &str, client: kube::Client, budget: Duration) -> Arc<State> {
+    state_with(text, client, budget, None)
+}
+
+/// [`state`] whose committer proves its caches current with `freshness`.
+fn state_with(
+    text: &str,
+    client: kube::Client,
+    budget: Duration,
+    freshness: Option<Arc<Freshness>>,
+) -> Arc<State> {
     let (snap, skipped) = load(text).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
+    let mut committer = Committer::new(LedgerApi::new(client, NS), budget);
+    if let Some(f) = freshness {
+        committer = committer.with_freshness(f);
+    }
     Arc::new(State::live(
         Arc::new(Mutex::new(snap)),
         Config::default(),
         Live {
-            committer: Arc::new(Committer::new(LedgerApi::new(client, NS), budget)),
+            committer: Arc::new(committer),
             synced: Arc::new(Synced::already()),
             events: None,
             routing: None,
@@ -471,8 +486,16 @@ async fn a_batch_decides_each_request_on_top_of_the_ones_before_it() {
 /// and only A's pod watch shows it. A prunes p1's entry and B's ConfigMap watch
 /// delivers the pruned ledger. Returns A and B (B's budget is `b_budget`).
 async fn pruned_by_a(api: &FakeApi, b_budget: Duration) -> (Arc<State>, Arc<State>) {
+    pruned_by_a_with(api, b_budget, None).await
+}
+
+async fn pruned_by_a_with(
+    api: &FakeApi,
+    b_budget: Duration,
+    b_freshness: Option<Arc<Freshness>>,
+) -> (Arc<State>, Arc<State>) {
     let a = state(&objects(2, 0), api.client(), Duration::from_secs(5));
-    let b = state(&objects(2, 0), api.client(), b_budget);
+    let b = state_with(&objects(2, 0), api.client(), b_budget, b_freshness);
     assert_eq!(answer(&a, create("p1"), false).await["allowed"], true);
     deliver_pod(&a, "p1", 100);
     let metrics: Arc<dyn CommitMetrics> = a.metrics.ledger.clone();
@@ -545,6 +568,55 @@ async fn a_replica_whose_watch_never_catches_up_refuses_with_try_again() {
         .metrics
         .encode()
         .contains(r#"card_quota_ledger_writes_total{result="behind"} 1"#));
+}
+
+/// Issue 46 #1: B's pod watch stalls short of the watermark A's pruning set. B used to
+/// decide from its stale cache once the watch had been silent for 30 s (and admitted
+/// p2 and p3 into a quota of 2 that p1 already uses one card of). Now it answers "try
+/// again" however long the stall lasts, asks its pod watcher to list again, and decides
+/// once the relist (a consistent read) has brought its cache past the watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_watch_is_relisted_and_never_decided_from() {
+    let api = fake_api();
+    let probe: card_quota::live::freshness::Probe = Arc::new(|| {
+        Box::pin(async {
+            Ok(Watermark {
+                pods: 120,
+                podgroups: 120,
+            })
+        })
+    });
+    let freshness = Freshness::new(probe);
+    let (_a, b) = pruned_by_a_with(&api, Duration::from_millis(400), Some(freshness.clone())).await;
+    let relist = {
+        let f = freshness.clone();
+        tokio::spawn(async move { f.relists(Stream::Pods).asked().await })
+    };
+    // Silent for longer than the old idle limit: every answer is "try again".
+    let stalled = Instant::now();
+    while stalled.elapsed() < Duration::from_secs(32) {
+        let r = answer(&b, create("p2"), false).await;
+        assert_eq!(r["allowed"], false, "decided from a stalled cache: {r}");
+        assert_eq!(r["status"]["reason"], "TryAgain", "{r}");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(1), relist)
+        .await
+        .expect("the pod watcher was asked to list again")
+        .unwrap();
+    // The relist: what the API server holds, at least as new as the floor read first.
+    deliver_pod(&b, "p1", 100);
+    {
+        let mut snap = b.snapshot.lock().unwrap();
+        let p = snap.progress();
+        snap.set_progress(Watermark { pods: 120, ..p });
+    }
+    let (r2, r3) = tokio::join!(
+        answer(&b, create("p2"), false),
+        answer(&b, create("p3"), false)
+    );
+    let admitted = [&r2, &r3].iter().filter(|r| r["allowed"] == true).count();
+    assert_eq!(admitted, 1, "quota 2, p1 holds one card: {r2} / {r3}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

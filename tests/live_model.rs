@@ -33,7 +33,7 @@ use card_quota::decide::batch::{
 use card_quota::decide::escrow::{Escrow, Holding};
 use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
 use card_quota::decide::Config;
-use card_quota::ledger::entries::{EntryId, Hold, Watermark};
+use card_quota::ledger::entries::{EntryId, Fence, Hold, Watermark};
 use card_quota::ledger::{ledger_record, Effect};
 use card_quota::snapshot::load::{load, remove, upsert};
 use card_quota::snapshot::Snapshot;
@@ -52,7 +52,7 @@ const MAX_LAG: u64 = 20;
 /// hold for `HOLD_USE`; another replica counts it for `HOLD_TTL` from when it first
 /// saw it. What was admitted reaches every cache within `MAX_LAG`, inside the gap.
 const HOLD_USE: u64 = 10;
-const HOLD_TTL: u64 = 30;
+const HOLD_TTL: u64 = 40;
 
 fn quota(queue: &str, model: &str) -> u64 {
     match (queue, model) {
@@ -125,6 +125,17 @@ enum Step {
     Keep { r: usize, how: usize },
     /// Replica `r` dies holding and starts again under a new identity, with no hold.
     Crash { r: usize },
+    /// Replica `r`'s watch of one stream (pods or PodGroups) stalls: it delivers
+    /// nothing, past every clock, until a relist replaces it.
+    Stall { r: usize, stream: usize },
+    /// Replica `r` lists one stream again from a consistent read (`live::freshness`):
+    /// its cache becomes the API server's objects, its progress the current
+    /// resourceVersion, and a stalled watch is replaced.
+    Relist { r: usize, stream: usize },
+    /// Replica `r` reads a fence: the API server's current resourceVersions.
+    Fence { r: usize },
+    /// A minute passes (every clock runs; watches that have not stalled deliver).
+    Sleep,
     /// vc-scheduler's enqueue of a waiting PodGroup (by index): an UPDATE Pending ->
     /// Inqueue against the object as the API server holds it, decided at replica `r`.
     Enqueue { r: usize, group: usize },
@@ -154,6 +165,10 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..2usize, 0..8usize).prop_map(|(r, group)| Step::Enqueue { r, group }),
         2 => (0..2usize, 0..64usize, 0..NODES.len()).prop_map(|(r, pod, node)| Step::Rebind { r, pod, node }),
         2 => (0..2usize, 0..64usize).prop_map(|(r, pod)| Step::Retry { r, pod }),
+        1 => (0..2usize, 0..2usize).prop_map(|(r, stream)| Step::Stall { r, stream }),
+        1 => (0..2usize, 0..2usize).prop_map(|(r, stream)| Step::Relist { r, stream }),
+        2 => (0..2usize).prop_map(|r| Step::Fence { r }),
+        1 => Just(Step::Sleep),
     ]
 }
 
@@ -184,6 +199,13 @@ struct Replica {
     streams: [VecDeque<Event>; 3],
     /// When this replica first read each ledger entry (pruning's clock), in steps.
     seen: RefCell<BTreeMap<(QueueName, EntryId), u64>>,
+    /// Streams (pods, PodGroups) whose watch has stalled.
+    stalled: [bool; 2],
+    /// The newest fence it read: the step, and the resourceVersions.
+    fence: Option<(u64, Watermark)>,
+    /// Charges stop counting on clocks alone, as before fences (to show the model
+    /// catches what fences fixed).
+    trust_clocks: bool,
 }
 
 /// Pruning's clock for `queue` at `step`: how long the replica has known each entry.
@@ -202,11 +224,31 @@ fn age<'a>(
 }
 
 impl Replica {
+    /// Its newest fence at `step`, once its caches have reached it. A replica that
+    /// trusts its clocks (the rule before fences) takes its caches as current always.
+    fn reached_fence(&self, step: u64) -> Option<(u64, Watermark)> {
+        if self.trust_clocks {
+            return Some((step, self.snap.progress()));
+        }
+        self.fence
+            .filter(|(_, m)| m.reached_by(&self.snap.progress()))
+    }
+
+    /// The fence a plan at `step` drops expired charges behind.
+    fn plan_fence(&self, step: u64) -> Option<Fence> {
+        self.reached_fence(step).map(|(at, mark)| Fence {
+            mark,
+            taken_ago: Duration::from_secs(step - at),
+        })
+    }
+
     fn deliver(&mut self, stream: usize, n: usize, now: u64, force: bool) {
         for _ in 0..n {
             let queue = &mut self.streams[stream];
             let Some(ev) = queue.front() else { return };
-            if force && now.saturating_sub(ev.at) < MAX_LAG {
+            if force
+                && (now.saturating_sub(ev.at) < MAX_LAG || self.stalled.get(stream) == Some(&true))
+            {
                 return;
             }
             let Some(ev) = queue.pop_front() else { return };
@@ -287,6 +329,9 @@ impl World {
             snap: snap.clone(),
             streams: Default::default(),
             seen: RefCell::new(BTreeMap::new()),
+            stalled: [false; 2],
+            fence: None,
+            trust_clocks: false,
         };
         Self {
             rv: 100,
@@ -373,8 +418,10 @@ impl World {
                     }
                 }
                 let seen_clock = &rep.hold_seen;
-                let live =
-                    |q: &QueueName, who: &str, h: &Hold| World::counts(seen_clock, q, who, h, step);
+                let fenced = rep.reached_fence(step).map(|(at, _)| at);
+                let live = |q: &QueueName, who: &str, h: &Hold| {
+                    World::counts(seen_clock, q, who, h, step, fenced)
+                };
                 let mut holder = Holder {
                     me: &rep.me,
                     live: &live,
@@ -445,6 +492,7 @@ impl World {
         let now = self.timestamp();
         let step = self.now;
         let rep = &mut self.replicas[r];
+        let fence = rep.plan_fence(step);
         if !self.holds {
             return plan(
                 &mut rep.snap,
@@ -453,12 +501,14 @@ impl World {
                 &self.cfg,
                 now,
                 age(&rep.seen, queue, step),
+                fence.as_ref(),
             );
         }
         let none = Escrow::default();
         let escrow = rep.escrows.get(queue).unwrap_or(&none);
         let seen_clock = &rep.hold_seen;
-        let live = |who: &str, h: &Hold| World::counts(seen_clock, queue, who, h, step);
+        let fenced = rep.reached_fence(step).map(|(at, _)| at);
+        let live = |who: &str, h: &Hold| World::counts(seen_clock, queue, who, h, step, fenced);
         let holding = Holding {
             me: &rep.me,
             live: &live,
@@ -471,6 +521,7 @@ impl World {
             &self.cfg,
             now,
             age(&rep.seen, queue, step),
+            fence.as_ref(),
             Some(&holding),
             mv,
         )
@@ -518,7 +569,7 @@ impl World {
     }
 
     fn apply(&mut self, s: &Step) {
-        self.now += 1;
+        self.now += if matches!(s, Step::Sleep) { 60 } else { 1 };
         for r in &mut self.replicas {
             for stream in [PODS, GROUPS, LEDGERS] {
                 r.deliver(stream, usize::MAX, self.now, true);
@@ -757,6 +808,45 @@ impl World {
                     }
                 }
             }
+            Step::Stall { r, stream } => self.replicas[r].stalled[stream] = true,
+            Step::Sleep => {}
+            Step::Fence { r } => {
+                let mark = Watermark {
+                    pods: self.rv,
+                    podgroups: self.rv,
+                };
+                self.replicas[r].fence = Some((self.now, mark));
+            }
+            Step::Relist { r, stream } => {
+                let rv = self.rv;
+                let (kind, objects) = if stream == PODS {
+                    ("Pod", &self.pods)
+                } else {
+                    ("PodGroup", &self.groups)
+                };
+                let rep = &mut self.replicas[r];
+                let cached = if stream == PODS {
+                    rep.snap.pod_keys_picked(&|_| true)
+                } else {
+                    rep.snap.group_keys(&|_| true)
+                };
+                for k in cached {
+                    if !objects.contains_key(&k.name) {
+                        remove(&mut rep.snap, kind, NS, &k.name);
+                    }
+                }
+                for o in objects.values() {
+                    upsert(&mut rep.snap, o).unwrap();
+                }
+                rep.streams[stream].clear();
+                rep.stalled[stream] = false;
+                let p = rep.snap.progress();
+                rep.snap.set_progress(if stream == PODS {
+                    Watermark { pods: rv, ..p }
+                } else {
+                    Watermark { podgroups: rv, ..p }
+                });
+            }
             Step::Crash { r } => {
                 self.crashes += 1;
                 let rep = &mut self.replicas[r];
@@ -774,6 +864,7 @@ impl World {
                     let now = self.timestamp();
                     let step = self.now;
                     let rep = &mut self.replicas[r];
+                    let fence = rep.plan_fence(step);
                     let batch = plan(
                         &mut rep.snap,
                         &queue,
@@ -781,6 +872,7 @@ impl World {
                         &self.cfg,
                         now,
                         age(&rep.seen, &queue, step),
+                        fence.as_ref(),
                     );
                     if !batch.unchanged() {
                         let _ =
@@ -836,12 +928,14 @@ impl World {
         who: &str,
         h: &Hold,
         step: u64,
+        fence: Option<u64>,
     ) -> bool {
         let first = *seen
             .borrow_mut()
             .entry((queue.clone(), who.to_string(), h.renewal))
             .or_insert(step);
-        step - first < HOLD_TTL
+        // Past its clock, a hold stops counting only behind a fence read after that.
+        step - first < HOLD_TTL || fence.is_none_or(|at| at < first + HOLD_TTL)
     }
 
     /// Cards bound per (queue, model), from the API server's objects alone.
@@ -896,7 +990,16 @@ fn run_with(
     holds: bool,
     use_steps: u64,
 ) -> Result<Tally, TestCaseError> {
-    let mut w = World::new();
+    run_world(World::new(), steps, pin, holds, use_steps)
+}
+
+fn run_world(
+    mut w: World,
+    steps: &[Step],
+    pin: bool,
+    holds: bool,
+    use_steps: u64,
+) -> Result<Tally, TestCaseError> {
     w.cfg.pin = pin;
     w.holds = holds;
     w.use_steps = use_steps;
@@ -1025,7 +1128,7 @@ fn a_retried_bind_never_replaces_the_first_charge() {
 }
 
 /// A holder that admits under a hold after the other replica stopped counting it (its
-/// hold is used for 60 steps; readers count it for 30) lets the two together admit past
+/// hold is used for 60 steps; readers count it for 40, then read a fence) lets the two together admit past
 /// the quota; with the hold used for 10 steps, the same steps stay within it.
 #[test]
 fn a_hold_used_after_readers_stopped_counting_it_admits_past_the_quota() {
@@ -1048,11 +1151,21 @@ fn a_hold_used_after_readers_stopped_counting_it_admits_past_the_quota() {
         create(1, 1), // r1 counts r0's hold from here
     ];
     // Time passes; every event reaches every cache.
-    steps.extend((0..33).map(|_| Step::Deliver {
+    steps.extend((0..43).map(|_| Step::Deliver {
         r: 1,
         stream: PODS,
         n: 0,
     }));
+    // r1 proves its caches current past the hold's clock: it stops counting the hold.
+    // (Quiet streams reach the fence by a relist.)
+    steps.extend([
+        Step::Fence { r: 1 },
+        Step::Relist { r: 1, stream: PODS },
+        Step::Relist {
+            r: 1,
+            stream: GROUPS,
+        },
+    ]);
     // Under r0's old hold, if it still uses it; r1's cache does not show them yet.
     steps.extend([create(0, 1), create(0, 1)]);
     steps.extend((0..12).map(|_| create(1, 1)));
@@ -1352,4 +1465,71 @@ fn pods_of_a_podgroup_are_recorded_not_held() {
     });
     let out = run_with(&steps, true, true, HOLD_USE);
     assert!(out.is_ok(), "{out:?}");
+}
+
+/// Issue 46 #2: replica 0 admits pods under its hold and dies; replica 1's pod watch
+/// has stalled since before those pods. Trusting its clocks, replica 1 stopped counting
+/// the dead hold 40 s later and admitted past the quota from a cache without them. Now
+/// the hold counts until a fence its caches reached shows them (here: after a relist).
+#[test]
+fn a_dead_holders_admissions_count_until_caches_are_proven_current() {
+    let create = |r, pods| Step::Create {
+        r,
+        queue: 2, // q3: A 12
+        name: 0,  // A
+        cards: 1,
+        pods,
+        group: None,
+        stored: true,
+    };
+    let mut steps = vec![
+        create(0, 1), // r0 writes its hold on A: 1 carried + spare
+        Step::Deliver {
+            r: 1,
+            stream: LEDGERS,
+            n: 9,
+        },
+        Step::Deliver {
+            r: 1,
+            stream: PODS,
+            n: 9,
+        },
+        // r1 sees the hold, then its pod watch stalls.
+        create(1, 1),
+        Step::Stall { r: 1, stream: PODS },
+        // Under r0's hold, no write; then r0 dies holding.
+        create(0, 1),
+        create(0, 1),
+        Step::Crash { r: 0 },
+        Step::Sleep,
+        Step::Fence { r: 1 },
+        Step::Relist {
+            r: 1,
+            stream: GROUPS,
+        },
+    ];
+    steps.extend((0..12).map(|_| create(1, 1)));
+    let held = |trust: bool, steps: &[Step]| {
+        let mut w = World::new();
+        for r in &mut w.replicas {
+            r.trust_clocks = trust;
+        }
+        run_world(w, steps, true, true, HOLD_USE)
+    };
+    let old = held(true, &steps);
+    assert!(old.is_err(), "trusting clocks must be caught: {old:?}");
+    let tally = held(false, &steps).unwrap_or_else(|e| panic!("{e}"));
+    assert!(tally[7] >= 2, "r0 admitted under its hold: {tally:?}");
+    // A relist of the stalled stream and a new fence: the hold may stop counting, and
+    // whatever r1 admits then stays within the quota.
+    steps.extend([Step::Relist { r: 1, stream: PODS }, Step::Fence { r: 1 }]);
+    steps.extend([
+        Step::Relist { r: 1, stream: PODS },
+        Step::Relist {
+            r: 1,
+            stream: GROUPS,
+        },
+    ]);
+    steps.extend((0..12).map(|_| create(1, 1)));
+    held(false, &steps).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -7,7 +7,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use crate::cards::QueueName;
-use crate::ledger::entries::{EntryId, Fate, Hold, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES};
+use crate::ledger::entries::{
+    EntryId, Fate, Fence, Hold, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES,
+};
 use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
 
@@ -113,8 +115,19 @@ pub fn plan(
     cfg: &Config,
     now: jiff::Timestamp,
     age: impl Fn(&EntryId) -> Duration,
+    fence: Option<&Fence>,
 ) -> Batch {
-    plan_held(snap, queue, reqs, cfg, now, age, None, HoldMove::AsNeeded)
+    plan_held(
+        snap,
+        queue,
+        reqs,
+        cfg,
+        now,
+        age,
+        fence,
+        None,
+        HoldMove::AsNeeded,
+    )
 }
 
 /// [`plan`] for a replica that takes holds: pod charges of a holdable queue go under
@@ -128,6 +141,7 @@ pub fn plan_held(
     cfg: &Config,
     now: jiff::Timestamp,
     age: impl Fn(&EntryId) -> Duration,
+    fence: Option<&Fence>,
     holding: Option<&Holding<'_>>,
     hold_move: HoldMove,
 ) -> Batch {
@@ -135,7 +149,15 @@ pub fn plan_held(
     let mut ledger = stored.ledger.clone();
     let mut holds_changed = false;
     if let Some(h) = holding {
-        holds_changed |= ledger.retain_holds(|r, hold| r == h.me || (h.live)(r, hold)) > 0;
+        let dropped = ledger.retain_holds(|r, hold| r == h.me || (h.live)(r, hold));
+        if dropped > 0 {
+            holds_changed = true;
+            // A dead holder's admissions are no entries: readers find them in their
+            // caches once caught up to the fence its hold was dropped behind.
+            if let Some(f) = fence {
+                ledger.raise_watermark(f.mark);
+            }
+        }
     }
     let holdable = holding.is_some() && escrow::holdable_queue(snap, queue);
     let mut in_flight = holding
@@ -204,7 +226,7 @@ pub fn plan_held(
         if fresh.contains(id) {
             Fate::Keep
         } else {
-            overlay::fate(snap, id, e, age(id), now)
+            overlay::fate(snap, id, e, age(id), now, fence)
         }
     });
     let mut renewal = None;
@@ -231,7 +253,7 @@ pub fn plan_held(
             if fresh_held.contains(id) {
                 Fate::Keep
             } else {
-                overlay::fate(snap, id, e, age(id), now)
+                overlay::fate(snap, id, e, age(id), now, fence)
             }
         });
         if !matches!(mv, HoldMove::AsNeeded | HoldMove::NoSpare) {

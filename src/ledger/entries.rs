@@ -253,6 +253,27 @@ pub enum Fate {
     Drop,
     /// Dropped because the cache shows the object: readers must catch up to here.
     Reflected(Stream, u64),
+    /// Dropped because it expired before a [`Fence`] was read: readers must catch up
+    /// to the fence, where whatever the charge let in is shown if it exists at all.
+    Fenced(Watermark),
+}
+
+/// Proof that the deciding replica's caches show every write the API server had made
+/// when `mark` was read, `taken_ago` before the decision. Charges that had expired by
+/// then may be dropped: what they admitted was stored before the fence (or never),
+/// so caches at the fence show it. Without a fence nothing is dropped on a clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub mark: Watermark,
+    pub taken_ago: Duration,
+}
+
+impl Fence {
+    /// True when something `age` old with a lifetime of `ttl` had expired when the
+    /// fence was read.
+    pub fn covers(&self, age: Duration, ttl: Duration) -> bool {
+        age.saturating_sub(self.taken_ago) > ttl
+    }
 }
 
 /// The watch stream an object arrives on.
@@ -404,6 +425,11 @@ impl Ledger {
             }
             Fate::Reflected(Stream::PodGroups, rv) => {
                 mark.podgroups = mark.podgroups.max(rv);
+                false
+            }
+            Fate::Fenced(fence) => {
+                mark.pods = mark.pods.max(fence.pods);
+                mark.podgroups = mark.podgroups.max(fence.podgroups);
                 false
             }
         });

@@ -26,10 +26,11 @@ use crate::cluster::records::{
     QueueRecord, WorkloadRecord,
 };
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
-use crate::ledger::entries::Stream;
+use crate::ledger::entries::{Stream, Watermark};
 use crate::ledger::{ledger_record, LedgerRecord};
 use crate::snapshot::{KeyPick, Snapshot};
 
+use super::freshness::{Freshness, Probe};
 use super::ledgers::{object_name, selector};
 use super::volcano::{job_resource, podgroup_resource, queue_resource};
 
@@ -311,6 +312,9 @@ struct Follower<K, R> {
     /// The keys a relist in progress has returned so far.
     listed: Option<crate::cards::hashing::Set<ObjectKey>>,
     listed_version: u64,
+    /// A resourceVersion read just before the relist in progress was asked for: the
+    /// list (a consistent read) is at least as new.
+    floor: Option<u64>,
 }
 
 impl<K: Resource, R> Follower<K, R> {
@@ -319,6 +323,7 @@ impl<K: Resource, R> Follower<K, R> {
             m,
             listed: None,
             listed_version: 0,
+            floor: None,
         }
     }
 
@@ -367,7 +372,14 @@ impl<K: Resource, R> Follower<K, R> {
                 for k in (m.keys)(&snap, &|k| !seen.contains(k)) {
                     (m.remove)(&mut snap, &k);
                 }
-                advance(&mut snap, m.stream, self.listed_version, true);
+                match self.floor.take() {
+                    Some(floor) => {
+                        // A consistent list asked for after `floor` was read: it is at
+                        // least that new, and newer than anything watched before it.
+                        advance(&mut snap, m.stream, self.listed_version.max(floor), false)
+                    }
+                    None => advance(&mut snap, m.stream, self.listed_version, true),
+                }
                 return true;
             }
         }
@@ -384,11 +396,53 @@ async fn run<K, R>(
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    run_relisting(api, config, m, snapshot, synced, None).await;
+}
+
+/// [`run`], listing again from a consistent read whenever `relist` asks.
+async fn run_relisting<K, R>(
+    api: Api<K>,
+    config: watcher::Config,
+    m: Mirror<K, R>,
+    snapshot: Arc<Mutex<Snapshot>>,
+    synced: Arc<Synced>,
+    relist: Option<(Arc<Freshness>, Stream)>,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let mut stream = watcher::watcher(api.clone(), config.clone())
+        .default_backoff()
+        .boxed();
     let kind = m.kind;
     let mut follower = Follower::new(m);
     let mut first = true;
-    while let Some(ev) = stream.next().await {
+    loop {
+        let asked = async {
+            match &relist {
+                Some((f, s)) => f.relists(*s).asked().await,
+                None => std::future::pending().await,
+            }
+        };
+        let ev = tokio::select! {
+            ev = stream.next() => ev,
+            () = asked => {
+                match current_version(&api).await {
+                    Ok(floor) => {
+                        // The old stream (stalled, perhaps) is dropped with its watch.
+                        stream = watcher::watcher(
+                            api.clone(),
+                            config.clone().list_semantic(watcher::ListSemantic::MostRecent),
+                        )
+                        .default_backoff()
+                        .boxed();
+                        follower.floor = Some(floor);
+                    }
+                    Err(e) => tracing::warn!(kind, "not listing again: reading the current resourceVersion failed: {e}"),
+                }
+                continue;
+            }
+        };
+        let Some(ev) = ev else { break };
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
@@ -404,6 +458,37 @@ async fn run<K, R>(
     }
 }
 
+/// The collection's current resourceVersion, from a consistent read of one object.
+async fn current_version<K>(api: &Api<K>) -> Result<u64, String>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let list = api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await
+        .map_err(|e| e.to_string())?;
+    list.metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "the list carried no numeric resourceVersion".to_string())
+}
+
+/// The fence read of this cluster: the pod and PodGroup collections' resourceVersions.
+pub fn probe(client: Client) -> Probe {
+    let pods = Api::<PodParts>::all(client.clone());
+    let groups = Api::<DynamicObject>::all_with(client, &podgroup_resource());
+    Arc::new(move || {
+        let (pods, groups) = (pods.clone(), groups.clone());
+        Box::pin(async move {
+            Ok(Watermark {
+                pods: current_version(&pods).await?,
+                podgroups: current_version(&groups).await?,
+            })
+        })
+    })
+}
+
 /// Starts the watchers; ledgers are read from `namespace` (`None`: no ledgers, for
 /// read-only tools). Nodes sync first so pods see every card vendor prefix.
 pub async fn start(
@@ -411,6 +496,7 @@ pub async fn start(
     namespace: Option<String>,
     snapshot: Arc<Mutex<Snapshot>>,
     synced: Arc<Synced>,
+    freshness: Option<Arc<Freshness>>,
 ) {
     let all = watcher::Config::default;
     supervise(
@@ -486,7 +572,7 @@ pub async fn start(
     supervise(
         &synced,
         "PodGroup",
-        run(
+        run_relisting(
             Api::<DynamicObject>::all_with(client.clone(), &podgroup_resource()),
             all(),
             Mirror {
@@ -500,17 +586,19 @@ pub async fn start(
             },
             snapshot.clone(),
             synced.clone(),
+            freshness.clone().map(|f| (f, Stream::PodGroups)),
         ),
     );
     supervise(
         &synced,
         "Pod",
-        run(
+        run_relisting(
             Api::<PodParts>::all(client.clone()),
             all(),
             pod_mirror(),
             snapshot.clone(),
             synced.clone(),
+            freshness.map(|f| (f, Stream::Pods)),
         ),
     );
     supervise(

@@ -18,10 +18,11 @@ use crate::decide::escrow::{self, Escrow, Holding};
 use crate::decide::messages::RETRY;
 use crate::decide::review::{AdmissionRequest, Operation};
 use crate::decide::{Config, Decision};
-use crate::ledger::entries::{EntryId, Hold, Watermark};
+use crate::ledger::entries::{EntryId, Fence, Hold, Ledger, Watermark};
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
 
+use super::freshness::Freshness;
 use super::ledgers::{LedgerApi, WriteError};
 
 /// What one ledger write attempt came to (a metrics label).
@@ -63,9 +64,16 @@ pub trait CommitMetrics: Send + Sync + 'static {
     fn held(&self) {}
 }
 
-/// How long another replica's hold counts after this replica first saw its renewal:
-/// a replica that dies holding stops blocking anyone after this.
-pub const HOLD_TTL: Duration = Duration::from_secs(30);
+/// The longest an object card-quota admitted may take to be stored after the answer:
+/// the other validating webhooks of its request run beside card-quota's, each within
+/// the API's maximum timeout of 30 s.
+pub const STORE_LAG: Duration = Duration::from_secs(30);
+/// How long another replica's hold counts after this replica first saw its renewal: its
+/// holder admits under it for [`HOLD_USE`] at most, and what it admitted is stored
+/// within [`STORE_LAG`]. Past this, a fence read afterwards is needed before the hold
+/// stops counting (see `live::freshness`): a replica that dies holding stops blocking
+/// anyone once caches are known to show what it admitted.
+pub const HOLD_TTL: Duration = Duration::from_secs(40);
 /// How long a holder admits under one write of its hold, from when it sent the
 /// write: far inside [`HOLD_TTL`], so what it admitted is in every cache before any
 /// reader's clock runs out.
@@ -104,10 +112,14 @@ fn gave_up(queue: &QueueName, budget: Duration, why: &str) -> Decision {
     )
 }
 
-/// A watch that delivered nothing for this long while a ledger's watermark is ahead
-/// of it is idle, not behind: a relist can leave a quiet cache short of a watermark
-/// set by an object that was deleted meanwhile.
-const IDLE_CACHE: Duration = Duration::from_secs(30);
+/// A watch that delivered nothing for this long while a ledger's watermark is ahead of
+/// it is listed again from a consistent read (it may be stalled, or quiet after a relist
+/// that left it short of a watermark set by an object deleted meanwhile). Until it
+/// catches up, requests are answered "try again": never from a cache that may be stale.
+const STALL: Duration = Duration::from_secs(1);
+/// How long a batch waits for a fence its expired charges need; past it the batch is
+/// decided with them still counted.
+const FENCE_WAIT: Duration = Duration::from_secs(2);
 
 /// A scheduler binds a pod moments after it is created, often before the watch has
 /// delivered the pod (or a new node) to the cache. Waiting a little for them beats
@@ -186,6 +198,8 @@ pub struct Committer {
     times: Mutex<HashMap<QueueName, HoldTimes>>,
     /// When this replica first saw each renewal of another replica's hold.
     hold_clock: Mutex<HashMap<(QueueName, String, u64), Instant>>,
+    /// Fences and relists; without them nothing stops counting on a clock.
+    freshness: Option<Arc<Freshness>>,
 }
 
 /// What [`Committer::preview`] found.
@@ -217,7 +231,20 @@ impl Committer {
             escrows: Mutex::default(),
             times: Mutex::default(),
             hold_clock: Mutex::default(),
+            freshness: None,
         }
+    }
+
+    /// Proves caches current with reads of the API server (fences, relists): expired
+    /// charges may then stop counting.
+    pub fn with_freshness(mut self, f: Arc<Freshness>) -> Self {
+        self.freshness = Some(f);
+        self
+    }
+
+    /// The newest fence caches at `progress` have reached: when it was read, its mark.
+    fn fence(&self, progress: &Watermark) -> Option<(Instant, Watermark)> {
+        self.freshness.as_ref()?.fence(progress)
     }
 
     /// Takes holds as `me` (an identity no other process uses, this one's incarnation
@@ -244,14 +271,85 @@ impl Committer {
         self.me.is_some()
     }
 
-    /// True when another replica's hold still counts on this replica's clock.
-    fn hold_counts(&self, queue: &QueueName, replica: &str, hold: &Hold) -> bool {
+    /// True when another replica's hold still counts: within [`HOLD_TTL`] of when this
+    /// replica first saw it, and after that until a fence read past its expiry (`fence`,
+    /// reached by the caches deciding) shows whatever its holder admitted.
+    fn hold_counts(
+        &self,
+        queue: &QueueName,
+        replica: &str,
+        hold: &Hold,
+        fence: Option<Instant>,
+    ) -> bool {
         let now = Instant::now();
-        let mut clock = locked(&self.hold_clock);
-        let first = *clock
+        let first = *locked(&self.hold_clock)
             .entry((queue.clone(), replica.to_string(), hold.renewal))
             .or_insert(now);
-        now.saturating_duration_since(first) < HOLD_TTL
+        let expiry = first + HOLD_TTL;
+        if now < expiry {
+            return true;
+        }
+        if fence.is_some_and(|t| t >= expiry) {
+            return false;
+        }
+        if let Some(f) = &self.freshness {
+            f.want(expiry);
+        }
+        true
+    }
+
+    /// When the last of the charges in `ledger` (of `queue`) that ran out on this
+    /// replica's clocks expired (entries no cache showed, others' holds), if any did.
+    fn expired_since(&self, queue: &QueueName, ledger: &Ledger) -> Option<Instant> {
+        let now = Instant::now();
+        let ran_out = |t: Instant| (t <= now).then_some(t);
+        let entries = {
+            let clock = locked(&self.clock);
+            ledger
+                .iter()
+                .filter_map(|(id, _)| clock.get(&(queue.clone(), id.clone())))
+                .filter_map(|first| ran_out(*first + crate::ledger::entries::TTL))
+                .max()
+        };
+        let holds = {
+            let clock = locked(&self.hold_clock);
+            ledger
+                .holds()
+                .iter()
+                .filter(|(r, _)| self.me.as_deref() != Some(r.as_str()))
+                .filter_map(|(r, h)| clock.get(&(queue.clone(), r.clone(), h.renewal)))
+                .filter_map(|first| ran_out(*first + HOLD_TTL))
+                .max()
+        };
+        entries.max(holds)
+    }
+
+    /// The fence a plan of `queue` may drop expired charges behind: asked for when
+    /// charges have expired since the newest one, waited for until `until`.
+    async fn fence_for(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        queue: &QueueName,
+        until: Instant,
+    ) -> Option<(Instant, Watermark)> {
+        let f = self.freshness.as_ref()?;
+        let progress = || locked(snapshot).progress();
+        let expired = {
+            let ledger = locked(snapshot).ledger(queue);
+            self.expired_since(queue, &ledger.ledger)
+        };
+        let Some(expired) = expired else {
+            return self.fence(&progress());
+        };
+        f.want(expired);
+        loop {
+            let fence = self.fence(&progress());
+            if fence.is_some_and(|(t, _)| t >= expired) || Instant::now() >= until {
+                // An older fence still serves the charges that expired before it.
+                return fence;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn age_fn(&self, queue: &QueueName) -> impl Fn(&EntryId) -> Duration + '_ {
@@ -290,7 +388,7 @@ impl Committer {
             let _turn = self.turn.lock().await;
             let mut snap = locked(snapshot);
             let now = jiff::Timestamp::now();
-            self.as_replica(|replica| {
+            self.as_replica(snap.progress(), |replica| {
                 let consume = consume && replica.is_some();
                 look(&mut snap, req, cfg, now, replica, consume)
             })
@@ -431,13 +529,10 @@ impl Committer {
                 if entry.progress != progress {
                     entry.progress = progress;
                     entry.since = Instant::now();
-                } else if entry.since.elapsed() >= IDLE_CACHE {
-                    tracing::warn!(
-                        queue = %queue,
-                        "the ledger's watermark {mark:?} is ahead of caches at {progress:?} that have been idle for {}s; deciding from them",
-                        IDLE_CACHE.as_secs()
-                    );
-                    return true;
+                } else if entry.since.elapsed() >= STALL {
+                    if let Some(f) = &self.freshness {
+                        f.relist_behind(&mark, &progress);
+                    }
                 }
             }
             if Instant::now() >= until {
@@ -501,17 +596,26 @@ impl Committer {
                 }
                 return;
             }
+            let fenced = self
+                .fence_for(snapshot, queue, until.min(Instant::now() + FENCE_WAIT))
+                .await;
             let mut planned: Option<Escrow> = None;
             let batch = {
                 let reqs: Vec<&AdmissionRequest> =
                     undecided.iter().map(|w| w.req.as_ref()).collect();
                 let mut snap = locked(snapshot);
                 let now = jiff::Timestamp::now();
+                let fenced = fenced.filter(|(_, m)| m.reached_by(&snap.progress()));
+                let fence = fenced.map(|(t, mark)| Fence {
+                    mark,
+                    taken_ago: t.elapsed(),
+                });
                 match &self.me {
                     Some(me) => {
                         let mut escrows = locked(&self.escrows);
                         let escrow = escrows.entry(queue.clone()).or_default();
-                        let live = |r: &str, h: &Hold| self.hold_counts(queue, r, h);
+                        let at = fenced.map(|(t, _)| t);
+                        let live = |r: &str, h: &Hold| self.hold_counts(queue, r, h, at);
                         let cooling = locked(&self.times)
                             .get(queue)
                             .and_then(|t| t.cooldown_until)
@@ -533,6 +637,7 @@ impl Committer {
                             cfg,
                             now,
                             self.age_fn(queue),
+                            fence.as_ref(),
                             Some(&holding),
                             mv,
                         );
@@ -545,7 +650,15 @@ impl Committer {
                         planned = Some(escrow.clone());
                         batch
                     }
-                    None => plan(&mut snap, queue, &reqs, cfg, now, self.age_fn(queue)),
+                    None => plan(
+                        &mut snap,
+                        queue,
+                        &reqs,
+                        cfg,
+                        now,
+                        self.age_fn(queue),
+                        fence.as_ref(),
+                    ),
                 }
             };
             for _ in 0..batch.full {
@@ -737,7 +850,8 @@ impl Committer {
             return waiters;
         }
         let mut snap = locked(snapshot);
-        let (held, rest): (Vec<_>, Vec<_>) = self.as_replica(|replica| {
+        let progress = snap.progress();
+        let (held, rest): (Vec<_>, Vec<_>) = self.as_replica(progress, |replica| {
             let Some(replica) = replica else {
                 return (Vec::new(), waiters);
             };
@@ -768,13 +882,19 @@ impl Committer {
 
     /// Runs `f` with this replica's holds (`None` when it takes none), stale spare
     /// frozen first.
-    fn as_replica<T>(&self, f: impl FnOnce(Option<&mut Replica<'_>>) -> T) -> T {
+    /// `progress`: how far the caches the decision reads have come.
+    fn as_replica<T>(
+        &self,
+        progress: Watermark,
+        f: impl FnOnce(Option<&mut Replica<'_>>) -> T,
+    ) -> T {
         let Some(me) = &self.me else {
             return f(None);
         };
         let mut escrows = locked(&self.escrows);
         self.freeze_stale(&mut escrows);
-        let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h);
+        let fence = self.fence(&progress).map(|(t, _)| t);
+        let live = |q: &QueueName, r: &str, h: &Hold| self.hold_counts(q, r, h, fence);
         let mut replica = Replica {
             me,
             live: &live,
@@ -974,11 +1094,19 @@ impl Committer {
             slot.running = true;
         }
         let out = async {
+            let fenced = self.fence_for(snapshot, queue, Instant::now()).await;
             let batch = {
                 let mut snap = locked(snapshot);
                 if behind(&snap, queue).is_some() {
                     return Ok(0);
                 }
+                let fence =
+                    fenced
+                        .filter(|(_, m)| m.reached_by(&snap.progress()))
+                        .map(|(t, mark)| Fence {
+                            mark,
+                            taken_ago: t.elapsed(),
+                        });
                 plan(
                     &mut snap,
                     queue,
@@ -986,6 +1114,7 @@ impl Committer {
                     cfg,
                     jiff::Timestamp::now(),
                     self.age_fn(queue),
+                    fence.as_ref(),
                 )
             };
             if batch.pruned == 0 {

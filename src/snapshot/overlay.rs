@@ -9,7 +9,7 @@ use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::Version;
 use crate::cluster::{PodGroupRecord, PodRecord};
 use crate::ledger::entries::{
-    group_of, pod_of, Entry, EntryId, EntryKey, Fate, Ledger, Stream, TTL, UNBOUND_GRACE,
+    group_of, pod_of, Entry, EntryId, EntryKey, Fate, Fence, Ledger, Stream, TTL, UNBOUND_GRACE,
 };
 
 /// True when a cached record is the incarnation the entry charges (by uid when both
@@ -73,8 +73,20 @@ fn superseded(g: &PodGroupRecord, e: &Entry) -> bool {
 
 /// What pruning may do with an entry, given this replica's snapshot and how long
 /// this replica has known the entry (its own monotonic clock).
-pub fn fate(snap: &Snapshot, id: &EntryId, e: &Entry, age: Duration, now: jiff::Timestamp) -> Fate {
-    let expired = || if age > TTL { Fate::Drop } else { Fate::Keep };
+pub fn fate(
+    snap: &Snapshot,
+    id: &EntryId,
+    e: &Entry,
+    age: Duration,
+    now: jiff::Timestamp,
+    fence: Option<&Fence>,
+) -> Fate {
+    // An entry no cache shows is dropped on its clock only behind a fence read after
+    // it expired: a cache that lags (a stalled watch) cannot make it vanish.
+    let expired = || match fence {
+        Some(f) if f.covers(age, TTL) => Fate::Fenced(f.mark),
+        _ => Fate::Keep,
+    };
     match &e.of {
         EntryKey::Pod(k) => match cached_pod(snap, id, k) {
             // A finished pod holds no cards, whether or not another cache shows it.
@@ -204,7 +216,7 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) -> Overlay
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::entries::Effect;
+    use crate::ledger::entries::{Effect, Watermark};
     use crate::snapshot::load::load;
 
     const SNAP: &str = r#"
@@ -245,7 +257,7 @@ status: {phase: Succeeded}
         let young = Duration::from_secs(1);
         let (id, e) = entry(&snap, "seen", "u-seen", None);
         assert_eq!(
-            fate(&snap, &id, &e, young, now),
+            fate(&snap, &id, &e, young, now, None),
             Fate::Reflected(Stream::Pods, 70)
         );
         // The same name under another uid while "seen" exists and is not going away: a
@@ -253,8 +265,29 @@ status: {phase: Succeeded}
         // and expires.
         let (id, e) = entry(&snap, "seen", "u-new", None);
         assert!(reflected(&snap, &id, &e));
-        assert_eq!(fate(&snap, &id, &e, young, now), Fate::Keep);
-        assert_eq!(fate(&snap, &id, &e, TTL + young, now), Fate::Drop);
+        assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Keep);
+        // Expired, it still counts until a fence read after its expiry.
+        assert_eq!(fate(&snap, &id, &e, TTL + young, now, None), Fate::Keep);
+        let mark = Watermark {
+            pods: 90,
+            podgroups: 5,
+        };
+        let early = Fence {
+            mark,
+            taken_ago: young * 2,
+        };
+        assert_eq!(
+            fate(&snap, &id, &e, TTL + young, now, Some(&early)),
+            Fate::Keep
+        );
+        let late = Fence {
+            mark,
+            taken_ago: Duration::ZERO,
+        };
+        assert_eq!(
+            fate(&snap, &id, &e, TTL + young, now, Some(&late)),
+            Fate::Fenced(mark)
+        );
         // Once "seen" is terminating, the name may be taken again: the entry counts.
         let mut going = snap.clone();
         let mut p = going.pod(&ObjectKey::new("ml", "seen")).unwrap().clone();
@@ -263,11 +296,14 @@ status: {phase: Succeeded}
         assert!(!reflected(&going, &id, &e));
         // A binding the cache does not show yet waits, then is a phantom.
         let (id, e) = entry(&snap, "seen", "u-seen", Some("n1"));
-        assert_eq!(fate(&snap, &id, &e, young, now), Fate::Keep);
-        assert_eq!(fate(&snap, &id, &e, UNBOUND_GRACE + young, now), Fate::Drop);
+        assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Keep);
+        assert_eq!(
+            fate(&snap, &id, &e, UNBOUND_GRACE + young, now, None),
+            Fate::Drop
+        );
         // A finished pod holds nothing.
         let (id, e) = entry(&snap, "done", "u-done", None);
-        assert_eq!(fate(&snap, &id, &e, young, now), Fate::Drop);
+        assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Drop);
     }
 
     #[test]

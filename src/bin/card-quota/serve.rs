@@ -75,13 +75,21 @@ async fn serve(
             timed.write_timeout = Some(API_TIMEOUT);
             timed.reset_reader_on_write = true;
             let client = kube::Client::try_from(timed).context("connecting to the API server")?;
-            let (snapshot, synced) =
-                start_caches(watches, Some(opts.lease_namespace.clone()), &opts.cards);
+            let freshness = card_quota::live::freshness::Freshness::new(
+                card_quota::live::caches::probe(client.clone()),
+            );
+            let (snapshot, synced) = start_caches(
+                watches,
+                Some(opts.lease_namespace.clone()),
+                &opts.cards,
+                Some(freshness.clone()),
+            );
             let me = lease::identity();
             let mut committer = Committer::new(
                 LedgerApi::new(client.clone(), &opts.lease_namespace),
                 opts.ledger_budget,
-            );
+            )
+            .with_freshness(freshness);
             if opts.holds {
                 // A restarted replica must not take its predecessor's hold for its own.
                 let incarnation = std::time::SystemTime::now()

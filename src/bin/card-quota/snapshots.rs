@@ -32,6 +32,7 @@ pub fn start_caches(
     client: kube::Client,
     own_namespace: Option<String>,
     cards: &CardResources,
+    freshness: Option<Arc<card_quota::live::freshness::Freshness>>,
 ) -> (Arc<Mutex<Snapshot>>, Arc<caches::Synced>) {
     let mut empty = Snapshot::new();
     empty.set_card_resources(cards.clone());
@@ -42,6 +43,7 @@ pub fn start_caches(
         own_namespace,
         snapshot.clone(),
         synced.clone(),
+        freshness,
     ));
     (snapshot, synced)
 }
@@ -51,7 +53,7 @@ pub async fn live_snapshot(cards: &CardResources) -> anyhow::Result<Snapshot> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the API server (kubeconfig or in-cluster config)")?;
-    let (snapshot, synced) = start_caches(client, None, cards);
+    let (snapshot, synced) = start_caches(client, None, cards, None);
     tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
         .await
         .context("listing Nodes, Queues, PodGroups, Pods and workloads took over 60s")?;
