@@ -199,8 +199,37 @@ out=$(plain_pod placed "$Q-h" no-such-scheduler '{"nvidia.com/gpu":"1"}' NVIDIA-
 check "a pod of another scheduler created on its node, into a full queue, is refused" \
   contains "$out" "queue $Q-h has insufficient NVIDIA-H200 quota"
 
+# A card pod created outside card-quota (its namespace out of the hooks' selector, as
+# before an install) names a PodGroup not created yet: the PodGroup's CREATE would move
+# its card into a full queue, and the install's hooks send that CREATE to card-quota
+# (issue 46 #7: no hook selected a PodGroup CREATE without card.request).
+k label namespace "$NS" card-quota-e2e- >/dev/null
+out=$(k create -f - 2>&1 <<EOF
+{"apiVersion":"v1","kind":"Pod","metadata":{"name":"early","namespace":"$NS","annotations":{"scheduling.k8s.io/group-name":"adopter","volcano.sh/card.name":"NVIDIA-H200"}},
+ "spec":{"schedulerName":"nobody","containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}
+EOF
+)
+k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
+check "a card pod created outside card-quota's hooks is stored unstamped" contains "$out" "pod/early created"
+sleep 1
+out=$(k create -f - 2>&1 <<EOF
+{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"PodGroup","metadata":{"name":"adopter","namespace":"$NS"},"spec":{"queue":"$Q-h","minMember":1}}
+EOF
+)
+check "... the PodGroup it names, created in a full queue with no card.request, is refused" \
+  contains "$out" "podgroup $NS/adopter cannot be created in queue $Q-h: it would move pod $NS/early"
+k -n "$NS" delete pod early --wait=false >/dev/null 2>&1
+
 # ---- card-quota down: only card work waits ---------------------------------------------------
 kill "$SERVE"; wait "$SERVE" 2>/dev/null
+# A queue tree without card annotations is built while card-quota is down (issue 46 #8).
+tree() { printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","labels":{"card-quota-e2e":"%s"}},"spec":{"weight":1,"parent":"%s"}}' \
+  "$1" "$RUN" "$2" | k create -f - 2>&1; }
+out=$(tree "$Q-tree" root)
+out2=$(tree "$Q-tree-c" "$Q-tree")
+check "card-quota down: a cardless Queue is created under a cardless parent" contains "$out $out2" "queue.scheduling.volcano.sh/$Q-tree-c created"
+out=$(k patch queue "$Q-c" --type merge -p "{\"spec\":{\"parent\":\"$Q-tree\"}}" 2>&1)
+check "... while moving a queue with a card quota waits for card-quota (fail closed)" contains "$out" "failed calling webhook"
 out=$(plain_pod web "$Q-d" default-scheduler '{"cpu":"10m"}')
 check "card-quota down: a cardless pod of kube-scheduler is created" contains "$out" "pod/web created"
 check "... and bound (the binding hooks fail open with pins on)" wait_for 20 bash -c "[ \"\$(node_of web)\" = $NODE ]"

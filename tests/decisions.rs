@@ -936,6 +936,37 @@ status: {state: Open}
     );
 }
 
+/// Issue 46 #6: a Job whose demand is derived from its tasks and is larger than its
+/// queue's quota is admitted to wait (its Job waits for a larger quota). Under strict
+/// order it held every later Job of the queue for ever; it holds no line now.
+#[test]
+fn under_strict_order_a_job_that_can_never_fit_holds_nobody_behind_it() {
+    let mut w = World::with(&format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: fifo, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":3}', volcano.sh/card.order: strict}}
+status: {state: Open}
+"#
+    ));
+    let mut huge = waiting_pg("huge", "fifo", "");
+    huge["metadata"]["annotations"] =
+        json!({"volcano.sh/card.derived-request": r#"{"NVIDIA-H200":4}"#});
+    huge["metadata"]["creationTimestamp"] = json!("2026-11-26T08:00:00Z");
+    let mut small = waiting_pg("small", "fifo", r#"{"NVIDIA-H200":1}"#);
+    small["metadata"]["creationTimestamp"] = json!("2026-11-26T08:00:05Z");
+    let r = w.send(R::podgroup("CREATE", huge.clone()).build());
+    assert!(r.allowed, "a derived demand waits: {}", message(&r));
+    assert!(w.send(R::podgroup("CREATE", small.clone()).build()).allowed);
+    let r = enqueue(&mut w, &huge);
+    assert!(!r.allowed);
+    assert!(message(&r).contains("requested 4"), "{}", message(&r));
+    let r = enqueue(&mut w, &small);
+    assert!(r.allowed, "{}", message(&r));
+}
+
 #[test]
 fn oversized_card_names_and_requests_are_refused_with_the_limit() {
     let mut w = World::new();

@@ -4,6 +4,7 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use card_quota::admission::{apply, review, usage_report};
 use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
@@ -831,4 +832,71 @@ fn a_job_larger_than_an_ancestors_cap_is_refused_at_its_creation() {
         w.send(R::podgroup("CREATE", pg("three", r#"{"NVIDIA-H200":3}"#)).build())
             .allowed
     );
+}
+
+/// Issue 46 #3: charges in flight in a queue's ledger (admitted, in no cache yet) were
+/// read by nobody once the tree changed under them: a root given a card budget, or the
+/// queue moved under a card parent, sends its charges to another ledger. 8 pods got
+/// into a queue of 4. The old ledger's charges now count in the new tree's decisions.
+#[test]
+fn charges_in_flight_count_across_a_change_of_the_tree() {
+    use card_quota::cards::QueueName;
+    use card_quota::decide::batch::{behind, decide_with_ledger, plan, Outcome};
+    use card_quota::decide::review::{read_review, AdmissionRequest};
+    use card_quota::ledger::ledger_record;
+
+    let request = |name: &str| -> AdmissionRequest {
+        let doc = R::pod("CREATE", pod(name, "q1", "NVIDIA-H200", "1")).build();
+        read_review(&serde_json::to_vec(&doc).unwrap())
+            .unwrap()
+            .unwrap()
+    };
+    let cfg = Config::default();
+    let now = jiff::Timestamp::now();
+    for change in [
+        queue("root", "", r#"{"NVIDIA-H200":100}"#, ""),
+        queue("q1", "org", r#"{"NVIDIA-H200":4}"#, ""),
+    ] {
+        let mut snap = load(&yaml(&[
+            queue("q1", "", r#"{"NVIDIA-H200":4}"#, ""),
+            queue("org", "", r#"{"NVIDIA-H200":100}"#, ""),
+        ]))
+        .unwrap()
+        .0;
+        let q1 = QueueName::new("q1");
+        assert_eq!(snap.ledger_key(&q1), q1);
+        let reqs: Vec<AdmissionRequest> = (0..4).map(|i| request(&format!("p{i}"))).collect();
+        let refs: Vec<&AdmissionRequest> = reqs.iter().collect();
+        let batch = plan(&mut snap, &q1, &refs, &cfg, now, |_| Duration::ZERO, None);
+        assert!(batch
+            .outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Admit(_))));
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "card-quota-ledger.q1", "namespace": "card-quota", "resourceVersion": "7"},
+            "data": {"queue": "q1", "ledger": batch.text}});
+        snap.upsert_ledger(ledger_record(&serde_json::from_value(cm).unwrap()).unwrap());
+        // The tree changes; the 4 pods are still in no cache.
+        card_quota::snapshot::load::upsert(&mut snap, &change).unwrap();
+        assert_ne!(snap.ledger_key(&q1), q1, "{change}");
+        let d = decide_with_ledger(&mut snap, &request("p9"), &cfg, now);
+        assert!(!d.allowed, "admitted past 4 in flight after {change}");
+        let msg = d.message.clone().unwrap_or_default();
+        assert!(msg.contains("requested 1, in use 4"), "{msg}");
+        let key = snap.ledger_key(&q1);
+        let batch = plan(
+            &mut snap,
+            &key,
+            &[&request("p9")],
+            &cfg,
+            now,
+            |_| Duration::ZERO,
+            None,
+        );
+        assert!(
+            matches!(batch.outcomes[0], Outcome::Answer(_)),
+            "the batch refuses too"
+        );
+        assert!(behind(&snap, &key).is_none());
+    }
 }

@@ -87,7 +87,7 @@ pub struct Replica<'a> {
 /// The watermark this snapshot's caches must reach before deciding from `queue`'s
 /// ledger, when they have not reached it yet.
 pub fn behind(snap: &Snapshot, queue: &QueueName) -> Option<Watermark> {
-    let mark = snap.ledger(queue).ledger.watermark();
+    let mark = overlay::watermark(snap, queue);
     (!mark.reached_by(&snap.progress())).then_some(mark)
 }
 
@@ -369,38 +369,41 @@ pub fn look(
         escrow,
     };
     let others_spare = escrow::others_spare(&stored.ledger, Some(&holding));
-    let (d, add) =
-        if stored.ledger.is_empty() && escrow.in_flight.is_empty() && escrow.spare.is_empty() {
-            (first, None)
-        } else {
-            let layer = escrow::lay(
-                snap,
-                &queue,
-                &stored.ledger,
-                Some(&holding),
-                Some(&escrow.in_flight),
-                if consume { Holds::Full } else { Holds::Carried },
-            );
-            let d = decide_enforcing(req, snap, cfg, now);
-            let add = match &d.charge {
-                Some(c)
-                    if consume
-                        && d.allowed
-                        && !req.is_dry_run()
-                        && c.queue == queue
-                        && !escrow.spare.is_empty()
-                        && escrow::holdable_queue(snap, &queue) =>
-                {
-                    escrow::held_model(&c.effect).map(|m| {
-                        let models = BTreeSet::from([m]);
-                        escrow::added(snap, &queue, &c.effect, &models, now)
-                    })
-                }
-                _ => None,
-            };
-            layer.remove(snap);
-            (d, add)
+    let (d, add) = if stored.ledger.is_empty()
+        && escrow.in_flight.is_empty()
+        && escrow.spare.is_empty()
+        && overlay::foreign(snap, &queue).is_empty()
+    {
+        (first, None)
+    } else {
+        let layer = escrow::lay(
+            snap,
+            &queue,
+            &stored.ledger,
+            Some(&holding),
+            Some(&escrow.in_flight),
+            if consume { Holds::Full } else { Holds::Carried },
+        );
+        let d = decide_enforcing(req, snap, cfg, now);
+        let add = match &d.charge {
+            Some(c)
+                if consume
+                    && d.allowed
+                    && !req.is_dry_run()
+                    && c.queue == queue
+                    && !escrow.spare.is_empty()
+                    && escrow::holdable_queue(snap, &queue) =>
+            {
+                escrow::held_model(&c.effect).map(|m| {
+                    let models = BTreeSet::from([m]);
+                    escrow::added(snap, &queue, &c.effect, &models, now)
+                })
+            }
+            _ => None,
         };
+        layer.remove(snap);
+        (d, add)
+    };
     let d = match &d.charge {
         Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
         _ => d,
@@ -442,7 +445,7 @@ pub fn decide_with_ledger(
         return first;
     };
     let stored = snap.ledger(&queue);
-    if stored.ledger.is_empty() {
+    if stored.ledger.is_empty() && overlay::foreign(snap, &queue).is_empty() {
         return first;
     }
     let layer = overlay::apply(snap, &queue, &stored.ledger);

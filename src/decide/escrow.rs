@@ -107,6 +107,25 @@ pub fn lay(
         holding,
         holds == Holds::Carried,
     );
+    // Holds left in the ledger of a queue that now charges this one (the tree
+    // changed under them): this replica's own included, whose escrow is that queue's.
+    let anyone = holding.map(|h| Holding {
+        me: "",
+        live: h.live,
+        escrow: h.escrow,
+    });
+    for f in overlay::foreign(snap, queue) {
+        if snap.ledger_key(&f.queue) == *queue {
+            lay_holds(
+                &mut o,
+                snap,
+                &f.queue,
+                &f.ledger,
+                anyone.as_ref(),
+                holds == Holds::Carried,
+            );
+        }
+    }
     for (id, e) in own.into_iter().flat_map(Ledger::iter) {
         o.add(snap, queue, id, e);
     }

@@ -189,7 +189,8 @@ fn decide_charge(
 }
 
 /// Under strict order, the oldest group of the queue that waits in line before `rec`
-/// and whose request does not fit now (card-quota holds it): `rec` waits behind it.
+/// and whose request does not fit now but could under the quota (card-quota holds it):
+/// `rec` waits behind it.
 fn held_before(
     rec: &PodGroupRecord,
     snap: &Snapshot,
@@ -214,6 +215,13 @@ fn held_before(
             let Some(Ok(req)) = &g.request else {
                 return false;
             };
+            // A group that could never run under the current quota (a derived demand
+            // larger than the queue) waits for a larger quota; nobody waits for it.
+            if !could_ever_fit(g, req, snap, now).allowed
+                || !could_ever_fit_above(g, req, snap, now).allowed
+            {
+                return false;
+            }
             let mut enqueued = (*g).clone();
             enqueued.phase = Some("Inqueue".to_string());
             let touched = models_of(req.0.iter().map(|(k, _)| k));

@@ -210,7 +210,49 @@ pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) -> Overlay
     for (id, e) in ledger.iter() {
         o.add(snap, queue, id, e);
     }
+    for f in foreign(snap, queue) {
+        for (id, e) in f.ledger.iter() {
+            o.add(snap, &f.queue, id, e);
+        }
+    }
     o
+}
+
+/// The other queues' ledgers that hold charges of `ledger`'s tree: a change of the tree
+/// (a root given a card budget, a queue moved under another card parent, a budget
+/// taken away) leaves charges in flight in the ledger their queue used to charge, and
+/// they count until caches show them. A ledger whose own queue now charges `ledger`
+/// brings its holds too. (Laying a charge of a queue outside the tree changes no
+/// decision of it: only the cost of looking.)
+pub fn foreign(
+    snap: &Snapshot,
+    ledger: &QueueName,
+) -> Vec<std::sync::Arc<crate::ledger::LedgerRecord>> {
+    snap.ledgers()
+        .filter(|f| f.queue != *ledger && !(f.ledger.is_empty() && f.ledger.holds().is_empty()))
+        .filter(|f| {
+            // Entries without a queue charge the ledger's own: one walk covers them.
+            snap.ledger_key(&f.queue) == *ledger
+                || f.ledger.iter().any(|(_, e)| {
+                    e.queue
+                        .as_deref()
+                        .is_some_and(|q| snap.ledger_key(&QueueName::new(q)) == *ledger)
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+/// The watermark caches must reach before deciding from `ledger`'s charges: its own,
+/// raised by those of the [`foreign`] ledgers laid with it.
+pub fn watermark(snap: &Snapshot, ledger: &QueueName) -> crate::ledger::entries::Watermark {
+    let mut mark = snap.ledger(ledger).ledger.watermark();
+    for f in foreign(snap, ledger) {
+        let w = f.ledger.watermark();
+        mark.pods = mark.pods.max(w.pods);
+        mark.podgroups = mark.podgroups.max(w.podgroups);
+    }
+    mark
 }
 
 #[cfg(test)]
