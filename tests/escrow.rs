@@ -243,3 +243,72 @@ fn a_held_pod_another_replica_already_sees_counts_once() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 46 #4: the pin was chosen counting only what other replicas' holds carry, the
+/// check counted their spare too. With another replica's spare filling model A (its
+/// holder dead, say: it never gives it back), an `A|B` pod was pinned to A, waited,
+/// and was refused, though B had all its room. The pin now counts what the check
+/// counts, and falls back to "as if given back" only where nothing has room.
+#[test]
+fn the_pin_counts_others_spare_as_the_check_does() {
+    let two = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: a1, labels: {nvidia.com/gpu.product: RTX-4090}}
+status: {allocatable: {nvidia.com/gpu: "1000"}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: b1, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "1000"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, annotations: {volcano.sh/card.quota: '{"RTX-4090":9,"NVIDIA-H200":4}'}}
+status: {state: Open}
+"#;
+    let mut snap = load(two).unwrap().0;
+    // a holds 2 spare RTX-4090 after its first pod; b fills the rest of RTX-4090.
+    let mut a = Escrow::default();
+    batch(&mut snap, "a", &mut a, &[create("a0")], HoldMove::AsNeeded);
+    assert_eq!(
+        snap.ledger(&q()).ledger.holds()["a"].spare["RTX-4090"].get(),
+        2
+    );
+    let mut b = Escrow::default();
+    let reqs: Vec<AdmissionRequest> = (0..6).map(|i| create(&format!("b{i}"))).collect();
+    batch(&mut snap, "b", &mut b, &reqs, HoldMove::NoSpare);
+    let either = {
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "ab", "namespace": "ml", "uid": "u-ab",
+                "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090|NVIDIA-H200"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+        });
+        read_review(R::pod("CREATE", pod).build().to_string().as_bytes())
+            .unwrap()
+            .unwrap()
+    };
+    let live = |_: &QueueName, _: &str, _: &Hold| true;
+    let mut escrows = HashMap::from([(q(), b)]);
+    let mut r = Replica {
+        me: "b",
+        live: &live,
+        escrows: &mut escrows,
+    };
+    // /mutate: no charge taken.
+    let l = look(
+        &mut snap,
+        &either,
+        &Config::default(),
+        jiff::Timestamp::now(),
+        Some(&mut r),
+        false,
+    );
+    assert!(l.decision.allowed);
+    let patch = serde_json::to_string(&l.decision.patch).unwrap();
+    assert!(
+        patch.contains("NVIDIA-H200") && !patch.contains(r#""RTX-4090""#),
+        "pinned where the check finds room: {patch}"
+    );
+}

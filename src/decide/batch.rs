@@ -376,15 +376,28 @@ pub fn look(
     {
         (first, None)
     } else {
-        let layer = escrow::lay(
-            snap,
-            &queue,
-            &stored.ledger,
-            Some(&holding),
-            Some(&escrow.in_flight),
-            if consume { Holds::Full } else { Holds::Carried },
-        );
-        let d = decide_enforcing(req, snap, cfg, now);
+        let decide_over = |snap: &mut Snapshot, holds: Holds| {
+            let layer = escrow::lay(
+                snap,
+                &queue,
+                &stored.ledger,
+                Some(&holding),
+                Some(&escrow.in_flight),
+                holds,
+            );
+            let d = decide_enforcing(req, snap, cfg, now);
+            (d, layer)
+        };
+        // The pin (no charge taken) goes where there is room counting the others'
+        // spare, as the check will; only when there is none anywhere, to where spare
+        // would be given back on request (a dead holder's never is).
+        let (d, layer) = match decide_over(snap, Holds::Full) {
+            (d, layer) if !consume && !d.allowed && others_spare => {
+                layer.remove(snap);
+                decide_over(snap, Holds::Carried)
+            }
+            full => full,
+        };
         let add = match &d.charge {
             Some(c)
                 if consume

@@ -6,10 +6,10 @@ use std::collections::BTreeSet;
 use crate::cards::{Alternatives, CardRequest, Cards};
 use crate::cluster::records::podgroup_record;
 use crate::cluster::{PodGroupRecord, PodRecord};
-use crate::ledger::{bound_charges, Effect, QueueUsage, Verdict};
+use crate::ledger::{bound_charges, Effect, QueueUsage, Share, Verdict};
 use crate::snapshot::Snapshot;
 
-use super::fit::{feasible, fit, models_of, Change};
+use super::fit::{adjusted_after, feasible, fit, models_of, Change};
 use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
 use super::patch::set_annotation;
 use super::pod::{card_demand, owner_ref};
@@ -515,14 +515,15 @@ fn moves(
             p
         })
         .collect();
-    // What the move adds to the new queue, item by item, so a refusal can name the
-    // first one that does not fit.
-    let mut items: Vec<(Alternatives, Cards, Change)> = Vec::new();
-    let mut so_far = Change::default();
+    // What the move adds to the new queue, item by item (its pods, then its request's
+    // entries), so a refusal can name the first one that does not fit. A prefix is
+    // built when it is checked: the first failing one is found by bisection, so a move
+    // of n pods costs O(n log n), not a copy of every prefix.
+    let mut pods: Vec<(Alternatives, Cards, PodRecord)> = Vec::new();
     let mut touched = BTreeSet::new();
-    for p in &members {
+    for p in members {
         let key = match (&p.node, p.alternatives()) {
-            (Some(_), _) => match bound_charges(p, snap) {
+            (Some(_), _) => match bound_charges(&p, snap) {
                 Ok(c) => c.into_iter().map(|(m, _)| m).collect::<Vec<_>>(),
                 Err(_) => continue,
             },
@@ -533,22 +534,40 @@ fn moves(
             continue;
         };
         touched.extend(key.models().iter().cloned());
-        so_far.add_pods.push(p.clone());
-        items.push((key, p.cards(), so_far.clone()));
+        let cards = p.cards();
+        pods.push((key, cards, p));
     }
-    if let Some(req) = rec.live_request() {
-        let mut partial = rec.clone();
-        for (i, (k, n)) in req.0.iter().enumerate() {
-            touched.extend(k.models().iter().cloned());
-            partial.request = Some(Ok(CardRequest(req.0[..=i].to_vec())));
-            let mut c = so_far.clone();
-            c.add_groups = vec![partial.clone()];
-            items.push((k.clone(), *n, c));
-        }
-    }
-    let Some((_, _, full)) = items.last() else {
+    let request: Vec<(Alternatives, Cards)> =
+        rec.live_request().map(|r| r.0.clone()).unwrap_or_default();
+    touched.extend(request.iter().flat_map(|(k, _)| k.models().iter().cloned()));
+    let len = pods.len() + request.len();
+    if len == 0 {
         // Nothing with cards moves.
         return Decision::allow();
+    }
+    let prefix = |n: usize| {
+        let mut c = Change {
+            add_pods: pods[..n.min(pods.len())]
+                .iter()
+                .map(|(_, _, p)| p.clone())
+                .collect(),
+            ..Default::default()
+        };
+        if n > pods.len() {
+            let mut partial = rec.clone();
+            partial.request = Some(Ok(CardRequest(request[..n - pods.len()].to_vec())));
+            c.add_groups = vec![partial];
+        }
+        c
+    };
+    let item = |i: usize| -> (&Alternatives, Cards) {
+        match pods.get(i) {
+            Some((k, n, _)) => (k, *n),
+            None => {
+                let (k, n) = &request[i - pods.len()];
+                (k, *n)
+            }
+        }
     };
     let fits = |c: &Change| {
         let f = fit(snap, &queue, c, &touched, now);
@@ -566,7 +585,7 @@ fn moves(
         };
         (f.verdict, within, f)
     };
-    let (verdict, within, f) = fits(full);
+    let (verdict, within, f) = fits(&prefix(len));
     if verdict == Verdict::Feasible && within {
         // The pods stay charged where they are stamped; a request moves with its group.
         return if rec.live_request().is_some() {
@@ -576,18 +595,47 @@ fn moves(
         };
     }
     // The first item that does not fit, and what the move asks of its model so far.
-    let at = items
-        .iter()
-        .position(|(_, _, c)| {
-            let (v, w, _) = fits(c);
-            v != Verdict::Feasible || !w
-        })
-        .unwrap_or(0);
-    let key = items[at].0.clone();
-    let n: Cards = items[..=at]
-        .iter()
-        .filter(|(k, _, _)| *k == key)
-        .map(|(_, n, _)| *n)
+    let prefix_fits = |n: usize| {
+        let (v, w, _) = fits(&prefix(n));
+        v == Verdict::Feasible && w
+    };
+    let at = if snap.is_flat() {
+        // The pods come from other queues and no reservation of this one involves
+        // them: each adds its share, in order, and one pass finds the first that breaks
+        // the queue (O(n); a tree's levels are bisected instead, O(n log n)).
+        let before = f.before();
+        let mut u = adjusted_after(snap, &queue, &Change::default(), now);
+        let mut first = None;
+        for (i, (_, _, p)) in pods.iter().enumerate() {
+            if p.is_active(now) {
+                u.add_share(&p.key, &Share::of(p, snap));
+            }
+            // Only the models the move touches can have gone over.
+            let within = touched.iter().all(|m| {
+                let a = u.allocated(m);
+                a <= u.quota().get(m) || before.allocated.get(m).is_some_and(|b| *b >= a)
+            });
+            if !within || u.feasible(&touched) != Verdict::Feasible {
+                first = Some(i);
+                break;
+            }
+        }
+        match first {
+            Some(i) => i,
+            // Every pod fits: an entry of the request does not.
+            None => {
+                let base = pods.len();
+                base + first_failing(len - base, |n| n == 0 || prefix_fits(base + n))
+            }
+        }
+    } else {
+        first_failing(len, prefix_fits)
+    };
+    let key = item(at).0.clone();
+    let n: Cards = (0..=at)
+        .map(item)
+        .filter(|(k, _)| **k == key)
+        .map(|(_, n)| n)
         .sum();
     let mut d = Decision::deny(INSUFFICIENT, format!("{what}: {}", f.message(&key, n)));
     d.undecided = verdict == Verdict::Undecided;
