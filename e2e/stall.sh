@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A replica whose watches stall (issue 46 #1), on a real API server: replica B reaches
+# the API server through a proxy that freezes every connection open at one moment (its
+# watches) and lets new ones through. Replica A then admits a queue's 4 cards and prunes
+# its ledger past what B's caches show. B is asked again and again for a fifth pod for
+# longer than the 30 s it once took a silent watch for current: it must never admit it.
+# It answers "try again", lists again through a new connection, then refuses with the
+# quota's message.
+#
+#   KUBECONFIG=<kubeconfig> e2e/stall.sh [path/to/card-quota]
+#
+# Exit status: number of failed checks.
+set -uo pipefail
+
+BIN=${1:-target/release/card-quota}
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
+HERE=$(cd "$(dirname "$0")" && pwd)
+: "${KUBECONFIG:?set KUBECONFIG}"
+export KUBECONFIG
+RUN=${E2E_RUN:-$(date +%s | tail -c 6)$RANDOM}
+NS=cq-stall-$RUN
+SYS=cq-stall-$RUN-system
+Q=cq-stall-$RUN
+NODE=$Q-h200
+PORT_A=${E2E_PORT:-19643}
+PORT_B=$((PORT_A + 1))
+PROXY=$((PORT_A + 2))
+WORK=$(mktemp -d /tmp/cq-stall.XXXXXX)
+START=$(date +%s)
+PASSED=0
+FAILED=0
+PIDS=()
+
+log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
+pass() { PASSED=$((PASSED + 1)); log "PASS: $1"; }
+fail() { FAILED=$((FAILED + 1)); log "FAIL: $1"; shift; for l in "$@"; do echo "      $l"; done; }
+k() { kubectl "$@"; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; }
+wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
+export -f k
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1
+  k delete namespace "$NS" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
+  k delete queue "$Q" --ignore-not-found >/dev/null 2>&1
+  k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
+  e2e_remove_identity "$Q"
+  if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
+}
+trap cleanup EXIT
+
+# shellcheck source=e2e/lib.sh
+. "$HERE/lib.sh"
+e2e_sweep_stale_hooks
+for ns in "$NS" "$SYS"; do k create namespace "$ns" >/dev/null; done
+k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
+"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}
+EOF
+k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+  | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
+e2e_install_identity "$BIN" "$SYS" "$Q"
+server=$(k config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+hostport=${server#https://}
+python3 "$HERE/freeze_proxy.py" "$PROXY" "${hostport%:*}" "${hostport##*:}" > "$WORK/proxy.log" 2>&1 &
+PROXY_PID=$!
+PIDS+=($PROXY_PID)
+jq --arg s "https://127.0.0.1:$PROXY" '.clusters[0].cluster.server = $s' "$WORK/card-quota.kubeconfig" > "$WORK/b.kubeconfig"
+serve() { # NAME PORT KUBECONFIG
+  KUBECONFIG="$3" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
+    --lease-namespace "$SYS" --lease-name card-quota-stall --reconcile-seconds 0.5 >> "$WORK/$1.log" 2>&1 &
+  PIDS+=($!)
+  wait_for 30 curl -sf "http://127.0.0.1:$(($2 + 1000))/readyz" || { echo "replica $1 never became ready"; cat "$WORK/$1.log"; exit 100; }
+}
+serve a "$PORT_A" "$WORK/card-quota.kubeconfig"
+serve b "$PORT_B" "$WORK/b.kubeconfig"
+printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","annotations":{"volcano.sh/card.quota":"{\\"NVIDIA-H200\\":4}"}},"spec":{"weight":1}}' "$Q" | k apply -f - >/dev/null
+# The API server calls replica A only; B is asked directly, as the API server would.
+"$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --name "$Q" --namespace "$SYS" \
+  --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
+sleep 2
+
+pod() { printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","namespace":"%s","annotations":{"scheduling.volcano.sh/queue-name":"%s","volcano.sh/card.name":"NVIDIA-H200"}},"spec":{"schedulerName":"nobody","containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' "$1" "$NS" "$Q"; }
+
+kill -USR1 "$PROXY_PID"
+sleep 1
+check "replica B's open connections (its watches) are frozen" grep -q "froze [1-9]" "$WORK/proxy.log"
+for i in 1 2 3 4; do pod "p$i" | k create -f - >/dev/null 2>&1; done
+check "replica A admits the queue's 4 cards" bash -c "[ \"\$(kubectl -n $NS get pods -o name | wc -l)\" = 4 ]"
+ledger() { k -n "$SYS" get cm "card-quota-ledger.$Q" -o jsonpath='{.data.ledger}' 2>/dev/null; }
+settled() { local l; l=$(ledger); [ -n "$l" ] && jq -e '(.entries // {} | length) == 0 and (.holds // {} | length) == 0 and .watermark.pods > 0' <<<"$l" >/dev/null; }
+check "... and prunes its ledger past them (entries and holds gone, the watermark raised)" wait_for 30 settled
+log "ledger: $(ledger)"
+
+review() {
+  pod "$1" | jq --arg uid "$1-$RANDOM" '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
+    request: {uid: $uid, kind: {group: "", version: "v1", kind: "Pod"}, resource: {group: "", version: "v1", resource: "pods"},
+      namespace: .metadata.namespace, operation: "CREATE", userInfo: {username: "e2e"}, object: (.metadata.uid = $uid)}}'
+}
+allowed=0 retry=0 refused=0 n=0
+end=$(( $(date +%s) + 40 ))
+while [ "$(date +%s)" -lt $end ]; do
+  n=$((n + 1))
+  out=$(review "extra-$n" | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' \
+    --data-binary @- "https://127.0.0.1:$PORT_B/validate")
+  case "$(jq -r '.response.allowed' <<<"$out")" in
+    true) allowed=$((allowed + 1)); log "B admitted extra-$n: $out" ;;
+    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1))
+       else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
+  esac
+  sleep 1
+done
+log "B over 40 s: $allowed admitted, $retry 'try again', $refused refused (last: ${last:-none})"
+check "B never admits a fifth pod, however long its watch stalls ($n asks over 40 s)" [ "$allowed" = 0 ]
+check "... it lists again through a new connection" grep -q "listing again" "$WORK/b.log"
+check "... and then refuses with the quota's message" grep -q "queue $Q has insufficient NVIDIA-H200 quota: requested 1, in use 4" <<<"${last:-}"
+
+log "RESULT: $PASSED passed, $FAILED failed"
+exit "$FAILED"
