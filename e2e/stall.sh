@@ -39,7 +39,13 @@ check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "c
 wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
 export -f k
 
+ROOT_WAS=
 cleanup() {
+  case "$ROOT_WAS" in
+    1) k annotate queue root volcano.sh/card.quota- >/dev/null 2>&1 ;;
+    0) k delete queue root --ignore-not-found >/dev/null 2>&1 ;;
+  esac
+  k delete queue "$Q-burst" --ignore-not-found >/dev/null 2>&1
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1
@@ -83,7 +89,7 @@ printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":
   --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
 sleep 2
 
-pod() { printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","namespace":"%s","annotations":{"scheduling.volcano.sh/queue-name":"%s","volcano.sh/card.name":"NVIDIA-H200"}},"spec":{"schedulerName":"nobody","containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' "$1" "$NS" "$Q"; }
+pod() { printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","namespace":"%s","annotations":{"scheduling.volcano.sh/queue-name":"%s","volcano.sh/card.name":"NVIDIA-H200"}},"spec":{"schedulerName":"nobody","containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' "$1" "$NS" "${2:-$Q}"; }
 
 kill -USR1 "$PROXY_PID"
 sleep 1
@@ -117,6 +123,26 @@ log "B over 40 s: $allowed admitted, $retry 'try again', $refused refused (last:
 check "B never admits a fifth pod, however long its watch stalls ($n asks over 40 s)" [ "$allowed" = 0 ]
 check "... it lists again through a new connection" grep -q "listing again" "$WORK/b.log"
 check "... and then refuses with the quota's message" grep -q "queue $Q has insufficient NVIDIA-H200 quota: requested 1, in use 4" <<<"${last:-}"
+
+# ---- a root card budget given mid-burst (issue 46 #3): the queue's charges in flight,
+# recorded under its own ledger, count in the tree's ledger that takes over ----------------
+Q2=$Q-burst
+printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","annotations":{"volcano.sh/card.quota":"{\\"NVIDIA-H200\\":12}"}},"spec":{"weight":1}}' "$Q2" | k apply -f - >/dev/null
+if k get queue root >/dev/null 2>&1; then ROOT_WAS=1; else ROOT_WAS=0; fi
+sleep 1
+burst() { pod "$1" "$Q2" | kubectl create -f - 2>&1; }
+export -f burst pod
+export NS Q Q2
+seq 1 36 | sed 's/^/b/' | xargs -P 6 -I{} bash -c 'burst {}' > "$WORK/burst.log" 2>&1 &
+BURST=$!
+sleep 0.5
+budget='{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"root","annotations":{"volcano.sh/card.quota":"{\"NVIDIA-H200\":100}"}},"spec":{"weight":1}}'
+out=$(k apply -f - <<<"$budget" 2>&1)
+log "root budget given mid-burst ($(grep -c created "$WORK/burst.log") pods created by then): $out"
+wait "$BURST"
+created=$(k -n "$NS" get pods -o json | jq --arg q "$Q2" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q)] | length')
+log "burst: $created created, $(grep -c 'insufficient NVIDIA-H200 quota' "$WORK/burst.log") refused for quota, $(grep -c 'try again' "$WORK/burst.log") 'try again'"
+check "a root budget given mid-burst: the queue of 12 gets at most 12 ($created)" bash -c "[ $created -le 12 ] && [ $created -ge 1 ]"
 
 log "RESULT: $PASSED passed, $FAILED failed"
 exit "$FAILED"

@@ -426,7 +426,11 @@ async fn run_relisting<K, R>(
         let ev = tokio::select! {
             ev = stream.next() => ev,
             () = asked => {
-                match current_version(&api).await {
+                // The watches' client has no read timeout (watches wait by design); a
+                // read that hangs on a stalled pooled connection must not hold this
+                // loop: it is dropped (with its connection) and the next ask retries.
+                let read = tokio::time::timeout(PROBE_TIMEOUT, current_version(&api)).await;
+                match read.unwrap_or_else(|_| Err("no answer within 5 s".to_string())) {
                     Ok(floor) => {
                         // The old stream (stalled, perhaps) is dropped with its watch.
                         stream = watcher::watcher(
@@ -457,6 +461,9 @@ async fn run_relisting<K, R>(
         }
     }
 }
+
+/// How long a read of a collection's current resourceVersion may take.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The collection's current resourceVersion, from a consistent read of one object.
 async fn current_version<K>(api: &Api<K>) -> Result<u64, String>

@@ -22,6 +22,9 @@ use crate::ledger::entries::{Stream, Watermark};
 /// Reads both collections' current resourceVersions (a consistent read).
 pub type Probe = Arc<dyn Fn() -> BoxFuture<'static, Result<Watermark, String>> + Send + Sync>;
 
+/// How long a fence's read may take before it is given up (and asked for again).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A watcher is asked to relist at most this often: a relist reads every pod.
 const RELIST_GAP: Duration = Duration::from_secs(10);
 
@@ -127,7 +130,9 @@ impl Freshness {
         let me = self.clone();
         tokio::spawn(async move {
             let sent = Instant::now();
-            let read = (me.probe)().await;
+            let read = tokio::time::timeout(PROBE_TIMEOUT, (me.probe)())
+                .await
+                .unwrap_or_else(|_| Err("no answer within 5 s".to_string()));
             let mut st = locked(&me.state);
             st.probing = false;
             match read {
