@@ -900,3 +900,56 @@ fn charges_in_flight_count_across_a_change_of_the_tree() {
         assert!(behind(&snap, &key).is_none());
     }
 }
+
+/// Issue 46 #10 (suspected, confirmed): a re-parent was checked against the caches
+/// alone, so pods admitted a moment before (in the queue's ledger, in no cache yet)
+/// moved under a parent without room. The check now counts every ledger's charges.
+#[test]
+fn a_re_parent_counts_charges_in_flight() {
+    use card_quota::cards::QueueName;
+    use card_quota::decide::batch::{decide_with_ledger, plan};
+    use card_quota::decide::review::read_review;
+    use card_quota::ledger::ledger_record;
+
+    let mut snap = load(&yaml(&[
+        queue("org", "", r#"{"NVIDIA-H200":3}"#, ""),
+        queue("team-a", "org", r#"{"NVIDIA-H200":3}"#, ""),
+        queue("solo", "", r#"{"NVIDIA-H200":2}"#, ""),
+    ]))
+    .unwrap()
+    .0;
+    let cfg = Config::default();
+    let now = jiff::Timestamp::now();
+    let reqs: Vec<_> = ["t1", "t2", "s1", "s2"]
+        .iter()
+        .map(|n| {
+            let q = if n.starts_with('t') { "team-a" } else { "solo" };
+            let doc = R::pod("CREATE", pod(n, q, "NVIDIA-H200", "1")).build();
+            read_review(&serde_json::to_vec(&doc).unwrap())
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    // Admitted and recorded, in no cache yet: team-a's 2 in org's ledger, solo's 2 in its own.
+    for (key, range) in [("org", 0..2), ("solo", 2..4)] {
+        let key = QueueName::new(key);
+        let refs: Vec<_> = reqs[range].iter().collect();
+        let batch = plan(&mut snap, &key, &refs, &cfg, now, |_| Duration::ZERO, None);
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("card-quota-ledger.{key}"), "namespace": "card-quota", "resourceVersion": "3"},
+            "data": {"queue": key.to_string(), "ledger": batch.text}});
+        snap.upsert_ledger(ledger_record(&serde_json::from_value(cm).unwrap()).unwrap());
+    }
+    let moved = queue("solo", "org", r#"{"NVIDIA-H200":2}"#, "");
+    let old = queue("solo", "", r#"{"NVIDIA-H200":2}"#, "");
+    let doc = R::queue("UPDATE", moved).old(old).build();
+    let req = read_review(&serde_json::to_vec(&doc).unwrap())
+        .unwrap()
+        .unwrap();
+    let d = decide_with_ledger(&mut snap, &req, &cfg, now);
+    assert!(!d.allowed, "moved 2 in flight under a parent with 1 free");
+    assert_eq!(
+        d.message.as_deref(),
+        Some("queue solo cannot move under org: org would have 4 NVIDIA-H200 in use (2 there, 2 moving with solo), quota 3")
+    );
+}

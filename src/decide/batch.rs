@@ -354,7 +354,7 @@ pub fn look(
     let first = decide_enforcing(req, snap, cfg, now);
     let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
         return Look {
-            decision: first,
+            decision: over_every_ledger(snap, req, cfg, now, first),
             queue: None,
             held: false,
         };
@@ -455,7 +455,7 @@ pub fn decide_with_ledger(
 ) -> Decision {
     let first = decide_enforcing(req, snap, cfg, now);
     let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
-        return first;
+        return over_every_ledger(snap, req, cfg, now, first);
     };
     let stored = snap.ledger(&queue);
     if stored.ledger.is_empty() && overlay::foreign(snap, &queue).is_empty() {
@@ -472,4 +472,37 @@ pub fn decide_with_ledger(
         Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
         _ => d,
     }
+}
+
+/// A Queue write that charges nothing may still move charges (a re-parent brings the
+/// queue's usage under another parent's cap): admitted from the caches alone, it is
+/// decided again with every ledger's charges in flight and every hold laid over them.
+/// Queue writes are rare; the cost is the charges in flight, all queues together.
+fn over_every_ledger(
+    snap: &mut Snapshot,
+    req: &AdmissionRequest,
+    cfg: &Config,
+    now: jiff::Timestamp,
+    first: Decision,
+) -> Decision {
+    if !first.allowed || super::RequestKind::of(req) != super::RequestKind::Queue {
+        return first;
+    }
+    let ledgers: Vec<_> = snap
+        .ledgers()
+        .filter(|l| !(l.ledger.is_empty() && l.ledger.holds().is_empty()))
+        .cloned()
+        .collect();
+    if ledgers.is_empty() {
+        return first;
+    }
+    let layers: Vec<Overlay> = ledgers
+        .iter()
+        .map(|l| escrow::lay(snap, &l.queue, &l.ledger, None, None, Holds::Full))
+        .collect();
+    let d = decide_enforcing(req, snap, cfg, now);
+    for layer in layers.into_iter().rev() {
+        layer.remove(snap);
+    }
+    d
 }
