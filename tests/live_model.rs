@@ -3,7 +3,8 @@
 //! their own time, share each queue's ledger through compare-and-swap writes to one
 //! simulated API server. Requests, alone or several waiting in line together (one
 //! batch), go through what `serve` runs: the mutating call
-//! (`decide_with_ledger`, its patch applied), then the validating call (a preview, then
+//! (`decide_with_ledger`, or `look` without a charge when replicas take holds; its
+//! patch applied), then the validating call (a preview, then
 //! the batch `plan` and its ledger write, retried over the winner's ledger on a
 //! conflict); the reconciler prunes quiet ledgers. PodGroups with a `card.request`
 //! reserve cards, and some pods belong to them (their queue is the group's). Some
@@ -486,6 +487,27 @@ impl World {
         out
     }
 
+    /// The mutating call at replica `r`, as `serve` makes it: with holds, the replica's
+    /// own view of the others' holds (its pin counts their spare as the check does).
+    fn mutate(&mut self, r: usize, req: &AdmissionRequest) -> card_quota::decide::Decision {
+        let now = self.timestamp();
+        let step = self.now;
+        let rep = &mut self.replicas[r];
+        if !self.holds {
+            return decide_with_ledger(&mut rep.snap, req, &self.cfg, now);
+        }
+        let seen_clock = &rep.hold_seen;
+        let fenced = rep.reached_fence(step).map(|(at, _)| at);
+        let live =
+            |q: &QueueName, who: &str, h: &Hold| World::counts(seen_clock, q, who, h, step, fenced);
+        let mut holder = Holder {
+            me: &rep.me,
+            live: &live,
+            escrows: &mut rep.escrows,
+        };
+        look(&mut rep.snap, req, &self.cfg, now, Some(&mut holder), false).decision
+    }
+
     /// Replica `r`'s batch for `queue`, with its holds when replicas take them.
     fn plan_at(
         &mut self,
@@ -590,7 +612,6 @@ impl World {
                 group,
                 stored,
             } => {
-                let now = self.timestamp();
                 let names: Vec<&String> = self.groups.keys().collect();
                 let group = group
                     .filter(|_| !names.is_empty())
@@ -615,12 +636,7 @@ impl World {
                         "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x",
                             "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
                     let doc = R::pod("CREATE", pod.clone()).build();
-                    let m = decide_with_ledger(
-                        &mut self.replicas[r].snap,
-                        &request(&doc),
-                        &self.cfg,
-                        now,
-                    );
+                    let m = self.mutate(r, &request(&doc));
                     if !m.allowed {
                         continue;
                     }
@@ -713,10 +729,8 @@ impl World {
                 }
                 self.next += 1;
                 body["metadata"]["uid"] = json!(format!("uid-{name}-retry-{}", self.next));
-                let now = self.timestamp();
                 let doc = R::pod("CREATE", body.clone()).build();
-                let m =
-                    decide_with_ledger(&mut self.replicas[r].snap, &request(&doc), &self.cfg, now);
+                let m = self.mutate(r, &request(&doc));
                 if !m.allowed {
                     return;
                 }
