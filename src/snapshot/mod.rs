@@ -62,6 +62,9 @@ pub struct Snapshot {
     groups_by_queue: Map<QueueName, BTreeSet<ObjectKey>>,
     pods_by_group: Map<ObjectKey, BTreeSet<ObjectKey>>,
     ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
+    /// Ledgers holding charges of other queues (a tree's, or one left by a change of
+    /// the tree): in a flat cluster, the only ones another ledger's decisions may need.
+    ledgers_naming_others: BTreeSet<QueueName>,
     /// How far the pod and PodGroup watches have come (resourceVersions).
     progress: Watermark,
     /// Usage per queue, kept up to date with every change above.
@@ -441,11 +444,24 @@ impl Snapshot {
                 return;
             }
         }
+        if l.ledger.iter().any(|(_, e)| e.queue.is_some()) {
+            self.ledgers_naming_others.insert(l.queue.clone());
+        } else {
+            self.ledgers_naming_others.remove(&l.queue);
+        }
         self.ledgers.insert(l.queue.clone(), Arc::new(l));
     }
 
     pub fn remove_ledger(&mut self, queue: &QueueName) {
         self.ledgers.remove(queue);
+        self.ledgers_naming_others.remove(queue);
+    }
+
+    /// The stored ledgers that hold charges of queues other than their own.
+    pub fn ledgers_naming_others(&self) -> impl Iterator<Item = &Arc<LedgerRecord>> {
+        self.ledgers_naming_others
+            .iter()
+            .filter_map(|q| self.ledgers.get(q))
     }
 
     /// The queue's stored ledger (empty when none is stored); cheap to hold on to.

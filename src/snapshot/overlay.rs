@@ -228,7 +228,15 @@ pub fn foreign(
     snap: &Snapshot,
     ledger: &QueueName,
 ) -> Vec<std::sync::Arc<crate::ledger::LedgerRecord>> {
-    snap.ledgers()
+    // In a flat cluster every queue is its own ledger's: only charges recorded for
+    // another queue can belong elsewhere (O(those ledgers), not O(queues)).
+    let candidates: Box<dyn Iterator<Item = &std::sync::Arc<crate::ledger::LedgerRecord>>> =
+        if snap.is_flat() {
+            Box::new(snap.ledgers_naming_others())
+        } else {
+            Box::new(snap.ledgers())
+        };
+    candidates
         .filter(|f| f.queue != *ledger && !(f.ledger.is_empty() && f.ledger.holds().is_empty()))
         .filter(|f| {
             // Entries without a queue charge the ledger's own: one walk covers them.
