@@ -12,8 +12,10 @@
 //! admitted them).
 //!
 //! After every step the API server's own objects are checked: cards of non-terminal
-//! pods bound to model m in queue q never exceed quota[q][m]. Caches may lag by up to
-//! 20 s (a step is a second), well inside the ledger's 30 s and 120 s clocks.
+//! pods bound to model m in queue q never exceed quota[q][m]. Caches lag by up to 20 s
+//! (a step is a second), except a watch that stalls: it delivers nothing, past every
+//! clock (40 s holds, 120 s entries; a `Sleep` is a minute), until a relist; what
+//! expires stops counting only behind a fence the replica's caches reached.
 //!
 //! With steering on, the pods' CREATE line is checked too: cards of pods pinned to (or
 //! bound on) a model never exceed its quota. Replicas that take holds of headroom
