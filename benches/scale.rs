@@ -17,6 +17,9 @@ use card_quota::decide::{decide, Config};
 use card_quota::snapshot::load::upsert;
 use card_quota::snapshot::Snapshot;
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+
 const MODEL: &str = "NVIDIA-H200";
 const NODES: usize = 100;
 
@@ -147,36 +150,6 @@ fn cases() -> Vec<(&'static str, Value)> {
     ]
 }
 
-/// Peak resident set since the last reset, in bytes (0 where `/proc` is missing).
-fn peak() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn rss() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn reset_peak() {
-    // Resets VmHWM to the current resident set (Linux 4.0+).
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
 fn main() {
     let max: usize = std::env::var("SCALE_MAX")
         .ok()
@@ -202,12 +175,13 @@ fn main() {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(3);
             for _ in 0..rounds {
-                reset_peak();
-                let before = rss();
+                proc_status::reset_peak();
+                let before = proc_status::bytes("VmRSS").unwrap_or(0);
                 let t = Instant::now();
                 let d = decide(&req, &snap, &cfg, now);
                 slowest = slowest.max(t.elapsed());
-                added = added.max(peak().saturating_sub(before));
+                let peak = proc_status::bytes("VmHWM").unwrap_or(0);
+                added = added.max(peak.saturating_sub(before));
                 allowed = d.allowed;
             }
             let answer = if allowed { "allowed" } else { "refused" };

@@ -22,6 +22,9 @@ use card_quota::snapshot::Snapshot;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+
 const MIB: usize = 1 << 20;
 /// What the API server accepts in one request body.
 const LIMIT: usize = 3 * MIB;
@@ -202,15 +205,7 @@ impl Bodies {
 
 /// The process's peak resident memory (`VmHWM`), in MiB.
 fn peak_rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
+    proc_status::bytes("VmHWM").map_or(f64::NAN, |b| b as f64 / (1 << 20) as f64)
 }
 
 /// What the webhook does before it takes the lock: read the review, parse the objects.

@@ -606,10 +606,7 @@ impl Committer {
                 let mut snap = locked(snapshot);
                 let now = jiff::Timestamp::now();
                 let fenced = fenced.filter(|(_, m)| m.reached_by(&snap.progress()));
-                let fence = fenced.map(|(t, mark)| Fence {
-                    mark,
-                    taken_ago: t.elapsed(),
-                });
+                let fence = fenced.map(plan_fence);
                 match &self.me {
                     Some(me) => {
                         let mut escrows = locked(&self.escrows);
@@ -1100,13 +1097,9 @@ impl Committer {
                 if behind(&snap, queue).is_some() {
                     return Ok(0);
                 }
-                let fence =
-                    fenced
-                        .filter(|(_, m)| m.reached_by(&snap.progress()))
-                        .map(|(t, mark)| Fence {
-                            mark,
-                            taken_ago: t.elapsed(),
-                        });
+                let fence = fenced
+                    .filter(|(_, m)| m.reached_by(&snap.progress()))
+                    .map(plan_fence);
                 plan(
                     &mut snap,
                     queue,
@@ -1154,6 +1147,14 @@ impl Committer {
         locked(&self.behind).remove(queue);
         locked(&self.clock).retain(|(q, _), _| q != queue);
         Ok(())
+    }
+}
+
+/// The fence a plan is given: the mark read at `taken`, and how long ago that was.
+fn plan_fence((taken, mark): (Instant, Watermark)) -> Fence {
+    Fence {
+        mark,
+        taken_ago: taken.elapsed(),
     }
 }
 
