@@ -660,3 +660,93 @@ async fn a_missing_namespace_is_named_in_the_refusal() {
         "{msg}"
     );
 }
+
+/// Two replicas taking holds on one queue, with their keepers running, answer a long
+/// burst: each sees the other's hold, so a keeper's sweep of old renewals and a plan's
+/// check of the other's hold take the same two locks. Taken in opposite orders they
+/// stopped the runtime for good (every hook timed out in a live run); the runtime is
+/// watched from a thread of its own, since a stopped runtime fires no timer.
+#[test]
+fn keepers_and_plans_on_two_holding_replicas_never_stop_the_runtime() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let answered = rt.block_on(async {
+            let api = fake_api();
+            let text = objects(100_000, 200);
+            let replica = |me: &str| {
+                let (snap, _) = load(&text).unwrap();
+                let committer =
+                    Committer::new(LedgerApi::new(api.client(), NS), Duration::from_secs(3))
+                        .with_holds(me.to_string());
+                Arc::new(State::live(
+                    Arc::new(Mutex::new(snap)),
+                    Config::default(),
+                    Live {
+                        committer: Arc::new(committer),
+                        synced: Arc::new(Synced::already()),
+                        events: None,
+                        routing: None,
+                    },
+                ))
+            };
+            let replicas = [replica("a"), replica("b")];
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            for st in &replicas {
+                let live = st.live.as_ref().unwrap();
+                let metrics: Arc<dyn CommitMetrics> = st.metrics.ledger.clone();
+                tokio::spawn(live.committer.clone().keep_holds(
+                    st.snapshot.clone(),
+                    Config::default(),
+                    metrics,
+                    stop.clone(),
+                ));
+            }
+            // Each replica's ledger watch: the stored ledger, every few milliseconds.
+            let watch = {
+                let (api, replicas) = (api.clone(), replicas.clone());
+                tokio::spawn(async move {
+                    loop {
+                        if api.object(CM_PATH).is_some() {
+                            for st in &replicas {
+                                deliver_ledger(&api, st);
+                            }
+                        }
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                })
+            };
+            let until = Instant::now() + Duration::from_secs(4);
+            let mut answered = 0usize;
+            let mut i = 0usize;
+            while Instant::now() < until {
+                let mut wave = Vec::new();
+                for _ in 0..16 {
+                    let st = replicas[i % 2].clone();
+                    let name = format!("n{i:06}");
+                    wave.push(tokio::spawn(async move {
+                        answer(&st, create(&name), false).await
+                    }));
+                    i += 1;
+                }
+                for t in wave {
+                    t.await.unwrap();
+                    answered += 1;
+                }
+            }
+            watch.abort();
+            let _ = stop_tx.send(true);
+            answered
+        });
+        let _ = done.send(answered);
+    });
+    let answered = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the runtime stopped: two locks taken in opposite orders");
+    eprintln!("{answered} requests answered by two holding replicas in 4 s");
+    assert!(answered > 0);
+}

@@ -181,6 +181,11 @@ struct Behind {
 }
 
 /// The group-commit writer of one replica.
+///
+/// Its locks are taken in one order, never the reverse: the snapshot, then `escrows`,
+/// then `times`, `clock` and `hold_clock` (each alone). `slots` and `behind` are taken
+/// alone. A std mutex held across two worker threads in opposite orders stops the
+/// whole runtime, every hook with it.
 pub struct Committer {
     api: LedgerApi,
     budget: Duration,
@@ -1006,11 +1011,13 @@ impl Committer {
     /// the hold dropped): one clock per renewal would otherwise pile up for good. A
     /// renewal still stored keeps its clock, so a dead replica's hold stays expired.
     fn forget_old_renewals(&self, snapshot: &Mutex<Snapshot>) {
-        let mut clock = locked(&self.hold_clock);
-        if clock.is_empty() {
+        if locked(&self.hold_clock).is_empty() {
             return;
         }
+        // The snapshot first, as everywhere (see [`Committer`]): the other order
+        // deadlocked against a plan, which asks for `hold_clock` under the snapshot.
         let snap = locked(snapshot);
+        let mut clock = locked(&self.hold_clock);
         clock.retain(|(q, r, renewal), _| {
             snap.ledger(q)
                 .ledger
