@@ -890,6 +890,48 @@ fn a_jobs_podgroup_whose_create_missed_card_quota_is_derived_at_its_enqueue() {
     assert!(message(&r).contains("requested 2"), "{}", message(&r));
 }
 
+/// Issue 46 #10: a Job the cache does not show yet (its watch lags the job controller,
+/// or has not listed since start-up) had no derived demand, so its group's enqueue
+/// reserved nothing and its pods started past the quota. The enqueue now waits until
+/// the Job is seen; in line, its group passes.
+#[test]
+fn a_jobs_podgroup_is_not_enqueued_before_its_job_is_seen() {
+    let mut w = World::with(&format!("{CLUSTER}{JOB_WORLD}"));
+    let key = card_quota::cards::ObjectKey::new("ml", "train");
+    let job = w.snap.job(&key).cloned().unwrap();
+    // Live, the job controller's group arrives before the Job's watch shows the Job.
+    w.snap.mirror_jobs();
+    w.snap.remove_job(&key);
+    let g = job_group();
+    let r = w.send(R::podgroup("CREATE", g.clone()).build());
+    assert!(
+        r.allowed,
+        "waiting in line reserves nothing: {}",
+        message(&r)
+    );
+    assert!(r.patch.is_none(), "no demand to write yet");
+    let r = enqueue(&mut w, &g);
+    assert!(!r.allowed, "enqueued with its demand unknown");
+    assert_eq!(
+        message(&r),
+        "podgroup ml/train-job-uid waits: its Job ml/train is not in card-quota's cache yet, so its card demand is not known; try again"
+    );
+    assert_eq!(w.usage("one", "NVIDIA-H200")["reserved"], 0);
+    // The Job arrives: the next enqueue is decided on its tasks (2 > quota 1: held).
+    w.snap.upsert_job(job);
+    let r = enqueue(&mut w, &g);
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("insufficient NVIDIA-H200 quota: requested 2"),
+        "{}",
+        message(&r)
+    );
+    // Offline (replay), the Jobs given are all there are: no Job, no derived demand.
+    let mut w = World::with(&format!("{CLUSTER}{JOB_WORLD}"));
+    w.snap.remove_job(&key);
+    assert!(enqueue(&mut w, &g).allowed);
+}
+
 #[test]
 fn under_strict_order_a_job_that_fits_waits_behind_an_older_held_one() {
     let strict = r#"

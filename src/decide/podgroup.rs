@@ -10,7 +10,7 @@ use crate::ledger::{bound_charges, Effect, QueueUsage, Share, Verdict};
 use crate::snapshot::Snapshot;
 
 use super::fit::{adjusted_after, feasible, fit, models_of, Change};
-use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID};
+use super::messages::{gate, insufficient, BAD_REQUEST, INSUFFICIENT, INVALID, RETRY};
 use super::patch::set_annotation;
 use super::pod::{card_demand, owner_ref};
 use super::review::{AdmissionRequest, Object, Operation};
@@ -50,6 +50,20 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if rec.request.is_none() && old.as_ref().is_none_or(PodGroupRecord::is_waiting) {
         match derive_request(obj, &rec, snap) {
             Derived::None => {}
+            // Taken out of line with its demand unknown it would reserve nothing and
+            // its pods would start past the quota: it waits for the Job to be seen, as
+            // at any refused enqueue (vc-scheduler retries every cycle). In line it
+            // reserves nothing yet.
+            Derived::Unseen(job) if !rec.is_waiting() => {
+                return Decision::deny(
+                    RETRY,
+                    format!(
+                        "podgroup {} waits: its Job {job} is not in card-quota's cache yet, so its card demand is not known; try again",
+                        rec.key
+                    ),
+                );
+            }
+            Derived::Unseen(_) => {}
             Derived::Request(r) => {
                 derived_patch = Some(set_annotation(
                     obj,
@@ -236,8 +250,11 @@ fn held_before(
 
 /// What a PodGroup's Job says about its card demand.
 enum Derived {
-    /// Not a Volcano Job's group, the Job is not known, or its tasks ask for no cards.
+    /// Not a Volcano Job's group (or a stale one's), or its tasks ask for no cards.
     None,
+    /// A Volcano Job's group whose Job the live cache does not show yet (the Job watch
+    /// lags, or has not listed since start-up): its demand is unknown.
+    Unseen(crate::cards::ObjectKey),
     Request(CardRequest),
     /// A task's pod template has card demand card-quota cannot read (why).
     Unreadable(String),
@@ -258,7 +275,11 @@ fn derive_request(obj: &serde_json::Value, rec: &PodGroupRecord, snap: &Snapshot
     };
     let key = crate::cards::ObjectKey::new(rec.key.namespace.clone(), owner.name.clone());
     let Some(job) = snap.job(&key) else {
-        return Derived::None;
+        return if snap.jobs_mirrored() {
+            Derived::Unseen(key)
+        } else {
+            Derived::None
+        };
     };
     // Another Job of the same name (deleted and created again) is not this group's.
     if job

@@ -648,7 +648,11 @@ pub async fn start(
     );
     // Volcano Jobs are read only to derive a PodGroup's demand, and a cluster may lack
     // their CRD: readiness does not wait for them (a PodGroup whose Job is not cached
-    // yet gets its demand at its enqueue instead).
+    // yet gets its demand at its enqueue instead, which waits until the Job is seen).
+    snapshot
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .mirror_jobs();
     tokio::spawn(run(
         Api::<DynamicObject>::all_with(client.clone(), &job_resource()),
         all(),

@@ -56,6 +56,9 @@ pub struct Snapshot {
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
     /// Volcano Jobs: the demand of a PodGroup without `card.request` comes from them.
     jobs: Map<ObjectKey, JobRecord>,
+    /// The Jobs come from a watch (live), which may not show a Job yet; offline, the
+    /// Jobs given are all there are.
+    jobs_mirrored: bool,
     /// Hashed, not ordered: a decision's ledger overlay files and unfiles each laid pod
     /// here, and nothing reads a queue's pods in key order (its usage is sums).
     pods_by_queue: Map<QueueName, Set<ObjectKey>>,
@@ -902,5 +905,15 @@ impl Snapshot {
 
     pub fn job(&self, key: &ObjectKey) -> Option<&JobRecord> {
         self.jobs.get(key)
+    }
+
+    /// Marks the Jobs as mirrored by a watch: a Job not shown may exist.
+    pub fn mirror_jobs(&mut self) {
+        self.jobs_mirrored = true;
+    }
+
+    /// True when a Job missing here may exist (see [`Snapshot::mirror_jobs`]).
+    pub fn jobs_mirrored(&self) -> bool {
+        self.jobs_mirrored
     }
 }
