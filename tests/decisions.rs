@@ -2387,7 +2387,7 @@ fn under_warn_a_pod_over_quota_is_admitted_pinned_and_charged_with_a_warning() {
     doc["metadata"]["uid"] = json!("uid-e");
     let req = parse_review(&R::pod("CREATE", doc).build()).unwrap();
     let d = decide_enforcing(&req, &mut w.snap, &w.cfg, jiff::Timestamp::now());
-    assert!(d.allowed && d.warned);
+    assert!(d.allowed && d.warned());
     let e = d.event.expect("an Event");
     assert_eq!(
         (
@@ -2408,7 +2408,7 @@ fn under_warn_a_pod_over_quota_is_admitted_pinned_and_charged_with_a_warning() {
     // Under deny the same request is refused, and not marked.
     w.cfg.enforcement = Enforcement::Deny;
     let d = decide_enforcing(&req, &mut w.snap, &w.cfg, jiff::Timestamp::now());
-    assert!(!d.allowed && !d.warned);
+    assert!(!d.allowed && !d.warned());
 }
 
 #[test]

@@ -61,6 +61,18 @@ fn batch(
     reqs: &[AdmissionRequest],
     mv: HoldMove,
 ) -> Vec<Outcome> {
+    batch_with(snap, me, escrow, reqs, mv, true)
+}
+
+/// [`batch`], where a warned charge may wait for others' spare (`warned_wait`) or not.
+fn batch_with(
+    snap: &mut Snapshot,
+    me: &str,
+    escrow: &mut Escrow,
+    reqs: &[AdmissionRequest],
+    mv: HoldMove,
+    warned_wait: bool,
+) -> Vec<Outcome> {
     let holding = Holding {
         me,
         live: &always,
@@ -77,6 +89,7 @@ fn batch(
         None,
         Some(&holding),
         mv,
+        warned_wait,
     );
     let rv = snap
         .ledger(&q())
@@ -193,6 +206,60 @@ fn a_charge_refused_while_another_replica_holds_spare_waits_for_its_release() {
         ),
         other => panic!("{other:?}"),
     }
+}
+
+/// Issue 46 #10: under warn, a charge over the quota only because another replica
+/// holds spare was admitted at once with a warning that deny would refuse it, though
+/// deny waits for that spare and admits it. It waits the same way now; out of patience
+/// (the holder may be dead) it is admitted with its warning, and recorded.
+#[test]
+fn under_warn_a_charge_blocked_only_by_others_spare_waits_instead_of_a_false_warning() {
+    let warn = SNAP.replace("QUOTA", "9").replace(
+        "annotations: {",
+        "annotations: {volcano.sh/card.enforcement: warn, ",
+    );
+    let mut snap = load(&warn).unwrap().0;
+    let mut a = Escrow::default();
+    batch(&mut snap, "a", &mut a, &[create("a0")], HoldMove::AsNeeded);
+    let mut b = Escrow::default();
+    let reqs: Vec<AdmissionRequest> = (0..6).map(|i| create(&format!("b{i}"))).collect();
+    let out = batch(&mut snap, "b", &mut b, &reqs, HoldMove::NoSpare);
+    assert!(
+        out.iter()
+            .all(|o| matches!(o, Outcome::Admit(d) if !d.warned())),
+        "{out:?}"
+    );
+    let out = batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
+    assert!(matches!(out[0], Outcome::Wait(_)), "{out:?}");
+    assert_eq!(snap.ledger(&q()).ledger.release(), 1);
+    let out = batch_with(
+        &mut snap,
+        "b",
+        &mut b,
+        &[create("b6")],
+        HoldMove::NoSpare,
+        false,
+    );
+    match &out[0] {
+        Outcome::Admit(d) => assert!(d.warned(), "{d:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        snap.ledger(&q()).ledger.len() >= 7,
+        "recorded like any admission"
+    );
+    // With a's spare given back, the same charge fits: no warning at all.
+    let mut snap = load(&warn).unwrap().0;
+    let (mut a, mut b) = (Escrow::default(), Escrow::default());
+    batch(&mut snap, "a", &mut a, &[create("a0")], HoldMove::AsNeeded);
+    batch(&mut snap, "b", &mut b, &reqs, HoldMove::NoSpare);
+    batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
+    batch(&mut snap, "a", &mut a, &[], HoldMove::AsNeeded);
+    let out = batch(&mut snap, "b", &mut b, &[create("b6")], HoldMove::NoSpare);
+    assert!(
+        matches!(&out[0], Outcome::Admit(d) if !d.warned()),
+        "{out:?}"
+    );
 }
 
 /// A pod admitted under a hold is written as an entry at the holder's next write, so a

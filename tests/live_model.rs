@@ -553,6 +553,7 @@ impl World {
             fence.as_ref(),
             Some(&holding),
             mv,
+            true,
         )
     }
 

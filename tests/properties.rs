@@ -156,14 +156,14 @@ proptest! {
             let (Some(d), Some(w)) = (d, r.decision.clone()) else { continue };
             let quota = d.reason == Some(card_quota::decide::messages::Reason::InsufficientCardQuota);
             if d.allowed && !quota {
-                prop_assert!(w.allowed && !w.warned, "{o:?}");
+                prop_assert!(w.allowed && !w.warned(), "{o:?}");
                 prop_assert_eq!(&w.patch, &d.patch, "{:?}", o);
                 prop_assert_eq!(&w.charge, &d.charge, "{:?}", o);
             } else if quota {
-                prop_assert!(w.allowed && w.warned && w.reason.is_none(), "{o:?}: {:?}", w.message);
+                prop_assert!(w.allowed && w.warned() && w.reason.is_none(), "{o:?}: {:?}", w.message);
                 prop_assert!(w.warnings.iter().any(|x| x.contains(d.message.as_deref().unwrap_or("clamped"))), "{o:?}: {:?}", w.warnings);
             } else {
-                prop_assert!(!w.allowed && !w.warned, "{o:?}");
+                prop_assert!(!w.allowed && !w.warned(), "{o:?}");
                 prop_assert_eq!(&w.message, &d.message);
             }
             if let (Some(req), Some(dec)) = (&r.request, &r.decision) {

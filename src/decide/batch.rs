@@ -26,8 +26,9 @@ pub enum Outcome {
     Answer(Decision),
     /// Admitted, answered once the ledger write lands.
     Admit(Decision),
-    /// Refused only because of other replicas' holds: waits for them to be released,
-    /// and is this refusal if they are not.
+    /// Refused (or warned) only because of other replicas' holds: waits for them to
+    /// be released, and is this refusal if they are not (a warned admission is decided
+    /// again without waiting instead).
     Wait(Decision),
 }
 
@@ -127,12 +128,15 @@ pub fn plan(
         fence,
         None,
         HoldMove::AsNeeded,
+        false,
     )
 }
 
 /// [`plan`] for a replica that takes holds: pod charges of a holdable queue go under
 /// its hold (renewed by the write) instead of into entries, and a charge refused while
-/// other replicas hold spare waits for them to give it back.
+/// other replicas hold spare waits for them to give it back. With `warned_wait`, so
+/// does a charge that warn admits only because of that spare: its warning would tell
+/// of a refusal `deny` would not make once the spare is back.
 #[allow(clippy::too_many_arguments)]
 pub fn plan_held(
     snap: &mut Snapshot,
@@ -144,6 +148,7 @@ pub fn plan_held(
     fence: Option<&Fence>,
     holding: Option<&Holding<'_>>,
     hold_move: HoldMove,
+    warned_wait: bool,
 ) -> Batch {
     let stored = snap.ledger(queue);
     let mut ledger = stored.ledger.clone();
@@ -171,16 +176,20 @@ pub fn plan_held(
     let mut want_release = false;
     for (i, req) in reqs.iter().enumerate() {
         let d = decide_enforcing(req, snap, cfg, now);
+        // Refused (or warned) while other replicas hold spare: they give it back
+        // first, so that a refusal counts only what was admitted (its numbers included).
+        let over = if d.allowed {
+            warned_wait && d.would_refuse == Some(INSUFFICIENT)
+        } else {
+            d.reason == Some(INSUFFICIENT)
+        };
+        let blocked = over
+            && holding.is_some()
+            && !req.is_dry_run()
+            && escrow::others_spare(&ledger, holding);
         let charge = match (&d.charge, d.allowed && !req.is_dry_run()) {
-            (Some(c), true) => c.clone(),
+            (Some(c), true) if !blocked => c.clone(),
             _ => {
-                // Refused while other replicas hold spare: they give it back first, so
-                // that a refusal counts only what was admitted (its numbers included).
-                let blocked = holding.is_some()
-                    && !d.allowed
-                    && !req.is_dry_run()
-                    && d.reason == Some(INSUFFICIENT)
-                    && escrow::others_spare(&ledger, holding);
                 if blocked {
                     want_release = true;
                     outcomes.push(Outcome::Wait(d));

@@ -119,6 +119,6 @@ fn warned(
         })),
         (None, None) => None,
     };
-    admitted.warned = true;
+    admitted.would_refuse = refused.reason;
     admitted
 }

@@ -175,8 +175,9 @@ pub struct Decision {
     pub charge: Option<Box<Charge>>,
     /// The feasibility search ran out of budget.
     pub undecided: bool,
-    /// Admitted only because the queue's enforcement is `warn` (`deny` would refuse).
-    pub warned: bool,
+    /// Admitted only because the queue's enforcement is `warn`: why `deny` would
+    /// refuse it.
+    pub would_refuse: Option<messages::Reason>,
 }
 
 impl Decision {
@@ -193,6 +194,10 @@ impl Decision {
             message: Some(messages::cap(message.into())),
             ..Default::default()
         }
+    }
+    /// Admitted only because the queue's enforcement is `warn`.
+    pub fn warned(&self) -> bool {
+        self.would_refuse.is_some()
     }
     pub fn with_warning(mut self, w: impl Into<String>) -> Self {
         self.warnings.push(messages::cap(w.into()));

@@ -567,8 +567,9 @@ impl Committer {
                 undecided.into_iter().partition(|w| w.deadline > now);
             for mut w in late {
                 match w.refusal.take() {
-                    Some(d) => w.send(d),
-                    None => {
+                    // A warned admission is only an answer once recorded.
+                    Some(d) if !d.allowed => w.send(d),
+                    _ => {
                         metrics.write(WriteOutcome::Timeout);
                         w.send(gave_up(queue, self.budget, &last_error));
                     }
@@ -604,6 +605,12 @@ impl Committer {
             let fenced = self
                 .fence_for(snapshot, queue, until.min(Instant::now() + FENCE_WAIT))
                 .await;
+            // A warned admission waits for others' spare half its budget at most, then
+            // is recorded with its warning (a dead holder's spare never comes back).
+            let warned_wait = undecided.iter().all(|w| {
+                w.refusal.as_ref().is_none_or(|d| !d.allowed)
+                    || Instant::now() + self.budget / 2 < w.deadline
+            });
             let mut planned: Option<Escrow> = None;
             let batch = {
                 let reqs: Vec<&AdmissionRequest> =
@@ -642,6 +649,7 @@ impl Committer {
                             fence.as_ref(),
                             Some(&holding),
                             mv,
+                            warned_wait,
                         );
                         // A hold written down or given back admits nothing more; one
                         // renewed goes on admitting under its old spare meanwhile.

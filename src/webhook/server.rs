@@ -428,7 +428,7 @@ pub async fn handle_review_from(
         }
     }
     let kind = RequestKind::of(&req).label();
-    let result = match (d.allowed, d.warned) {
+    let result = match (d.allowed, d.warned()) {
         (true, false) => "allowed",
         (true, true) => "warned",
         (false, _) => "denied",
