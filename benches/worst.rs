@@ -217,6 +217,39 @@ fn read(body: &[u8]) -> AdmissionRequest {
     req
 }
 
+/// A flat queue of 8 models x 50 whose pending pods (unpinned, 3 to 39 cards, any of
+/// the 8 models) were each admitted while the queue stayed feasible, and a one-card
+/// pod on M0 that makes the exact search run out of budget: the longest a decision can
+/// search. The answer is the queue's own refusal ("could not prove...").
+fn hard_to_place() -> (Snapshot, Vec<u8>) {
+    let mut s = Snapshot::new();
+    let models: Vec<String> = (0..8).map(|i| format!("M{i}")).collect();
+    for m in &models {
+        upsert(
+            &mut s,
+            &json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node-{m}"), "labels": {"nvidia.com/gpu.product": m}},
+            "status": {"allocatable": {"nvidia.com/gpu": "64"}}}),
+        )
+        .unwrap();
+    }
+    let quota: serde_json::Map<String, Value> =
+        models.iter().map(|m| (m.clone(), json!(50))).collect();
+    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": Value::Object(quota).to_string()}},
+        "status": {"state": "Open"}}))
+    .unwrap();
+    let all = models.join("|");
+    let sizes = [
+        36, 39, 33, 37, 38, 13, 25, 12, 29, 6, 5, 15, 3, 37, 15, 13, 18, 8, 9, 7,
+    ];
+    for (i, n) in sizes.iter().enumerate() {
+        upsert(&mut s, &pod(&format!("hard-{i}"), &all, *n)).unwrap();
+    }
+    let body = serde_json::to_vec(&R::pod("CREATE", pod("victim", "M0", 1)).build()).expect("JSON");
+    (s, body)
+}
+
 /// What it does under the lock.
 fn decided(req: &AdmissionRequest, snap: &Snapshot) -> (bool, String) {
     let d = decide(req, snap, &Config::default(), jiff::Timestamp::now());
@@ -256,6 +289,24 @@ fn main() {
             answer.1.chars().count()
         );
     }
+    let (hard, victim) = hard_to_place();
+    let mut search = Duration::ZERO;
+    let mut answer = (false, String::new());
+    for _ in 0..5 {
+        let req = read(&victim);
+        let t = Instant::now();
+        answer = decided(&req, &hard);
+        search = search.max(t.elapsed());
+    }
+    println!(
+        "{:<40} {:>9} {:>9} {:>7.1}ms {:>8} {:>6}c",
+        "search out of budget (hard-to-place pods)",
+        "-",
+        "-",
+        search.as_secs_f64() * 1e3,
+        if answer.0 { "allowed" } else { "refused" },
+        answer.1.chars().count()
+    );
     // An innocent pod CREATE while the slowest input is decided again and again.
     let shared = Arc::new(Mutex::new(snap));
     let stop = Arc::new(AtomicBool::new(false));
@@ -308,6 +359,7 @@ fn main() {
         waits.len()
     );
     let ok = slowest.0 < Duration::from_millis(50)
+        && search < Duration::from_millis(50)
         && innocent_max < Duration::from_secs(1)
         && peak < 256.0;
     println!(

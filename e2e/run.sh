@@ -959,20 +959,6 @@ check "... and a PodGroup status update there (matchConditions: it charges nothi
   contains "$out" "podgroup.scheduling.volcano.sh/job-mig patched"
 out=$(k -n "$NS" run "down-plain" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano"}}' 2>&1)
 check "... and a cardless pod there" contains "$out" "pod/down-plain created"
-# A gated scheduler's bind of a cardless pod: the bindings hooks are Ignore (with pins
-# on, a card pod's charge was taken at its CREATE).
-k -n "$NS" run "down-bind" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides="{\"apiVersion\":\"v1\",\"spec\":{\"schedulerName\":\"$HAND_SCHED\"}}" >/dev/null 2>&1
-code=$(api_bind "$NS" down-bind "$Q-h200")
-check "... and a scheduler's binding of a cardless pod there (HTTP $code)" [ "$code" = 201 ]
-out=$(k apply -f - 2>&1 <<YAML
-apiVersion: scheduling.volcano.sh/v1beta1
-kind: Queue
-metadata: {name: $Q-down-team, labels: {card-quota-e2e: "$RUN"}}
-spec: {weight: 1, parent: $Q-org}
-YAML
-)
-check "... and a Queue without card annotations created under a parent (a queue tree needs no card-quota)" \
-  contains "$out" "queue.scheduling.volcano.sh/$Q-down-team created"
 out=$(k -n "$NS" run "down-vf" --image=registry.k8s.io/pause:3.9 --restart=Never --overrides='{"apiVersion":"v1","spec":{"schedulerName":"volcano","containers":[{"name":"down-vf","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/sriov_rdma_vf":"1"}}}]}}' 2>&1)
 check "... and a pod asking only for a NIC's virtual function under nvidia.com/ (not a card resource)" contains "$out" "pod/down-vf created"
 out=$(card_pod down-card "$Q-research" NVIDIA-H200 nvidia.com/gpu 1 | k apply -f - 2>&1)

@@ -953,3 +953,47 @@ fn a_re_parent_counts_charges_in_flight() {
         Some("queue solo cannot move under org: org would have 4 NVIDIA-H200 in use (2 there, 2 moving with solo), quota 3")
     );
 }
+
+/// Issue 46 #10: the exact search of a level above the leaf sums the pending pods of
+/// every queue below it, so pods one team made hard to place (unpinned, many cards,
+/// eight models each) ran it out of budget, and a sibling's one-card pod within its
+/// share was refused. A level now takes the relaxation (which the search only runs
+/// after) when its search is undecided; each leaf's own check stays exact.
+#[test]
+fn a_teams_hard_to_place_pods_cannot_refuse_a_siblings_pod_within_its_share() {
+    let models: Vec<String> = (0..8).map(|i| format!("M{i}")).collect();
+    let quota = |n: u32| {
+        let q: serde_json::Map<String, Value> =
+            models.iter().map(|m| (m.clone(), json!(n))).collect();
+        Value::Object(q).to_string()
+    };
+    // team-a's share is the whole org (shares over-subscribe it by team-b's 2: a warning).
+    let mut w = World::with(&[
+        queue("org", "", &quota(50), ""),
+        queue("team-a", "org", &quota(50), ""),
+        queue("team-b", "org", &quota(2), ""),
+    ]);
+    // Pending pods of team-a that any of the eight models may take, 398 cards in sizes
+    // a random fill admitted one by one (each time the queue stayed feasible).
+    for m in &models {
+        let node = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node-{m}"), "labels": {"nvidia.com/gpu.product": m}},
+            "status": {"allocatable": {"nvidia.com/gpu": "64"}}});
+        card_quota::snapshot::load::upsert(&mut w.snap, &node).unwrap();
+    }
+    let all = models.join("|");
+    let sizes = [
+        36, 39, 33, 37, 38, 13, 25, 12, 29, 6, 5, 15, 3, 37, 15, 13, 18, 8, 9, 7,
+    ];
+    for (i, n) in sizes.iter().enumerate() {
+        let p = pod(&format!("a{i}"), "team-a", &all, &n.to_string());
+        card_quota::snapshot::load::upsert(&mut w.snap, &p).unwrap();
+    }
+    let r = w.pod("team-b", "M0", "1");
+    assert!(r.allowed, "team-b's pod within its share: {}", message(&r));
+    // team-b's own quota still holds exactly.
+    w.admit("team-b", "M0", "1");
+    assert!(w
+        .refused("team-b", "M0", "1")
+        .starts_with("queue team-b has insufficient M0 quota"));
+}

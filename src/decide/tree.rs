@@ -351,8 +351,14 @@ fn level_sums(
     out
 }
 
-/// True when `u`'s demand on `touched` fits its quota: what is allocated within it, and
-/// what is not bound yet assignable to the room left.
+/// True when a level's usage `u` on `touched` fits its cap: what is allocated within
+/// it, and what is not bound yet assignable to the room left.
+///
+/// A search that runs out of budget here counts as a fit: it only runs once the
+/// relaxation (every pod divisible) has fitted, and the level sums pods of every queue
+/// below it, so pending pods one queue crafts to be hard to place would otherwise
+/// refuse its siblings' charges. Each leaf's own check stays exact (its queue's
+/// undecided charges are refused), and so does binding at every level.
 pub fn fits_cap(u: &QueueUsage, touched: &BTreeSet<CardName>) -> bool {
     touched
         .iter()
@@ -362,7 +368,7 @@ pub fn fits_cap(u: &QueueUsage, touched: &BTreeSet<CardName>) -> bool {
             std::borrow::Cow::Borrowed(&u.quota),
         )
         .feasible(touched)
-            == Verdict::Feasible
+            != Verdict::Infeasible
 }
 
 /// Cards in use on `touched` models: allocated, and unbound demand that may use them.
