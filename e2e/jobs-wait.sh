@@ -140,6 +140,13 @@ queue "$Q-c" '{"NVIDIA-H200":2}' >/dev/null
 t0=$(date +%s)
 check "C runs within 10 s of its queue's quota raise" wait_for 10 bash -c "[ \"\$(pods_of jc)\" = 2 ]"
 log "C's pods $(( $(date +%s) - t0 )) s after the raise"
+# A running Job's task replicas raised past its queue's quota: refused at the edit (its
+# new pods would be refused one by one, which Volcano counts against the Job).
+out=$(k -n "$NS" patch vcjob jc --type json -p '[{"op":"replace","path":"/spec/tasks/0/replicas","value":3}]' 2>&1)
+check "a running Job's raise past its queue's quota is refused at the edit" \
+  contains "$out" "job $NS/jc cannot add replicas to task w while it runs: queue $Q-c has insufficient NVIDIA-H200 quota: requested 1"
+out=$(k -n "$NS" patch vcjob jc --type json -p '[{"op":"replace","path":"/spec/tasks/0/replicas","value":1}]' 2>&1)
+check "... and a scale-down of it goes through" contains "$out" "job.batch.volcano.sh/jc patched"
 check "usage of queue a: B's 2 cards" wait_for 20 bash -c "usage_is $Q-a NVIDIA-H200 allocated 2 && usage_is $Q-a NVIDIA-H200 reserved 0"
 
 # ---- two CREATEs of one PodGroup; a PodGroup created Inqueue ---------------------------------

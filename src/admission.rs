@@ -200,6 +200,7 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
         RequestKind::Queue => "Queue",
         RequestKind::PodGroup => "PodGroup",
         RequestKind::Pod => "Pod",
+        RequestKind::Job => "Job",
         RequestKind::Workload(k) => k.kind(),
         RequestKind::Binding => return bind(snap, req, d),
         RequestKind::Scale(k) => return scale(snap, req, d, k),

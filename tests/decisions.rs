@@ -932,6 +932,56 @@ fn a_jobs_podgroup_is_not_enqueued_before_its_job_is_seen() {
     assert!(enqueue(&mut w, &g).allowed);
 }
 
+/// Issue 46 #10: a running Job whose task replicas are raised kept its derived
+/// reservation, and its new pods were refused one by one at their creation (which
+/// Volcano retries and then counts against the Job). The raise is checked at the Job's
+/// UPDATE now: it fits, or the edit is refused and the Job runs on as it was.
+#[test]
+fn raising_a_running_jobs_replicas_must_fit_or_the_edit_is_refused() {
+    let mut w = World::with(&format!("{CLUSTER}{JOB_WORLD}").replace(
+        r#"volcano.sh/card.quota: '{"NVIDIA-H200":1}'"#,
+        r#"volcano.sh/card.quota: '{"NVIDIA-H200":4}'"#,
+    ));
+    let job = |workers: u32| {
+        json!({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ml", "uid": "job-uid"},
+            "spec": {"queue": "one", "minAvailable": 3, "tasks": [
+                {"name": "launcher", "replicas": 1, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
+                {"name": "worker", "replicas": workers, "template": {
+                    "metadata": {"annotations": {"volcano.sh/card.name": "NVIDIA-H200"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}})
+    };
+    let raise = |w: &mut World, from: u32, to: u32| {
+        w.send(R::job("UPDATE", job(to)).old(job(from)).build())
+    };
+    // Waiting in line: the enqueue decides (on the Job as it is then).
+    let g = job_group();
+    assert!(w.send(R::podgroup("CREATE", g.clone()).build()).allowed);
+    assert!(
+        raise(&mut w, 2, 9).allowed,
+        "a waiting Job's edit is its enqueue's to check"
+    );
+    let mut stored = g.clone();
+    stored["metadata"]["annotations"] =
+        json!({"volcano.sh/card.derived-request": "{\"NVIDIA-H200\":2}"});
+    let r = enqueue(&mut w, &stored);
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("one", "NVIDIA-H200")["reserved"], 2);
+    // Running with 2 of 4 reserved: 2 more workers fit, 3 more do not.
+    let r = raise(&mut w, 2, 5);
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "job ml/train cannot add replicas to task worker while it runs: queue one has insufficient NVIDIA-H200 quota: requested 3, in use 2 (allocated 0, pending 0, reserved 2), quota 4"
+    );
+    assert!(raise(&mut w, 2, 4).allowed);
+    assert!(raise(&mut w, 4, 1).allowed, "a scale-down gives back");
+    // A Kubernetes batch/v1 Job of the same name is not Volcano's.
+    let mut k8s = R::job("UPDATE", job(9)).old(job(2)).build();
+    k8s["request"]["resource"]["group"] = json!("batch");
+    assert!(w.send(k8s).allowed);
+}
+
 #[test]
 fn under_strict_order_a_job_that_fits_waits_behind_an_older_held_one() {
     let strict = r#"

@@ -7,6 +7,7 @@ pub mod candidates;
 pub mod enforcement;
 pub mod escrow;
 pub mod fit;
+pub mod job;
 pub mod messages;
 pub mod patch;
 pub mod pod;
@@ -241,6 +242,8 @@ pub enum RequestKind {
     Binding,
     Scale(crate::cluster::WorkloadKind),
     Workload(crate::cluster::WorkloadKind),
+    /// A Volcano Job (`batch.volcano.sh`), not a Kubernetes `batch/v1` Job.
+    Job,
     Other,
 }
 
@@ -255,6 +258,7 @@ impl RequestKind {
             // API server admits it as resource `bindings`, which a `pods/binding` rule
             // does not match (found on Kubernetes 1.35).
             ("pods", "binding") | ("bindings", "") => Self::Binding,
+            ("jobs", "") if req.resource.group == "batch.volcano.sh" => Self::Job,
             (r, "scale") => WorkloadKind::from_resource(r)
                 .map(Self::Scale)
                 .unwrap_or(Self::Other),
@@ -273,6 +277,7 @@ impl RequestKind {
             Self::Binding => "binding",
             Self::Scale(_) => "scale",
             Self::Workload(_) => "workload",
+            Self::Job => "job",
             Self::Other => "other",
         }
     }
@@ -296,6 +301,7 @@ pub fn decide(
         RequestKind::Binding => binding::decide(req, snap, cfg, now),
         RequestKind::Scale(k) => scale::decide_scale(req, k, snap, cfg, now),
         RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),
+        RequestKind::Job => job::decide(req, snap, now),
         RequestKind::Other => Decision::allow(),
     }
 }

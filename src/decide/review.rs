@@ -486,6 +486,10 @@ impl ReviewBuilder {
         )
         .object(q)
     }
+    /// A Volcano Job write (`batch.volcano.sh/v1alpha1`).
+    pub fn job(operation: &str, job: Value) -> Self {
+        Self::new(operation, "batch.volcano.sh", "v1alpha1", "jobs", "Job").object(job)
+    }
     pub fn workload(operation: &str, resource: &str, kind: &str, obj: Value) -> Self {
         Self::new(operation, "apps", "v1", resource, kind).object(obj)
     }
