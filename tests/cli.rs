@@ -50,3 +50,42 @@ fn the_demo_fits_100_columns_and_marks_every_verdict() {
     assert!(!text.contains("\"op\""), "a raw JSON Patch: {text}");
     assert!(text.contains("usage: research NVIDIA-H200 allocated +2"));
 }
+
+/// `status` reads the cluster kubectl would, or the one `--kubeconfig` and `--context`
+/// name (issue 47): a context the file does not have is named in the error.
+#[test]
+fn status_takes_kubectls_kubeconfig_and_context() {
+    let dir = std::env::temp_dir().join(format!("cq-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("config");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: a\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\nusers:\n- name: u\n  user: {token: t}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .args(["status", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--context", "production"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("loading kubeconfig context production"),
+        "{err}"
+    );
+    // The named context is the one used: its server (nothing listens there) is called.
+    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+        .args(["status", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--context", "a"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("listing Volcano Queues"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

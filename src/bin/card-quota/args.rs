@@ -303,6 +303,20 @@ pub struct StatusArgs {
     /// reconciler wrote on each Queue.
     #[arg(long, conflicts_with = "objects")]
     pub recount: bool,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Which cluster a live command reads, as kubectl picks it.
+#[derive(Args, Clone, Default)]
+pub struct ClusterArgs {
+    /// The kubeconfig file to read (default: $KUBECONFIG, ~/.kube/config, or the
+    /// in-cluster config).
+    #[arg(long, value_name = "PATH", conflicts_with = "objects")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, value_name = "NAME", conflicts_with = "objects")]
+    pub context: Option<String>,
 }
 
 /// `--scheduler-name` no longer limits anything: every card pod is checked at its

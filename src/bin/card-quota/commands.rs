@@ -114,10 +114,12 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     }
     let snap = match a.objects {
         Some(path) => snapshot_file(&path, &cards)?,
-        None if a.recount => tokio::runtime::Runtime::new()?.block_on(live_snapshot(&cards))?,
+        None if a.recount => {
+            tokio::runtime::Runtime::new()?.block_on(live_snapshot(&cards, &a.cluster))?
+        }
         None => {
             // What the reconciler wrote: reading Queues is all it takes.
-            let queues = tokio::runtime::Runtime::new()?.block_on(live_queues())?;
+            let queues = tokio::runtime::Runtime::new()?.block_on(live_queues(&a.cluster))?;
             let rows = status::written_rows(&queues, a.queue.as_deref())?;
             print!("{}", status::render_rows(&rows, a.output)?);
             return Ok(());

@@ -7,6 +7,8 @@ use card_quota::cards::CardResources;
 use card_quota::live::caches;
 use card_quota::snapshot::Snapshot;
 
+use crate::args::ClusterArgs;
+
 /// The text of an objects file, or of stdin for `-`.
 pub fn read_objects(path: &std::path::Path) -> anyhow::Result<String> {
     if path.as_os_str() == "-" {
@@ -48,11 +50,40 @@ pub fn start_caches(
     (snapshot, synced)
 }
 
+/// A client for the cluster `c` names (kubectl's defaults otherwise).
+pub async fn client_for(c: &ClusterArgs) -> anyhow::Result<kube::Client> {
+    let config = match (&c.kubeconfig, &c.context) {
+        (None, None) => kube::Config::infer()
+            .await
+            .context("reading the kubeconfig or the in-cluster config")?,
+        (path, context) => {
+            let options = kube::config::KubeConfigOptions {
+                context: context.clone(),
+                ..Default::default()
+            };
+            match path {
+                Some(p) => {
+                    let file = kube::config::Kubeconfig::read_from(p)
+                        .with_context(|| format!("reading --kubeconfig {}", p.display()))?;
+                    kube::Config::from_custom_kubeconfig(file, &options).await
+                }
+                None => kube::Config::from_kubeconfig(&options).await,
+            }
+            .with_context(|| match context {
+                Some(ctx) => format!("loading kubeconfig context {ctx}"),
+                None => "loading the kubeconfig".to_string(),
+            })?
+        }
+    };
+    kube::Client::try_from(config).context("connecting to the API server")
+}
+
 /// The cluster as the webhook sees it: the same informer caches, synced once.
-pub async fn live_snapshot(cards: &CardResources) -> anyhow::Result<Snapshot> {
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+pub async fn live_snapshot(
+    cards: &CardResources,
+    cluster: &ClusterArgs,
+) -> anyhow::Result<Snapshot> {
+    let client = client_for(cluster).await?;
     let (snapshot, synced) = start_caches(client, None, cards, None);
     tokio::time::timeout(std::time::Duration::from_secs(60), synced.wait())
         .await
@@ -62,11 +93,11 @@ pub async fn live_snapshot(cards: &CardResources) -> anyhow::Result<Snapshot> {
 }
 
 /// Every Queue of the cluster as card-quota reads it (usage annotation included).
-pub async fn live_queues() -> anyhow::Result<Vec<card_quota::cluster::QueueRecord>> {
+pub async fn live_queues(
+    cluster: &ClusterArgs,
+) -> anyhow::Result<Vec<card_quota::cluster::QueueRecord>> {
     use kube::api::{Api, DynamicObject, ListParams};
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the API server (kubeconfig or in-cluster config)")?;
+    let client = client_for(cluster).await?;
     let api = Api::<DynamicObject>::all_with(client, &card_quota::live::volcano::queue_resource());
     let list = api
         .list(&ListParams::default())
