@@ -130,6 +130,13 @@ pub fn run(
                     if let Err(e) = apply(&mut snap, req, d) {
                         tracing::warn!("request {}: {e}", i + 1);
                     }
+                    // The answer carries its patch in base64, as the API server wants
+                    // it; the log shows it readable.
+                    if d.allowed && !d.patch.is_empty() {
+                        if let Ok(p) = serde_json::to_string(&d.patch) {
+                            tracing::info!("request {}: patch {p}", i + 1);
+                        }
+                    }
                     if let Some(ev) = &d.event {
                         tracing::info!(
                             "event {} on {} {}: {}",

@@ -21,6 +21,9 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Replay AdmissionReviews against a snapshot of objects, offline.
+    #[command(
+        after_help = "Prints one AdmissionReview answer per request (patches in base64, as the API server takes them), then the final usage. RUST_LOG=info also logs each patch decoded and each Event."
+    )]
     Replay(ReplayArgs),
     /// A narrated scenario on an embedded snapshot; needs no cluster.
     Demo,
