@@ -122,7 +122,7 @@ fn a_broken_quota_is_named_and_every_scheduler_counts() {
     );
     assert!(all.contains("bad    NVIDIA-H200  0      2"), "{all}");
     assert!(
-        all.contains("card.quota invalid: quota 0 until fixed (below)"),
+        all.contains("card.quota invalid: quota 0 until fixed\n"),
         "{all}"
     );
     assert!(
@@ -164,7 +164,7 @@ metadata: {name: typo, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":'}}
 QUEUE  MODEL        QUOTA  ALLOCATED  PENDING  RESERVED  FREE  OVER  NOTE
 bare   -            0      0          0        0         0     0     no card.quota: quota 0 for every model
 trial  NVIDIA-H200  1      0          0        0         1     0     Closed; enforcement warn
-typo   -            0      0          0        0         0     0     card.quota invalid: quota 0 until fixed (below)
+typo   -            0      0          0        0         0     0     card.quota invalid: quota 0 until fixed
 "
         ),
         "{table}"
@@ -172,6 +172,32 @@ typo   -            0      0          0        0         0     0     card.quota 
     let one: serde_json::Value =
         serde_json::from_str(&run(&["--queue", "bare", "-o", "json"])).unwrap();
     assert_eq!(one[0]["note"], "no card.quota: quota 0 for every model");
+    // The table prints a broken annotation below itself; json and yaml carry it on the
+    // row (issue 47: they pointed to a "below" they do not have).
+    assert!(
+        table.contains("\nqueue typo: quota 0 for every model until its annotation is fixed: "),
+        "{table}"
+    );
+    let typo: serde_json::Value =
+        serde_json::from_str(&run(&["--queue", "typo", "-o", "json"])).unwrap();
+    assert_eq!(typo[0]["note"], "card.quota invalid: quota 0 until fixed");
+    assert!(
+        typo[0]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("volcano.sh/card.quota"),
+        "{typo}"
+    );
+    assert!(!run(&["-o", "yaml"]).contains("below"));
+    // Volcano's root without card.quota caps nothing: no quota, free or over is shown.
+    let root = status_of(
+        "apiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {name: root}\n",
+        &[],
+    );
+    assert!(
+        root.contains("root   -      -      0          0        0         -     -     no card.quota: caps nothing below it"),
+        "{root}"
+    );
 }
 
 #[test]

@@ -55,6 +55,10 @@ pub struct StatusRow {
     pub shares: Option<u128>,
     #[serde(rename = "subtreeFree", skip_serializing_if = "Option::is_none")]
     pub subtree_free: Option<i64>,
+    /// What does not parse on the queue (`card.quota`, `card.enforcement`,
+    /// `card.order`), in full: the table prints it below itself instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
     /// How deep the queue sits in the tree (the table indents by it).
     #[serde(skip)]
     pub depth: usize,
@@ -79,6 +83,7 @@ impl StatusRow {
             borrowed: r.borrowed.map(|c| c.get()),
             shares: r.shares.map(|c| c.get()),
             subtree_free: r.pool_free,
+            problem: None,
             depth: 0,
         }
     }
@@ -103,9 +108,10 @@ impl StatusRow {
         parts.join("; ")
     }
 
-    /// The one row of a queue with no numbers.
-    fn bare(queue: &str, note: &str) -> Self {
-        Self::of(queue, "-".into(), true, &Row::default(), note)
+    /// The one row of a queue with no numbers; one that caps nothing (Volcano's root,
+    /// an inner queue without `card.quota`) shows no quota, free or over at all.
+    fn bare(queue: &str, note: &str, caps: bool) -> Self {
+        Self::of(queue, "-".into(), caps, &Row::default(), note)
     }
 }
 
@@ -117,6 +123,28 @@ fn note(snap: &Snapshot, queue: &crate::cards::QueueName) -> String {
     }
 }
 
+/// Everything on `q` that does not parse, in full (`None` when all does).
+fn queue_problem(q: &crate::cluster::QueueRecord) -> Option<String> {
+    let errors: Vec<String> = [
+        q.quota
+            .as_ref()
+            .and_then(|r| r.as_ref().err())
+            .map(ToString::to_string),
+        q.enforcement.as_ref().err().map(ToString::to_string),
+        q.order.as_ref().err().map(ToString::to_string),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!errors.is_empty()).then(|| errors.join("; "))
+}
+
+/// A queue without `card.quota` that is no card level: Volcano's root (every queue
+/// without a parent is below it) or an inner queue. A leaf without it has quota 0.
+fn caps_nothing(q: &crate::cluster::QueueRecord, has_children: bool) -> bool {
+    q.quota.is_none() && (has_children || q.name.as_str() == crate::cards::QueueName::ROOT)
+}
+
 /// What a reader must know about a Queue beside its numbers.
 fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
     use crate::cards::annotations::Enforcement;
@@ -125,18 +153,20 @@ fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
         notes.push(q.state.clone().unwrap_or_else(|| "Closed".into()));
     }
     match &q.quota {
-        None if has_children => notes.push("no card.quota: caps nothing below it".into()),
+        None if caps_nothing(q, has_children) => {
+            notes.push("no card.quota: caps nothing below it".into())
+        }
         None => notes.push("no card.quota: quota 0 for every model".into()),
-        Some(Err(_)) => notes.push("card.quota invalid: quota 0 until fixed (below)".into()),
+        Some(Err(_)) => notes.push("card.quota invalid: quota 0 until fixed".into()),
         Some(Ok(_)) => {}
     }
     match &q.enforcement {
         Ok(Some(Enforcement::Warn)) => notes.push("enforcement warn".into()),
-        Err(_) => notes.push("card.enforcement invalid (below)".into()),
+        Err(_) => notes.push("card.enforcement invalid".into()),
         _ => {}
     }
     if q.order.is_err() {
-        notes.push("card.order invalid (below)".into());
+        notes.push("card.order invalid".into());
     }
     notes.join("; ")
 }
@@ -171,15 +201,25 @@ pub fn rows(
         let note = note(snap, &crate::cards::QueueName::new(name.clone()));
         let numbers = report.get(&name).filter(|r| !r.is_empty());
         let mut rows = match numbers {
-            None => vec![StatusRow::bare(&name, &note)],
+            None => {
+                let q = crate::cards::QueueName::new(name.clone());
+                let caps = snap
+                    .queue(&q)
+                    .is_none_or(|r| !caps_nothing(r, snap.has_children(&q)));
+                vec![StatusRow::bare(&name, &note, caps)]
+            }
             Some(numbers) => numbers
                 .iter()
                 .map(|(key, r)| StatusRow::of(&name, key.to_string(), key.is_model(), r, &note))
                 .collect(),
         };
+        let problem = snap
+            .queue(&crate::cards::QueueName::new(name.clone()))
+            .and_then(queue_problem);
         for r in &mut rows {
             r.parent = parent_of(&name);
             r.depth = depth;
+            r.problem.clone_from(&problem);
         }
         out.extend(rows);
     }
@@ -297,10 +337,15 @@ pub fn written_rows(
             };
         }
         if rows.is_empty() {
-            rows.push(StatusRow::bare(q.name.as_str(), ""));
+            rows.push(StatusRow::bare(
+                q.name.as_str(),
+                "",
+                !caps_nothing(q, has_children),
+            ));
         }
         for r in &mut rows {
             r.note = note.clone();
+            r.problem = queue_problem(q);
             r.parent = q.parent.as_ref().map(ToString::to_string);
             r.depth = depth;
         }
