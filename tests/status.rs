@@ -226,11 +226,13 @@ fn would_refuse_lists_the_objects_enforcement_would_refuse() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "KIND  NAME    WOULD BE REFUSED WITH\nPod   ml/big  queue research has insufficient NVIDIA-H200 quota: requested 3, in use 0 (allocated 0, pending 0, reserved 0), quota 2\n"
+        "KIND  NAME    REASON                 WARN  WOULD BE REFUSED WITH\nPod   ml/big  InsufficientCardQuota  adm.  queue research has insufficient NVIDIA-H200 quota: requested 3, in use 0 (allocated 0, pending 0, reserved 0), quota 2\nWARN: what warn does with it (adm.: admits it with a warning; ref.: refuses it too)\n"
     );
     let json = status(&["--would-refuse", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v[0]["name"], "ml/big");
+    assert_eq!(v[0]["reason"], "InsufficientCardQuota");
+    assert_eq!(v[0]["warnAdmits"], true);
 }
 
 /// Issue 45: a node that announces cards of a resource outside the install's card

@@ -7,6 +7,7 @@
 use serde_json::Value;
 
 use crate::admission::apply;
+use crate::decide::messages::Reason;
 use crate::decide::review::{parse_review, ReviewBuilder};
 use crate::decide::{decide, Config, Enforcement};
 use crate::snapshot::load::{describe, documents, upsert, LoadError};
@@ -18,6 +19,12 @@ pub struct WouldRefuse {
     pub kind: String,
     /// `namespace/name`.
     pub name: String,
+    /// The refusal's reason (the Event reason: `InsufficientCardQuota`, ...).
+    pub reason: String,
+    /// True when `warn` admits it (with a warning): a quota refuses it, not a fault
+    /// of the object itself, which is refused in every mode.
+    #[serde(rename = "warnAdmits")]
+    pub warn_admits: bool,
     pub message: String,
 }
 
@@ -103,8 +110,14 @@ pub fn would_refuse(
             }
             continue;
         }
+        let reason = d.reason;
         refused.push(WouldRefuse {
             kind: k,
+            reason: reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
+            warn_admits: matches!(
+                reason,
+                Some(Reason::InsufficientCardQuota | Reason::InvalidCardQuota)
+            ),
             name: format!(
                 "{}/{}",
                 req.ns(),
@@ -140,10 +153,26 @@ pub fn table(refused: &[WouldRefuse]) -> String {
         .max()
         .unwrap_or(0)
         .max(4);
-    let mut s = format!("{:w0$}  {:w1$}  WOULD BE REFUSED WITH\n", "KIND", "NAME");
+    let w2 = refused
+        .iter()
+        .map(|r| r.reason.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let mut s = format!(
+        "{:w0$}  {:w1$}  {:w2$}  {:4}  WOULD BE REFUSED WITH\n",
+        "KIND", "NAME", "REASON", "WARN"
+    );
     for r in refused {
-        s.push_str(&format!("{:w0$}  {:w1$}  {}\n", r.kind, r.name, r.message));
+        let warn = if r.warn_admits { "adm." } else { "ref." };
+        s.push_str(&format!(
+            "{:w0$}  {:w1$}  {:w2$}  {warn:4}  {}\n",
+            r.kind, r.name, r.reason, r.message
+        ));
     }
+    s.push_str(
+        "WARN: what warn does with it (adm.: admits it with a warning; ref.: refuses it too)\n",
+    );
     s
 }
 
@@ -189,11 +218,13 @@ spec: {containers: [{name: c}]}
             vec![WouldRefuse {
                 kind: "Pod".into(),
                 name: "ml/late".into(),
+                reason: "InsufficientCardQuota".into(),
+                warn_admits: true,
                 message: "queue q has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 2, pending 0, reserved 0), quota 2".into(),
             }]
         );
         assert!(table(&refused)
-            .starts_with("KIND  NAME     WOULD BE REFUSED WITH\nPod   ml/late  queue q has"));
+            .starts_with("KIND  NAME     REASON                 WARN  WOULD BE REFUSED WITH\nPod   ml/late  InsufficientCardQuota  adm.  queue q has"));
         let fits = DUMP.replace(r#"'{"NVIDIA-H200":2}'"#, r#"'{"NVIDIA-H200":3}'"#);
         let (refused, _) = would_refuse(&fits, &Default::default(), &Config::default()).unwrap();
         assert!(refused.is_empty());
