@@ -462,7 +462,26 @@ impl World {
                 return out; // "try again": the caches are behind the ledger
             }
             let batch_reqs: Vec<&AdmissionRequest> = waiting.iter().map(|&i| &reqs[i]).collect();
+            if std::env::var_os("LIVE_MODEL_TRACE").is_some() {
+                let snap = &self.replicas[r].snap;
+                eprintln!(
+                    "   [r{r} plans {queue}] progress {:?}; ledger {:?}",
+                    snap.progress(),
+                    snap.ledger(&queue).ledger.render()
+                );
+            }
             let batch = self.plan_at(r, &queue, &batch_reqs, HoldMove::AsNeeded);
+            if std::env::var_os("LIVE_MODEL_TRACE").is_some() {
+                eprintln!(
+                    "   [r{r}] outcomes {:?}",
+                    batch
+                        .outcomes
+                        .iter()
+                        .map(|o| format!("{o:?}").chars().take(200).collect::<String>())
+                        .collect::<Vec<_>>()
+                );
+                eprintln!("   [r{r}] written {:?}", batch.text);
+            }
             let admitted: Vec<(usize, Option<Effect>)> = waiting
                 .iter()
                 .zip(&batch.outcomes)
@@ -1038,8 +1057,24 @@ fn run_world(
     w.cfg.pin = pin;
     w.holds = holds;
     w.use_steps = use_steps;
+    let trace = std::env::var_os("LIVE_MODEL_TRACE").is_some();
     for (i, s) in steps.iter().enumerate() {
         w.apply(s);
+        if trace {
+            eprintln!("step {i}: {s:?}");
+            for (n, p) in &w.pods {
+                eprintln!(
+                    "   {n} q={} name={} node={} charged={}",
+                    p.pointer("/metadata/annotations/volcano.sh~1card.queue")
+                        .unwrap_or(&json!(null)),
+                    p.pointer("/metadata/annotations/volcano.sh~1card.name")
+                        .unwrap_or(&json!(null)),
+                    p.pointer("/spec/nodeName").unwrap_or(&json!(null)),
+                    p.pointer("/metadata/annotations/volcano.sh~1card.charged")
+                        .unwrap_or(&json!(null)),
+                );
+            }
+        }
         for ((q, m), n) in w.bound() {
             prop_assert!(
                 n <= quota(&q, &m),
@@ -1602,4 +1637,179 @@ fn a_root_budget_given_while_a_ledger_watch_lags_keeps_the_quota() {
         },
     ];
     run_with(&steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Found by the 30,000-case run: replica 0's pod watch stalls; replica 1 binds p1 (its
+/// entry in the ledger); replica 0's stale cache shows p1 unbound, and 60 s later its
+/// prune dropped the binding entry on the unbound-grace clock alone, with no fence. Its
+/// next bind put a second card on a quota of 1. The grace now needs a fence too.
+/// (`LIVE_MODEL_TRACE=1` prints every step, ledger and outcome.)
+#[test]
+fn a_binding_a_stalled_cache_shows_unbound_is_not_dropped_on_a_clock() {
+    let steps = vec![
+        Step::Create {
+            r: 0,
+            queue: 1,
+            name: 2,
+            cards: 1,
+            pods: 2,
+            group: None,
+            stored: true,
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 1,
+            n: 1,
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 1,
+            n: 1,
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 1,
+            n: 1,
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 1,
+            n: 1,
+        },
+        Step::Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+            pods: 1,
+        },
+        Step::Create {
+            r: 0,
+            queue: 0,
+            name: 1,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+        Step::Prune { r: 0 },
+        Step::Deliver {
+            r: 0,
+            stream: 1,
+            n: 1,
+        },
+        Step::Stall { r: 0, stream: 0 },
+        Step::Deliver {
+            r: 0,
+            stream: 1,
+            n: 1,
+        },
+        Step::Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+            pods: 1,
+        },
+        Step::Create {
+            r: 0,
+            queue: 2,
+            name: 2,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+        Step::Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+            pods: 1,
+        },
+        Step::Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+            pods: 1,
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 0,
+            n: 2,
+        },
+        Step::Create {
+            r: 0,
+            queue: 0,
+            name: 2,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+        Step::Create {
+            r: 0,
+            queue: 0,
+            name: 0,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: false,
+        },
+        Step::Fence { r: 0 },
+        Step::Deliver {
+            r: 1,
+            stream: 0,
+            n: 1,
+        },
+        Step::Bind {
+            r: 1,
+            pod: 5,
+            node: 0,
+            pods: 1,
+        },
+        Step::Create {
+            r: 0,
+            queue: 0,
+            name: 0,
+            cards: 1,
+            pods: 2,
+            group: None,
+            stored: false,
+        },
+        Step::Rebind {
+            r: 0,
+            pod: 0,
+            node: 0,
+        },
+        Step::Sleep,
+        Step::Retry { r: 0, pod: 20 },
+        Step::Create {
+            r: 0,
+            queue: 2,
+            name: 0,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 0,
+            n: 2,
+        },
+        Step::Bind {
+            r: 0,
+            pod: 6,
+            node: 0,
+            pods: 1,
+        },
+        Step::Create {
+            r: 0,
+            queue: 0,
+            name: 0,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: false,
+        },
+    ];
+    run_with(&steps, false, false, HOLD_USE).unwrap();
 }

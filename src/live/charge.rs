@@ -312,8 +312,19 @@ impl Committer {
             let clock = locked(&self.clock);
             ledger
                 .iter()
-                .filter_map(|(id, _)| clock.get(&(queue.clone(), id.clone())))
-                .filter_map(|first| ran_out(*first + crate::ledger::entries::TTL))
+                .filter_map(|(id, e)| {
+                    // A binding shown unbound stops counting after its grace (behind a
+                    // fence); any other entry after its TTL.
+                    let limit = if e.node.is_some() {
+                        crate::ledger::entries::UNBOUND_GRACE
+                    } else {
+                        crate::ledger::entries::TTL
+                    };
+                    clock
+                        .get(&(queue.clone(), id.clone()))
+                        .map(|first| *first + limit)
+                })
+                .filter_map(ran_out)
                 .max()
         };
         let holds = {

@@ -96,8 +96,14 @@ pub fn fate(
                 None => expired(),
             },
             // Still unbound long after its binding was admitted: the bind failed after
-            // us (another webhook refused it, or the pod was bound elsewhere).
-            Some(_) if age > UNBOUND_GRACE => Fate::Drop,
+            // us (another webhook refused it, or the pod was bound elsewhere). Only
+            // behind a fence read after the grace: a cache that lags (a stalled watch)
+            // shows the pod unbound too, and dropping the entry then forgot a bind that
+            // succeeded (found by the live model: 2 cards bound under a quota of 1).
+            Some(_) => match fence {
+                Some(f) if f.covers(age, UNBOUND_GRACE) => Fate::Fenced(f.mark),
+                _ => Fate::Keep,
+            },
             _ => expired(),
         },
         EntryKey::Group(k) => match cached_group(snap, id, k) {
@@ -344,12 +350,21 @@ status: {phase: Succeeded}
         p.deletion = Some(now + Duration::from_secs(30));
         going.upsert_pod(p);
         assert!(!reflected(&going, &id, &e));
-        // A binding the cache does not show yet waits, then is a phantom.
+        // A binding the cache does not show yet waits; past its grace it is a phantom
+        // only behind a fence read after the grace (the cache may just lag).
         let (id, e) = entry(&snap, "seen", "u-seen", Some("n1"));
         assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Keep);
         assert_eq!(
             fate(&snap, &id, &e, UNBOUND_GRACE + young, now, None),
-            Fate::Drop
+            Fate::Keep
+        );
+        assert_eq!(
+            fate(&snap, &id, &e, UNBOUND_GRACE + young, now, Some(&early)),
+            Fate::Keep
+        );
+        assert_eq!(
+            fate(&snap, &id, &e, UNBOUND_GRACE + young, now, Some(&late)),
+            Fate::Fenced(mark)
         );
         // A finished pod holds nothing.
         let (id, e) = entry(&snap, "done", "u-done", None);
