@@ -41,23 +41,8 @@ fn models() -> Vec<String> {
 /// every model (unpinned), and 8 enqueued PodGroups reserving 4 cards each over every
 /// model: every decision meets exact multi-model feasibility at its largest.
 fn world() -> Snapshot {
-    let mut s = Snapshot::new();
     let models = models();
-    for (i, m) in models.iter().enumerate() {
-        upsert(
-            &mut s,
-            &json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": format!("n{i}"), "labels": {"nvidia.com/gpu.product": m}},
-            "status": {"allocatable": {"nvidia.com/gpu": "8"}}}),
-        )
-        .unwrap();
-    }
-    let quota: serde_json::Map<String, Value> =
-        models.iter().map(|m| (m.clone(), json!(4))).collect();
-    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
-        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": Value::Object(quota).to_string()}},
-        "status": {"state": "Open"}}))
-    .unwrap();
+    let mut s = queue_of(&models, 8, 4);
     let all = models.join("|");
     for g in 0..8 {
         upsert(
@@ -72,6 +57,27 @@ fn world() -> Snapshot {
     for p in 0..90 {
         upsert(&mut s, &pod(&format!("pending-{p}"), &all, 1)).unwrap();
     }
+    s
+}
+
+/// A node of `cards` cards per model, and queue `q` with a quota of `quota` of each.
+fn queue_of(models: &[String], cards: u32, quota: u32) -> Snapshot {
+    let mut s = Snapshot::new();
+    for (i, m) in models.iter().enumerate() {
+        upsert(
+            &mut s,
+            &json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("n{i}"), "labels": {"nvidia.com/gpu.product": m}},
+            "status": {"allocatable": {"nvidia.com/gpu": cards.to_string()}}}),
+        )
+        .unwrap();
+    }
+    let quota: serde_json::Map<String, Value> =
+        models.iter().map(|m| (m.clone(), json!(quota))).collect();
+    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": Value::Object(quota).to_string()}},
+        "status": {"state": "Open"}}))
+    .unwrap();
     s
 }
 
@@ -222,23 +228,8 @@ fn read(body: &[u8]) -> AdmissionRequest {
 /// pod on M0 that makes the exact search run out of budget: the longest a decision can
 /// search. The answer is the queue's own refusal ("could not prove...").
 fn hard_to_place() -> (Snapshot, Vec<u8>) {
-    let mut s = Snapshot::new();
     let models: Vec<String> = (0..8).map(|i| format!("M{i}")).collect();
-    for m in &models {
-        upsert(
-            &mut s,
-            &json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": format!("node-{m}"), "labels": {"nvidia.com/gpu.product": m}},
-            "status": {"allocatable": {"nvidia.com/gpu": "64"}}}),
-        )
-        .unwrap();
-    }
-    let quota: serde_json::Map<String, Value> =
-        models.iter().map(|m| (m.clone(), json!(50))).collect();
-    upsert(&mut s, &json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
-        "metadata": {"name": "q", "annotations": {"volcano.sh/card.quota": Value::Object(quota).to_string()}},
-        "status": {"state": "Open"}}))
-    .unwrap();
+    let mut s = queue_of(&models, 64, 50);
     let all = models.join("|");
     let sizes = [
         36, 39, 33, 37, 38, 13, 25, 12, 29, 6, 5, 15, 3, 37, 15, 13, 18, 8, 9, 7,

@@ -63,29 +63,25 @@ fn status_takes_kubectls_kubeconfig_and_context() {
         "apiVersion: v1\nkind: Config\ncurrent-context: a\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\nusers:\n- name: u\n  user: {token: t}\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
-        .args(["status", "--kubeconfig"])
-        .arg(&kubeconfig)
-        .args(["--context", "production"])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    // The error of `status` in `context` (it always fails here).
+    let failure = |context: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
+            .args(["status", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .args(["--context", context])
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = failure("production");
     assert!(
         err.contains("loading kubeconfig context production"),
         "{err}"
     );
     // The named context is the one used: its server (nothing listens there) is called.
-    let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))
-        .args(["status", "--kubeconfig"])
-        .arg(&kubeconfig)
-        .args(["--context", "a"])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = failure("a");
     assert!(err.contains("listing Volcano Queues"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -90,12 +90,17 @@ fn state_with(
     budget: Duration,
     freshness: Option<Arc<Freshness>>,
 ) -> Arc<State> {
-    let (snap, skipped) = load(text).unwrap();
-    assert!(skipped.is_empty(), "{skipped:?}");
     let mut committer = Committer::new(LedgerApi::new(client, NS), budget);
     if let Some(f) = freshness {
         committer = committer.with_freshness(f);
     }
+    live_state(text, committer)
+}
+
+/// A replica over the objects of `text` that records through `committer`.
+fn live_state(text: &str, committer: Committer) -> Arc<State> {
+    let (snap, skipped) = load(text).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
     Arc::new(State::live(
         Arc::new(Mutex::new(snap)),
         Config::default(),
@@ -679,20 +684,10 @@ fn keepers_and_plans_on_two_holding_replicas_never_stop_the_runtime() {
             let api = fake_api();
             let text = objects(100_000, 200);
             let replica = |me: &str| {
-                let (snap, _) = load(&text).unwrap();
                 let committer =
                     Committer::new(LedgerApi::new(api.client(), NS), Duration::from_secs(3))
                         .with_holds(me.to_string());
-                Arc::new(State::live(
-                    Arc::new(Mutex::new(snap)),
-                    Config::default(),
-                    Live {
-                        committer: Arc::new(committer),
-                        synced: Arc::new(Synced::already()),
-                        events: None,
-                        routing: None,
-                    },
-                ))
+                live_state(&text, committer)
             };
             let replicas = [replica("a"), replica("b")];
             let (stop_tx, stop) = tokio::sync::watch::channel(false);

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use crate::admission::apply;
-use crate::decide::messages::Reason;
+use crate::decide::enforcement::refused_by_quota;
 use crate::decide::review::{parse_review, ReviewBuilder};
 use crate::decide::{decide, Config, Enforcement};
 use crate::snapshot::load::{describe, documents, upsert, LoadError};
@@ -110,14 +110,10 @@ pub fn would_refuse(
             }
             continue;
         }
-        let reason = d.reason;
         refused.push(WouldRefuse {
             kind: k,
-            reason: reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
-            warn_admits: matches!(
-                reason,
-                Some(Reason::InsufficientCardQuota | Reason::InvalidCardQuota)
-            ),
+            reason: d.reason.map(|r| r.as_str().to_string()).unwrap_or_default(),
+            warn_admits: refused_by_quota(&req, &d),
             name: format!(
                 "{}/{}",
                 req.ns(),
@@ -141,24 +137,15 @@ pub fn table(refused: &[WouldRefuse]) -> String {
         return "Nothing would be refused: every card pod and PodGroup fits its queue's quota\n"
             .into();
     }
-    let w0 = refused
-        .iter()
-        .map(|r| r.kind.len())
-        .max()
-        .unwrap_or(0)
-        .max(4);
-    let w1 = refused
-        .iter()
-        .map(|r| r.name.len())
-        .max()
-        .unwrap_or(0)
-        .max(4);
-    let w2 = refused
-        .iter()
-        .map(|r| r.reason.len())
-        .max()
-        .unwrap_or(0)
-        .max(6);
+    let width = |field: fn(&WouldRefuse) -> &str, header: &str| {
+        refused
+            .iter()
+            .map(|r| field(r).len())
+            .fold(header.len(), usize::max)
+    };
+    let w0 = width(|r| &r.kind, "KIND");
+    let w1 = width(|r| &r.name, "NAME");
+    let w2 = width(|r| &r.reason, "REASON");
     let mut s = format!(
         "{:w0$}  {:w1$}  {:w2$}  {:4}  WOULD BE REFUSED WITH\n",
         "KIND", "NAME", "REASON", "WARN"

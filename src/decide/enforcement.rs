@@ -77,8 +77,8 @@ fn created_pod(req: &AdmissionRequest) -> Option<ObjectRef> {
     })
 }
 
-/// True for a refusal, or a clamp, that a quota makes.
-fn refused_by_quota(req: &AdmissionRequest, d: &Decision) -> bool {
+/// True for a refusal, or a clamp, that a quota makes: what `warn` admits instead.
+pub fn refused_by_quota(req: &AdmissionRequest, d: &Decision) -> bool {
     match d.reason {
         Some(Reason::InsufficientCardQuota) => true,
         // A broken quota refuses a queue's charges; on the Queue itself it is the
