@@ -34,12 +34,21 @@ PIDS=()
 
 log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
 pass() { PASSED=$((PASSED + 1)); RESULTS+=("PASS  $1"); log "PASS: $1"; }
-fail() { FAILED=$((FAILED + 1)); RESULTS+=("FAIL  $1"); log "FAIL: $1"; shift; for l in "$@"; do echo "      $l"; done; }
+# A failure's details are printed again at the very end (CI shows the output's tail);
+# CONTEXT, when set before a check, is what to know if it fails.
+CONTEXT=""
+DETAILS=()
+fail() {
+  FAILED=$((FAILED + 1)); RESULTS+=("FAIL  $1"); log "FAIL: $1"; DETAILS+=("FAIL  $1")
+  shift
+  local l
+  for l in "$@" ${CONTEXT:+"$CONTEXT"}; do echo "      $l"; DETAILS+=("      $l"); done
+}
 k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
 # shellcheck source=e2e/lib.sh
 . "$REPO/e2e/lib.sh"
 # check NAME CONDITION-COMMAND... : a scenario step that passes when the command succeeds
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; CONTEXT=""; }
 contains() { grep -qF -- "$2" <<<"$1"; }
 # waits up to $1 seconds for command "${@:2}" to succeed
 wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
@@ -751,6 +760,7 @@ burst "$Q-burst" 200
 ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 ok=$(grep -c '^201$' "$WORK/$Q-burst.codes"); refused=$(grep -vc '^201$' "$WORK/$Q-burst.codes")
 log "burst: 200 bindings in ${ms} ms: $ok bound, $refused refused"
+CONTEXT="burst: $ok bound, $refused refused; codes: $(sort "$WORK/$Q-burst.codes" | uniq -c | tr -s ' \n' ' ');$(cat "$WORK"/binds/"$Q"-burst-p*.out 2>/dev/null | jq -r '.message // empty' 2>/dev/null | sed -E 's/-p[0-9]+/-pN/g' | sort | uniq -c | sort -rn | head -3 | cut -c1-240 | tr '\n' ';'); bound now: $(bound_in "$Q-burst"); usage: $(usage "$Q-burst")"
 check "two replicas, 200 concurrent bindings, 10 free cards: exactly 10 bind" bash -c "[ $ok = 10 ] && [ \"\$(bound_in $Q-burst)\" = 10 ]"
 check "the Queue's usage says 10 allocated" wait_for 20 usage_is "$Q-burst" RTX-4090 allocated 10
 check "both replicas recorded charges in the same ledger" bash -c \
@@ -979,5 +989,7 @@ if [ "$FAILED" -gt 0 ]; then
   k -n "$NS" get events --field-selector type=Warning --sort-by=.lastTimestamp 2>&1 | tail -15 | cut -c1-300
   echo "--- kube-controller-manager"
   controller_manager_state
+  echo "--- why the failed scenarios failed"
+  printf '%s\n' "${DETAILS[@]}" | cut -c1-1200
 fi
 exit "$FAILED"

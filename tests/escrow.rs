@@ -85,7 +85,7 @@ fn batch_with(
         &refs,
         &Config::default(),
         jiff::Timestamp::now(),
-        |_| Duration::ZERO,
+        |_, _| Duration::ZERO,
         None,
         Some(&holding),
         mv,

@@ -568,7 +568,7 @@ fn two_replicas_racing_for_the_last_pool_cards_lend_exactly_the_pool() {
                     &refs,
                     &cfg,
                     now,
-                    |_| std::time::Duration::ZERO,
+                    |_, _| std::time::Duration::ZERO,
                     None,
                 ),
             )
@@ -603,7 +603,7 @@ fn two_replicas_racing_for_the_last_pool_cards_lend_exactly_the_pool() {
                 &reqs,
                 &cfg,
                 now,
-                |_| std::time::Duration::ZERO,
+                |_, _| std::time::Duration::ZERO,
                 None,
             );
         }
@@ -867,7 +867,15 @@ fn charges_in_flight_count_across_a_change_of_the_tree() {
         assert_eq!(snap.ledger_key(&q1), q1);
         let reqs: Vec<AdmissionRequest> = (0..4).map(|i| request(&format!("p{i}"))).collect();
         let refs: Vec<&AdmissionRequest> = reqs.iter().collect();
-        let batch = plan(&mut snap, &q1, &refs, &cfg, now, |_| Duration::ZERO, None);
+        let batch = plan(
+            &mut snap,
+            &q1,
+            &refs,
+            &cfg,
+            now,
+            |_, _| Duration::ZERO,
+            None,
+        );
         assert!(batch
             .outcomes
             .iter()
@@ -890,7 +898,7 @@ fn charges_in_flight_count_across_a_change_of_the_tree() {
             &[&request("p9")],
             &cfg,
             now,
-            |_| Duration::ZERO,
+            |_, _| Duration::ZERO,
             None,
         );
         assert!(
@@ -934,7 +942,15 @@ fn a_re_parent_counts_charges_in_flight() {
     for (key, range) in [("org", 0..2), ("solo", 2..4)] {
         let key = QueueName::new(key);
         let refs: Vec<_> = reqs[range].iter().collect();
-        let batch = plan(&mut snap, &key, &refs, &cfg, now, |_| Duration::ZERO, None);
+        let batch = plan(
+            &mut snap,
+            &key,
+            &refs,
+            &cfg,
+            now,
+            |_, _| Duration::ZERO,
+            None,
+        );
         let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": format!("card-quota-ledger.{key}"), "namespace": "card-quota", "resourceVersion": "3"},
             "data": {"queue": key.to_string(), "ledger": batch.text}});

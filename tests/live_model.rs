@@ -36,7 +36,8 @@ use card_quota::decide::batch::{
 use card_quota::decide::escrow::{Escrow, Holding};
 use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
 use card_quota::decide::Config;
-use card_quota::ledger::entries::{EntryId, Fence, Hold, Watermark};
+use card_quota::ledger::clock::EntryClock;
+use card_quota::ledger::entries::{Entry, EntryId, Fence, Hold, Watermark};
 use card_quota::ledger::{ledger_record, Effect};
 use card_quota::snapshot::load::{load, remove, upsert};
 use card_quota::snapshot::Snapshot;
@@ -206,7 +207,7 @@ struct Replica {
     /// Events not delivered yet, per stream.
     streams: [VecDeque<Event>; 3],
     /// When this replica first read each ledger entry (pruning's clock), in steps.
-    seen: RefCell<BTreeMap<(QueueName, EntryId), u64>>,
+    seen: RefCell<EntryClock<u64>>,
     /// Streams (pods, PodGroups) whose watch has stalled.
     stalled: [bool; 2],
     /// The newest fence it read: the step, and the resourceVersions.
@@ -216,19 +217,14 @@ struct Replica {
     trust_clocks: bool,
 }
 
-/// Pruning's clock for `queue` at `step`: how long the replica has known each entry.
+/// Pruning's clock for `queue` at `step`: how long the replica has known each entry
+/// as it is now (a rewritten entry is timed again, as `serve` does).
 fn age<'a>(
-    seen: &'a RefCell<BTreeMap<(QueueName, EntryId), u64>>,
+    seen: &'a RefCell<EntryClock<u64>>,
     queue: &'a QueueName,
     step: u64,
-) -> impl Fn(&EntryId) -> Duration + 'a {
-    move |id| {
-        let first = *seen
-            .borrow_mut()
-            .entry((queue.clone(), id.clone()))
-            .or_insert(step);
-        Duration::from_secs(step - first)
-    }
+) -> impl Fn(&EntryId, &Entry) -> Duration + 'a {
+    move |id, e| Duration::from_secs(step - seen.borrow_mut().first_seen(queue, id, e, step))
 }
 
 impl Replica {
@@ -336,7 +332,7 @@ impl World {
             hold_seen: RefCell::new(BTreeMap::new()),
             snap: snap.clone(),
             streams: Default::default(),
-            seen: RefCell::new(BTreeMap::new()),
+            seen: RefCell::new(EntryClock::default()),
             stalled: [false; 2],
             fence: None,
             trust_clocks: false,

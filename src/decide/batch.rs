@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::cards::QueueName;
 use crate::ledger::entries::{
-    EntryId, Fate, Fence, Hold, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES,
+    Entry, EntryId, Fate, Fence, Hold, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES,
 };
 use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
@@ -107,7 +107,8 @@ fn moved(queue: &QueueName, to: &QueueName) -> Decision {
 }
 
 /// Decides `reqs` (all charging `queue`, in arrival order) and plans the ledger write.
-/// `age` is how long this replica has known an entry (pruning's clock). The snapshot
+/// `age` is how long this replica has known an entry as it is now (pruning's clock:
+/// [`Entry::clock_mark`]). The snapshot
 /// is left exactly as it was found.
 pub fn plan(
     snap: &mut Snapshot,
@@ -115,7 +116,7 @@ pub fn plan(
     reqs: &[&AdmissionRequest],
     cfg: &Config,
     now: jiff::Timestamp,
-    age: impl Fn(&EntryId) -> Duration,
+    age: impl Fn(&EntryId, &Entry) -> Duration,
     fence: Option<&Fence>,
 ) -> Batch {
     plan_held(
@@ -144,7 +145,7 @@ pub fn plan_held(
     reqs: &[&AdmissionRequest],
     cfg: &Config,
     now: jiff::Timestamp,
-    age: impl Fn(&EntryId) -> Duration,
+    age: impl Fn(&EntryId, &Entry) -> Duration,
     fence: Option<&Fence>,
     holding: Option<&Holding<'_>>,
     hold_move: HoldMove,
@@ -235,7 +236,7 @@ pub fn plan_held(
         if fresh.contains(id) {
             Fate::Keep
         } else {
-            overlay::fate(snap, id, e, age(id), now, fence)
+            overlay::fate(snap, id, e, age(id, e), now, fence)
         }
     });
     let mut renewal = None;
@@ -262,7 +263,7 @@ pub fn plan_held(
             if fresh_held.contains(id) {
                 Fate::Keep
             } else {
-                overlay::fate(snap, id, e, age(id), now, fence)
+                overlay::fate(snap, id, e, age(id, e), now, fence)
             }
         });
         if !matches!(mv, HoldMove::AsNeeded | HoldMove::NoSpare) {

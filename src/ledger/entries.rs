@@ -40,7 +40,7 @@ pub const UNBOUND_GRACE: Duration = Duration::from_secs(30);
 pub const TTL: Duration = Duration::from_secs(120);
 
 /// One recorded charge.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Entry {
     /// The object charged: `pod:<namespace>/<name>` or `podgroup:<namespace>/<name>`.
     #[serde(with = "key_text")]
@@ -547,6 +547,15 @@ impl Hold {
 }
 
 impl Entry {
+    /// A digest of what the entry records: a rewritten entry is a new charge to
+    /// pruning's clock ([`super::clock::EntryClock`]).
+    pub fn clock_mark(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+
     /// The identity the entry's record carries: its uid (none when the id is the key).
     fn version(&self, id: &EntryId) -> Version {
         Version {

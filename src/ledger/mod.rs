@@ -1,6 +1,7 @@
 //! Usage per queue and model, and the exact feasibility check.
 
 pub mod adjusted;
+pub mod clock;
 pub mod feasibility;
 pub mod flow;
 pub mod tally;

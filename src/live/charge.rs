@@ -18,7 +18,8 @@ use crate::decide::escrow::{self, Escrow, Holding};
 use crate::decide::messages::RETRY;
 use crate::decide::review::{AdmissionRequest, Operation};
 use crate::decide::{Config, Decision};
-use crate::ledger::entries::{EntryId, Fence, Hold, Ledger, Watermark};
+use crate::ledger::clock::EntryClock;
+use crate::ledger::entries::{Entry, EntryId, Fence, Hold, Ledger, Watermark};
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
 
@@ -190,8 +191,8 @@ pub struct Committer {
     api: LedgerApi,
     budget: Duration,
     slots: Mutex<HashMap<QueueName, Slot>>,
-    /// When this replica first read each entry: pruning's clock.
-    clock: Mutex<HashMap<(QueueName, EntryId), Instant>>,
+    /// When this replica first read each entry as it is now: pruning's clock.
+    clock: Mutex<EntryClock<Instant>>,
     behind: Mutex<HashMap<QueueName, Behind>>,
     /// Requests take turns here before they lock the snapshot for their preview, so
     /// that one waiting behind another awaits instead of parking a runtime thread; the
@@ -320,9 +321,7 @@ impl Committer {
                     } else {
                         crate::ledger::entries::TTL
                     };
-                    clock
-                        .get(&(queue.clone(), id.clone()))
-                        .map(|first| *first + limit)
+                    clock.get(queue, id, e).map(|first| first + limit)
                 })
                 .filter_map(ran_out)
                 .max()
@@ -368,12 +367,11 @@ impl Committer {
         }
     }
 
-    fn age_fn(&self, queue: &QueueName) -> impl Fn(&EntryId) -> Duration + '_ {
+    fn age_fn(&self, queue: &QueueName) -> impl Fn(&EntryId, &Entry) -> Duration + '_ {
         let now = Instant::now();
         let q = queue.clone();
-        move |id: &EntryId| {
-            let mut clock = locked(&self.clock);
-            let first = *clock.entry((q.clone(), id.clone())).or_insert(now);
+        move |id: &EntryId, e: &Entry| {
+            let first = locked(&self.clock).first_seen(&q, id, e, now);
             now.saturating_duration_since(first)
         }
     }
@@ -384,7 +382,7 @@ impl Committer {
         let mut snap = locked(snapshot);
         snap.upsert_ledger(rec);
         let ledger = snap.ledger(queue);
-        locked(&self.clock).retain(|(q, id), _| q != queue || ledger.ledger.get(id).is_some());
+        locked(&self.clock).retain(|q, id| q != queue || ledger.ledger.get(id).is_some());
     }
 
     /// Decides `req` from the caches with its queue's ledger laid over them: the
@@ -1171,7 +1169,7 @@ impl Committer {
         self.api.delete(queue, resource_version).await?;
         // The queue is gone: nothing of it is kept here either.
         locked(&self.behind).remove(queue);
-        locked(&self.clock).retain(|(q, _), _| q != queue);
+        locked(&self.clock).retain(|q, _| q != queue);
         Ok(())
     }
 }

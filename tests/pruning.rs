@@ -1,0 +1,179 @@
+//! Pruning's clock through the pure core, timed as `serve` times it
+//! ([`EntryClock`]): an entry stops counting on that clock only behind a fence, and
+//! the clock never runs longer than the charge the entry records has existed.
+
+use std::time::Duration;
+
+use card_quota::cards::QueueName;
+use card_quota::decide::batch::{plan, Outcome};
+use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
+use card_quota::decide::Config;
+use card_quota::ledger::clock::EntryClock;
+use card_quota::ledger::entries::Fence;
+use card_quota::ledger::{Ledger, LedgerRecord};
+use card_quota::snapshot::load::load;
+use card_quota::snapshot::Snapshot;
+
+/// Two pods of queue `q` (quota 1) created long ago, both in the cache, unbound.
+const SNAP: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: n1, labels: {nvidia.com/gpu.product: RTX-4090}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, annotations: {volcano.sh/card.quota: '{"RTX-4090":1}'}}
+status: {state: Open}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p1, namespace: ml, uid: u-p1, resourceVersion: "10",
+  annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
+spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+status: {phase: Pending}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p2, namespace: ml, uid: u-p2, resourceVersion: "11",
+  annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
+spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+status: {phase: Pending}
+"#;
+
+fn q() -> QueueName {
+    QueueName::new("q")
+}
+
+fn bind(pod: &str) -> AdmissionRequest {
+    read_review(R::binding("ml", pod, "n1").build().to_string().as_bytes())
+        .unwrap()
+        .unwrap()
+}
+
+fn store(snap: &mut Snapshot, ledger: Ledger, rv: u64) {
+    snap.upsert_ledger(LedgerRecord {
+        queue: q(),
+        resource_version: Some(rv.to_string()),
+        ledger,
+        problem: None,
+    });
+}
+
+/// Replica B plans `req` at `at` seconds on its clock, behind a fence read just now
+/// that its caches reached (they show what the API server had stored then), and
+/// writes the ledger it planned.
+fn plan_at(
+    snap: &mut Snapshot,
+    clock: &mut EntryClock<u64>,
+    at: u64,
+    req: &AdmissionRequest,
+    rv: u64,
+) -> Outcome {
+    let fence = Fence {
+        mark: snap.progress(),
+        taken_ago: Duration::ZERO,
+    };
+    let clock = std::cell::RefCell::new(clock);
+    let b = plan(
+        snap,
+        &q(),
+        &[req],
+        &Config::default(),
+        jiff::Timestamp::now(),
+        |id, e| Duration::from_secs(at - clock.borrow_mut().first_seen(&q(), id, e, at)),
+        Some(&fence),
+    );
+    store(snap, b.ledger, rv);
+    b.outcomes.into_iter().next().unwrap()
+}
+
+/// The likely cause of CI's failed two-replica binding burst (more binds than the quota):
+/// a pod's CREATE entry and its binding entry share the pod's uid. Replica B saw the
+/// CREATE entry, the leader pruned it (B's clock kept it: B wrote nothing since), and
+/// 40 s later A admitted the pod's bind. B, planning the next bind behind a fence read
+/// before that bind landed (its cache shows the pod unbound, as the fence does), timed
+/// the binding entry from the CREATE: 40 s, past the 30 s grace of a bind that failed,
+/// and pruned it from the ledger it wrote while the bind was in flight: the next bind,
+/// on either replica, was admitted past the quota.
+#[test]
+fn a_binding_entry_is_timed_from_the_bind_not_from_its_pods_create() {
+    let mut b = load(SNAP).unwrap().0;
+    let mut clock = EntryClock::default();
+    // A: p1's CREATE was recorded (here as the entry a plan of a fresh ledger writes
+    // for p1's charge); B read that ledger at 0 s.
+    let mut a = load(SNAP).unwrap().0;
+    let created = {
+        let create = read_review(
+            R::pod(
+                "CREATE",
+                serde_json::json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "p1", "namespace": "ml", "uid": "u-p1",
+                        "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+                }),
+            )
+            .build()
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+        .unwrap();
+        let mut empty = load(SNAP.split("---\napiVersion: v1\nkind: Pod").next().unwrap())
+            .unwrap()
+            .0;
+        let batch = plan(
+            &mut empty,
+            &q(),
+            &[&create],
+            &Config::default(),
+            jiff::Timestamp::now(),
+            |_, _| Duration::ZERO,
+            None,
+        );
+        assert!(
+            matches!(batch.outcomes[0], Outcome::Admit(_)),
+            "p1's CREATE is admitted"
+        );
+        batch.ledger
+    };
+    for (id, e) in created.iter() {
+        clock.first_seen(&q(), id, e, 0);
+    }
+    assert_eq!(clock.len(), 1, "B's clock times p1's CREATE entry");
+    // The caches show p1: the leader prunes its entry; B's clock is not told.
+    store(&mut b, Ledger::default(), 2);
+    store(&mut a, Ledger::default(), 2);
+    // 40 s later A admits p1's bind and records it; B reads that ledger.
+    let bound = plan(
+        &mut a,
+        &q(),
+        &[&bind("p1")],
+        &Config::default(),
+        jiff::Timestamp::now(),
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert!(
+        matches!(bound.outcomes[0], Outcome::Admit(_)),
+        "p1's bind is admitted"
+    );
+    assert_eq!(bound.ledger.iter().count(), 1);
+    store(&mut b, bound.ledger, 3);
+    // The bind is in flight: B's cache shows p1 unbound, and so would any fence read
+    // now. p2's bind is refused, twice (the second time over the ledger B wrote).
+    for (at, rv) in [(40, 4), (41, 5)] {
+        match plan_at(&mut b, &mut clock, at, &bind("p2"), rv) {
+            Outcome::Answer(d) => assert!(
+                !d.allowed
+                    && d.message
+                        .as_deref()
+                        .unwrap_or("")
+                        .contains("in use 2 (allocated 1, pending 1"),
+                "p2's bind at {at} s is refused at the quota of 1: {d:?}"
+            ),
+            other => panic!("p2's bind at {at} s must be refused (p1's bind counts): {other:?}"),
+        }
+    }
+}
