@@ -104,12 +104,16 @@ enum Step {
         stored: bool,
     },
     /// The scheduler binds some of one queue's pending pods (from an index) to nodes;
-    /// their bindings wait in line together.
+    /// their bindings wait in line together. The API server stores the binds `lands`
+    /// steps after card-quota admitted them (0: at once); meanwhile a fence may be read
+    /// and caches show the pods unbound. (Within the 30 s the design assumes; a `Sleep`
+    /// lands them first.)
     Bind {
         r: usize,
         pod: usize,
         node: usize,
         pods: usize,
+        lands: u64,
     },
     /// A pod (by index) is deleted at once.
     Delete { pod: usize },
@@ -161,8 +165,8 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         4 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32, prop_oneof![3 => Just(1usize), 1 => 2..5usize], prop::option::weighted(0.3, 0..8usize), prop::bool::weighted(0.9))
             .prop_map(|(r, queue, name, cards, pods, group, stored)| Step::Create { r, queue, name, cards, pods, group, stored }),
-        4 => (0..2usize, 0..64usize, 0..NODES.len(), prop_oneof![3 => Just(1usize), 1 => 2..4usize])
-            .prop_map(|(r, pod, node, pods)| Step::Bind { r, pod, node, pods }),
+        4 => (0..2usize, 0..64usize, 0..NODES.len(), prop_oneof![3 => Just(1usize), 1 => 2..4usize], prop_oneof![2 => Just(0u64), 1 => 1..6u64])
+            .prop_map(|(r, pod, node, pods, lands)| Step::Bind { r, pod, node, pods, lands }),
         1 => (0..64usize).prop_map(|pod| Step::Delete { pod }),
         6 => (0..2usize, 0..3usize, 1..4usize).prop_map(|(r, stream, n)| Step::Deliver { r, stream, n }),
         1 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..4u32)
@@ -306,6 +310,8 @@ struct World {
     next: usize,
     admitted_binds: usize,
     refused_binds: usize,
+    /// Binds admitted and not stored yet: (due step, pod, node, model).
+    landing: Vec<(u64, String, &'static str, &'static str)>,
     /// Retried binds of bound pods that card-quota admitted (the API server refused them).
     admitted_rebinds: usize,
     /// Retried CREATEs of existing pods that card-quota admitted (answered 409 after).
@@ -351,6 +357,7 @@ impl World {
             crashes: 0,
             next: 0,
             admitted_binds: 0,
+            landing: Vec::new(),
             refused_binds: 0,
             admitted_rebinds: 0,
             admitted_retries: 0,
@@ -613,8 +620,35 @@ impl World {
         true
     }
 
+    /// Stores the binds in flight that are due (all of them with `later` false), as
+    /// the API server does: on the pod as it is then; a pod deleted or bound meanwhile
+    /// gets none (404, 409).
+    fn land(&mut self, later: bool) {
+        let now = self.now;
+        let (due, rest) = std::mem::take(&mut self.landing)
+            .into_iter()
+            .partition(|(at, ..)| !later || *at <= now);
+        self.landing = rest;
+        for (_, name, node, model) in due {
+            let Some(mut stored) = self.pods.get(&name).cloned() else {
+                continue;
+            };
+            if stored.pointer("/spec/nodeName").is_some() {
+                continue;
+            }
+            stored["spec"]["nodeName"] = json!(node);
+            stored["metadata"]["annotations"]["volcano.sh/card.charged"] = json!(model);
+            self.store_pod(&name, Some(stored));
+        }
+    }
+
     fn apply(&mut self, s: &Step) {
+        // A minute never passes with a bind in flight (the design's bound is 30 s).
+        if matches!(s, Step::Sleep) {
+            self.land(false);
+        }
         self.now += if matches!(s, Step::Sleep) { 60 } else { 1 };
+        self.land(true);
         for r in &mut self.replicas {
             for stream in [PODS, GROUPS, LEDGERS] {
                 r.deliver(stream, usize::MAX, self.now, true);
@@ -676,7 +710,13 @@ impl World {
                     }
                 }
             }
-            Step::Bind { r, pod, node, pods } => {
+            Step::Bind {
+                r,
+                pod,
+                node,
+                pods,
+                lands,
+            } => {
                 let queue_of = |p: &Value| {
                     p.pointer("/metadata/annotations/volcano.sh~1card.queue")
                         .cloned()
@@ -721,11 +761,9 @@ impl World {
                         Some(model),
                         "the binding charges its node's model"
                     );
-                    let mut stored = self.pods[&name].clone();
-                    stored["spec"]["nodeName"] = json!(node);
-                    stored["metadata"]["annotations"]["volcano.sh/card.charged"] = json!(model);
-                    self.store_pod(&name, Some(stored));
+                    self.landing.push((self.now + lands, name, node, model));
                 }
+                self.land(lands > 0);
             }
             Step::Retry { r, pod } => {
                 let names: Vec<String> = self.pods.keys().cloned().collect();
@@ -1170,6 +1208,7 @@ fn a_retried_bind_never_replaces_the_first_charge() {
         pod: 0,
         node,
         pods: 1,
+        lands: 0,
     };
     let steps = [
         create(0), // p1, unpinned
@@ -1283,6 +1322,7 @@ fn holds_keep_the_create_line_after_a_crash() {
             pod: 0,
             node: 0,
             pods: 1,
+            lands: 0,
         },
         Step::Retry { r: 0, pod: 0 },
         Step::Create {
@@ -1424,6 +1464,7 @@ fn holds_keep_the_create_line_after_a_crash() {
             pod: 46,
             node: 2,
             pods: 1,
+            lands: 0,
         },
     ];
     assert!(run_with(&steps, true, false, HOLD_USE).is_ok());
@@ -1649,29 +1690,29 @@ fn a_binding_a_stalled_cache_shows_unbound_is_not_dropped_on_a_clock() {
         Step::Deliver { r: 0, stream: 1, n: 1 },
         Step::Deliver { r: 0, stream: 1, n: 1 },
         Step::Deliver { r: 0, stream: 1, n: 1 },
-        Step::Bind { r: 0, pod: 0, node: 0, pods: 1 },
+        Step::Bind { r: 0, pod: 0, node: 0, pods: 1, lands: 0 },
         Step::Create { r: 0, queue: 0, name: 1, cards: 1, pods: 1, group: None, stored: true },
         Step::Prune { r: 0 },
         Step::Deliver { r: 0, stream: 1, n: 1 },
         Step::Stall { r: 0, stream: 0 },
         Step::Deliver { r: 0, stream: 1, n: 1 },
-        Step::Bind { r: 0, pod: 0, node: 0, pods: 1 },
+        Step::Bind { r: 0, pod: 0, node: 0, pods: 1, lands: 0 },
         Step::Create { r: 0, queue: 2, name: 2, cards: 1, pods: 1, group: None, stored: true },
-        Step::Bind { r: 0, pod: 0, node: 0, pods: 1 },
-        Step::Bind { r: 0, pod: 0, node: 0, pods: 1 },
+        Step::Bind { r: 0, pod: 0, node: 0, pods: 1, lands: 0 },
+        Step::Bind { r: 0, pod: 0, node: 0, pods: 1, lands: 0 },
         Step::Deliver { r: 0, stream: 0, n: 2 },
         Step::Create { r: 0, queue: 0, name: 2, cards: 1, pods: 1, group: None, stored: true },
         Step::Create { r: 0, queue: 0, name: 0, cards: 1, pods: 1, group: None, stored: false },
         Step::Fence { r: 0 },
         Step::Deliver { r: 1, stream: 0, n: 1 },
-        Step::Bind { r: 1, pod: 5, node: 0, pods: 1 },
+        Step::Bind { r: 1, pod: 5, node: 0, pods: 1, lands: 0 },
         Step::Create { r: 0, queue: 0, name: 0, cards: 1, pods: 2, group: None, stored: false },
         Step::Rebind { r: 0, pod: 0, node: 0 },
         Step::Sleep,
         Step::Retry { r: 0, pod: 20 },
         Step::Create { r: 0, queue: 2, name: 0, cards: 1, pods: 1, group: None, stored: true },
         Step::Deliver { r: 0, stream: 0, n: 2 },
-        Step::Bind { r: 0, pod: 6, node: 0, pods: 1 },
+        Step::Bind { r: 0, pod: 6, node: 0, pods: 1, lands: 0 },
         Step::Create { r: 0, queue: 0, name: 0, cards: 1, pods: 1, group: None, stored: false },
     ];
     run_with(&steps, false, false, HOLD_USE).unwrap();
