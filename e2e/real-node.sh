@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# card-quota as users run it, on a real node (../shared/tools/k8s-1.35/kubelet.sh): the
+# image built by `make image` loaded into the node, the chart installed with --wait, every
+# webhook reached through the chart's Service with the chart's certificates, under its
+# ServiceAccount, securityContext and probes. GPU pods run and finish there, and quota
+# comes back through the real pod lifecycle; a card-quota pod is force-deleted mid-burst;
+# the uninstall leaves nothing.
+#
+#   KUBECONFIG=<kubeconfig> HELM=<helm> e2e/real-node.sh
+#
+# Needs a Ready node of kubelet.sh ($KL_NODE, default kl-node-1) holding card-quota's
+# image (`kubelet.sh load target/image/card-quota-<version>.tar ghcr.io/card-quota/card-quota`)
+# and its test image localhost/kl-busybox:1. The node gets the GPU Feature Discovery label
+# of a model and 2 `nvidia.com/gpu` in its status (no device plugin: pods asking for them
+# run). Exit status: number of failed checks.
+set -uo pipefail
+CHART=$(cd "$(dirname "$0")/../charts/card-quota" && pwd)
+: "${KUBECONFIG:?set KUBECONFIG}"
+HELM=${HELM:-helm}
+NODE=${KL_NODE:-kl-node-1}
+NS=card-quota
+RUN=r$(date +%s | tail -c 5)$RANDOM
+APP=cq-real-$RUN
+Q=cq-real-$RUN
+MODEL=NVIDIA-H200
+WORK=$(mktemp -d /tmp/cq-real.XXXXXX)
+START=$(date +%s)
+PASSED=0
+FAILED=0
+log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
+check() { local name=$1; shift; if "$@"; then PASSED=$((PASSED + 1)); log "PASS: $name"; else FAILED=$((FAILED + 1)); log "FAIL: $name"; echo "      command: $*"; fi; }
+contains() { grep -qF -- "$2" <<<"$1"; }
+k() { kubectl "$@"; }
+wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
+usage_field() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}' | jq -r --arg m "$MODEL" --arg f "$2" '.[$m][$f] // 0'; }
+usage_is() { [ "$(usage_field "$1" "$2")" = "$3" ]; }
+export -f usage_field usage_is k
+export MODEL
+cleanup() {
+  "$HELM" uninstall card-quota -n "$NS" --wait >/dev/null 2>&1
+  k delete namespace "$APP" "$NS" --wait=false --ignore-not-found >/dev/null 2>&1
+  k delete queue "$Q" "$Q-burst" --ignore-not-found >/dev/null 2>&1
+  k label node "$NODE" nvidia.com/gpu.product- >/dev/null 2>&1
+  k patch node "$NODE" --subresource=status --type=json \
+    -p '[{"op":"remove","path":"/status/capacity/nvidia.com~1gpu"}]' >/dev/null 2>&1
+  [ -n "${E2E_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
+}
+
+if ! k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -q True; then
+  echo "no Ready node $NODE (start one with ../shared/tools/k8s-1.35/kubelet.sh start)"; exit 100
+fi
+for o in mutatingwebhookconfiguration/card-quota namespace/card-quota; do
+  if k get "$o" >/dev/null 2>&1; then echo "$o exists in this cluster; not installing over it"; exit 100; fi
+done
+trap cleanup EXIT
+
+# The node's cards: GPU Feature Discovery's label and the device plugin's capacity.
+k label node "$NODE" "nvidia.com/gpu.product=$MODEL" --overwrite >/dev/null
+k patch node "$NODE" --subresource=status --type=merge -p '{"status":{"capacity":{"nvidia.com/gpu":"2"}}}' >/dev/null
+wait_for 20 bash -c "[ \"\$(kubectl get node $NODE -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')\" = 2 ]"
+k create namespace "$APP" >/dev/null
+
+# ---- the install, as the README's ------------------------------------------------------
+# On the real node only (the chart's nodeSelector value): other e2e scripts' fake nodes
+# have CPU and would take the pods, which never run there.
+t0=$(date +%s)
+if ! "$HELM" install card-quota "$CHART" -n "$NS" --create-namespace --wait --timeout 180s \
+  --set-string "nodeSelector.kubernetes\.io/hostname=$NODE" > "$WORK/install.out" 2>&1; then
+  FAILED=$((FAILED + 1)); log "FAIL: helm install --wait"
+  sed 's/^/      /' "$WORK/install.out"
+  k -n "$NS" get pods -o wide 2>&1 | sed 's/^/      /'
+  k -n "$NS" get events --sort-by=.lastTimestamp 2>&1 | tail -15 | sed 's/^/      /'
+  exit "$FAILED"
+fi
+log "helm install --wait: $(( $(date +%s) - t0 )) s"
+pods_json() { k -n "$NS" get pods -l app.kubernetes.io/name=card-quota -o json; }
+check "the chart's 2 replicas run from the loaded image on $NODE, ready (probes pass)" bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq '[.items[] | select(.status.phase == \"Running\" and .spec.nodeName == \"$NODE\" and (.status.containerStatuses[0].ready) and (.spec.containers[0].image | startswith(\"ghcr.io/card-quota/card-quota:\")))] | length')\" = 2 ]"
+check "... as the image's non-root user, read-only root filesystem, under the chart's ServiceAccount" bash -c \
+  "kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq -e 'all(.items[]; .spec.serviceAccountName == \"card-quota\" and .spec.containers[0].securityContext.readOnlyRootFilesystem == true and (.spec.securityContext.runAsNonRoot // .spec.containers[0].securityContext.runAsNonRoot) == true)' >/dev/null"
+
+queue() { # name quota-json
+  k apply -f - >/dev/null <<EOF
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata:
+  name: $1
+  annotations: {volcano.sh/card.quota: '$2'}
+spec: {weight: 1}
+EOF
+}
+out=$(queue "$Q" "{\"$MODEL\":1}" 2>&1)
+check "a Queue's card quota is validated through the Service" [ -z "$out" ]
+
+# ---- batch Jobs that run and finish ---------------------------------------------------
+job() { # name seconds
+  k -n "$APP" apply -f - >/dev/null <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata: {name: $1}
+spec:
+  backoffLimit: 0
+  template:
+    metadata: {annotations: {scheduling.volcano.sh/queue-name: $Q}}
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: work
+          image: localhost/kl-busybox:1
+          imagePullPolicy: Never
+          command: [sh, -c, "sleep $2"]
+          resources: {limits: {nvidia.com/gpu: 1}}
+EOF
+}
+job_pod() { k -n "$APP" get pods -l "job-name=$1" -o json | jq -r "[.items[] | select(.status.phase == \"$2\")] | length"; }
+export -f job_pod
+export APP
+job first 6
+check "a GPU Job's pod runs on the real node, pinned to its model" wait_for 30 bash -c \
+  "[ \"\$(job_pod first Running)\" = 1 ] && [ \"\$(kubectl -n $APP get pods -l job-name=first -o jsonpath='{.items[0].spec.nodeSelector.nvidia\.com/gpu\.product}')\" = $MODEL ]"
+check "... and is counted: allocated 1" wait_for 20 usage_is "$Q" allocated 1
+job second 2
+check "a second Job waits: its pod is refused at the quota (the Job controller says why)" wait_for 20 bash -c \
+  "kubectl -n $APP get events --field-selector involvedObject.name=second,reason=FailedCreate -o jsonpath='{.items[*].message}' | grep -q 'queue $Q has insufficient $MODEL quota: requested 1, in use 1'"
+check "the first Job completes on the node" wait_for 30 bash -c "[ \"\$(job_pod first Succeeded)\" = 1 ]"
+done_at=$(date +%s%N)
+if wait_for 60 bash -c "[ \"\$(job_pod second Running)\$(job_pod second Succeeded)\" != 00 ]"; then
+  waited=$(( ($(date +%s%N) - done_at) / 1000000 ))
+  log "the second Job's pod started ${waited} ms after the first one's completed (the Job controller's retry)"
+  check "... and the waiting Job starts within 15 s of it: its cards came back when the pod finished" [ "$waited" -le 15000 ]
+else
+  check "... and the waiting Job starts once the first has finished" false
+fi
+check "both Jobs complete, and the queue's usage goes back to 0" wait_for 40 bash -c \
+  "[ \"\$(job_pod second Succeeded)\" = 1 ] && usage_is $Q allocated 0 && usage_is $Q pending 0"
+
+# ---- a card-quota pod force-deleted mid-burst --------------------------------------------
+queue "$Q-burst" "{\"$MODEL\":20}" >/dev/null 2>&1
+sleep 1
+burst_pod() { # n: creates pod b<n>, retrying what fails for another reason than the quota
+  local i out
+  for i in $(seq 20); do
+    out=$(kubectl -n "$APP" run "b$1" --image=localhost/kl-busybox:1 --image-pull-policy=Never --restart=Never \
+      --annotations="scheduling.volcano.sh/queue-name=$Q-burst" \
+      --overrides='{"apiVersion":"v1","spec":{"terminationGracePeriodSeconds":1,"containers":[{"name":"c","image":"localhost/kl-busybox:1","imagePullPolicy":"Never","command":["sleep","3600"],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' 2>&1)
+    case "$out" in
+      *created*) echo created; return ;;
+      *"insufficient $MODEL quota"*) echo "refused ${out##*: requested}"; return ;;
+      *AlreadyExists*) echo created; return ;;
+    esac
+    sleep 0.5
+  done
+  echo "failed: $out"
+}
+export -f burst_pod
+export Q
+victim=$(k -n "$NS" get pods -l app.kubernetes.io/name=card-quota -o jsonpath='{.items[0].metadata.name}')
+( sleep 1; kubectl -n "$NS" delete pod "$victim" --force --grace-period=0 >/dev/null 2>&1 ) &
+seq 1 40 | xargs -P 8 -I{} bash -c 'burst_pod {}' > "$WORK/burst.out"
+wait
+created=$(grep -c '^created' "$WORK/burst.out"); refused=$(grep -c '^refused' "$WORK/burst.out")
+log "burst: $created created, $refused refused, $((40 - created - refused)) failed (replica $victim force-deleted 1 s in)"
+sort "$WORK/burst.out" | uniq -c | sort -rn | head -4 | while read -r line; do log "  $line"; done
+check "40 GPU pods into a quota of 20 with a replica force-deleted mid-burst: at most 20 created, every other one refused at the quota" \
+  bash -c "[ $created -le 20 ] && [ $((created + refused)) = 40 ]"
+# The killed replica's hold of headroom counts for every other replica until it expires
+# (40 s after they first saw it): until then they may refuse a little early, never late.
+# The refused pods, created again once it has expired, fill the quota exactly.
+if [ "$created" -lt 20 ]; then
+  sleep 45
+  grep -n '^refused' "$WORK/burst.out" | cut -d: -f1 | xargs -P 8 -I{} bash -c 'burst_pod {}' > "$WORK/burst2.out"
+  log "again, 45 s later: $(grep -c '^created' "$WORK/burst2.out") created, $(grep -c '^refused' "$WORK/burst2.out") refused"
+fi
+check "... 20 pods exist and the queue's usage counts all 20 (nothing lost)" wait_for 30 bash -c \
+  "[ \"\$(kubectl -n $APP get pods -o name | grep -c '^pod/b')\" = 20 ] && [ \$(( \$(usage_field $Q-burst allocated) + \$(usage_field $Q-burst pending) )) = 20 ]"
+check "... and the Deployment is back to 2 ready replicas" wait_for 60 bash -c \
+  "[ \"\$(kubectl -n $NS get deploy card-quota -o jsonpath='{.status.readyReplicas}')\" = 2 ]"
+k -n "$APP" delete pods -l run --wait=false >/dev/null 2>&1
+k -n "$APP" delete pods --all --wait=false >/dev/null 2>&1
+
+# ---- uninstall ---------------------------------------------------------------------------
+# As docs/install.md says: helm uninstall, then the namespace (its ledgers are runtime
+# state that Helm did not create).
+"$HELM" uninstall card-quota -n "$NS" --wait >/dev/null 2>&1
+left=$(k get mutatingwebhookconfiguration,validatingwebhookconfiguration,clusterrole,clusterrolebinding -o name 2>/dev/null | grep card-quota)
+left+=$(k -n "$NS" get deploy,svc,sa,secret,role,rolebinding,pdb,networkpolicy -l app.kubernetes.io/name=card-quota -o name 2>/dev/null)
+check "helm uninstall leaves no hook, RBAC or workload object" [ -z "$left" ]
+k delete namespace "$NS" --wait --timeout 60s >/dev/null 2>&1
+left+=$(k get namespace "$NS" -o name 2>/dev/null)
+check "... and deleting the namespace takes the ledgers with it" [ -z "$left" ]
+out=$(k -n "$APP" run after --image=localhost/kl-busybox:1 --image-pull-policy=Never --restart=Never \
+  --annotations="scheduling.volcano.sh/queue-name=$Q" \
+  --overrides='{"apiVersion":"v1","spec":{"containers":[{"name":"c","image":"localhost/kl-busybox:1","imagePullPolicy":"Never","command":["true"],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' 2>&1)
+check "... and a GPU pod is created with no webhook in its way" contains "$out" "pod/after created"
+[ -n "$left" ] && echo "      left: $left"
+
+log "RESULT: $PASSED passed, $FAILED failed"
+exit "$FAILED"
