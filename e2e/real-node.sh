@@ -135,6 +135,37 @@ fi
 check "both Jobs complete, and the queue's usage goes back to 0" wait_for 40 bash -c \
   "[ \"\$(job_pod second Succeeded)\" = 1 ] && usage_is $Q allocated 0 && usage_is $Q pending 0"
 
+# ---- upgrades that really roll the pods: deny -> warn -> deny ------------------------------
+gpu_pod() { # name: a plain GPU pod of queue $Q that runs until deleted
+  kubectl -n "$APP" run "$1" --image=localhost/kl-busybox:1 --image-pull-policy=Never --restart=Never \
+    --annotations="scheduling.volcano.sh/queue-name=$Q" \
+    --overrides='{"apiVersion":"v1","spec":{"terminationGracePeriodSeconds":1,"containers":[{"name":"c","image":"localhost/kl-busybox:1","imagePullPolicy":"Never","command":["sleep","3600"],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' 2>&1
+}
+export -f gpu_pod
+replicas_now() { k -n "$NS" get pods -l app.kubernetes.io/name=card-quota -o json |
+  jq -r '[.items[] | select(.metadata.deletionTimestamp == null) | .metadata.name] | sort | join(" ")'; }
+upgrade() { # enforcement: helm upgrade --reuse-values, as docs/install.md writes it
+  local before after
+  before=$(replicas_now)
+  "$HELM" upgrade card-quota "$CHART" -n "$NS" --reuse-values --set "enforcement=$1" --wait --timeout 180s > "$WORK/upgrade-$1.out" 2>&1 ||
+    sed 's/^/      /' "$WORK/upgrade-$1.out"
+  # --wait returns once the new pods are ready; the old ones may still be terminating.
+  wait_for 60 bash -c "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq '[.items[] | select(.metadata.deletionTimestamp == null and .status.containerStatuses[0].ready and (.spec.containers[0].args | index(\"--enforcement=$1\")))] | length')\" = 2 ]"
+  after=$(replicas_now)
+  check "helm upgrade --set enforcement=$1 rolls both pods (new: $after) and they run with --enforcement=$1" \
+    bash -c "[ -n '$after' ] && [ -z \"\$(comm -12 <(tr ' ' '\n' <<<'$before' | sort) <(tr ' ' '\n' <<<'$after' | sort))\" ] && [ \$(wc -w <<<'$after') = 2 ]"
+}
+out=$(gpu_pod w1)
+check "in deny, a GPU pod within the quota runs" contains "$out" "pod/w1 created"
+upgrade warn
+out=$(gpu_pod w2)
+check "... in warn, the next one, past the quota, is admitted with the warning" bash -c \
+  "grep -qF 'pod/w2 created' <<<\"\$1\" && grep -qF 'card-quota admitted this because' <<<\"\$1\"" _ "$out"
+upgrade deny
+out=$(gpu_pod w3)
+check "... back in deny, the one after is refused at the quota" contains "$out" "queue $Q has insufficient $MODEL quota: requested 1, in use 2"
+k -n "$APP" delete pod w1 w2 w3 --wait=false >/dev/null 2>&1
+
 # ---- a card-quota pod force-deleted mid-burst --------------------------------------------
 queue "$Q-burst" "{\"$MODEL\":20}" >/dev/null 2>&1
 sleep 1
@@ -155,7 +186,8 @@ burst_pod() { # n: creates pod b<n>, retrying what fails for another reason than
 }
 export -f burst_pod
 export Q
-victim=$(k -n "$NS" get pods -l app.kubernetes.io/name=card-quota -o jsonpath='{.items[0].metadata.name}')
+# A serving replica (the upgrades' old pods may still be terminating).
+victim=$(replicas_now | cut -d' ' -f1)
 ( sleep 1; kubectl -n "$NS" delete pod "$victim" --force --grace-period=0 >/dev/null 2>&1 ) &
 seq 1 40 | xargs -P 8 -I{} bash -c 'burst_pod {}' > "$WORK/burst.out"
 wait
