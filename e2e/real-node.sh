@@ -89,7 +89,19 @@ metadata:
 spec: {weight: 1}
 EOF
 }
-out=$(queue "$Q" "{\"$MODEL\":1}" 2>&1)
+# Right after --wait, kube-proxy may not have programmed the Service yet: a client sees
+# "connection refused" for a moment, and tries again, as this does (up to 20 s).
+retried() { # command...: its output, once it is not an unreachable webhook
+  local out i
+  for i in $(seq 40); do
+    out=$("$@" 2>&1)
+    grep -q "failed calling webhook" <<<"$out" || break
+    sleep 0.5
+  done
+  printf '%s' "$out"
+}
+export -f retried
+out=$(retried queue "$Q" "{\"$MODEL\":1}")
 check "a Queue's card quota is validated through the Service" [ -z "$out" ]
 
 # ---- batch Jobs that run and finish ---------------------------------------------------
@@ -149,20 +161,21 @@ upgrade() { # enforcement: helm upgrade --reuse-values, as docs/install.md write
   before=$(replicas_now)
   "$HELM" upgrade card-quota "$CHART" -n "$NS" --reuse-values --set "enforcement=$1" --wait --timeout 180s > "$WORK/upgrade-$1.out" 2>&1 ||
     sed 's/^/      /' "$WORK/upgrade-$1.out"
-  # --wait returns once the new pods are ready; the old ones may still be terminating.
-  wait_for 60 bash -c "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq '[.items[] | select(.metadata.deletionTimestamp == null and .status.containerStatuses[0].ready and (.spec.containers[0].args | index(\"--enforcement=$1\")))] | length')\" = 2 ]"
+  # --wait returns once the new pods are ready; the old ones may still be terminating,
+  # and serve until they are gone (a request right after the upgrade may meet one).
+  wait_for 60 bash -c "kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq -e '(.items | length) == 2 and all(.items[]; .metadata.deletionTimestamp == null and .status.containerStatuses[0].ready and (.spec.containers[0].args | index(\"--enforcement=$1\")))'"
   after=$(replicas_now)
   check "helm upgrade --set enforcement=$1 rolls both pods (new: $after) and they run with --enforcement=$1" \
     bash -c "[ -n '$after' ] && [ -z \"\$(comm -12 <(tr ' ' '\n' <<<'$before' | sort) <(tr ' ' '\n' <<<'$after' | sort))\" ] && [ \$(wc -w <<<'$after') = 2 ]"
 }
-out=$(gpu_pod w1)
+out=$(retried gpu_pod w1)
 check "in deny, a GPU pod within the quota runs" contains "$out" "pod/w1 created"
 upgrade warn
-out=$(gpu_pod w2)
+out=$(retried gpu_pod w2)
 check "... in warn, the next one, past the quota, is admitted with the warning" bash -c \
   "grep -qF 'pod/w2 created' <<<\"\$1\" && grep -qF 'card-quota admitted this because' <<<\"\$1\"" _ "$out"
 upgrade deny
-out=$(gpu_pod w3)
+out=$(retried gpu_pod w3)
 check "... back in deny, the one after is refused at the quota" contains "$out" "queue $Q has insufficient $MODEL quota: requested 1, in use 2"
 k -n "$APP" delete pod w1 w2 w3 --wait=false >/dev/null 2>&1
 
