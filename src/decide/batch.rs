@@ -107,9 +107,8 @@ fn moved(queue: &QueueName, to: &QueueName) -> Decision {
 }
 
 /// Decides `reqs` (all charging `queue`, in arrival order) and plans the ledger write.
-/// `age` is how long this replica has known an entry as it is now (pruning's clock:
-/// [`Entry::clock_mark`]). The snapshot
-/// is left exactly as it was found.
+/// `age` is how long this replica has known an entry as it is now (pruning's clock,
+/// [`crate::ledger::clock::EntryClock`]). The snapshot is left exactly as it was found.
 pub fn plan(
     snap: &mut Snapshot,
     queue: &QueueName,
