@@ -73,7 +73,6 @@ if ! "$HELM" install card-quota "$CHART" -n "$NS" --create-namespace --wait --ti
   exit "$FAILED"
 fi
 log "helm install --wait: $(( $(date +%s) - t0 )) s"
-pods_json() { k -n "$NS" get pods -l app.kubernetes.io/name=card-quota -o json; }
 check "the chart's 2 replicas run from the loaded image on $NODE, ready (probes pass)" bash -c \
   "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq '[.items[] | select(.status.phase == \"Running\" and .spec.nodeName == \"$NODE\" and (.status.containerStatuses[0].ready) and (.spec.containers[0].image | startswith(\"ghcr.io/card-quota/card-quota:\")))] | length')\" = 2 ]"
 check "... as the image's non-root user, read-only root filesystem, under the chart's ServiceAccount" bash -c \
@@ -221,7 +220,6 @@ check "... 20 pods exist and the queue's usage counts all 20 (nothing lost)" wai
   "[ \"\$(kubectl -n $APP get pods -o name | grep -c '^pod/b')\" = 20 ] && [ \$(( \$(usage_field $Q-burst allocated) + \$(usage_field $Q-burst pending) )) = 20 ]"
 check "... and the Deployment is back to 2 ready replicas" wait_for 60 bash -c \
   "[ \"\$(kubectl -n $NS get deploy card-quota -o jsonpath='{.status.readyReplicas}')\" = 2 ]"
-k -n "$APP" delete pods -l run --wait=false >/dev/null 2>&1
 k -n "$APP" delete pods --all --wait=false >/dev/null 2>&1
 
 # ---- uninstall ---------------------------------------------------------------------------

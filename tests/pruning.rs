@@ -11,11 +11,11 @@ use card_quota::decide::Config;
 use card_quota::ledger::clock::EntryClock;
 use card_quota::ledger::entries::Fence;
 use card_quota::ledger::{Ledger, LedgerRecord};
-use card_quota::snapshot::load::load;
+use card_quota::snapshot::load::{load, upsert};
 use card_quota::snapshot::Snapshot;
 
-/// Two pods of queue `q` (quota 1) created long ago, both in the cache, unbound.
-const SNAP: &str = r#"
+/// A node of RTX-4090 cards and queue `q` with a quota of 1.
+const CLUSTER: &str = r#"
 apiVersion: v1
 kind: Node
 metadata: {name: n1, labels: {nvidia.com/gpu.product: RTX-4090}}
@@ -25,30 +25,56 @@ apiVersion: scheduling.volcano.sh/v1beta1
 kind: Queue
 metadata: {name: q, annotations: {volcano.sh/card.quota: '{"RTX-4090":1}'}}
 status: {state: Open}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: p1, namespace: ml, uid: u-p1, resourceVersion: "10",
-  annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
-spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
-status: {phase: Pending}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: p2, namespace: ml, uid: u-p2, resourceVersion: "11",
-  annotations: {scheduling.volcano.sh/queue-name: q, volcano.sh/card.name: RTX-4090}}
-spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
-status: {phase: Pending}
 "#;
+
+/// A one-card pod of `q`, as created (`uid` u-<name>).
+fn pod(name: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"),
+            "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": "Pending"}
+    })
+}
+
+/// The cluster with p1 and p2 created long ago, both in the cache, unbound.
+fn with_pods() -> Snapshot {
+    let mut snap = load(CLUSTER).unwrap().0;
+    for (name, rv) in [("p1", "10"), ("p2", "11")] {
+        let mut p = pod(name);
+        p["metadata"]["resourceVersion"] = rv.into();
+        upsert(&mut snap, &p).unwrap();
+    }
+    snap
+}
 
 fn q() -> QueueName {
     QueueName::new("q")
 }
 
+fn request(review: serde_json::Value) -> AdmissionRequest {
+    read_review(review.to_string().as_bytes()).unwrap().unwrap()
+}
+
 fn bind(pod: &str) -> AdmissionRequest {
-    read_review(R::binding("ml", pod, "n1").build().to_string().as_bytes())
-        .unwrap()
-        .unwrap()
+    request(R::binding("ml", pod, "n1").build())
+}
+
+/// Plans `req` alone with no fence (nothing pruned) and returns the ledger it writes,
+/// once the charge is admitted.
+fn admitted(snap: &mut Snapshot, req: &AdmissionRequest) -> Ledger {
+    let b = plan(
+        snap,
+        &q(),
+        &[req],
+        &Config::default(),
+        jiff::Timestamp::now(),
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert!(matches!(b.outcomes[0], Outcome::Admit(_)), "admitted");
+    b.ledger
 }
 
 fn store(snap: &mut Snapshot, ledger: Ledger, rv: u64) {
@@ -98,69 +124,26 @@ fn plan_at(
 /// on either replica, was admitted past the quota.
 #[test]
 fn a_binding_entry_is_timed_from_the_bind_not_from_its_pods_create() {
-    let mut b = load(SNAP).unwrap().0;
+    let mut b = with_pods();
     let mut clock = EntryClock::default();
-    // A: p1's CREATE was recorded (here as the entry a plan of a fresh ledger writes
-    // for p1's charge); B read that ledger at 0 s.
-    let mut a = load(SNAP).unwrap().0;
-    let created = {
-        let create = read_review(
-            R::pod(
-                "CREATE",
-                serde_json::json!({
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": "p1", "namespace": "ml", "uid": "u-p1",
-                        "annotations": {"scheduling.volcano.sh/queue-name": "q", "volcano.sh/card.name": "RTX-4090"}},
-                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
-                }),
-            )
-            .build()
-            .to_string()
-            .as_bytes(),
-        )
-        .unwrap()
-        .unwrap();
-        let mut empty = load(SNAP.split("---\napiVersion: v1\nkind: Pod").next().unwrap())
-            .unwrap()
-            .0;
-        let batch = plan(
-            &mut empty,
-            &q(),
-            &[&create],
-            &Config::default(),
-            jiff::Timestamp::now(),
-            |_, _| Duration::ZERO,
-            None,
-        );
-        assert!(
-            matches!(batch.outcomes[0], Outcome::Admit(_)),
-            "p1's CREATE is admitted"
-        );
-        batch.ledger
-    };
+    // p1's CREATE was recorded (the entry a plan of its charge writes); B read that
+    // ledger at 0 s.
+    let created = admitted(
+        &mut load(CLUSTER).unwrap().0,
+        &request(R::pod("CREATE", pod("p1")).build()),
+    );
     for (id, e) in created.iter() {
         clock.first_seen(&q(), id, e, 0);
     }
     assert_eq!(clock.len(), 1, "B's clock times p1's CREATE entry");
     // The caches show p1: the leader prunes its entry; B's clock is not told.
     store(&mut b, Ledger::default(), 2);
+    let mut a = with_pods();
     store(&mut a, Ledger::default(), 2);
     // 40 s later A admits p1's bind and records it; B reads that ledger.
-    let bound = plan(
-        &mut a,
-        &q(),
-        &[&bind("p1")],
-        &Config::default(),
-        jiff::Timestamp::now(),
-        |_, _| Duration::ZERO,
-        None,
-    );
-    assert!(
-        matches!(bound.outcomes[0], Outcome::Admit(_)),
-        "p1's bind is admitted"
-    );
-    assert_eq!(bound.ledger.iter().count(), 1);
-    store(&mut b, bound.ledger, 3);
+    let bound = admitted(&mut a, &bind("p1"));
+    assert_eq!(bound.iter().count(), 1);
+    store(&mut b, bound, 3);
     // The bind is in flight: B's cache shows p1 unbound, and so would any fence read
     // now. p2's bind is refused, twice (the second time over the ledger B wrote).
     for (at, rv) in [(40, 4), (41, 5)] {
