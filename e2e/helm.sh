@@ -109,8 +109,18 @@ stop_serve
 
 out=$("$HELM" uninstall cq -n "$NS" 2>&1)
 check "helm uninstall" contains "$out" "uninstalled"
-left=$( { k get mutatingwebhookconfiguration,validatingwebhookconfiguration,clusterrole,clusterrolebinding -o name -l app.kubernetes.io/instance=cq
-  k -n "$NS" get all,secret,configmap,serviceaccount,role,rolebinding,networkpolicy,poddisruptionbudget -o name -l app.kubernetes.io/instance=cq; } 2>/dev/null)
+release_objects() {
+  { k get mutatingwebhookconfiguration,validatingwebhookconfiguration,clusterrole,clusterrolebinding -o name -l app.kubernetes.io/instance=cq
+    k -n "$NS" get all,secret,configmap,serviceaccount,role,rolebinding,networkpolicy,poddisruptionbudget -o name -l app.kubernetes.io/instance=cq; } 2>/dev/null
+}
+# The Deployment's ReplicaSets and pods are not the release's own objects: the garbage
+# collector removes them after helm returns, so wait for it (on a slow machine, seconds).
+left=$(release_objects)
+for _ in $(seq 60); do
+  [ -z "$left" ] && break
+  sleep 1
+  left=$(release_objects)
+done
 check "... leaves none of the release's objects behind" [ -z "$left" ]
 [ -z "$left" ] || echo "      left: $left"
 out=$(pod p3 | k apply -f - 2>&1)
