@@ -572,8 +572,10 @@ fn binding_to_a_model_the_pod_does_not_accept_is_refused() {
 #[test]
 fn binding_that_would_strand_another_pending_pod_is_refused() {
     // RTX-4090 quota 2, H200 quota 3: pod a (2 cards, RTX only) and pod b (2 cards, H200|RTX).
-    // Binding b onto RTX would leave a nowhere to go.
+    // Binding b onto RTX would leave a nowhere to go. Unpinned (`--no-pin`): with pins, b
+    // is pinned to H200 at its creation (next test).
     let mut w = World::new();
+    w.cfg.pin = false;
     assert!(
         w.send(R::pod("CREATE", pod("a", "q", Some("RTX-4090"), "2")).build())
             .allowed
@@ -591,6 +593,23 @@ fn binding_that_would_strand_another_pending_pod_is_refused() {
     );
     assert!(w.send(R::binding("ml", "b", "h200-1").build()).allowed);
     assert!(w.send(R::binding("ml", "a", "rtx-1").build()).allowed);
+}
+
+#[test]
+fn a_bind_off_its_pin_is_refused_for_the_pin() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("b", "q", Some("NVIDIA-H200|RTX-4090"), "2")).build())
+            .allowed
+    );
+    let r = w.send(R::binding("ml", "b", "rtx-1").build());
+    assert_eq!(
+        message(&r),
+        "pod ml/b accepts NVIDIA-H200 but node rtx-1 has RTX-4090 (its card.name NVIDIA-H200|RTX-4090 is narrowed by its node selector on the product label; the kubelet would refuse it on another model)"
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    assert!(w.send(R::binding("ml", "b", "h200-1").build()).allowed);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2);
 }
 
 #[test]

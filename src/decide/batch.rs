@@ -106,6 +106,15 @@ fn moved(queue: &QueueName, to: &QueueName) -> Decision {
     )
 }
 
+/// The answer while [`Snapshot::ledgers_behind_tree`]: the charges of a queue whose
+/// ledger changed may sit in a ledger this replica's watch has not delivered.
+pub fn ledgers_unread() -> Decision {
+    Decision::deny(
+        RETRY,
+        "the queue tree changed and card-quota is reading its ledgers again; try again".to_string(),
+    )
+}
+
 /// Decides `reqs` (all charging `queue`, in arrival order) and plans the ledger write.
 /// `age` is how long this replica has known an entry as it is now (pruning's clock,
 /// [`crate::ledger::clock::EntryClock`]). The snapshot is left exactly as it was found.
@@ -174,8 +183,13 @@ pub fn plan_held(
     let mut outcomes = Vec::with_capacity(reqs.len());
     let mut refused_full = 0;
     let mut want_release = false;
+    let unread = snap.ledgers_behind_tree();
     for (i, req) in reqs.iter().enumerate() {
-        let d = decide_enforcing(req, snap, cfg, now);
+        let d = if unread {
+            ledgers_unread()
+        } else {
+            decide_enforcing(req, snap, cfg, now)
+        };
         // Refused (or warned) while other replicas hold spare: they give it back
         // first, so that a refusal counts only what was admitted (its numbers included).
         let over = if d.allowed {
@@ -361,6 +375,14 @@ pub fn look(
         };
     };
     let first = decide_enforcing(req, snap, cfg, now);
+    if snap.ledgers_behind_tree() && first.allowed && first.charge.is_some() {
+        // Never admitted under a hold from ledgers that may be missing charges.
+        return Look {
+            decision: ledgers_unread(),
+            queue: None,
+            held: false,
+        };
+    }
     let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
         return Look {
             decision: over_every_ledger(snap, req, cfg, now, first),
@@ -496,6 +518,9 @@ fn over_every_ledger(
 ) -> Decision {
     if !first.allowed || super::RequestKind::of(req) != super::RequestKind::Queue {
         return first;
+    }
+    if snap.ledgers_behind_tree() {
+        return ledgers_unread();
     }
     let ledgers: Vec<_> = snap
         .ledgers()

@@ -7,9 +7,9 @@ use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, RETRY};
+use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::patch::set_annotation;
-use super::pod::{allocate, card_demand, Source};
+use super::pod::{allocate, card_demand, within_pin, Source};
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision, ObjectRef};
 
@@ -85,13 +85,24 @@ pub fn decide(
     if resources == 0 && rec.card_name.is_none() {
         return Decision::allow();
     }
+    // The pod's own `card.name` when its pin narrowed it (said in a refusal).
+    let mut narrowed = None;
     if resources <= 1 {
         match card_demand(&rec, snap, Some(&queue)) {
             Ok(Some(d)) => {
                 // A pod that names no model (admitted before card-quota named one for
-                // it, or unpinned under warn) is charged by its node's model.
+                // it, or unpinned under warn) is charged by its node's model; a named
+                // pod that is pinned too, by the models of its pin (found by the live
+                // model: an `A|B` pod pinned to B bound onto an A node freed its B
+                // card while still pending on B, and B went past its quota).
                 if d.source == Source::Pinned {
                     rec.card_name = Some(Ok(d.alternatives));
+                } else if d.source == Source::Named {
+                    let pinned = within_pin(&rec, &d, snap);
+                    if pinned != d.alternatives {
+                        narrowed = Some(d.alternatives);
+                    }
+                    rec.card_name = Some(Ok(pinned));
                 }
             }
             Ok(None) if rec.card_name.is_none() => {}
@@ -126,6 +137,15 @@ pub fn decide(
             }
             d.charging(queue, Effect::Pod(Box::new(bound)))
         }
-        Err(d) => d.with_event(Some(regarding)),
+        Err(mut d) => {
+            if let (Some(named), Some(NOT_ACCEPTED)) = (&narrowed, d.reason) {
+                if let Some(m) = d.message.as_mut() {
+                    m.push_str(&format!(
+                        " (its card.name {named} is narrowed by its node selector on the product label; the kubelet would refuse it on another model)"
+                    ));
+                }
+            }
+            d.with_event(Some(regarding))
+        }
     }
 }

@@ -534,26 +534,34 @@ pub async fn start(
     }
     match namespace {
         None => synced.mark(),
-        Some(ns) => supervise(
-            &synced,
-            "ledger ConfigMap",
-            run(
-                Api::<ConfigMap>::namespaced(client.clone(), &ns),
-                watcher::Config::default().labels(&selector()),
-                Mirror {
-                    kind: "ledger ConfigMap",
-                    read: read_ledger,
-                    store: Snapshot::upsert_ledger,
-                    keys: ledger_keys,
-                    remove: remove_ledger,
-                    stream: None,
-                    // Ledgers are kept by queue; the namespace is always card-quota's own.
-                    key: |o| ObjectKey::new("", o.name_any()),
-                },
-                snapshot.clone(),
-                synced.clone(),
-            ),
-        ),
+        Some(ns) => {
+            // A change of the queue tree now has every ledger read again before the
+            // next charge (see `Committer`).
+            snapshot
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .watch_ledgers();
+            supervise(
+                &synced,
+                "ledger ConfigMap",
+                run(
+                    Api::<ConfigMap>::namespaced(client.clone(), &ns),
+                    watcher::Config::default().labels(&selector()),
+                    Mirror {
+                        kind: "ledger ConfigMap",
+                        read: read_ledger,
+                        store: Snapshot::upsert_ledger,
+                        keys: ledger_keys,
+                        remove: remove_ledger,
+                        stream: None,
+                        // Ledgers are kept by queue; the namespace is always card-quota's own.
+                        key: |o| ObjectKey::new("", o.name_any()),
+                    },
+                    snapshot.clone(),
+                    synced.clone(),
+                ),
+            )
+        }
     }
     supervise(
         &synced,

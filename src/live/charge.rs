@@ -206,6 +206,8 @@ pub struct Committer {
     hold_clock: Mutex<HashMap<(QueueName, String, u64), Instant>>,
     /// Fences and relists; without them nothing stops counting on a clock.
     freshness: Option<Arc<Freshness>>,
+    /// One re-read of every ledger at a time after a change of the queue tree.
+    reread: tokio::sync::Mutex<()>,
 }
 
 /// What [`Committer::preview`] found.
@@ -238,6 +240,54 @@ impl Committer {
             times: Mutex::default(),
             hold_clock: Mutex::default(),
             freshness: None,
+            reread: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// After a change of the queue tree, reads every ledger from the API server before
+    /// anything is decided: a queue's charges may now go to a ledger beside one whose
+    /// watch has not delivered the charges recorded before the change. False when the
+    /// read failed (requests are then answered "try again").
+    async fn read_ledgers_if_tree_changed(&self, snapshot: &Mutex<Snapshot>) -> bool {
+        if !locked(snapshot).ledgers_behind_tree() {
+            return true;
+        }
+        let _one = self.reread.lock().await;
+        let epoch = {
+            let snap = locked(snapshot);
+            if !snap.ledgers_behind_tree() {
+                return true;
+            }
+            snap.tree_epoch()
+        };
+        // The list starts after the tree's change was seen: it shows every ledger write
+        // stored before that change.
+        match tokio::time::timeout(self.budget, self.api.list()).await {
+            Ok(Ok(ledgers)) => {
+                let mut snap = locked(snapshot);
+                let n = ledgers.len();
+                for l in ledgers {
+                    snap.upsert_ledger(l);
+                }
+                snap.ledgers_read_at(epoch);
+                tracing::info!(
+                    ledgers = n,
+                    "the queue tree changed: every ledger read again"
+                );
+                true
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("reading the ledgers again after a change of the queue tree: {e}");
+                // Held, so that the requests waiting do not read again at once.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "reading the ledgers again after a change of the queue tree timed out"
+                );
+                false
+            }
         }
     }
 
@@ -398,6 +448,8 @@ impl Committer {
         let deadline = Instant::now() + self.budget;
         await_binding_objects(snapshot, req, Instant::now() + self.budget / 2).await;
         let consume = record && !req.is_dry_run();
+        // On failure the core answers "try again" by itself (the snapshot says why).
+        self.read_ledgers_if_tree_changed(snapshot).await;
         let seen = {
             let _turn = self.turn.lock().await;
             let mut snap = locked(snapshot);
@@ -526,6 +578,7 @@ impl Committer {
         until: Instant,
     ) -> bool {
         loop {
+            self.read_ledgers_if_tree_changed(snapshot).await;
             let (mark, progress) = {
                 let snap = locked(snapshot);
                 (behind(&snap, queue), snap.progress())

@@ -107,6 +107,28 @@ impl LedgerApi {
         }
     }
 
+    /// Every stored ledger, from a consistent list (not from a cache). A ConfigMap that
+    /// is no ledger is logged and left out, as the watch leaves it out.
+    pub async fn list(&self) -> Result<Vec<LedgerRecord>, kube::Error> {
+        let lp = kube::api::ListParams::default().labels(&selector());
+        let list = self.api.list(&lp).await?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(|cm| match ledger_record(cm) {
+                Ok(rec) => Some(rec),
+                Err(e) => {
+                    tracing::warn!(
+                        "ConfigMap {}/{} is no ledger: {e}",
+                        self.namespace,
+                        cm.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    None
+                }
+            })
+            .collect())
+    }
+
     /// A fresh read (not from a cache); an absent object is an empty ledger.
     pub async fn get(&self, queue: &QueueName) -> Result<LedgerRecord, WriteError> {
         match self.api.get_opt(&object_name(queue)).await {

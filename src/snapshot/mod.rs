@@ -50,6 +50,15 @@ pub struct Snapshot {
     children: BTreeMap<QueueName, BTreeSet<QueueName>>,
     /// The Queue `root` carries `card.quota`: a budget over every top queue.
     root_budget: bool,
+    /// Counts the changes of the queue tree that may send a queue's charges to another
+    /// ledger (a link, root's budget, a card level).
+    tree_epoch: u64,
+    /// Some queue has had a parent (or root a budget) since the snapshot began: charges
+    /// may have been recorded in a ledger other than their queue's own.
+    tree_seen: bool,
+    /// The tree epoch at which every ledger was last read from the API server (live);
+    /// `None` when ledgers are not watched (offline: the ledgers given are all there are).
+    ledgers_read: Option<u64>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -358,6 +367,11 @@ impl Snapshot {
         self.dirty.mark(&q.name);
         let name = q.name.clone();
         let budget = q.quota.is_some();
+        let was_level = self.queues.get(&name).map(|r| r.quota.is_some());
+        if !self.is_flat() && was_level != Some(budget) {
+            // A card level appears or goes: the top card level of a tree may change.
+            self.tree_epoch += 1;
+        }
         let old_link = self.queues.get(&name).and_then(|r| self.link(r)).cloned();
         let old_ancestors = self.ancestors_of(&name);
         self.queues.insert(name.clone(), q);
@@ -439,6 +453,37 @@ impl Snapshot {
     }
 
     // ---- ledgers ---------------------------------------------------------------------
+
+    /// Says that ledgers are watched: from now on a change of the queue tree makes
+    /// [`Snapshot::ledgers_behind_tree`] true until every ledger is read again.
+    pub fn watch_ledgers(&mut self) {
+        self.ledgers_read.get_or_insert(self.tree_epoch);
+    }
+
+    /// True once some queue has had a parent (or root a budget).
+    pub fn tree_seen(&self) -> bool {
+        self.tree_seen
+    }
+
+    /// The count of tree changes so far (see [`Snapshot::ledgers_read_at`]).
+    pub fn tree_epoch(&self) -> u64 {
+        self.tree_epoch
+    }
+
+    /// True when the queue tree changed since every ledger was last read: a queue's
+    /// charges may have moved to a ledger whose watch has not delivered the charges
+    /// recorded before the change, so no charge is decided until they are read again.
+    pub fn ledgers_behind_tree(&self) -> bool {
+        self.ledgers_read.is_some_and(|r| r < self.tree_epoch)
+    }
+
+    /// Records that every ledger was read (a consistent list) after the tree reached
+    /// `epoch`; the stored ledgers of that read were given to [`Snapshot::upsert_ledger`].
+    pub fn ledgers_read_at(&mut self, epoch: u64) {
+        if let Some(r) = self.ledgers_read.as_mut() {
+            *r = (*r).max(epoch);
+        }
+    }
 
     /// Stores a ledger unless the snapshot already holds a newer version of it.
     pub fn upsert_ledger(&mut self, l: LedgerRecord) {

@@ -258,13 +258,25 @@ pub fn foreign(
 }
 
 /// The watermark caches must reach before deciding from `ledger`'s charges: its own,
-/// raised by those of the [`foreign`] ledgers laid with it.
+/// raised by those of the [`foreign`] ledgers laid with it. Once the queues have formed
+/// a tree, by every ledger's: a ledger that held a queue's charges before a change of
+/// the tree and was pruned empty since names no queue any more, yet its watermark says
+/// how far caches must come to show what it held (found by the live model: an empty
+/// ledger left out, a replica decided from a cache without the pods pruned from it).
 pub fn watermark(snap: &Snapshot, ledger: &QueueName) -> crate::ledger::entries::Watermark {
     let mut mark = snap.ledger(ledger).ledger.watermark();
-    for f in foreign(snap, ledger) {
-        let w = f.ledger.watermark();
+    let mut raise = |w: crate::ledger::entries::Watermark| {
         mark.pods = mark.pods.max(w.pods);
         mark.podgroups = mark.podgroups.max(w.podgroups);
+    };
+    if snap.tree_seen() {
+        for l in snap.ledgers() {
+            raise(l.ledger.watermark());
+        }
+    } else {
+        for f in foreign(snap, ledger) {
+            raise(f.ledger.watermark());
+        }
     }
     mark
 }

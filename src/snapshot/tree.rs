@@ -78,6 +78,8 @@ impl Snapshot {
 
     /// The tally's subtree sums follow the new tree.
     pub(super) fn tree_changed(&mut self) {
+        self.tree_epoch += 1;
+        self.tree_seen |= !self.is_flat();
         let parents = self
             .queues
             .values()
