@@ -605,7 +605,7 @@ fn a_bind_off_its_pin_is_refused_for_the_pin() {
     let r = w.send(R::binding("ml", "b", "rtx-1").build());
     assert_eq!(
         message(&r),
-        "pod ml/b accepts NVIDIA-H200 but node rtx-1 has RTX-4090 (its card.name NVIDIA-H200|RTX-4090 is narrowed by its node selector on the product label; the kubelet would refuse it on another model)"
+        "pod ml/b accepts NVIDIA-H200|RTX-4090 but its node selector pins it to NVIDIA-H200, and node rtx-1 has RTX-4090: the kubelet would refuse it there"
     );
     assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
     assert!(w.send(R::binding("ml", "b", "h200-1").build()).allowed);

@@ -85,7 +85,7 @@ pub fn decide(
     if resources == 0 && rec.card_name.is_none() {
         return Decision::allow();
     }
-    // The pod's own `card.name` when its pin narrowed it (said in a refusal).
+    // The models of the pod's pin, when they are fewer than its `card.name` names.
     let mut narrowed = None;
     if resources <= 1 {
         match card_demand(&rec, snap, Some(&queue)) {
@@ -100,9 +100,8 @@ pub fn decide(
                 } else if d.source == Source::Named {
                     let pinned = within_pin(&rec, &d, snap);
                     if pinned != d.alternatives {
-                        narrowed = Some(d.alternatives);
+                        narrowed = Some(pinned);
                     }
-                    rec.card_name = Some(Ok(pinned));
                 }
             }
             Ok(None) if rec.card_name.is_none() => {}
@@ -128,6 +127,18 @@ pub fn decide(
     }
     match allocate(snap, &queue, &rec, node, now) {
         Ok(charges) => {
+            if let (Some(pinned), [(model, _)]) = (&narrowed, charges.as_slice()) {
+                if !pinned.contains(model) {
+                    return Decision::deny(
+                        NOT_ACCEPTED,
+                        format!(
+                            "pod {key} accepts {} but its node selector pins it to {pinned}, and node {node} has {model}: the kubelet would refuse it there",
+                            rec.alternatives().map(|a| a.to_string()).unwrap_or_default()
+                        ),
+                    )
+                    .with_event(Some(regarding));
+                }
+            }
             let mut d = Decision::allow();
             let mut bound = rec;
             bound.node = Some(node.to_string());
@@ -137,15 +148,6 @@ pub fn decide(
             }
             d.charging(queue, Effect::Pod(Box::new(bound)))
         }
-        Err(mut d) => {
-            if let (Some(named), Some(NOT_ACCEPTED)) = (&narrowed, d.reason) {
-                if let Some(m) = d.message.as_mut() {
-                    m.push_str(&format!(
-                        " (its card.name {named} is narrowed by its node selector on the product label; the kubelet would refuse it on another model)"
-                    ));
-                }
-            }
-            d.with_event(Some(regarding))
-        }
+        Err(d) => d.with_event(Some(regarding)),
     }
 }
