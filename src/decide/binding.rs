@@ -85,8 +85,6 @@ pub fn decide(
     if resources == 0 && rec.card_name.is_none() {
         return Decision::allow();
     }
-    // The models of the pod's pin, when they are fewer than its `card.name` names.
-    let mut narrowed = None;
     if resources <= 1 {
         match card_demand(&rec, snap, Some(&queue)) {
             Ok(Some(d)) => {
@@ -99,8 +97,19 @@ pub fn decide(
                     rec.card_name = Some(Ok(d.alternatives));
                 } else if d.source == Source::Named {
                     let pinned = within_pin(&rec, &d, snap);
-                    if pinned != d.alternatives {
-                        narrowed = Some(pinned);
+                    let model = snap.node(node).and_then(|n| n.model_for(&d.resource));
+                    if let Some(model) =
+                        model.filter(|m| d.alternatives.contains(m) && !pinned.contains(m))
+                    {
+                        // Whatever the quota: the kubelet would refuse the pod there.
+                        return Decision::deny(
+                            NOT_ACCEPTED,
+                            format!(
+                                "pod {key} accepts {} but its node selector pins it to {pinned}, and node {node} has {model}: the kubelet would refuse it there",
+                                d.alternatives
+                            ),
+                        )
+                        .with_event(Some(regarding(&key)));
                     }
                 }
             }
@@ -115,30 +124,12 @@ pub fn decide(
         // one of them is charged by its model on the node; a name cannot cover them all.
         rec.card_name = None;
     }
-    let regarding = ObjectRef {
-        api_version: "v1".into(),
-        kind: "Pod".into(),
-        namespace: Some(key.namespace.clone()),
-        name: key.name.clone(),
-        uid: None,
-    };
+    let regarding = regarding(&key);
     if let Err(d) = gate(snap, &queue) {
         return d.with_event(Some(regarding));
     }
     match allocate(snap, &queue, &rec, node, now) {
         Ok(charges) => {
-            if let (Some(pinned), [(model, _)]) = (&narrowed, charges.as_slice()) {
-                if !pinned.contains(model) {
-                    return Decision::deny(
-                        NOT_ACCEPTED,
-                        format!(
-                            "pod {key} accepts {} but its node selector pins it to {pinned}, and node {node} has {model}: the kubelet would refuse it there",
-                            rec.alternatives().map(|a| a.to_string()).unwrap_or_default()
-                        ),
-                    )
-                    .with_event(Some(regarding));
-                }
-            }
             let mut d = Decision::allow();
             let mut bound = rec;
             bound.node = Some(node.to_string());
@@ -149,5 +140,16 @@ pub fn decide(
             d.charging(queue, Effect::Pod(Box::new(bound)))
         }
         Err(d) => d.with_event(Some(regarding)),
+    }
+}
+
+/// The pod a binding's Event is about.
+fn regarding(key: &ObjectKey) -> ObjectRef {
+    ObjectRef {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: Some(key.namespace.clone()),
+        name: key.name.clone(),
+        uid: None,
     }
 }
