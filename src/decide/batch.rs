@@ -159,6 +159,12 @@ pub fn plan_held(
     hold_move: HoldMove,
     warned_wait: bool,
 ) -> Batch {
+    // Spare is a share of what is free, which ledgers not read since a change of the
+    // tree may count short: none is taken until they are.
+    let hold_move = match hold_move {
+        HoldMove::AsNeeded | HoldMove::Renew if snap.ledgers_behind_tree() => HoldMove::NoSpare,
+        m => m,
+    };
     let stored = snap.ledger(queue);
     let mut ledger = stored.ledger.clone();
     let mut holds_changed = false;
