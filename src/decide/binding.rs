@@ -9,7 +9,7 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::patch::set_annotation;
-use super::pod::{allocate, card_demand, within_pin, Source};
+use super::pod::{allocate, card_demand, infer, Source};
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision, ObjectRef};
 
@@ -95,8 +95,8 @@ pub fn decide(
                 // card while still pending on B, and B went past its quota).
                 if d.source == Source::Pinned {
                     rec.card_name = Some(Ok(d.alternatives));
-                } else if d.source == Source::Named {
-                    let pinned = within_pin(&rec, &d, snap);
+                } else if let Some(pinned) = infer(&rec, &d.resource, snap) {
+                    // Named and pinned by a node selector on the product label.
                     let model = snap.node(node).and_then(|n| n.model_for(&d.resource));
                     if let Some(model) =
                         model.filter(|m| d.alternatives.contains(m) && !pinned.contains(m))

@@ -163,7 +163,7 @@ pub fn owner_ref(owners: &[OwnerReference], namespace: &str) -> Option<ObjectRef
 }
 
 /// Infers alternatives from node-affinity / nodeSelector pins on the product label.
-fn infer(rec: &PodRecord, resource: &str, snap: &Snapshot) -> Option<Alternatives> {
+pub(super) fn infer(rec: &PodRecord, resource: &str, snap: &Snapshot) -> Option<Alternatives> {
     let prefix = resource.split('/').next().unwrap_or("");
     let suffix = resource.split_once('/').map(|(_, s)| s).unwrap_or("");
     let mut models = Vec::new();
@@ -189,26 +189,6 @@ fn infer(rec: &PodRecord, resource: &str, snap: &Snapshot) -> Option<Alternative
         }
     }
     Alternatives::from_models(models)
-}
-
-/// The models a pod may run on: its demand's alternatives, narrowed by a pin on the
-/// product label when it carries one (a pin set for an `A|B` pod places it on one of
-/// them; a bind elsewhere is one the kubelet refuses, so it is charged by the pin).
-pub fn within_pin(rec: &PodRecord, d: &CardDemand, snap: &Snapshot) -> Alternatives {
-    if d.source != Source::Named {
-        return d.alternatives.clone();
-    }
-    let Some(pinned) = infer(rec, &d.resource, snap) else {
-        return d.alternatives.clone();
-    };
-    let both: Vec<CardName> = d
-        .alternatives
-        .models()
-        .iter()
-        .filter(|m| pinned.models().contains(m))
-        .cloned()
-        .collect();
-    Alternatives::from_models(both).unwrap_or(pinned)
 }
 
 /// Checks a card pod's demand: one card resource, valid names matching that resource,

@@ -246,17 +246,17 @@ impl Committer {
 
     /// After a change of the queue tree, reads every ledger from the API server before
     /// anything is decided: a queue's charges may now go to a ledger beside one whose
-    /// watch has not delivered the charges recorded before the change. False when the
-    /// read failed (requests are then answered "try again").
-    async fn read_ledgers_if_tree_changed(&self, snapshot: &Mutex<Snapshot>) -> bool {
+    /// watch has not delivered the charges recorded before the change. When the read
+    /// fails, the core answers "try again" (the snapshot still says the tree changed).
+    async fn read_ledgers_if_tree_changed(&self, snapshot: &Mutex<Snapshot>) {
         if !locked(snapshot).ledgers_behind_tree() {
-            return true;
+            return;
         }
         let _one = self.reread.lock().await;
         let epoch = {
             let snap = locked(snapshot);
             if !snap.ledgers_behind_tree() {
-                return true;
+                return;
             }
             snap.tree_epoch()
         };
@@ -274,19 +274,16 @@ impl Committer {
                     ledgers = n,
                     "the queue tree changed: every ledger read again"
                 );
-                true
             }
             Ok(Err(e)) => {
                 tracing::warn!("reading the ledgers again after a change of the queue tree: {e}");
                 // Held, so that the requests waiting do not read again at once.
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                false
             }
             Err(_) => {
                 tracing::warn!(
                     "reading the ledgers again after a change of the queue tree timed out"
                 );
-                false
             }
         }
     }
@@ -448,7 +445,6 @@ impl Committer {
         let deadline = Instant::now() + self.budget;
         await_binding_objects(snapshot, req, Instant::now() + self.budget / 2).await;
         let consume = record && !req.is_dry_run();
-        // On failure the core answers "try again" by itself (the snapshot says why).
         self.read_ledgers_if_tree_changed(snapshot).await;
         let seen = {
             let _turn = self.turn.lock().await;
