@@ -811,6 +811,58 @@ fn a_job_that_may_use_several_models_fits_every_level_at_once() {
     assert_eq!(w.usage("org", "NVIDIA-H200|RTX-4090")["reserved"], 1);
 }
 
+/// Issue 46 #9: a job's `A|B` cards counted all on A for the tree's effective use, so a
+/// job was held borrowing A from a full parent while B had room in its queue's own
+/// share (the same pods one by one were admitted on B). They now count on each model
+/// in order up to the queue's share, as its pods would be placed.
+#[test]
+fn a_job_that_may_use_several_models_takes_each_share_before_borrowing() {
+    let mut w = World::with(&[
+        queue("org", "", r#"{"NVIDIA-H200":3,"RTX-4090":4}"#, ""),
+        queue(
+            "team-a",
+            "org",
+            r#"{"NVIDIA-H200":1,"RTX-4090":2}"#,
+            r#"{"NVIDIA-H200":1}"#,
+        ),
+        queue(
+            "team-b",
+            "org",
+            r#"{"NVIDIA-H200":1}"#,
+            r#"{"NVIDIA-H200":1}"#,
+        ),
+    ]);
+    let pg = |name: &str, request: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+                "annotations": {"volcano.sh/card.request": request}},
+            "spec": {"queue": "team-a", "minMember": 1}, "status": {}})
+    };
+    let enqueue = |w: &mut World, waiting: &Value| {
+        let mut next = waiting.clone();
+        next["status"] = json!({"phase": "Inqueue"});
+        w.send(R::podgroup("UPDATE", next).old(waiting.clone()).build())
+    };
+    // team-b takes its H200 share and org's whole H200 pool.
+    w.admit("team-b", "NVIDIA-H200", "1");
+    w.admit("team-b", "NVIDIA-H200", "1");
+    let both = "NVIDIA-H200|RTX-4090";
+    // 1 H200 and 2 RTX fit team-a's own shares: enqueued.
+    let three = pg("three", &format!(r#"{{"{both}":3}}"#));
+    assert!(w.send(R::podgroup("CREATE", three.clone()).build()).allowed);
+    let r = enqueue(&mut w, &three);
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("team-a", both)["reserved"], 3);
+    // One more could only borrow H200 (team-a borrows no RTX), and org's pool is empty.
+    let one = pg("one", &format!(r#"{{"{both}":1}}"#));
+    assert!(w.send(R::podgroup("CREATE", one.clone()).build()).allowed);
+    let r = enqueue(&mut w, &one);
+    assert_eq!(
+        message(&r),
+        "queue team-a cannot borrow NVIDIA-H200 from org: requested 1, org free 0 (quota 3, shares 2, borrowed 1)"
+    );
+}
+
 #[test]
 fn a_job_larger_than_an_ancestors_cap_is_refused_at_its_creation() {
     let mut w = World::with(&[

@@ -101,9 +101,14 @@ pub fn check_levels(
     // Per model: E of the card level below the one checked, before and after, while
     // the change still raises it (a model whose E stops rising cannot raise any level
     // above: only a borrowing charge pays for an absolute E, O(the level's children)).
-    let mut rising: Vec<(CardName, Cards, Cards)> = touched
+    // A change on one model can move the leaf's multi-model demand onto another.
+    let own = snap.share_of(leaf);
+    let mut rising: Vec<(CardName, Cards, Cards)> = linked_models(touched, [before, after])
         .iter()
-        .map(|m| (m.clone(), before.preferred_use(m), after.preferred_use(m)))
+        .map(|m| {
+            let e = |u: &QueueUsage| u.effective_use(m, &own);
+            (m.clone(), e(before), e(after))
+        })
         .filter(|(_, b, a)| a > b)
         .collect();
     let mut below = leaf.clone();
@@ -166,6 +171,27 @@ pub fn check_levels(
     out
 }
 
+/// `touched` and every model multi-model unbound demand in `usages` links to it.
+fn linked_models<'a>(
+    touched: &BTreeSet<CardName>,
+    usages: impl IntoIterator<Item = &'a QueueUsage> + Clone,
+) -> BTreeSet<CardName> {
+    let mut models = touched.clone();
+    loop {
+        let before = models.len();
+        for u in usages.clone() {
+            for a in u.pending.keys().chain(u.reserved.keys()) {
+                if a.models().len() > 1 && a.models().iter().any(|m| models.contains(m)) {
+                    models.extend(a.models().iter().cloned());
+                }
+            }
+        }
+        if models.len() == before {
+            return models;
+        }
+    }
+}
+
 /// The most nodes the nested flow may take (the network is a matrix): beyond it the
 /// levels are checked one by one only.
 const NESTED_NODES: usize = 600;
@@ -192,22 +218,13 @@ fn nested_fit(
     let usages: Vec<(QueueName, std::borrow::Cow<'_, QueueUsage>)> =
         queues.iter().map(|q| (q.clone(), usage_of(q))).collect();
     // The models multi-model demand connects to `touched`.
-    let mut models: BTreeSet<CardName> = touched.clone();
-    let mut composite = false;
-    loop {
-        let before = models.len();
-        for (_, u) in &usages {
-            for a in u.pending.keys().chain(u.reserved.keys()) {
-                if a.models().len() > 1 && a.models().iter().any(|m| models.contains(m)) {
-                    composite = true;
-                    models.extend(a.models().iter().cloned());
-                }
-            }
-        }
-        if models.len() == before {
-            break;
-        }
-    }
+    let models = linked_models(touched, usages.iter().map(|(_, u)| u.as_ref()));
+    let composite = usages.iter().any(|(_, u)| {
+        u.pending
+            .keys()
+            .chain(u.reserved.keys())
+            .any(|a| a.models().len() > 1 && a.models().iter().any(|m| models.contains(m)))
+    });
     if !composite {
         return None;
     }
@@ -411,7 +428,7 @@ fn effective_at(
     depth: usize,
 ) -> Effective {
     let mut e = Effective {
-        total: snap.counted(x, now).preferred_use(m),
+        total: snap.counted(x, now).effective_use(m, &snap.share_of(x)),
         ..Effective::default()
     };
     if depth > WALK_LIMIT {
@@ -422,7 +439,7 @@ fn effective_at(
         let ec = if snap.has_children(&c) {
             effective_at(snap, &c, m, now, depth + 1).total
         } else {
-            snap.counted(&c, now).preferred_use(m)
+            snap.counted(&c, now).effective_use(m, &snap.share_of(&c))
         };
         e.shares += share;
         e.borrowed += ec.saturating_sub(share);

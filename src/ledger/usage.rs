@@ -279,18 +279,52 @@ impl QueueUsage {
         }
     }
 
-    /// Cards this usage holds on `m` for the tree's effective-use rule: allocated on
-    /// `m`, and unbound demand whose preferred (first) model is `m`.
-    pub fn preferred_use(&self, m: &CardName) -> Cards {
-        let first = |a: &Alternatives| a.first() == m;
-        self.allocated.get(m).copied().unwrap_or_default()
-            + self
-                .pending
-                .iter()
-                .chain(&self.reserved)
-                .filter(|(a, _)| first(a))
+    /// Cards this usage holds on `m` for the tree's effective-use rule, in a queue whose
+    /// share is `share`: allocated on `m`, unbound demand for `m` alone, and unbound
+    /// demand that may use several models placed as its pods would be, in its order: on
+    /// each model up to what the share leaves, what exceeds every share on its first
+    /// model (so a job's `A|B` cards borrow A only when no share has room for them).
+    pub fn effective_use(&self, m: &CardName, share: &Quota) -> Cards {
+        let unbound = || self.pending.iter().chain(&self.reserved);
+        let mut out = self.allocated.get(m).copied().unwrap_or_default()
+            + unbound()
+                .filter(|(a, _)| a.models().len() == 1 && a.first() == m)
                 .map(|(_, n)| *n)
-                .sum::<Cards>()
+                .sum::<Cards>();
+        let mut composite = unbound().filter(|(a, _)| a.models().len() > 1).peekable();
+        if composite.peek().is_none() {
+            return out;
+        }
+        // What each model already holds before the multi-model demand is placed.
+        let mut used: BTreeMap<&CardName, Cards> = BTreeMap::new();
+        let base = |x: &CardName| {
+            self.allocated.get(x).copied().unwrap_or_default()
+                + unbound()
+                    .filter(|(a, _)| a.models().len() == 1 && a.first() == x)
+                    .map(|(_, n)| *n)
+                    .sum::<Cards>()
+        };
+        for (a, n) in composite {
+            let mut left = *n;
+            for x in a.models() {
+                let held = *used.entry(x).or_insert_with(|| base(x));
+                let take = left.min(share.get(x).saturating_sub(held));
+                used.insert(x, held + take);
+                left = left.saturating_sub(take);
+                if x == m {
+                    out += take;
+                }
+            }
+            if a.first() == m {
+                out += left;
+            }
+            if !left.is_zero() {
+                let first = a.first();
+                let held = *used.entry(first).or_insert_with(|| base(first));
+                used.insert(first, held + left);
+            }
+        }
+        out
     }
 
     /// Counts a PodGroup's reservation.
