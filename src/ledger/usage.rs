@@ -638,3 +638,28 @@ pub fn uncovered(req: &CardRequest, members: &[(Alternatives, Cards)]) -> Vec<Ca
         .map(|(i, (_, n))| Cards::from_u128(n.get().saturating_sub(net.flow(entry_node(i), sink))))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cards::annotations::{parse_card_name, parse_quota};
+
+    #[test]
+    fn several_models_fill_each_share_in_order_and_borrow_on_the_first() {
+        let share = parse_quota("q", r#"{"A":1,"B":2}"#).expect("quota");
+        let card = |s: &str| CardName::parse(s).expect("card name");
+        let (a, b) = (card("A"), card("B"));
+        let mut u = QueueUsage::new(share.clone());
+        u.add_reservation(&[(parse_card_name("g", "A|B").expect("name"), Cards::from(3))]);
+        assert_eq!(u.effective_use(&a, &share), Cards::from(1));
+        assert_eq!(u.effective_use(&b, &share), Cards::from(2));
+        // A B pod takes one of B's share first: one card of the job borrows, on A.
+        add_to(
+            &mut u.pending,
+            &parse_card_name("p", "B").expect("name"),
+            Cards::from(1),
+        );
+        assert_eq!(u.effective_use(&a, &share), Cards::from(2));
+        assert_eq!(u.effective_use(&b, &share), Cards::from(2));
+    }
+}
