@@ -961,6 +961,159 @@ fn charges_in_flight_count_across_a_change_of_the_tree() {
     }
 }
 
+/// Issue 46 #3, second half: a replica whose Queue watch has not shown a change of the
+/// tree keeps charging the queue's old ledger while a replica that has seen it charges
+/// the new one, and two ledgers share no compare-and-swap (5 pods in a queue of 4
+/// below). The Queue hook now seals the queue in the old ledger before the change is
+/// stored: the lagging replica's write there conflicts, and read again, the seal
+/// answers "try again" until its cache shows the change, or a read of the Queue 60 s
+/// later shows that the change never landed.
+#[test]
+fn a_replica_behind_a_change_of_the_tree_cannot_charge_the_old_ledger() {
+    use card_quota::cards::QueueName;
+    use card_quota::decide::batch::{plan, Outcome};
+    use card_quota::decide::review::{read_review, AdmissionRequest};
+    use card_quota::decide::seal::seals_for;
+    use card_quota::ledger::ledger_record;
+
+    let review = |doc: Value| -> AdmissionRequest {
+        read_review(&serde_json::to_vec(&doc).unwrap())
+            .unwrap()
+            .unwrap()
+    };
+    let request =
+        |name: &str| review(R::pod("CREATE", pod(name, "q1", "NVIDIA-H200", "1")).build());
+    let versioned = |mut q: Value, rv: &str| {
+        q["metadata"]["resourceVersion"] = json!(rv);
+        q
+    };
+    let flat = versioned(queue("q1", "", r#"{"NVIDIA-H200":4}"#, ""), "10");
+    let moved = versioned(queue("q1", "org", r#"{"NVIDIA-H200":4}"#, ""), "11");
+    let queues = [flat.clone(), queue("org", "", r#"{"NVIDIA-H200":100}"#, "")];
+    let cfg = Config::default();
+    let t0 = jiff::Timestamp::now();
+    let q1 = QueueName::new("q1");
+    let org = QueueName::new("org");
+    let store = |snap: &mut Snapshot, key: &QueueName, rv: &str, text: &str| {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("card-quota-ledger.{key}"), "namespace": "card-quota", "resourceVersion": rv},
+            "data": {"queue": key.to_string(), "ledger": text}});
+        snap.upsert_ledger(ledger_record(&serde_json::from_value(cm).unwrap()).unwrap());
+    };
+    let admitted = |b: &card_quota::decide::batch::Batch| {
+        b.outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Admit(_)))
+            .count()
+    };
+    // The hook of the move (old object at resourceVersion 10) seals q1 in its own ledger.
+    let hook_view = load(&yaml(&queues)).unwrap().0;
+    let seals = seals_for(
+        &hook_view,
+        &review(R::queue("UPDATE", moved.clone()).old(flat.clone()).build()),
+        t0,
+    );
+    assert_eq!(seals.keys().collect::<Vec<_>>(), vec![&q1], "{seals:?}");
+    let mut sealed = hook_view.ledger(&q1).ledger.clone();
+    for (q, s) in &seals[&q1] {
+        assert_eq!((q, s.by.as_str(), s.version), (&q1, "q1", 10));
+        sealed.seal(q, s.clone());
+    }
+    // A replica that has seen the move fills q1 in org's ledger.
+    let mut r1 = load(&yaml(&queues)).unwrap().0;
+    card_quota::snapshot::load::upsert(&mut r1, &moved).unwrap();
+    let four: Vec<AdmissionRequest> = (0..4).map(|i| request(&format!("a{i}"))).collect();
+    let b = plan(
+        &mut r1,
+        &org,
+        &four.iter().collect::<Vec<_>>(),
+        &cfg,
+        t0,
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert_eq!(admitted(&b), 4);
+    // The lagging replica still sees q1 flat. Without the seal it admits a fifth.
+    let mut r2 = load(&yaml(&queues)).unwrap().0;
+    let fifth = request("b0");
+    let b = plan(
+        &mut r2,
+        &q1,
+        &[&fifth],
+        &cfg,
+        t0,
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert_eq!(admitted(&b), 1, "the race this test is about");
+    // Its write conflicts with the seal; read again, the seal answers "try again".
+    store(&mut r2, &q1, "2", &sealed.render());
+    let b = plan(
+        &mut r2,
+        &q1,
+        &[&fifth],
+        &cfg,
+        t0,
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert_eq!(admitted(&b), 0);
+    let Outcome::Answer(d) = &b.outcomes[0] else {
+        panic!("{:?}", b.outcomes[0])
+    };
+    assert_eq!(
+        d.message.as_deref(),
+        Some("queue q1's charges are moving to another ledger (queue q1 changed the queue tree) and card-quota has not seen the change yet; try again")
+    );
+    // A read of the Queue before the lift time, or one that shows the change, lifts nothing.
+    let later = t0 + jiff::SignedDuration::from_secs(61);
+    r2.confirm_queue(&q1, Some(10), t0 + jiff::SignedDuration::from_secs(30));
+    assert_eq!(
+        admitted(&plan(
+            &mut r2,
+            &q1,
+            &[&fifth],
+            &cfg,
+            later,
+            |_, _| Duration::ZERO,
+            None
+        )),
+        0
+    );
+    r2.confirm_queue(&q1, Some(11), later);
+    assert_eq!(
+        admitted(&plan(
+            &mut r2,
+            &q1,
+            &[&fifth],
+            &cfg,
+            later,
+            |_, _| Duration::ZERO,
+            None
+        )),
+        0
+    );
+    // Once its cache shows the move, it charges org's ledger like everyone else.
+    let mut caught_up = r2.clone();
+    card_quota::snapshot::load::upsert(&mut caught_up, &moved).unwrap();
+    assert_eq!(caught_up.ledger_key(&q1), org);
+    // A move that never landed (refused by another webhook): a read 60 s after the
+    // seal still shows the old version, and q1 charges its own ledger again.
+    r2.confirm_queue(&q1, Some(10), later);
+    assert_eq!(
+        admitted(&plan(
+            &mut r2,
+            &q1,
+            &[&fifth],
+            &cfg,
+            later,
+            |_, _| Duration::ZERO,
+            None
+        )),
+        1
+    );
+}
+
 /// Issue 46 #10 (suspected, confirmed): a re-parent was checked against the caches
 /// alone, so pods admitted a moment before (in the queue's ledger, in no cache yet)
 /// moved under a parent without room. The check now counts every ledger's charges.

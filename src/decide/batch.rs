@@ -161,11 +161,15 @@ pub fn plan_held(
 ) -> Batch {
     // Spare is a share of what is free, which ledgers not read since a change of the
     // tree may count short: none is taken until they are.
+    // Nor while the queue is sealed here: its next charges belong to another ledger.
+    let stored = snap.ledger(queue);
+    let sealed = super::seal::blocks(snap, &stored.ledger, queue).is_some();
     let hold_move = match hold_move {
-        HoldMove::AsNeeded | HoldMove::Renew if snap.ledgers_behind_tree() => HoldMove::NoSpare,
+        HoldMove::AsNeeded | HoldMove::Renew if snap.ledgers_behind_tree() || sealed => {
+            HoldMove::NoSpare
+        }
         m => m,
     };
-    let stored = snap.ledger(queue);
     let mut ledger = stored.ledger.clone();
     let mut holds_changed = false;
     if let Some(h) = holding {
@@ -221,6 +225,10 @@ pub fn plan_held(
         };
         if snap.ledger_key(&charge.queue) != *queue {
             outcomes.push(Outcome::Answer(moved(queue, &charge.queue)));
+            continue;
+        }
+        if let Some(d) = super::seal::blocks(snap, &ledger, &charge.queue) {
+            outcomes.push(Outcome::Answer(d));
             continue;
         }
         if holdable && charge.queue == *queue {

@@ -16,6 +16,7 @@ pub mod queue;
 pub mod queue_tree;
 pub mod review;
 pub mod scale;
+pub mod seal;
 pub mod tree;
 
 pub use crate::cards::annotations::Enforcement;

@@ -290,6 +290,7 @@ pub struct Ledger {
     watermark: Watermark,
     holds: BTreeMap<String, Hold>,
     release: u64,
+    seals: BTreeMap<String, super::seal::Seal>,
 }
 
 /// Headroom one replica holds on a queue (escrow): it admits charges within it without
@@ -325,6 +326,8 @@ struct Stored {
     holds: BTreeMap<String, Hold>,
     #[serde(default)]
     release: u64,
+    #[serde(default)]
+    seals: BTreeMap<String, super::seal::Seal>,
 }
 
 #[derive(Serialize)]
@@ -335,6 +338,8 @@ struct Storing<'a> {
     holds: &'a BTreeMap<String, Hold>,
     #[serde(skip_serializing_if = "is_zero")]
     release: u64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    seals: &'a BTreeMap<String, super::seal::Seal>,
 }
 
 /// Why a stored ledger could not be read.
@@ -362,6 +367,7 @@ impl Ledger {
             watermark: doc.watermark,
             holds: doc.holds,
             release: doc.release,
+            seals: doc.seals,
         })
     }
 
@@ -372,6 +378,7 @@ impl Ledger {
             entries: &self.entries,
             holds: &self.holds,
             release: self.release,
+            seals: &self.seals,
         };
         serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string())
     }
@@ -440,6 +447,21 @@ impl Ledger {
     /// Drops one entry.
     pub fn forget(&mut self, id: &EntryId) -> bool {
         self.entries.remove(id).is_some()
+    }
+
+    /// The seals on queues whose charges moved to another ledger, by queue.
+    pub fn seals(&self) -> &BTreeMap<String, super::seal::Seal> {
+        &self.seals
+    }
+
+    /// Seals `queue`'s charges here (a later seal replaces an earlier one).
+    pub fn seal(&mut self, queue: &crate::cards::QueueName, seal: super::seal::Seal) {
+        self.seals.insert(queue.to_string(), seal);
+    }
+
+    /// Drops the seal on `queue`; true when there was one.
+    pub fn unseal(&mut self, queue: &crate::cards::QueueName) -> bool {
+        self.seals.remove(queue.as_str()).is_some()
     }
 
     /// The replicas' holds, by replica.

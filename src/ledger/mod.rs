@@ -13,6 +13,7 @@ pub use tally::Tally;
 pub use usage::{bound_charges, queue_usage, QueueUsage, Row, Share, UsageKey};
 pub mod entries;
 pub mod record;
+pub mod seal;
 
 pub use entries::{Effect, Entry, EntryKey, Hold, Ledger, LedgerError};
 pub use record::{ledger_record, LedgerRecord};

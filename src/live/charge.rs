@@ -208,6 +208,9 @@ pub struct Committer {
     freshness: Option<Arc<Freshness>>,
     /// One re-read of every ledger at a time after a change of the queue tree.
     reread: tokio::sync::Mutex<()>,
+    /// Queues read from the API server to lift seals whose change never landed
+    /// (`None`: seals are lifted only by the Queue watch).
+    queue_reads: Option<kube::Api<kube::api::DynamicObject>>,
 }
 
 /// What [`Committer::preview`] found.
@@ -241,6 +244,35 @@ impl Committer {
             hold_clock: Mutex::default(),
             freshness: None,
             reread: tokio::sync::Mutex::new(()),
+            queue_reads: None,
+        }
+    }
+
+    /// Reads Queues from the API server through `api` to lift seals whose change of the
+    /// tree never landed.
+    pub fn with_queue_reads(mut self, api: kube::Api<kube::api::DynamicObject>) -> Self {
+        self.queue_reads = Some(api);
+        self
+    }
+
+    /// Before an admitted Queue write is answered: seals the queues it moves to another
+    /// ledger in the ledgers they leave ([`crate::decide::seal`]). "Try again" when a
+    /// ledger could not be sealed.
+    pub async fn seal_ledgers(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        req: &AdmissionRequest,
+    ) -> Option<Decision> {
+        let store = |rec: LedgerRecord| {
+            let q = rec.queue.clone();
+            self.stored(&q, snapshot, rec);
+        };
+        match super::seals::seal_ledgers(&self.api, snapshot, req, store).await {
+            Ok(()) => None,
+            Err(e) => Some(Decision::deny(
+                RETRY,
+                format!("card-quota could not seal the charges this change of the queue tree moves ({e}); try again"),
+            )),
         }
     }
 
@@ -663,6 +695,9 @@ impl Committer {
             let fenced = self
                 .fence_for(snapshot, queue, until.min(Instant::now() + FENCE_WAIT))
                 .await;
+            if let Some(api) = &self.queue_reads {
+                super::seals::confirm_seals(api, snapshot, queue).await;
+            }
             // A warned admission waits for others' spare half its budget at most, then
             // is recorded with its warning (a dead holder's spare never comes back).
             let warned_wait = undecided.iter().all(|w| {

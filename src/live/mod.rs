@@ -9,6 +9,7 @@ pub mod leadership;
 pub mod ledgers;
 pub mod metrics;
 pub mod peers;
+pub mod seals;
 pub mod volcano;
 
 pub use charge::Committer;

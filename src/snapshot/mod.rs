@@ -59,6 +59,9 @@ pub struct Snapshot {
     /// The tree epoch at which every ledger was last read from the API server (live);
     /// `None` when ledgers are not watched (offline: the ledgers given are all there are).
     ledgers_read: Option<u64>,
+    /// Queues read from the API server itself (a quorum read, not the cache), with
+    /// when: what lifts the seal of a tree change that never landed.
+    queues_confirmed: BTreeMap<QueueName, (Option<u64>, jiff::Timestamp)>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -483,6 +486,28 @@ impl Snapshot {
         if let Some(r) = self.ledgers_read.as_mut() {
             *r = (*r).max(epoch);
         }
+    }
+
+    /// Records a quorum read of Queue `q` made at `at`: its resourceVersion, or `None`
+    /// when it does not exist.
+    pub fn confirm_queue(&mut self, q: &QueueName, version: Option<u64>, at: jiff::Timestamp) {
+        self.queues_confirmed.insert(q.clone(), (version, at));
+    }
+
+    /// The last quorum read of Queue `q` (see [`Snapshot::confirm_queue`]).
+    pub fn queue_confirmed(&self, q: &QueueName) -> Option<(Option<u64>, jiff::Timestamp)> {
+        self.queues_confirmed.get(q).copied()
+    }
+
+    /// The resourceVersion of Queue `q` as the cache holds it (`None`: absent, or not a
+    /// number).
+    pub fn queue_version(&self, q: &QueueName) -> Option<u64> {
+        self.queues
+            .get(q)?
+            .resource_version
+            .as_deref()?
+            .parse()
+            .ok()
     }
 
     /// Stores a ledger unless the snapshot already holds a newer version of it.

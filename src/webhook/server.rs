@@ -221,7 +221,18 @@ async fn decide_live(
         .preview(&state.snapshot, &state.config, req, !mutate)
         .await
     {
-        Preview::Answer(d) => return Answer::Decided(d),
+        Preview::Answer(d) => {
+            // A Queue write that moves charges to another ledger seals them in the old
+            // one before it is answered (and so before it is stored).
+            let queue_write =
+                crate::decide::RequestKind::of(req) == crate::decide::RequestKind::Queue;
+            if d.allowed && !mutate && queue_write && !req.is_dry_run() {
+                if let Some(wait) = live.committer.seal_ledgers(&state.snapshot, req).await {
+                    return Answer::Decided(wait);
+                }
+            }
+            return Answer::Decided(d);
+        }
         Preview::Held(d) => {
             crate::live::charge::CommitMetrics::held(state.metrics.ledger.as_ref());
             return Answer::Decided(d);

@@ -89,7 +89,11 @@ async fn serve(
                 LedgerApi::new(client.clone(), &opts.lease_namespace),
                 opts.ledger_budget,
             )
-            .with_freshness(freshness);
+            .with_freshness(freshness)
+            .with_queue_reads(kube::Api::all_with(
+                client.clone(),
+                &card_quota::live::volcano::queue_resource(),
+            ));
             if opts.holds {
                 // A restarted replica must not take its predecessor's hold for its own.
                 let incarnation = std::time::SystemTime::now()

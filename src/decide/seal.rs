@@ -1,0 +1,216 @@
+//! Seals: a change of the queue tree sends some queues' charges to another ledger.
+//! Before the change is stored, the Queue hook seals each such queue in the ledger it
+//! leaves; a replica whose Queue watch has not shown the change yet, and would go on
+//! charging the old ledger while others charge the new one, finds the seal in the old
+//! ledger's compare-and-swap and answers "try again" (docs/consistency.md).
+
+use std::collections::BTreeMap;
+
+use crate::cards::QueueName;
+use crate::cluster::records::queue_record;
+use crate::cluster::QueueRecord;
+use crate::ledger::seal::{Seal, SEAL_LIFT_AFTER};
+use crate::ledger::Ledger;
+use crate::snapshot::Snapshot;
+
+use super::messages::RETRY;
+use super::review::{AdmissionRequest, Object, Operation};
+use super::Decision;
+
+/// The queues whose ledger `req` (a Queue write, admitted) changes, by the ledger they
+/// leave, with the seal each gets there. Empty for anything else, and for a Queue
+/// without a resourceVersion (an offline review: nothing lags there).
+pub fn seals_for(
+    snap: &Snapshot,
+    req: &AdmissionRequest,
+    now: jiff::Timestamp,
+) -> BTreeMap<QueueName, Vec<(QueueName, Seal)>> {
+    let mut out: BTreeMap<QueueName, Vec<(QueueName, Seal)>> = BTreeMap::new();
+    let record = |v: Option<&Object>| v.map(Object::tree).and_then(|o| queue_record(o).ok());
+    let old = record(req.old_object.as_ref());
+    let new = match req.operation {
+        Operation::Delete => None,
+        _ => record(req.object.as_ref()),
+    };
+    let Some(name) = new.as_ref().or(old.as_ref()).map(|r| r.name.clone()) else {
+        return out;
+    };
+    let old = old.or_else(|| snap.queue(&name).cloned());
+    let Some(version) = old
+        .as_ref()
+        .and_then(|r| r.resource_version.as_deref())
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return out;
+    };
+    if !shapes_tree(old.as_ref(), new.as_ref()) {
+        return out;
+    }
+    for (from, queues) in moves(snap, old.as_ref(), new.as_ref(), &name) {
+        let seal = Seal {
+            by: name.to_string(),
+            version,
+            at: now,
+        };
+        out.insert(
+            from,
+            queues.into_iter().map(|q| (q, seal.clone())).collect(),
+        );
+    }
+    out
+}
+
+/// True when going from `old` to `new` may move a queue's charges to another ledger:
+/// the parent, or whether the queue carries `card.quota`, changes.
+fn shapes_tree(old: Option<&QueueRecord>, new: Option<&QueueRecord>) -> bool {
+    let parent = |r: Option<&QueueRecord>| r.and_then(|r| r.parent.clone());
+    let level = |r: Option<&QueueRecord>| r.is_some_and(|r| r.quota.is_some());
+    parent(old) != parent(new) || level(old) != level(new) || old.is_none() != new.is_none()
+}
+
+/// Every queue whose ledger differs once `name` goes from `old` to `new`, by the
+/// ledger it had. O(queues × depth), on the Queue writes that shape the tree only.
+fn moves(
+    snap: &Snapshot,
+    old: Option<&QueueRecord>,
+    new: Option<&QueueRecord>,
+    name: &QueueName,
+) -> BTreeMap<QueueName, Vec<QueueName>> {
+    let mut before = Snapshot::default();
+    for q in snap.queues().filter(|q| q.name != *name) {
+        before.upsert_queue(q.clone());
+    }
+    if let Some(o) = old {
+        before.upsert_queue(o.clone());
+    }
+    let mut after = before.clone();
+    match new {
+        Some(n) => after.upsert_queue(n.clone()),
+        None => after.remove_queue(name),
+    }
+    let mut out: BTreeMap<QueueName, Vec<QueueName>> = BTreeMap::new();
+    for q in before.queues() {
+        let (from, to) = (before.ledger_key(&q.name), after.ledger_key(&q.name));
+        if from != to {
+            out.entry(from).or_default().push(q.name.clone());
+        }
+    }
+    out
+}
+
+/// True when a seal in `ledger` stops a charge of `queue` there: the seal's Queue is
+/// not shown past the version it was sealed at, and no read of the API server made
+/// [`SEAL_LIFT_AFTER`] after the seal shows that the change never landed.
+pub fn blocks(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Decision> {
+    let seal = ledger.seals().get(queue.as_str())?;
+    let by = QueueName::new(seal.by.clone());
+    if snap.queue_version(&by).is_some_and(|v| v > seal.version) {
+        return None;
+    }
+    if never_landed(snap, seal) {
+        return None;
+    }
+    Some(Decision::deny(
+        RETRY,
+        format!(
+            "queue {queue}'s charges are moving to another ledger (queue {by} changed the queue tree) and card-quota has not seen the change yet; try again"
+        ),
+    ))
+}
+
+fn never_landed(snap: &Snapshot, seal: &Seal) -> bool {
+    let by = QueueName::new(seal.by.clone());
+    let lift = seal.at + lift_span();
+    snap.queue_confirmed(&by)
+        .is_some_and(|(v, read)| read >= lift && v.is_none_or(|v| v == seal.version))
+}
+
+fn lift_span() -> jiff::SignedDuration {
+    jiff::SignedDuration::try_from(SEAL_LIFT_AFTER).unwrap_or(jiff::SignedDuration::MAX)
+}
+
+/// The Queues to read from the API server before charging `ledger`: those of seals old
+/// enough to be lifted that the cache shows at the sealed version (or not at all), and
+/// no read since says whether their change landed.
+pub fn to_confirm(snap: &Snapshot, ledger: &Ledger, now: jiff::Timestamp) -> Vec<QueueName> {
+    let mut out: Vec<QueueName> = ledger
+        .seals()
+        .values()
+        .filter(|s| now >= s.at + lift_span())
+        .map(|s| (QueueName::new(s.by.clone()), s))
+        .filter(|(by, s)| snap.queue_version(by).is_none_or(|v| v <= s.version))
+        .filter(|(_, s)| !never_landed(snap, s))
+        .filter(|(by, s)| {
+            snap.queue_confirmed(by)
+                .is_none_or(|(_, read)| read < s.at + lift_span())
+        })
+        .map(|(by, _)| by)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::review::{read_review, ReviewBuilder};
+    use serde_json::{json, Value};
+
+    fn queue(name: &str, parent: &str, quota: Option<&str>, rv: &str) -> Value {
+        let mut q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": name, "resourceVersion": rv, "annotations": {}},
+            "spec": {"parent": parent}});
+        if let Some(quota) = quota {
+            q["metadata"]["annotations"]["volcano.sh/card.quota"] = json!(quota);
+        }
+        q
+    }
+
+    fn snapshot(queues: &[Value]) -> Snapshot {
+        let mut s = Snapshot::default();
+        for q in queues {
+            s.upsert_queue(queue_record(q).expect("queue"));
+        }
+        s
+    }
+
+    fn seals(snap: &Snapshot, new: Value, old: Value) -> Vec<(String, Vec<String>)> {
+        let doc = ReviewBuilder::queue("UPDATE", new).old(old).build();
+        let req = read_review(&serde_json::to_vec(&doc).expect("json"))
+            .expect("review")
+            .expect("request");
+        seals_for(snap, &req, jiff::Timestamp::now())
+            .into_iter()
+            .map(|(l, qs)| {
+                (
+                    l.to_string(),
+                    qs.into_iter().map(|(q, _)| q.to_string()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_root_budget_seals_every_top_queue_in_its_own_ledger() {
+        let q = |n: &str| queue(n, "root", Some(r#"{"A":1}"#), "5");
+        let root = queue("root", "", None, "3");
+        let snap = snapshot(&[q("a"), q("b"), root.clone()]);
+        let budget = queue("root", "", Some(r#"{"A":2}"#), "3");
+        assert_eq!(
+            seals(&snap, budget, root),
+            vec![
+                ("a".to_string(), vec!["a".to_string()]),
+                ("b".to_string(), vec!["b".to_string()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_write_that_shapes_no_tree_seals_nothing() {
+        let a = queue("a", "root", Some(r#"{"A":1}"#), "5");
+        let snap = snapshot(std::slice::from_ref(&a));
+        let raised = queue("a", "root", Some(r#"{"A":4}"#), "5");
+        assert!(seals(&snap, raised, a).is_empty());
+    }
+}
