@@ -143,6 +143,11 @@ wait "$BURST"
 created=$(k -n "$NS" get pods -o json | jq --arg q "$Q2" '[.items[] | select(.metadata.annotations["scheduling.volcano.sh/queue-name"] == $q)] | length')
 log "burst: $created created, $(grep -c 'insufficient NVIDIA-H200 quota' "$WORK/burst.log") refused for quota, $(grep -c 'try again' "$WORK/burst.log") 'try again'"
 check "a root budget given mid-burst: the queue of 12 gets at most 12 ($created)" bash -c "[ $created -le 12 ] && [ $created -ge 1 ]"
+# The Queue hook sealed the queue in the ledger it left before root's budget was stored:
+# a replica whose Queue watch lagged could not go on charging it there.
+sealed_by=$(k -n "$SYS" get configmap "card-quota-ledger.$Q2" -o json 2>/dev/null \
+  | jq -r --arg q "$Q2" '.data.ledger | fromjson | .seals[$q].by // "none"')
+check "... the queue was sealed in its old ledger by root's change (sealed by: $sealed_by)" test "$sealed_by" = root
 
 log "RESULT: $PASSED passed, $FAILED failed"
 exit "$FAILED"

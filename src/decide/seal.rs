@@ -36,11 +36,16 @@ pub fn seals_for(
         return out;
     };
     let old = old.or_else(|| snap.queue(&name).cloned());
-    let Some(version) = old
-        .as_ref()
-        .and_then(|r| r.resource_version.as_deref())
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+    // A Queue created (root given a budget where it did not exist): any version of it
+    // shows the change, and a read that finds none shows it never landed.
+    let version = match &old {
+        None => Some(0),
+        Some(r) => r
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok()),
+    };
+    let Some(version) = version else {
         return out;
     };
     if !shapes_tree(old.as_ref(), new.as_ref()) {
@@ -204,6 +209,19 @@ mod tests {
                 ("b".to_string(), vec!["b".to_string()]),
             ]
         );
+    }
+
+    #[test]
+    fn a_root_created_with_a_budget_seals_at_version_zero() {
+        let snap = snapshot(&[queue("a", "root", Some(r#"{"A":1}"#), "5")]);
+        let doc = ReviewBuilder::queue("CREATE", queue("root", "", Some(r#"{"A":2}"#), "")).build();
+        let req = read_review(&serde_json::to_vec(&doc).expect("json"))
+            .expect("review")
+            .expect("request");
+        let seals = seals_for(&snap, &req, jiff::Timestamp::now());
+        let a = QueueName::new("a");
+        let (q, seal) = &seals[&a][0];
+        assert_eq!((q, seal.by.as_str(), seal.version), (&a, "root", 0));
     }
 
     #[test]

@@ -122,6 +122,9 @@ const STALL: Duration = Duration::from_secs(1);
 /// decided with them still counted.
 const FENCE_WAIT: Duration = Duration::from_secs(2);
 
+/// How often pruning's clock drops entries of ledgers that no longer hold them.
+const CLOCK_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
 /// A scheduler binds a pod moments after it is created, often before the watch has
 /// delivered the pod (or a new node) to the cache. Waiting a little for them beats
 /// refusing with "try again": a refused binding sends the pod into the scheduler's
@@ -193,6 +196,8 @@ pub struct Committer {
     slots: Mutex<HashMap<QueueName, Slot>>,
     /// When this replica first read each entry as it is now: pruning's clock.
     clock: Mutex<EntryClock<Instant>>,
+    /// When `clock` last lost the entries no ledger holds any more.
+    swept: Mutex<Instant>,
     behind: Mutex<HashMap<QueueName, Behind>>,
     /// Requests take turns here before they lock the snapshot for their preview, so
     /// that one waiting behind another awaits instead of parking a runtime thread; the
@@ -236,6 +241,7 @@ impl Committer {
             budget,
             slots: Mutex::default(),
             clock: Mutex::default(),
+            swept: Mutex::new(Instant::now()),
             behind: Mutex::default(),
             turn: tokio::sync::Mutex::new(()),
             me: None,
@@ -461,7 +467,16 @@ impl Committer {
         let mut snap = locked(snapshot);
         snap.upsert_ledger(rec);
         let ledger = snap.ledger(queue);
-        locked(&self.clock).retain(|q, id| q != queue || ledger.ledger.get(id).is_some());
+        let mut clock = locked(&self.clock);
+        clock.retain(|q, id| q != queue || ledger.ledger.get(id).is_some());
+        // Entries of ledgers this replica read once and never wrote again leave too
+        // (a few times a minute: the sweep is O(the clock) under the snapshot lock). A
+        // cached ledger that does not show an entry yet only restarts its clock later.
+        let mut swept = locked(&self.swept);
+        if swept.elapsed() >= CLOCK_SWEEP_EVERY {
+            *swept = Instant::now();
+            clock.retain(|q, id| snap.ledger(q).ledger.get(id).is_some());
+        }
     }
 
     /// Decides `req` from the caches with its queue's ledger laid over them: the
