@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::cards::ObjectKey;
+use crate::cards::{Cards, ObjectKey, QueueName};
 use crate::cluster::{PodRecord, WorkloadKind};
 use crate::decide::enforcement::decide_enforcing;
 use crate::decide::review::{
@@ -362,8 +362,38 @@ pub fn usage_report(
     out
 }
 
-/// The usage table for people.
-pub fn usage_table(report: &BTreeMap<String, BTreeMap<UsageKey, Row>>) -> String {
+/// How many more cards of each model each leaf queue with a quota would be admitted
+/// now ([`crate::decide::room`]), by queue and model: what the tables show as FREE.
+pub fn rooms(
+    snap: &Snapshot,
+    report: &BTreeMap<String, BTreeMap<UsageKey, Row>>,
+    now: jiff::Timestamp,
+) -> BTreeMap<(String, UsageKey), Cards> {
+    let mut out = BTreeMap::new();
+    for (q, rows) in report {
+        let queue = QueueName::new(q.clone());
+        let annotated = snap.queue(&queue).is_some_and(|r| r.quota.is_some());
+        if !annotated || snap.has_children(&queue) {
+            continue;
+        }
+        for (k, r) in rows {
+            let UsageKey::Model(m) = k else { continue };
+            let upper = Cards::from_u128(u128::try_from(r.free().max(0)).unwrap_or(0));
+            out.insert(
+                (q.clone(), k.clone()),
+                crate::decide::room::room(snap, &queue, m, upper, now),
+            );
+        }
+    }
+    out
+}
+
+/// The usage table for people; FREE from `rooms` where it has the row (else quota and
+/// borrow less usage).
+pub fn usage_table(
+    report: &BTreeMap<String, BTreeMap<UsageKey, Row>>,
+    rooms: &BTreeMap<(String, UsageKey), Cards>,
+) -> String {
     let mut lines = vec![[
         "QUEUE".to_string(),
         "MODEL".into(),
@@ -380,6 +410,8 @@ pub fn usage_table(report: &BTreeMap<String, BTreeMap<UsageKey, Row>>) -> String
                 "-".to_string()
             } else if r.free() < 0 {
                 format!("{} OVER", r.free())
+            } else if let Some(room) = rooms.get(&(q.clone(), m.clone())) {
+                room.to_string()
             } else {
                 r.free().to_string()
             };

@@ -811,6 +811,41 @@ fn a_job_that_may_use_several_models_fits_every_level_at_once() {
     assert_eq!(w.usage("org", "NVIDIA-H200|RTX-4090")["reserved"], 1);
 }
 
+/// Issue 47: the FREE column said 2 right after a refusal of 1 (the parent's pool
+/// empty). It is now what a request would be admitted: `room` cards of the model fit,
+/// one more does not.
+#[test]
+fn free_is_what_would_be_admitted_now() {
+    use card_quota::admission::rooms;
+    use card_quota::ledger::UsageKey;
+
+    let mut w = World::org();
+    w.admit("team-a", "NVIDIA-H200", "6");
+    w.admit("team-b", "NVIDIA-H200", "1");
+    let now = jiff::Timestamp::now();
+    let report = usage_report(&w.snap, now);
+    let rooms = rooms(&w.snap, &report, now);
+    let key = |q: &str| {
+        (
+            q.to_string(),
+            UsageKey::Model(card_quota::cards::CardName::parse("NVIDIA-H200").unwrap()),
+        )
+    };
+    // team-b: quota 2 + borrow 2, 1 in use, but org's pool went to team-a: 1 left.
+    assert_eq!(report["team-b"][&key("team-b").1].free(), 3);
+    assert_eq!(rooms[&key("team-b")].get(), 1);
+    assert_eq!(rooms[&key("team-a")].get(), 0);
+    assert!(
+        !rooms.contains_key(&key("org")),
+        "charges go to leaves only"
+    );
+    let mut probe = World::org();
+    probe.admit("team-a", "NVIDIA-H200", "6");
+    probe.admit("team-b", "NVIDIA-H200", "1");
+    probe.refused("team-b", "NVIDIA-H200", "2");
+    probe.admit("team-b", "NVIDIA-H200", "1");
+}
+
 /// Issue 46 #9: a job's `A|B` cards counted all on A for the tree's effective use, so a
 /// job was held borrowing A from a full parent while B had room in its queue's own
 /// share (the same pods one by one were admitted on B). They now count on each model

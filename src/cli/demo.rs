@@ -4,7 +4,7 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use crate::admission::{apply, review, usage_report, usage_table};
+use crate::admission::{apply, review, rooms, usage_report, usage_table};
 use crate::decide::review::ReviewBuilder as R;
 use crate::decide::{Config, ScalePolicy};
 use crate::snapshot::load::load;
@@ -174,11 +174,7 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
         out,
         "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090),\nqueues research and serving, then a tree of queues.\n"
     )?;
-    writeln!(
-        out,
-        "{}",
-        usage_table(&usage_report(&snap, jiff::Timestamp::now()))
-    )?;
+    writeln!(out, "{}", table(&snap))?;
     let steps: Vec<(&str, Value, &Config)> = vec![
         (
             "An admin applies a malformed quota (a negative count) to queue research",
@@ -328,10 +324,13 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
             write_wrapped(out, "     usage: ", &delta)?;
         }
     }
-    writeln!(
-        out,
-        "\nUsage at the end:\n{}",
-        usage_table(&usage_report(&snap, jiff::Timestamp::now()))
-    )?;
+    writeln!(out, "\nUsage at the end:\n{}", table(&snap))?;
     Ok(())
+}
+
+/// The usage table of `snap`, FREE as what would be admitted now.
+fn table(snap: &crate::snapshot::Snapshot) -> String {
+    let now = jiff::Timestamp::now();
+    let report = usage_report(snap, now);
+    usage_table(&report, &rooms(snap, &report, now))
 }

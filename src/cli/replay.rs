@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::admission::{apply, bad_review, review, usage_report, usage_table};
+use crate::admission::{apply, bad_review, review, rooms, usage_report, usage_table};
 use crate::decide::review::ReviewOut;
 use crate::decide::Config;
 use crate::snapshot::load::{documents, load_with};
@@ -164,7 +164,10 @@ pub fn run(
                 .map_err(std::io::Error::from)?;
             writeln!(out)?;
         }
-        Output::Table => write!(out, "{}", usage_table(&report))?,
+        Output::Table => {
+            let rooms = rooms(&snap, &report, jiff::Timestamp::now());
+            write!(out, "{}", usage_table(&report, &rooms))?
+        }
     }
     Ok(())
 }

@@ -179,6 +179,8 @@ pub fn rows(
     now: jiff::Timestamp,
 ) -> Result<Vec<StatusRow>, StatusError> {
     let report: BTreeMap<String, BTreeMap<UsageKey, Row>> = usage_report(snap, now);
+    // FREE as what would be admitted now, where the snapshot holds the objects.
+    let rooms = crate::admission::rooms(snap, &report, now);
     let mut names: std::collections::BTreeSet<String> =
         snap.queue_names().iter().map(|q| q.to_string()).collect();
     names.extend(report.keys().cloned());
@@ -210,7 +212,15 @@ pub fn rows(
             }
             Some(numbers) => numbers
                 .iter()
-                .map(|(key, r)| StatusRow::of(&name, key.to_string(), key.is_model(), r, &note))
+                .map(|(key, r)| {
+                    let mut row = StatusRow::of(&name, key.to_string(), key.is_model(), r, &note);
+                    if let (Some(room), Some(_)) =
+                        (rooms.get(&(name.clone(), key.clone())), row.free)
+                    {
+                        row.free = Some(room.get());
+                    }
+                    row
+                })
                 .collect(),
         };
         let problem = snap

@@ -15,6 +15,7 @@ pub mod podgroup;
 pub mod queue;
 pub mod queue_tree;
 pub mod review;
+pub mod room;
 pub mod scale;
 pub mod seal;
 pub mod tree;
