@@ -35,9 +35,11 @@ use card_quota::decide::batch::{
 };
 use card_quota::decide::escrow::{Escrow, Holding};
 use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
+use card_quota::decide::seal::{inbound_for, seals_for, sources_to_read};
 use card_quota::decide::Config;
 use card_quota::ledger::clock::EntryClock;
-use card_quota::ledger::entries::{Entry, EntryId, Fence, Hold, Watermark};
+use card_quota::ledger::entries::{Entry, EntryId, Fence, Hold, Ledger, Watermark};
+use card_quota::ledger::seal::Inbound;
 use card_quota::ledger::{ledger_record, Effect};
 use card_quota::snapshot::load::{load, remove, upsert};
 use card_quota::snapshot::Snapshot;
@@ -146,8 +148,10 @@ enum Step {
     Sleep,
     /// An admin gives `root` a card budget (every queue's charges then go to root's
     /// ledger), or takes it away again: charges in flight stay in the ledger they were
-    /// written to. Both replicas see the Queue at once.
-    RootBudget { on: bool },
+    /// written to. With `lag`, that replica's Queue watch shows the change only at its
+    /// next delivery (or a Sleep); the other replica's Queue hook seals the moved
+    /// queues in their old ledgers first, as `serve` does.
+    RootBudget { on: bool, lag: Option<usize> },
     /// vc-scheduler's enqueue of a waiting PodGroup (by index): an UPDATE Pending ->
     /// Inqueue against the object as the API server holds it, decided at replica `r`.
     Enqueue { r: usize, group: usize },
@@ -181,7 +185,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..2usize, 0..2usize).prop_map(|(r, stream)| Step::Relist { r, stream }),
         2 => (0..2usize).prop_map(|r| Step::Fence { r }),
         1 => Just(Step::Sleep),
-        1 => any::<bool>().prop_map(|on| Step::RootBudget { on }),
+        1 => (any::<bool>(), prop::option::of(0..2usize)).prop_map(|(on, lag)| Step::RootBudget { on, lag }),
     ]
 }
 
@@ -219,6 +223,8 @@ struct Replica {
     /// Charges stop counting on clocks alone, as before fences (to show the model
     /// catches what fences fixed).
     trust_clocks: bool,
+    /// A Queue change its Queue watch has not delivered yet.
+    queue_lag: Option<Value>,
 }
 
 /// Pruning's clock for `queue` at `step`: how long the replica has known each entry
@@ -232,6 +238,13 @@ fn age<'a>(
 }
 
 impl Replica {
+    /// Its Queue watch delivers the change it held back.
+    fn deliver_queue(&mut self) {
+        if let Some(q) = self.queue_lag.take() {
+            upsert(&mut self.snap, &q).unwrap();
+        }
+    }
+
     /// Its newest fence at `step`, once its caches have reached it. A replica that
     /// trusts its clocks (the rule before fences) takes its caches as current always.
     fn reached_fence(&self, step: u64) -> Option<(u64, Watermark)> {
@@ -322,6 +335,15 @@ struct World {
     reread: bool,
     /// How often they did.
     rereads: usize,
+    /// The Queue hook seals moved queues in their old ledgers (`serve` does; off, a
+    /// replica whose Queue watch lags charges the old ledger unhindered).
+    seals: bool,
+    /// `root` as the API server stores it (`None`: it does not exist yet).
+    root: Option<Value>,
+    /// Root budgets given or taken while a replica's Queue watch lagged, and seals
+    /// written for them.
+    lagged_changes: usize,
+    seals_written: usize,
     /// PodGroups admitted, and pods of a PodGroup stored.
     groups_admitted: usize,
     group_pods: usize,
@@ -355,6 +377,7 @@ impl World {
             stalled: [false; 2],
             fence: None,
             trust_clocks: false,
+            queue_lag: None,
         };
         Self {
             rv: 100,
@@ -377,6 +400,10 @@ impl World {
             conflicts: 0,
             reread: true,
             rereads: 0,
+            seals: true,
+            root: None,
+            lagged_changes: 0,
+            seals_written: 0,
             groups_admitted: 0,
             group_pods: 0,
         }
@@ -473,8 +500,10 @@ impl World {
             }
             let first = decide_with_ledger(&mut self.replicas[r].snap, req, &self.cfg, now);
             if let Some(c) = first.charge.as_ref().filter(|_| first.allowed) {
+                // The ledger it is recorded in: its tree's, under a card parent or root.
+                let ledger = self.replicas[r].snap.ledger_key(&c.queue);
                 assert!(
-                    queue.get_or_insert(c.queue.clone()) == &c.queue,
+                    queue.get_or_insert(ledger.clone()) == &ledger,
                     "one queue a batch"
                 );
                 waiting.push(i);
@@ -487,6 +516,15 @@ impl World {
             }
             if waiting.is_empty() || behind(&self.replicas[r].snap, &queue).is_some() {
                 return out; // "try again": the caches are behind the ledger
+            }
+            // The ledgers its queues' charges moved from, read as far as the move (as
+            // `serve`'s writer does before it plans).
+            let sources = {
+                let snap = &self.replicas[r].snap;
+                sources_to_read(snap, &snap.ledger(&queue).ledger)
+            };
+            for from in sources {
+                self.read_ledger(r, &from);
             }
             let batch_reqs: Vec<&AdmissionRequest> = waiting.iter().map(|&i| &reqs[i]).collect();
             if std::env::var_os("LIVE_MODEL_TRACE").is_some() {
@@ -618,6 +656,60 @@ impl World {
             let rep = &mut self.replicas[r];
             rep.escrows.insert(queue.clone(), rn.escrow);
             rep.sent.insert(queue.clone(), step);
+        }
+    }
+
+    /// The Queue hook at replica `hook` for `root` becoming `new`: the queues the
+    /// change moves are sealed in the ledgers they leave, each by compare-and-swap
+    /// against the API server's ledger (read again on a conflict).
+    fn seal_for(&mut self, hook: usize, new: &Value) {
+        let doc = match &self.root {
+            Some(old) => R::queue("UPDATE", new.clone()).old(old.clone()).build(),
+            None => R::queue("CREATE", new.clone()).build(),
+        };
+        let req = request(&doc);
+        let now = self.timestamp();
+        let plan = seals_for(&self.replicas[hook].snap, &req, now);
+        for (ledger, seals) in plan {
+            loop {
+                let (rv, mut stored) = match self.ledgers.get(ledger.as_str()) {
+                    Some((rv, text)) => {
+                        (Some(rv.to_string()), Ledger::parse(&ledger, text).unwrap())
+                    }
+                    None => (None, Ledger::default()),
+                };
+                for (q, seal) in &seals {
+                    stored.seal(q, seal.clone());
+                }
+                if self.write(hook, &ledger, rv.as_deref(), &stored.render()) {
+                    self.seals_written += seals.len();
+                    break;
+                }
+            }
+        }
+        // Then the ledgers they move to say from where, and as of which version.
+        for (ledger, moved) in inbound_for(&self.replicas[hook].snap, &req) {
+            loop {
+                let (rv, mut stored) = match self.ledgers.get(ledger.as_str()) {
+                    Some((rv, text)) => {
+                        (Some(rv.to_string()), Ledger::parse(&ledger, text).unwrap())
+                    }
+                    None => (None, Ledger::default()),
+                };
+                for (q, from) in &moved {
+                    let version = self.ledgers.get(from.as_str()).map_or(0, |(rv, _)| *rv);
+                    stored.mark_inbound(
+                        q,
+                        Inbound {
+                            from: from.to_string(),
+                            version,
+                        },
+                    );
+                }
+                if self.write(hook, &ledger, rv.as_deref(), &stored.render()) {
+                    break;
+                }
+            }
         }
     }
 
@@ -909,7 +1001,10 @@ impl World {
                     self.store_pod(&name, None);
                 }
             }
-            Step::Deliver { r, stream, n } => self.replicas[r].deliver(stream, n, self.now, false),
+            Step::Deliver { r, stream, n } => {
+                self.replicas[r].deliver_queue();
+                self.replicas[r].deliver(stream, n, self.now, false)
+            }
             Step::Keep { r, how } => {
                 let queues: Vec<QueueName> = self.replicas[r].escrows.keys().cloned().collect();
                 let mv = [HoldMove::Renew, HoldMove::Shrink, HoldMove::Drop][how];
@@ -926,8 +1021,12 @@ impl World {
                 }
             }
             Step::Stall { r, stream } => self.replicas[r].stalled[stream] = true,
-            Step::Sleep => {}
-            Step::RootBudget { on } => {
+            Step::Sleep => {
+                for rep in &mut self.replicas {
+                    rep.deliver_queue();
+                }
+            }
+            Step::RootBudget { on, lag } => {
                 let mut root = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
                     "metadata": {"name": "root", "annotations": {}}, "status": {"state": "Open"}});
                 if on {
@@ -936,8 +1035,25 @@ impl World {
                     root["metadata"]["annotations"]["volcano.sh/card.quota"] =
                         json!(json!({"A": 100, "B": 100}).to_string());
                 }
-                for rep in &mut self.replicas {
-                    upsert(&mut rep.snap, &root).unwrap();
+                // The Queue hook runs at a replica that is not lagging, before the
+                // change is stored.
+                let hook = lag.map_or(0, |l| 1 - l);
+                if self.seals {
+                    self.seal_for(hook, &root);
+                }
+                self.rv += 1;
+                root["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.root = Some(root.clone());
+                if lag.is_some() {
+                    self.lagged_changes += 1;
+                }
+                for (r, rep) in self.replicas.iter_mut().enumerate() {
+                    if Some(r) == lag {
+                        rep.queue_lag = Some(root.clone());
+                    } else {
+                        rep.queue_lag = None;
+                        upsert(&mut rep.snap, &root).unwrap();
+                    }
                 }
             }
             Step::Fence { r } => {
@@ -1106,8 +1222,9 @@ fn configmap(queue: &str, rv: u64, text: &str) -> Value {
 /// admitted, pods of a PodGroup stored, retried binds admitted, retried creates
 /// admitted, charges admitted under a hold.
 /// Binds admitted and refused, conflicts, groups admitted and their pods, rebinds and
-/// retries admitted, charges held, ledger re-reads, pods stored.
-type Tally = [usize; 10];
+/// retries admitted, charges held, ledger re-reads, pods stored, root budgets changed
+/// while a replica's Queue watch lagged, seals written.
+type Tally = [usize; 12];
 
 /// Runs `steps`; `pin` is `serve`'s steering (off: pods accepting `A|B` stay unpinned
 /// until bound, and a binding chooses the model).
@@ -1181,6 +1298,8 @@ fn run_world(
         w.held,
         w.rereads,
         w.pods.len(),
+        w.lagged_changes,
+        w.seals_written,
     ])
 }
 
@@ -1195,7 +1314,7 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         failure_persistence: None,
         ..RunnerConfig::default()
     });
-    let totals = std::cell::Cell::new([0usize; 8]);
+    let totals = std::cell::Cell::new([0usize; 12]);
     runner
         .run(
             &(
@@ -1214,12 +1333,17 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         .unwrap();
     // The runs must have reached the line from both sides, raced on the ledger, and
     // charged pods against PodGroups' reservations.
-    let [admitted, refused, conflicts, groups, group_pods, rebinds, retries, held] = totals.get();
+    let [admitted, refused, conflicts, groups, group_pods, rebinds, retries, held, _, _, lagged, seals] =
+        totals.get();
+    assert!(
+        lagged > 0 && seals > 0,
+        "{lagged} tree changes behind a lagging Queue watch, {seals} seals, in {cases} cases"
+    );
     assert!(
         held > 0,
         "no charge was admitted under a hold in {cases} cases"
     );
-    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored, {rebinds} retried binds admitted, {retries} retried creates admitted (then 409), {held} charges admitted under a hold");
+    eprintln!("{cases} cases: {admitted} binds admitted, {refused} refused, {conflicts} ledger conflicts, {groups} PodGroups admitted, {group_pods} of their pods stored, {rebinds} retried binds admitted, {retries} retried creates admitted (then 409), {held} charges admitted under a hold, {lagged} root budgets changed behind a lagging Queue watch, {seals} seals written");
     assert!(
         admitted > 0 && refused > 0,
         "{admitted} binds admitted, {refused} refused"
@@ -1704,7 +1828,10 @@ fn a_root_budget_given_while_a_ledger_watch_lags_keeps_the_quota() {
             group: None,
             stored: true,
         },
-        Step::RootBudget { on: true },
+        Step::RootBudget {
+            on: true,
+            lag: None,
+        },
         Step::Create {
             r: 0,
             queue: 0,
@@ -1715,7 +1842,10 @@ fn a_root_budget_given_while_a_ledger_watch_lags_keeps_the_quota() {
             stored: true,
         },
     ];
-    let before = run_world(World::watching_ledgers(false), &steps, true, true, HOLD_USE);
+    // Without seals too: the hook's seal of q1's ledger would bring that ledger to r0.
+    let mut w = World::watching_ledgers(false);
+    w.seals = false;
+    let before = run_world(w, &steps, true, true, HOLD_USE);
     assert!(
         before.is_err(),
         "without the re-read the quota is passed: {before:?}"
@@ -1726,6 +1856,7 @@ fn a_root_budget_given_while_a_ledger_watch_lags_keeps_the_quota() {
     // Without the re-read, the core answers "try again" rather than decide blind.
     let mut w = World::new();
     w.reread = false;
+    w.seals = false;
     let tally = run_world(w, &steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         tally[9], 1,
@@ -1790,4 +1921,95 @@ fn a_bind_off_the_pin_does_not_free_the_pinned_card() {
         Step::Create { r: 0, queue: 2, name: 1, cards: 2, pods: 1, group: None, stored: true },
     ];
     run_with(&steps, true, false, HOLD_USE).unwrap();
+}
+
+/// Issue 46 #3, second half: root is given a budget while replica 1's Queue watch lags.
+/// Replica 0 (which ran the Queue hook) fills q1's 2 A cards in root's ledger; replica 1
+/// still sees q1 on its own and charges q1's own ledger. Without seals it admits a third
+/// A card (two ledgers, no shared compare-and-swap); with them its write meets the seal
+/// the hook put in q1's ledger, and it answers "try again" until its watch delivers.
+#[test]
+fn a_root_budget_behind_a_lagging_queue_watch_seals_the_old_ledger() {
+    let create = |r, pods| Step::Create {
+        r,
+        queue: 0,
+        name: 0,
+        cards: 1,
+        pods,
+        group: None,
+        stored: true,
+    };
+    let steps = [
+        Step::RootBudget {
+            on: true,
+            lag: Some(1),
+        },
+        create(0, 1),
+        create(0, 1),
+        create(1, 1),
+    ];
+    let mut w = World::new();
+    w.seals = false;
+    let without = run_world(w, &steps, true, false, HOLD_USE);
+    assert!(
+        without.is_err(),
+        "without seals the quota is passed: {without:?}"
+    );
+    let tally = run_with(&steps, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(tally[9], 2, "q1's 2 A cards, not 3: {tally:?}");
+    assert!(tally[11] >= 1, "the hook sealed q1: {tally:?}");
+    // Once its Queue watch delivers, replica 1 charges root's ledger and is refused
+    // for the quota, not asked to try again.
+    let mut more = steps.to_vec();
+    more.extend([Step::Sleep, create(1, 1)]);
+    let tally = run_with(&more, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(tally[9], 2, "{tally:?}");
+}
+
+/// Found by the 30,000-case run once it generated lagging Queue watches: root is given a
+/// budget and taken away again while replica 0's Queue watch lags, and replica 1 charges
+/// q2 in root's ledger meanwhile. Replica 0 sees only the second change (flat to flat
+/// for it: no change of its tree, so no re-read) and would charge q2's own ledger
+/// without the charges left in root's. The hook of the second change marks q2's ledger
+/// with where its charges came from; replica 0 reads that ledger first.
+#[test]
+fn a_tree_change_a_replica_never_saw_still_counts_its_charges() {
+    let steps = [
+        Step::RootBudget {
+            on: true,
+            lag: Some(0),
+        },
+        Step::Create {
+            r: 1,
+            queue: 1,
+            name: 0,
+            cards: 1,
+            pods: 4,
+            group: None,
+            stored: true,
+        },
+        Step::RootBudget {
+            on: false,
+            lag: Some(0),
+        },
+        Step::Deliver {
+            r: 0,
+            stream: 0,
+            n: 1,
+        },
+        Step::Create {
+            r: 0,
+            queue: 1,
+            name: 1,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+    ];
+    let mut w = World::new();
+    w.seals = false;
+    let without = run_world(w, &steps, true, false, HOLD_USE);
+    assert!(without.is_err(), "without seals and marks: {without:?}");
+    run_with(&steps, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
 }

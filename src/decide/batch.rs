@@ -227,7 +227,9 @@ pub fn plan_held(
             outcomes.push(Outcome::Answer(moved(queue, &charge.queue)));
             continue;
         }
-        if let Some(d) = super::seal::blocks(snap, &ledger, &charge.queue) {
+        if let Some(d) = super::seal::blocks(snap, &ledger, &charge.queue)
+            .or_else(|| super::seal::unread_source(snap, &ledger, &charge.queue))
+        {
             outcomes.push(Outcome::Answer(d));
             continue;
         }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use crate::cards::QueueName;
 use crate::cluster::records::queue_record;
 use crate::cluster::QueueRecord;
-use crate::ledger::seal::{Seal, SEAL_LIFT_AFTER};
+use crate::ledger::seal::{Inbound, Seal, SEAL_LIFT_AFTER};
 use crate::ledger::Ledger;
 use crate::snapshot::Snapshot;
 
@@ -18,51 +18,67 @@ use super::review::{AdmissionRequest, Object, Operation};
 use super::Decision;
 
 /// The queues whose ledger `req` (a Queue write, admitted) changes, by the ledger they
-/// leave, with the seal each gets there. Empty for anything else, and for a Queue
-/// without a resourceVersion (an offline review: nothing lags there).
+/// leave, with the seal each gets there. Empty for anything else, and for a Queue whose
+/// stored version has no resourceVersion (an offline review: nothing lags there).
 pub fn seals_for(
     snap: &Snapshot,
     req: &AdmissionRequest,
     now: jiff::Timestamp,
 ) -> BTreeMap<QueueName, Vec<(QueueName, Seal)>> {
     let mut out: BTreeMap<QueueName, Vec<(QueueName, Seal)>> = BTreeMap::new();
+    let Some((name, version, moved)) = tree_moves(snap, req) else {
+        return out;
+    };
+    for (q, from, _) in moved {
+        let seal = Seal {
+            by: name.to_string(),
+            version,
+            at: now,
+        };
+        out.entry(from).or_default().push((q, seal));
+    }
+    out
+}
+
+/// The other half of [`seals_for`]: by the ledger they move to, each moved queue and
+/// the ledger it leaves (whose version after its seal the [`Inbound`] mark carries).
+pub fn inbound_for(
+    snap: &Snapshot,
+    req: &AdmissionRequest,
+) -> BTreeMap<QueueName, Vec<(QueueName, QueueName)>> {
+    let mut out: BTreeMap<QueueName, Vec<(QueueName, QueueName)>> = BTreeMap::new();
+    for (q, from, to) in tree_moves(snap, req).map(|(_, _, m)| m).unwrap_or_default() {
+        out.entry(to).or_default().push((q, from));
+    }
+    out
+}
+
+/// The Queue `req` writes, its version before the write (0 when created), and every
+/// queue the write moves to another ledger: (queue, from, to).
+#[allow(clippy::type_complexity)]
+fn tree_moves(
+    snap: &Snapshot,
+    req: &AdmissionRequest,
+) -> Option<(QueueName, u64, Vec<(QueueName, QueueName, QueueName)>)> {
     let record = |v: Option<&Object>| v.map(Object::tree).and_then(|o| queue_record(o).ok());
     let old = record(req.old_object.as_ref());
     let new = match req.operation {
         Operation::Delete => None,
         _ => record(req.object.as_ref()),
     };
-    let Some(name) = new.as_ref().or(old.as_ref()).map(|r| r.name.clone()) else {
-        return out;
-    };
+    let name = new.as_ref().or(old.as_ref()).map(|r| r.name.clone())?;
     let old = old.or_else(|| snap.queue(&name).cloned());
     // A Queue created (root given a budget where it did not exist): any version of it
     // shows the change, and a read that finds none shows it never landed.
     let version = match &old {
-        None => Some(0),
-        Some(r) => r
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok()),
-    };
-    let Some(version) = version else {
-        return out;
+        None => 0,
+        Some(r) => r.resource_version.as_deref()?.parse::<u64>().ok()?,
     };
     if !shapes_tree(old.as_ref(), new.as_ref()) {
-        return out;
+        return None;
     }
-    for (from, queues) in moves(snap, old.as_ref(), new.as_ref(), &name) {
-        let seal = Seal {
-            by: name.to_string(),
-            version,
-            at: now,
-        };
-        out.insert(
-            from,
-            queues.into_iter().map(|q| (q, seal.clone())).collect(),
-        );
-    }
-    out
+    let moved = moves(snap, old.as_ref(), new.as_ref(), &name);
+    Some((name, version, moved))
 }
 
 /// True when going from `old` to `new` may move a queue's charges to another ledger:
@@ -73,14 +89,15 @@ fn shapes_tree(old: Option<&QueueRecord>, new: Option<&QueueRecord>) -> bool {
     parent(old) != parent(new) || level(old) != level(new) || old.is_none() != new.is_none()
 }
 
-/// Every queue whose ledger differs once `name` goes from `old` to `new`, by the
-/// ledger it had. O(queues × depth), on the Queue writes that shape the tree only.
+/// Every queue whose ledger differs once `name` goes from `old` to `new`: (queue, the
+/// ledger it had, the one it gets). O(queues × depth), on the Queue writes that shape
+/// the tree only.
 fn moves(
     snap: &Snapshot,
     old: Option<&QueueRecord>,
     new: Option<&QueueRecord>,
     name: &QueueName,
-) -> BTreeMap<QueueName, Vec<QueueName>> {
+) -> Vec<(QueueName, QueueName, QueueName)> {
     let mut before = Snapshot::default();
     for q in snap.queues().filter(|q| q.name != *name) {
         before.upsert_queue(q.clone());
@@ -93,13 +110,54 @@ fn moves(
         Some(n) => after.upsert_queue(n.clone()),
         None => after.remove_queue(name),
     }
-    let mut out: BTreeMap<QueueName, Vec<QueueName>> = BTreeMap::new();
+    let mut out = Vec::new();
     for q in before.queues() {
         let (from, to) = (before.ledger_key(&q.name), after.ledger_key(&q.name));
         if from != to {
-            out.entry(from).or_default().push(q.name.clone());
+            out.push((q.name.clone(), from, to));
         }
     }
+    out
+}
+
+/// True when `ledger` says `queue`'s charges came from a ledger this snapshot has not
+/// read as far as the move: charged here, the queue could miss what is still in flight
+/// there (charged under a tree this replica never saw). "Try again" until it is read.
+pub fn unread_source(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Decision> {
+    let inbound = ledger.inbound().get(queue.as_str())?;
+    if !behind_source(snap, inbound) {
+        return None;
+    }
+    Some(Decision::deny(
+        RETRY,
+        format!(
+            "queue {queue}'s charges moved here from the ledger of {} and card-quota is reading it; try again",
+            inbound.from
+        ),
+    ))
+}
+
+fn behind_source(snap: &Snapshot, inbound: &Inbound) -> bool {
+    let from = QueueName::new(inbound.from.clone());
+    let read = snap
+        .ledger(&from)
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    read.is_none_or(|v| v < inbound.version)
+}
+
+/// The ledgers to read before charging `ledger`: sources of its inbound marks this
+/// snapshot has not read as far as the move.
+pub fn sources_to_read(snap: &Snapshot, ledger: &Ledger) -> Vec<QueueName> {
+    let mut out: Vec<QueueName> = ledger
+        .inbound()
+        .values()
+        .filter(|i| behind_source(snap, i))
+        .map(|i| QueueName::new(i.from.clone()))
+        .collect();
+    out.sort();
+    out.dedup();
     out
 }
 

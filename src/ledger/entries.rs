@@ -291,6 +291,7 @@ pub struct Ledger {
     holds: BTreeMap<String, Hold>,
     release: u64,
     seals: BTreeMap<String, super::seal::Seal>,
+    inbound: BTreeMap<String, super::seal::Inbound>,
 }
 
 /// Headroom one replica holds on a queue (escrow): it admits charges within it without
@@ -328,6 +329,8 @@ struct Stored {
     release: u64,
     #[serde(default)]
     seals: BTreeMap<String, super::seal::Seal>,
+    #[serde(default)]
+    inbound: BTreeMap<String, super::seal::Inbound>,
 }
 
 #[derive(Serialize)]
@@ -340,6 +343,8 @@ struct Storing<'a> {
     release: u64,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     seals: &'a BTreeMap<String, super::seal::Seal>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    inbound: &'a BTreeMap<String, super::seal::Inbound>,
 }
 
 /// Why a stored ledger could not be read.
@@ -368,6 +373,7 @@ impl Ledger {
             holds: doc.holds,
             release: doc.release,
             seals: doc.seals,
+            inbound: doc.inbound,
         })
     }
 
@@ -379,6 +385,7 @@ impl Ledger {
             holds: &self.holds,
             release: self.release,
             seals: &self.seals,
+            inbound: &self.inbound,
         };
         serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string())
     }
@@ -457,6 +464,16 @@ impl Ledger {
     /// Seals `queue`'s charges here (a later seal replaces an earlier one).
     pub fn seal(&mut self, queue: &crate::cards::QueueName, seal: super::seal::Seal) {
         self.seals.insert(queue.to_string(), seal);
+    }
+
+    /// Where queues charged here came from, by queue.
+    pub fn inbound(&self) -> &BTreeMap<String, super::seal::Inbound> {
+        &self.inbound
+    }
+
+    /// Records that `queue`'s charges came here from another ledger (the latest wins).
+    pub fn mark_inbound(&mut self, queue: &crate::cards::QueueName, inbound: super::seal::Inbound) {
+        self.inbound.insert(queue.to_string(), inbound);
     }
 
     /// Drops the seal on `queue`; true when there was one.

@@ -21,3 +21,13 @@ pub struct Seal {
 /// How long after a seal a change it was written for can no longer land: the API
 /// server's default request timeout (a request's admission comes before its storage).
 pub const SEAL_LIFT_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The other half of a move, in the ledger a queue's charges move to: they were charged
+/// in `from` until its seal, written at `version` of that ledger. A replica charges the
+/// queue here only once it has read `from` at that version or later (it may never have
+/// seen the tree the charges there were made under).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inbound {
+    pub from: String,
+    pub version: u64,
+}

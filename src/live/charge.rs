@@ -713,6 +713,11 @@ impl Committer {
             if let Some(api) = &self.queue_reads {
                 super::seals::confirm_seals(api, snapshot, queue).await;
             }
+            let store = |rec: LedgerRecord| {
+                let q = rec.queue.clone();
+                self.stored(&q, snapshot, rec);
+            };
+            super::seals::read_sources(&self.api, snapshot, queue, store).await;
             // A warned admission waits for others' spare half its budget at most, then
             // is recorded with its warning (a dead holder's spare never comes back).
             let warned_wait = undecided.iter().all(|w| {

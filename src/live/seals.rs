@@ -2,6 +2,7 @@
 //! ledgers a change of the tree moves charges out of, before it answers; a writer reads
 //! the Queue of an old seal from the API server to learn whether its change landed.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -9,7 +10,8 @@ use kube::api::{Api, DynamicObject};
 
 use crate::cards::QueueName;
 use crate::decide::review::AdmissionRequest;
-use crate::decide::seal::{seals_for, to_confirm};
+use crate::decide::seal::{inbound_for, seals_for, sources_to_read, to_confirm};
+use crate::ledger::seal::Inbound;
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
 
@@ -23,41 +25,106 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Seals, in every ledger `req` (an admitted Queue write) moves charges out of, the
-/// queues it moves. `store` keeps each ledger as written. An error says which ledger
-/// could not be sealed: the Queue write must then wait ("try again").
+/// queues it moves, then marks them in the ledgers they move to with the version each
+/// source had after its seal. `store` keeps each ledger as written. An error says which
+/// ledger could not be written: the Queue write must then wait ("try again").
 pub async fn seal_ledgers(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
     req: &AdmissionRequest,
     store: impl Fn(LedgerRecord),
 ) -> Result<(), WriteError> {
-    let plan = seals_for(&locked(snapshot), req, jiff::Timestamp::now());
+    let (plan, marks) = {
+        let snap = locked(snapshot);
+        (
+            seals_for(&snap, req, jiff::Timestamp::now()),
+            inbound_for(&snap, req),
+        )
+    };
+    let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
     for (ledger, seals) in plan {
-        let mut rec = (*locked(snapshot).ledger(&ledger)).clone();
-        let mut attempt = 0;
-        loop {
-            let mut sealed = rec.ledger.clone();
+        let stored = update(api, snapshot, &ledger, &store, |l| {
             for (q, s) in &seals {
-                sealed.seal(q, s.clone());
+                l.seal(q, s.clone());
             }
-            match api
-                .write(&ledger, rec.resource_version.as_deref(), &sealed.render())
-                .await
-            {
-                Ok(stored) => {
-                    store(stored);
-                    break;
-                }
-                Err(WriteError::Conflict(_)) if attempt + 1 < ATTEMPTS => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
-                    rec = api.get(&ledger).await?;
-                }
-                Err(e) => return Err(e),
+        })
+        .await?;
+        let version = stored
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
+        sealed_at.insert(ledger, version);
+    }
+    for (ledger, moved) in marks {
+        update(api, snapshot, &ledger, &store, |l| {
+            for (q, from) in &moved {
+                let version = sealed_at.get(from).copied().unwrap_or(u64::MAX);
+                l.mark_inbound(
+                    q,
+                    Inbound {
+                        from: from.to_string(),
+                        version,
+                    },
+                );
             }
-        }
+        })
+        .await?;
     }
     Ok(())
+}
+
+/// Changes `ledger` by `change` with compare-and-swap, read again on a conflict; the
+/// resourceVersion it was stored at.
+async fn update(
+    api: &LedgerApi,
+    snapshot: &Mutex<Snapshot>,
+    ledger: &QueueName,
+    store: &impl Fn(LedgerRecord),
+    change: impl Fn(&mut crate::ledger::Ledger),
+) -> Result<Option<String>, WriteError> {
+    let mut rec = (*locked(snapshot).ledger(ledger)).clone();
+    let mut attempt = 0;
+    loop {
+        let mut next = rec.ledger.clone();
+        change(&mut next);
+        match api
+            .write(ledger, rec.resource_version.as_deref(), &next.render())
+            .await
+        {
+            Ok(stored) => {
+                let version = stored.resource_version.clone();
+                store(stored);
+                return Ok(version);
+            }
+            Err(WriteError::Conflict(_)) if attempt + 1 < ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+                rec = api.get(ledger).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Reads from the API server the ledgers `ledger`'s inbound marks name, where the
+/// snapshot has not read them as far as the move ([`sources_to_read`]).
+pub async fn read_sources(
+    api: &LedgerApi,
+    snapshot: &Mutex<Snapshot>,
+    ledger: &QueueName,
+    store: impl Fn(LedgerRecord),
+) {
+    let need = {
+        let snap = locked(snapshot);
+        sources_to_read(&snap, &snap.ledger(ledger).ledger)
+    };
+    for from in need {
+        match api.get(&from).await {
+            Ok(rec) => store(rec),
+            Err(e) => tracing::warn!(
+                "reading the ledger of {from}, which queues charged in {ledger} moved from, failed: {e}"
+            ),
+        }
+    }
 }
 
 /// Reads from the API server (a quorum read) the Queues of `ledger`'s seals whose
