@@ -126,6 +126,12 @@ impl World {
         }
         self.send(b.build())
     }
+    /// vc-scheduler's enqueue of `waiting` (Pending -> Inqueue).
+    fn enqueue(&mut self, waiting: &Value) -> AdmissionResponse {
+        let mut next = waiting.clone();
+        next["status"] = json!({"phase": "Inqueue"});
+        self.send(R::podgroup("UPDATE", next).old(waiting.clone()).build())
+    }
     fn usage(&self, queue: &str, model: &str) -> Value {
         serde_json::to_value(usage_report(&self.snap, jiff::Timestamp::now()))
             .unwrap()
@@ -142,6 +148,14 @@ fn pod(name: &str, queue: &str, card: &str, n: &str) -> Value {
         .card(card)
         .gpus(n)
         .build()
+}
+
+/// A waiting PodGroup of `queue` asking for `request` (`card.request`).
+fn pg(name: &str, queue: &str, request: &str) -> Value {
+    json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
+            "annotations": {"volcano.sh/card.request": request}},
+        "spec": {"queue": queue, "minMember": 1}, "status": {}})
 }
 
 fn message(r: &AdmissionResponse) -> String {
@@ -736,17 +750,7 @@ fn root_with_a_card_quota_is_a_cluster_budget_over_every_top_queue() {
 #[test]
 fn a_job_in_a_team_waits_at_its_enqueue_until_the_org_has_room() {
     let mut w = World::org();
-    let pg = |name: &str, q: &str, request: &str| {
-        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                "annotations": {"volcano.sh/card.request": request}},
-            "spec": {"queue": q, "minMember": 1}, "status": {}})
-    };
-    let enqueue = |w: &mut World, waiting: &Value| {
-        let mut next = waiting.clone();
-        next["status"] = json!({"phase": "Inqueue"});
-        w.send(R::podgroup("UPDATE", next).old(waiting.clone()).build())
-    };
+    let enqueue = |w: &mut World, waiting: &Value| w.enqueue(waiting);
     w.admit("team-b", "NVIDIA-H200", "2");
     w.admit("team-a", "NVIDIA-H200", "4");
     // A Job of 6 in team-a could run one day only by borrowing: it is created and waits.
@@ -867,17 +871,8 @@ fn a_job_that_may_use_several_models_takes_each_share_before_borrowing() {
             r#"{"NVIDIA-H200":1}"#,
         ),
     ]);
-    let pg = |name: &str, request: &str| {
-        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
-            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}"),
-                "annotations": {"volcano.sh/card.request": request}},
-            "spec": {"queue": "team-a", "minMember": 1}, "status": {}})
-    };
-    let enqueue = |w: &mut World, waiting: &Value| {
-        let mut next = waiting.clone();
-        next["status"] = json!({"phase": "Inqueue"});
-        w.send(R::podgroup("UPDATE", next).old(waiting.clone()).build())
-    };
+    let pg = |name: &str, request: &str| pg(name, "team-a", request);
+    let enqueue = |w: &mut World, waiting: &Value| w.enqueue(waiting);
     // team-b takes its H200 share and org's whole H200 pool.
     w.admit("team-b", "NVIDIA-H200", "1");
     w.admit("team-b", "NVIDIA-H200", "1");

@@ -671,44 +671,42 @@ impl World {
         let now = self.timestamp();
         let plan = seals_for(&self.replicas[hook].snap, &req, now);
         for (ledger, seals) in plan {
-            loop {
-                let (rv, mut stored) = match self.ledgers.get(ledger.as_str()) {
-                    Some((rv, text)) => {
-                        (Some(rv.to_string()), Ledger::parse(&ledger, text).unwrap())
-                    }
-                    None => (None, Ledger::default()),
-                };
+            self.update_ledger(hook, &ledger, |l| {
                 for (q, seal) in &seals {
-                    stored.seal(q, seal.clone());
+                    l.seal(q, seal.clone());
                 }
-                if self.write(hook, &ledger, rv.as_deref(), &stored.render()) {
-                    self.seals_written += seals.len();
-                    break;
-                }
-            }
+            });
+            self.seals_written += seals.len();
         }
         // Then the ledgers they move to say from where, and as of which version.
         for (ledger, moved) in inbound_for(&self.replicas[hook].snap, &req) {
-            loop {
-                let (rv, mut stored) = match self.ledgers.get(ledger.as_str()) {
-                    Some((rv, text)) => {
-                        (Some(rv.to_string()), Ledger::parse(&ledger, text).unwrap())
-                    }
-                    None => (None, Ledger::default()),
-                };
-                for (q, from) in &moved {
+            let marks: Vec<(QueueName, Inbound)> = moved
+                .iter()
+                .map(|(q, from)| {
                     let version = self.ledgers.get(from.as_str()).map_or(0, |(rv, _)| *rv);
-                    stored.mark_inbound(
-                        q,
-                        Inbound {
-                            from: from.to_string(),
-                            version,
-                        },
-                    );
+                    let from = from.to_string();
+                    (q.clone(), Inbound { from, version })
+                })
+                .collect();
+            self.update_ledger(hook, &ledger, |l| {
+                for (q, mark) in &marks {
+                    l.mark_inbound(q, mark.clone());
                 }
-                if self.write(hook, &ledger, rv.as_deref(), &stored.render()) {
-                    break;
-                }
+            });
+        }
+    }
+
+    /// Replica `r` changes `ledger` by `change` with compare-and-swap, reading the API
+    /// server's ledger again until its write lands.
+    fn update_ledger(&mut self, r: usize, ledger: &QueueName, change: impl Fn(&mut Ledger)) {
+        loop {
+            let (rv, mut stored) = match self.ledgers.get(ledger.as_str()) {
+                Some((rv, text)) => (Some(rv.to_string()), Ledger::parse(ledger, text).unwrap()),
+                None => (None, Ledger::default()),
+            };
+            change(&mut stored);
+            if self.write(r, ledger, rv.as_deref(), &stored.render()) {
+                return;
             }
         }
     }

@@ -229,7 +229,7 @@ pub enum Preview {
     Charge { queue: QueueName, deadline: Instant },
 }
 
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -269,10 +269,7 @@ impl Committer {
         snapshot: &Mutex<Snapshot>,
         req: &AdmissionRequest,
     ) -> Option<Decision> {
-        let store = |rec: LedgerRecord| {
-            let q = rec.queue.clone();
-            self.stored(&q, snapshot, rec);
-        };
+        let store = |rec| self.keep(snapshot, rec);
         match super::seals::seal_ledgers(&self.api, snapshot, req, store).await {
             Ok(()) => None,
             Err(e) => Some(Decision::deny(
@@ -459,6 +456,12 @@ impl Committer {
             let first = locked(&self.clock).first_seen(&q, id, e, now);
             now.saturating_duration_since(first)
         }
+    }
+
+    /// [`Committer::stored`] for a ledger read or written outside its queue's writer.
+    fn keep(&self, snapshot: &Mutex<Snapshot>, rec: LedgerRecord) {
+        let q = rec.queue.clone();
+        self.stored(&q, snapshot, rec);
     }
 
     /// Takes a ledger this replica wrote into the snapshot; entries it no longer
@@ -713,10 +716,7 @@ impl Committer {
             if let Some(api) = &self.queue_reads {
                 super::seals::confirm_seals(api, snapshot, queue).await;
             }
-            let store = |rec: LedgerRecord| {
-                let q = rec.queue.clone();
-                self.stored(&q, snapshot, rec);
-            };
+            let store = |rec| self.keep(snapshot, rec);
             super::seals::read_sources(&self.api, snapshot, queue, store).await;
             // A warned admission waits for others' spare half its budget at most, then
             // is recorded with its warning (a dead holder's spare never comes back).

@@ -15,14 +15,11 @@ use crate::ledger::seal::Inbound;
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
 
+use super::charge::locked;
 use super::ledgers::{LedgerApi, WriteError};
 
 /// Compare-and-swap attempts per ledger before the Queue write is answered "try again".
 const ATTEMPTS: u32 = 5;
-
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Seals, in every ledger `req` (an admitted Queue write) moves charges out of, the
 /// queues it moves, then marks them in the ledgers they move to with the version each
