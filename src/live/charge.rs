@@ -890,13 +890,17 @@ impl Committer {
                         .collect()
                 }
                 Err(_) => {
+                    // Say whether the API server was slow or other writers used the budget.
+                    let why = match attempt {
+                        0 => "the API server did not answer the ledger write in time".to_string(),
+                        n => format!(
+                            "the API server did not answer the ledger write in time, \
+                             after {n} earlier write(s) lost to other writers"
+                        ),
+                    };
                     for (w, _) in admitted {
                         metrics.write(WriteOutcome::Timeout);
-                        w.send(gave_up(
-                            queue,
-                            self.budget,
-                            "the API server did not answer in time",
-                        ));
+                        w.send(gave_up(queue, self.budget, &why));
                     }
                     for mut w in waiting {
                         if let Some(d) = w.refusal.take() {
