@@ -691,7 +691,7 @@ fn status_prints_the_tree() {
     w.admit("team-a", "NVIDIA-H200", "5");
     let out = card_quota::cli::status::render(
         &w.snap,
-        None,
+        &card_quota::cli::status::Scope::default(),
         card_quota::cli::status::Format::Table,
         jiff::Timestamp::now(),
     )

@@ -1,6 +1,6 @@
 //! `card-quota status`: the per-queue, per-model usage table.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::admission::usage_report;
 use crate::ledger::{Row, UsageKey};
@@ -21,6 +21,63 @@ pub enum StatusError {
     UnknownQueue { queue: String, known: String },
     #[error("encoding the usage: {0}")]
     Encode(String),
+}
+
+/// Which queues `status` shows: every one, the one `--queue` names, and with `-n` only
+/// those the namespace's card pods and PodGroups are charged to (and its waiting Jobs).
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    pub queue: Option<String>,
+    /// The namespace and the queues its card workloads use.
+    pub namespace: Option<(String, BTreeSet<crate::cards::QueueName>)>,
+}
+
+impl Scope {
+    /// Every queue, or the one `queue` names.
+    pub fn queue(queue: Option<&str>) -> Self {
+        Self {
+            queue: queue.map(str::to_string),
+            namespace: None,
+        }
+    }
+
+    /// Narrowed to the queues `namespace`'s card pods and PodGroups use in `snap`.
+    pub fn in_namespace(self, namespace: &str, snap: &Snapshot) -> Self {
+        Self {
+            namespace: Some((namespace.to_string(), snap.queues_used_in(namespace))),
+            ..self
+        }
+    }
+
+    fn shows(&self, queue: &str) -> bool {
+        self.queue.as_deref().is_none_or(|q| q == queue)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|(_, used)| used.iter().any(|u| u.as_str() == queue))
+    }
+
+    fn shows_group(&self, g: &crate::cluster::PodGroupRecord) -> bool {
+        self.shows(g.queue.as_str())
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|(ns, _)| *ns == g.key.namespace)
+    }
+
+    /// What an empty table says: kubectl's words, with the namespace when one is given.
+    pub fn nothing_found(&self) -> String {
+        match &self.namespace {
+            Some((ns, _)) => format!(
+                "No card pod or PodGroup in namespace {ns} is charged to a queue{}\n",
+                self.queue
+                    .as_deref()
+                    .map(|q| format!(" (looked for queue {q})"))
+                    .unwrap_or_default()
+            ),
+            None => "No resources found\n".to_string(),
+        }
+    }
 }
 
 /// One line of `status`: a queue's numbers for one model (or `A|B` demand), or the queue
@@ -175,7 +232,7 @@ fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
 /// has a quota for or uses, in name order.
 pub fn rows(
     snap: &Snapshot,
-    queue: Option<&str>,
+    scope: &Scope,
     now: jiff::Timestamp,
 ) -> Result<Vec<StatusRow>, StatusError> {
     let report: BTreeMap<String, BTreeMap<UsageKey, Row>> = usage_report(snap, now);
@@ -184,15 +241,15 @@ pub fn rows(
     let mut names: std::collections::BTreeSet<String> =
         snap.queue_names().iter().map(|q| q.to_string()).collect();
     names.extend(report.keys().cloned());
-    if let Some(q) = queue {
+    if let Some(q) = &scope.queue {
         if !names.contains(q) {
             return Err(StatusError::UnknownQueue {
                 queue: q.to_string(),
                 known: names.into_iter().collect::<Vec<_>>().join(", "),
             });
         }
-        names.retain(|n| n == q);
     }
+    names.retain(|n| scope.shows(n));
     let parent_of = |n: &str| {
         snap.queue(&crate::cards::QueueName::new(n))
             .and_then(|r| snap.link(r))
@@ -273,9 +330,9 @@ fn tree_order(queues: impl IntoIterator<Item = (String, Option<String>)>) -> Vec
 /// `status` that needs only to read Queues.
 pub fn written_rows(
     queues: &[crate::cluster::QueueRecord],
-    queue: Option<&str>,
+    scope: &Scope,
 ) -> Result<Vec<StatusRow>, StatusError> {
-    if let Some(q) = queue {
+    if let Some(q) = &scope.queue {
         if !queues.iter().any(|r| r.name.as_str() == q) {
             let known: Vec<&str> = queues.iter().map(|r| r.name.as_str()).collect();
             return Err(StatusError::UnknownQueue {
@@ -287,7 +344,7 @@ pub fn written_rows(
     let mut out = Vec::new();
     let by_name: BTreeMap<&str, &crate::cluster::QueueRecord> = queues
         .iter()
-        .filter(|r| queue.is_none_or(|q| r.name.as_str() == q))
+        .filter(|r| scope.shows(r.name.as_str()))
         .map(|r| (r.name.as_str(), r))
         .collect();
     let order = tree_order(by_name.values().map(|r| {
@@ -419,26 +476,26 @@ pub fn table(rows: &[StatusRow]) -> String {
 /// annotations and the held Jobs below it), or the rows as a JSON / YAML list.
 pub fn render(
     snap: &Snapshot,
-    queue: Option<&str>,
+    scope: &Scope,
     format: Format,
     now: jiff::Timestamp,
 ) -> Result<String, StatusError> {
-    let rows = rows(snap, queue, now)?;
-    let text = render_rows(&rows, format)?;
+    let rows = rows(snap, scope, now)?;
     Ok(match format {
-        Format::Table if !rows.is_empty() => {
-            text + &problems(snap, queue) + &waiting_table(snap, queue, now)
+        Format::Table if rows.is_empty() => scope.nothing_found(),
+        Format::Table => {
+            render_rows(&rows, format)? + &problems(snap, scope) + &waiting_table(snap, scope, now)
         }
-        _ => text,
+        _ => render_rows(&rows, format)?,
     })
 }
 
 /// Queues whose `card.quota` does not parse: they count as quota 0 for every model (and
 /// refuse every charge) until it is fixed; the table alone would show only the 0.
-pub fn problems(snap: &Snapshot, queue: Option<&str>) -> String {
+pub fn problems(snap: &Snapshot, scope: &Scope) -> String {
     let mut out = String::new();
     for name in snap.queue_names() {
-        if queue.is_some_and(|q| q != name.as_str()) {
+        if !scope.shows(name.as_str()) {
             continue;
         }
         let Some(q) = snap.queue(&name) else { continue };
@@ -454,7 +511,7 @@ pub fn problems(snap: &Snapshot, queue: Option<&str>) -> String {
             out.push_str(&format!("\nqueue {name}: {e}\n"));
         }
     }
-    if queue.is_none() {
+    if scope.queue.is_none() && scope.namespace.is_none() {
         for u in crate::controller::plan::unmanaged(snap) {
             out.push_str(&format!("\n{}\n", u.message()));
         }
@@ -464,11 +521,11 @@ pub fn problems(snap: &Snapshot, queue: Option<&str>) -> String {
 
 /// The Jobs held at Volcano's enqueue (PodGroups with card demand still Pending),
 /// oldest first; empty when none waits.
-pub fn waiting_table(snap: &Snapshot, queue: Option<&str>, now: jiff::Timestamp) -> String {
+pub fn waiting_table(snap: &Snapshot, scope: &Scope, now: jiff::Timestamp) -> String {
     let rows: Vec<[String; 4]> = snap
         .waiting_groups()
         .into_iter()
-        .filter(|g| queue.is_none_or(|q| g.queue.as_str() == q))
+        .filter(|g| scope.shows_group(g))
         .map(|g| {
             let request = match &g.request {
                 Some(Ok(r)) => {
@@ -531,7 +588,7 @@ mod tests {
                 "volcano.sh/card.usage": r#"{"NVIDIA-H200":{"quota":2,"allocated":3,"pending":0,"reserved":0},"NVIDIA-H200|RTX-4090":{"quota":0,"allocated":0,"pending":1,"reserved":0},"observedAt":"2026-11-26T10:00:00Z"}"#}}});
         let fresh = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
             "metadata": {"name": "new"}});
-        let rows = written_rows(&[queue(written), queue(fresh)], None).unwrap();
+        let rows = written_rows(&[queue(written), queue(fresh)], &Scope::default()).unwrap();
         assert_eq!(
             table(&rows),
             "\
@@ -541,11 +598,74 @@ q      NVIDIA-H200           2      3          0        0         0     1
 q      NVIDIA-H200|RTX-4090  -      0          1        0         -     -
 "
         );
-        let e = written_rows(&[], Some("x")).unwrap_err().to_string();
+        let e = written_rows(&[], &Scope::queue(Some("x")))
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "queue x is not in the snapshot (queues: )");
         assert_eq!(
             render_rows(&[], Format::Table).unwrap(),
             "No resources found\n"
+        );
+    }
+
+    #[test]
+    fn a_namespace_sees_the_queues_its_card_workloads_use_and_its_waiting_jobs() {
+        let objects = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: qa, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}'}}}
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: qb, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}'}}}
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: qc, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}'}}}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: p, namespace: team-a, annotations: {scheduling.volcano.sh/queue-name: qa, volcano.sh/card.name: NVIDIA-H200}}
+  spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: p, namespace: team-b, annotations: {scheduling.volcano.sh/queue-name: qb, volcano.sh/card.name: NVIDIA-H200}}
+  spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+- apiVersion: scheduling.volcano.sh/v1beta1
+  kind: PodGroup
+  metadata: {name: wait-a, namespace: team-a, annotations: {volcano.sh/card.request: '{"NVIDIA-H200":3}'}}
+  spec: {queue: qc, minMember: 1}
+  status: {phase: Pending}
+- apiVersion: scheduling.volcano.sh/v1beta1
+  kind: PodGroup
+  metadata: {name: wait-b, namespace: team-b, annotations: {volcano.sh/card.request: '{"NVIDIA-H200":3}'}}
+  spec: {queue: qc, minMember: 1}
+  status: {phase: Pending}
+"#;
+        let (snap, skipped) = crate::snapshot::load::load(objects).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let now = jiff::Timestamp::now();
+        let queues = |scope: &Scope| -> Vec<String> {
+            let mut q: Vec<String> = rows(&snap, scope, now)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.queue)
+                .collect();
+            q.dedup();
+            q
+        };
+        let a = Scope::default().in_namespace("team-a", &snap);
+        assert_eq!(queues(&a), ["qa", "qc"]);
+        let text = render(&snap, &a, Format::Table, now).unwrap();
+        assert!(text.contains("team-a/wait-a"), "{text}");
+        assert!(!text.contains("team-b/wait-b"), "{text}");
+        assert_eq!(
+            queues(&Scope::queue(Some("qc")).in_namespace("team-b", &snap)),
+            ["qc"]
+        );
+        let none = Scope::queue(Some("qb")).in_namespace("team-a", &snap);
+        assert_eq!(
+            render(&snap, &none, Format::Table, now).unwrap(),
+            "No card pod or PodGroup in namespace team-a is charged to a queue (looked for queue qb)\n"
+        );
+        let empty = Scope::default().in_namespace("nobody", &snap);
+        assert_eq!(
+            render(&snap, &empty, Format::Table, now).unwrap(),
+            "No card pod or PodGroup in namespace nobody is charged to a queue\n"
         );
     }
 }

@@ -437,6 +437,22 @@ impl Snapshot {
         self.queues.values()
     }
 
+    /// The queues `namespace`'s card pods are counted in and its PodGroups name: what a
+    /// tenant of that namespace is charged to.
+    pub fn queues_used_in(&self, namespace: &str) -> BTreeSet<QueueName> {
+        let pods = self
+            .pods
+            .keys()
+            .filter(|k| k.namespace == namespace)
+            .filter_map(|k| self.tally.queue_of(k).cloned());
+        let groups = self
+            .groups
+            .values()
+            .filter(|g| g.key.namespace == namespace)
+            .map(|g| g.queue.clone());
+        pods.chain(groups).collect()
+    }
+
     /// Every queue that has a record, a pod or a PodGroup.
     pub fn queue_names(&self) -> BTreeSet<QueueName> {
         let mut out: BTreeSet<QueueName> = self.queues.keys().cloned().collect();

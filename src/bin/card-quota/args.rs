@@ -22,7 +22,7 @@ pub struct Cli {
 pub enum Command {
     /// Replay AdmissionReviews against a snapshot of objects, offline.
     #[command(
-        after_help = "Prints one AdmissionReview answer per request (patches in base64, as the API server takes them), then the final usage. RUST_LOG=info also logs each patch decoded and each Event."
+        after_help = "Prints one AdmissionReview answer per request (patches in base64, as the API server takes them; --decode-patches writes them as JSON to read), then the final usage. RUST_LOG=info also logs each patch and each Event."
     )]
     Replay(ReplayArgs),
     /// A narrated scenario on an embedded snapshot; needs no cluster.
@@ -48,6 +48,10 @@ pub struct ReplayArgs {
     /// Final usage as a JSON line instead of a table.
     #[arg(long, value_enum, default_value = "table")]
     pub output: replay::Output,
+    /// Write each response's `patch` as the JSON patch itself instead of base64, to
+    /// read it (the API server takes base64 only).
+    #[arg(long)]
+    pub decode_patches: bool,
     /// A scale-up that does not fully fit: clamp (lower spec.replicas to what fits) or
     /// deny.
     #[arg(long, value_enum, default_value = "clamp")]
@@ -284,6 +288,10 @@ pub struct StatusArgs {
     pub objects: Option<PathBuf>,
     #[arg(long)]
     pub queue: Option<String>,
+    /// Only the queues this namespace's card pods and PodGroups are charged to, and the
+    /// Jobs waiting in it. Live, it lists pods and PodGroups in that namespace alone.
+    #[arg(short = 'n', long = "namespace", conflicts_with = "would_refuse")]
+    pub namespace: Option<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: status::Format,
     /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending

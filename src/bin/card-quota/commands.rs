@@ -6,7 +6,7 @@ use card_quota::decide::{Config, NamespaceEnforcement};
 use crate::args::{
     card_resources, no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs,
 };
-use crate::snapshots::{live_queues, live_snapshot, snapshot_file};
+use crate::snapshots::{live_queues, live_snapshot, namespace_snapshot, snapshot_file};
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     let cfg = Config {
@@ -21,6 +21,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         &a.objects,
         &a.requests,
         a.output,
+        a.decode_patches,
         &cfg,
         &card_resources(&a.card_resources)?,
         &mut std::io::stdout().lock(),
@@ -112,22 +113,39 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let scope = status::Scope::queue(a.queue.as_deref());
     let snap = match a.objects {
         Some(path) => snapshot_file(&path, &cards)?,
         None if a.recount => {
             tokio::runtime::Runtime::new()?.block_on(live_snapshot(&cards, &a.cluster))?
         }
         None => {
-            // What the reconciler wrote: reading Queues is all it takes.
-            let queues = tokio::runtime::Runtime::new()?.block_on(live_queues(&a.cluster))?;
-            let rows = status::written_rows(&queues, a.queue.as_deref())?;
-            print!("{}", status::render_rows(&rows, a.output)?);
+            // What the reconciler wrote: reading Queues is all it takes (and, with -n,
+            // the namespace's pods and PodGroups to know which queues it uses).
+            let rt = tokio::runtime::Runtime::new()?;
+            let queues = rt.block_on(live_queues(&a.cluster))?;
+            let scope = match &a.namespace {
+                Some(ns) => {
+                    let used = rt.block_on(namespace_snapshot(&cards, &a.cluster, ns))?;
+                    scope.in_namespace(ns, &used)
+                }
+                None => scope,
+            };
+            let rows = status::written_rows(&queues, &scope)?;
+            match a.output {
+                status::Format::Table if rows.is_empty() => print!("{}", scope.nothing_found()),
+                _ => print!("{}", status::render_rows(&rows, a.output)?),
+            }
             return Ok(());
         }
     };
+    let scope = match &a.namespace {
+        Some(ns) => scope.in_namespace(ns, &snap),
+        None => scope,
+    };
     print!(
         "{}",
-        status::render(&snap, a.queue.as_deref(), a.output, jiff::Timestamp::now())?
+        status::render(&snap, &scope, a.output, jiff::Timestamp::now())?
     );
     Ok(())
 }

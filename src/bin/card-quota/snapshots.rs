@@ -116,3 +116,46 @@ pub async fn live_queues(
     }
     Ok(out)
 }
+
+/// The card pods and PodGroups of one namespace, as a snapshot: which queues that
+/// namespace is charged to. Lists in that namespace only (a tenant's own rights suffice).
+pub async fn namespace_snapshot(
+    cards: &CardResources,
+    cluster: &ClusterArgs,
+    namespace: &str,
+) -> anyhow::Result<Snapshot> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, DynamicObject, ListParams};
+    let client = client_for(cluster).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing pods in namespace {namespace}"))?;
+    let groups = Api::<DynamicObject>::namespaced_with(
+        client,
+        namespace,
+        &card_quota::live::volcano::podgroup_resource(),
+    )
+    .list(&ListParams::default())
+    .await
+    .with_context(|| format!("listing PodGroups in namespace {namespace}"))?;
+    let mut items = Vec::new();
+    for p in pods.items {
+        let mut v = serde_json::to_value(&p).context("encoding a Pod")?;
+        v["apiVersion"] = "v1".into();
+        v["kind"] = "Pod".into();
+        items.push(v);
+    }
+    for g in groups.items {
+        let mut v = serde_json::to_value(&g).context("encoding a PodGroup")?;
+        v["apiVersion"] = "scheduling.volcano.sh/v1beta1".into();
+        v["kind"] = "PodGroup".into();
+        items.push(v);
+    }
+    let text = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+    let (snap, skipped) = card_quota::snapshot::load::load_with(&text, cards)?;
+    for s in skipped {
+        tracing::warn!("namespace {namespace}: {s}");
+    }
+    Ok(snap)
+}
