@@ -151,6 +151,37 @@ fn a_tree_of_queues_lends_its_pool_once_and_sums_usage_on_the_parent() {
 }
 
 #[test]
+fn decoded_patches_are_the_json_patch_the_base64_carries() {
+    use base64::Engine;
+    let objects = "tests/fixtures/tree-objects.yaml";
+    let requests = "tests/fixtures/tree-requests.yaml";
+    let (plain, _) = replay(objects, requests, &["--output", "json"]);
+    let (decoded, out) = replay(objects, requests, &["--output", "json", "--decode-patches"]);
+    assert!(out.status.success());
+    assert_eq!(plain.len(), decoded.len());
+    let mut patches = 0;
+    for (p, d) in plain.iter().zip(&decoded) {
+        match p["response"]["patch"].as_str() {
+            Some(b64) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .expect("base64");
+                let patch: Value = serde_json::from_slice(&bytes).expect("a JSON patch");
+                assert_eq!(d["response"]["patch"], patch);
+                assert_eq!(d["response"]["patchType"], "JSONPatch");
+                patches += 1;
+            }
+            None => assert_eq!(p, d, "lines without a patch are unchanged"),
+        }
+    }
+    assert_eq!(patches, 3, "{decoded:?}");
+    assert_eq!(
+        decoded[0]["response"]["patch"][2],
+        serde_json::json!({"op": "add", "path": "/spec/nodeSelector", "value": {"nvidia.com/gpu.product": "NVIDIA-H200"}})
+    );
+}
+
+#[test]
 fn an_empty_requests_file_prints_only_the_usage_line() {
     let (lines, out) = replay(
         "tests/fixtures/capacity-card-objects.yaml",

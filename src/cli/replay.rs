@@ -103,11 +103,14 @@ fn read(path: &Path) -> Result<String, ReplayError> {
     })
 }
 
-/// Runs a replay, writing one AdmissionReview per line and then the usage.
+/// Runs a replay, writing one AdmissionReview per line and then the usage. With
+/// `decode_patches`, a response's `patch` is written as the JSON patch itself instead of
+/// its base64 (for reading: the API server takes base64 only).
 pub fn run(
     objects: &Path,
     requests: &Path,
     output: Output,
+    decode_patches: bool,
     cfg: &Config,
     cards: &crate::cards::CardResources,
     out: &mut impl Write,
@@ -123,10 +126,14 @@ pub fn run(
     let text = read(requests)?;
     for (i, doc) in request_docs(&text).into_iter().enumerate() {
         let now = jiff::Timestamp::now();
+        let mut readable = None;
         let answer = match doc {
             Ok(v) => {
                 let r = review(&v, &mut snap, cfg, now, true);
                 if let (Some(req), Some(d)) = (&r.request, &r.decision) {
+                    if decode_patches && d.allowed && !d.patch.is_empty() {
+                        readable = serde_json::to_value(&d.patch).ok();
+                    }
                     if let Err(e) = apply(&mut snap, req, d) {
                         tracing::warn!("request {}: {e}", i + 1);
                     }
@@ -154,7 +161,16 @@ pub fn run(
                 format!("request {} cannot be parsed: {e}", i + 1),
             )),
         };
-        serde_json::to_writer(&mut *out, &answer).map_err(std::io::Error::from)?;
+        match readable {
+            Some(patch) => {
+                let mut v = serde_json::to_value(&answer).map_err(std::io::Error::from)?;
+                if let Some(r) = v.get_mut("response").and_then(|r| r.as_object_mut()) {
+                    r.insert("patch".into(), patch);
+                }
+                serde_json::to_writer(&mut *out, &v).map_err(std::io::Error::from)?;
+            }
+            None => serde_json::to_writer(&mut *out, &answer).map_err(std::io::Error::from)?,
+        }
         writeln!(out)?;
     }
     let report = usage_report(&snap, jiff::Timestamp::now());
