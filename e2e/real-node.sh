@@ -2,20 +2,23 @@
 # card-quota as users run it, on a real node (../shared/tools/k8s-1.35/kubelet.sh): the
 # image built by `make image` loaded into the node, the chart installed with --wait, every
 # webhook reached through the chart's Service with the chart's certificates, under its
-# ServiceAccount, securityContext and probes. GPU pods run and finish there, and quota
-# comes back through the real pod lifecycle; a card-quota pod is force-deleted mid-burst;
-# the uninstall leaves nothing.
+# ServiceAccount, securityContext and probes. GPU pods (batch Jobs, and Volcano Jobs with
+# Volcano's part played from its recorded writes) run and finish there, and quota comes
+# back through the real pod lifecycle; a card-quota pod is force-deleted mid-burst, both
+# are replaced by a rolling restart under load; the uninstall leaves nothing.
 #
-#   KUBECONFIG=<kubeconfig> HELM=<helm> e2e/real-node.sh
+#   KUBECONFIG=<kubeconfig> CP_DIR=<test control plane> HELM=<helm> e2e/real-node.sh
 #
 # Needs a Ready node of kubelet.sh ($KL_NODE, default kl-node-1) holding card-quota's
 # image (`kubelet.sh load target/image/card-quota-<version>.tar ghcr.io/card-quota/card-quota`)
-# and its test image localhost/kl-busybox:1. The node gets the GPU Feature Discovery label
+# and its test image localhost/kl-busybox:1; CP_DIR (the vc-*.kubeconfig identities that play
+# Volcano's programs). The node gets the GPU Feature Discovery label
 # of a model and 2 `nvidia.com/gpu` in its status (no device plugin: pods asking for them
 # run). Exit status: number of failed checks.
 set -uo pipefail
 CHART=$(cd "$(dirname "$0")/../charts/card-quota" && pwd)
 : "${KUBECONFIG:?set KUBECONFIG}"
+: "${CP_DIR:?set CP_DIR to the test control plane (its vc-*.kubeconfig files)}"
 HELM=${HELM:-helm}
 NODE=${KL_NODE:-kl-node-1}
 NS=card-quota
@@ -39,7 +42,8 @@ export MODEL
 cleanup() {
   "$HELM" uninstall card-quota -n "$NS" --wait >/dev/null 2>&1
   k delete namespace "$APP" "$NS" --wait=false --ignore-not-found >/dev/null 2>&1
-  k delete queue "$Q" "$Q-burst" --ignore-not-found >/dev/null 2>&1
+  k delete queue "$Q" "$Q-burst" "$Q-roll" --ignore-not-found >/dev/null 2>&1
+  k delete clusterrolebinding "$APP-vc" --ignore-not-found >/dev/null 2>&1
   k label node "$NODE" nvidia.com/gpu.product- >/dev/null 2>&1
   k patch node "$NODE" --subresource=status --type=json \
     -p '[{"op":"remove","path":"/status/capacity/nvidia.com~1gpu"}]' >/dev/null 2>&1
@@ -146,6 +150,52 @@ fi
 check "both Jobs complete, and the queue's usage goes back to 0" wait_for 40 bash -c \
   "[ \"\$(job_pod second Succeeded)\" = 1 ] && usage_is $Q allocated 0 && usage_is $Q pending 0"
 
+# ---- Volcano Jobs that run and finish ---------------------------------------------------
+# Volcano's programs are played from their recorded writes (e2e/volcano-standin.sh, with
+# the control plane's vc-*.kubeconfig identities); the workers run on the node and finish,
+# and the waiting Job is enqueued because the first one's pod completed.
+vc_jobs() (
+  NS=$APP PIDS=()
+  # shellcheck source=e2e/volcano-standin.sh
+  . "$(dirname "$0")/volcano-standin.sh"
+  vc_loop
+  vc_job vc-first "$Q" 1 '' 1 6
+  check "a Volcano Job's worker runs on the real node (played Volcano: PodGroup enqueued, pod created and bound)" \
+    wait_for 40 bash -c "kubectl -n $APP get pods -l volcano.sh/job-name=vc-first -o jsonpath='{.items[0].status.phase}' | grep -qx Running"
+  vc_job vc-second "$Q" 1 '' 1 2
+  check "a second Volcano Job waits at Volcano's enqueue: held, no pod" wait_for 20 bash -c \
+    "[ -s $WORK/vc/vc-second.held ] && [ \"\$(pods_of vc-second)\" = 0 ]"
+  check "... with the quota's message" grep -q "queue $Q has insufficient $MODEL quota: requested 1, in use 1" "$WORK/vc/vc-second.held"
+  check "the first Job's worker succeeds on the node" wait_for 40 bash -c \
+    "kubectl -n $APP get pods -l volcano.sh/job-name=vc-first -o jsonpath='{.items[0].status.phase}' | grep -qx Succeeded"
+  # Both ends as the kubelet stamped them: the first worker's exit, the second's start.
+  started() { k -n "$APP" get pods -l "volcano.sh/job-name=$1" -o json |
+    jq -r '.items[0].status.containerStatuses[0].state | (.running.startedAt // .terminated.startedAt // empty)'; }
+  if wait_for 60 bash -c "[ -n \"\$(kubectl -n $APP get pods -l volcano.sh/job-name=vc-second -o json | jq -r '.items[0].status.containerStatuses[0].state | (.running.startedAt // .terminated.startedAt // empty)')\" ]"; then
+    finished=$(k -n "$APP" get pods -l volcano.sh/job-name=vc-first -o jsonpath='{.items[0].status.containerStatuses[0].state.terminated.finishedAt}')
+    waited=$(( $(date -d "$(started vc-second)" +%s) - $(date -d "$finished" +%s) ))
+    log "the second Volcano Job's worker started ${waited} s after the first one's exited (kubelet's timestamps; held $(wc -l < "$WORK/vc/vc-second.held") enqueue cycles)"
+    check "... and the waiting Job runs within 15 s of it: its cards came back when the worker finished" [ "$waited" -le 15 ]
+  else
+    check "... and the waiting Job runs once the first has finished" false
+  fi
+  check "the second Job completes too, both PodGroups are gone and the queue's usage is back to 0" wait_for 40 bash -c \
+    "[ ! -f $WORK/vc/vc-second.job ] && [ -z \"\$(kubectl -n $APP get podgroups -o name)\" ] && usage_is $Q allocated 0 && usage_is $Q pending 0"
+  touch "$WORK/vc/stop"
+  wait "${PIDS[@]}" 2>/dev/null
+  echo "$PASSED $FAILED" > "$WORK/vc-counts"
+)
+# Volcano's programs get broad rights from its chart; the stand-in's identities too.
+k create clusterrolebinding "$APP-vc" --clusterrole=cluster-admin \
+  --user=system:serviceaccount:volcano-system:volcano-scheduler \
+  --user=system:serviceaccount:volcano-system:volcano-controllers >/dev/null
+rm -f "$WORK/vc-counts"
+vc_jobs
+if ! read -r PASSED FAILED < "$WORK/vc-counts"; then
+  FAILED=$((FAILED + 1)); log "FAIL: the Volcano Jobs section stopped before its end"
+fi
+k delete clusterrolebinding "$APP-vc" >/dev/null 2>&1
+
 # ---- upgrades that really roll the pods: deny -> warn -> deny ------------------------------
 gpu_pod() { # name: a plain GPU pod of queue $Q that runs until deleted
   kubectl -n "$APP" run "$1" --image=localhost/kl-busybox:1 --image-pull-policy=Never --restart=Never \
@@ -181,11 +231,11 @@ k -n "$APP" delete pod w1 w2 w3 --wait=false >/dev/null 2>&1
 # ---- a card-quota pod force-deleted mid-burst --------------------------------------------
 queue "$Q-burst" "{\"$MODEL\":20}" >/dev/null 2>&1
 sleep 1
-burst_pod() { # n: creates pod b<n>, retrying what fails for another reason than the quota
+burst_pod() { # name queue: creates the pod, retrying what fails for another reason than the quota
   local i out
   for i in $(seq 20); do
-    out=$(kubectl -n "$APP" run "b$1" --image=localhost/kl-busybox:1 --image-pull-policy=Never --restart=Never \
-      --annotations="scheduling.volcano.sh/queue-name=$Q-burst" \
+    out=$(kubectl -n "$APP" run "$1" --image=localhost/kl-busybox:1 --image-pull-policy=Never --restart=Never \
+      --annotations="scheduling.volcano.sh/queue-name=$2" \
       --overrides='{"apiVersion":"v1","spec":{"terminationGracePeriodSeconds":1,"containers":[{"name":"c","image":"localhost/kl-busybox:1","imagePullPolicy":"Never","command":["sleep","3600"],"resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}' 2>&1)
     case "$out" in
       *created*) echo created; return ;;
@@ -201,7 +251,7 @@ export Q
 # A serving replica (the upgrades' old pods may still be terminating).
 victim=$(replicas_now | cut -d' ' -f1)
 ( sleep 1; kubectl -n "$NS" delete pod "$victim" --force --grace-period=0 >/dev/null 2>&1 ) &
-seq 1 40 | xargs -P 8 -I{} bash -c 'burst_pod {}' > "$WORK/burst.out"
+seq 1 40 | xargs -P 8 -I{} bash -c 'burst_pod b{} $Q-burst' > "$WORK/burst.out"
 wait
 created=$(grep -c '^created' "$WORK/burst.out"); refused=$(grep -c '^refused' "$WORK/burst.out")
 log "burst: $created created, $refused refused, $((40 - created - refused)) failed (replica $victim force-deleted 1 s in)"
@@ -213,13 +263,38 @@ check "40 GPU pods into a quota of 20 with a replica force-deleted mid-burst: at
 # The refused pods, created again once it has expired, fill the quota exactly.
 if [ "$created" -lt 20 ]; then
   sleep 45
-  grep -n '^refused' "$WORK/burst.out" | cut -d: -f1 | xargs -P 8 -I{} bash -c 'burst_pod {}' > "$WORK/burst2.out"
+  grep -n '^refused' "$WORK/burst.out" | cut -d: -f1 | xargs -P 8 -I{} bash -c 'burst_pod b{} $Q-burst' > "$WORK/burst2.out"
   log "again, 45 s later: $(grep -c '^created' "$WORK/burst2.out") created, $(grep -c '^refused' "$WORK/burst2.out") refused"
 fi
 check "... 20 pods exist and the queue's usage counts all 20 (nothing lost)" wait_for 30 bash -c \
   "[ \"\$(kubectl -n $APP get pods -o name | grep -c '^pod/b')\" = 20 ] && [ \$(( \$(usage_field $Q-burst allocated) + \$(usage_field $Q-burst pending) )) = 20 ]"
 check "... and the Deployment is back to 2 ready replicas" wait_for 60 bash -c \
   "[ \"\$(kubectl -n $NS get deploy card-quota -o jsonpath='{.status.readyReplicas}')\" = 2 ]"
+k -n "$APP" delete pods --all --wait=false >/dev/null 2>&1
+
+# ---- a rolling restart under a stream of pod creations ----------------------------------
+# `kubectl rollout restart`, as an upgrade or a node drain rolls the pods: the old replicas
+# stop gracefully (they give their holds back), the new ones sync before they are Ready.
+queue "$Q-roll" "{\"$MODEL\":20}" >/dev/null 2>&1
+sleep 1
+before=$(replicas_now)
+( sleep 1; kubectl -n "$NS" rollout restart deployment card-quota >/dev/null 2>&1 ) &
+seq 1 40 | xargs -P 4 -I{} bash -c 'burst_pod r{} $Q-roll; sleep 0.3' > "$WORK/roll.out"
+wait
+kubectl -n "$NS" rollout status deployment card-quota --timeout 120s >/dev/null 2>&1
+wait_for 60 bash -c "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o name | wc -l)\" = 2 ]"
+after=$(replicas_now)
+created=$(grep -c '^created' "$WORK/roll.out"); refused=$(grep -c '^refused' "$WORK/roll.out")
+log "rolling restart: $created created, $refused refused, $((40 - created - refused)) failed; replicas $before -> $after"
+check "40 GPU pods into a quota of 20 across a rolling restart: both replicas replaced, at most 20 created, every other one refused at the quota" \
+  bash -c "[ $created -le 20 ] && [ $((created + refused)) = 40 ] && [ -z \"\$(comm -12 <(tr ' ' '\n' <<<'$before' | sort) <(tr ' ' '\n' <<<'$after' | sort))\" ]"
+if [ "$created" -lt 20 ]; then
+  log "rolling restart: $((20 - created)) refused early; the refused ones created again in 45 s"
+  sleep 45
+  grep -n '^refused' "$WORK/roll.out" | cut -d: -f1 | xargs -P 4 -I{} bash -c 'burst_pod r{} $Q-roll' > "$WORK/roll2.out"
+fi
+check "... the queue's usage counts all 20 (nothing lost)" wait_for 30 bash -c \
+  "[ \"\$(kubectl -n $APP get pods -o name | grep -c '^pod/r')\" = 20 ] && [ \$(( \$(usage_field $Q-roll allocated) + \$(usage_field $Q-roll pending) )) = 20 ]"
 k -n "$APP" delete pods --all --wait=false >/dev/null 2>&1
 
 # ---- uninstall ---------------------------------------------------------------------------

@@ -24,12 +24,21 @@ mkdir -p "$WORK/vc"
 # Pod template parts of a worker with CARDS H200 (0: a cardless worker).
 worker_annotations() { [ "$1" = 0 ] && echo '{}' || echo '{volcano.sh/card.name: NVIDIA-H200}'; }
 worker_resources() { [ "$1" = 0 ] && echo '{}' || echo "{limits: {nvidia.com/gpu: \"$1\"}}"; }
+# A worker's container: pause (bound to a fake node, it never runs), or, given SECONDS,
+# one that runs that long and succeeds on a real node (its image loaded there).
+worker_container() { # CARDS [SECONDS]
+  if [ -z "${2:-}" ]; then
+    echo "[{name: c, image: registry.k8s.io/pause:3.9, resources: $(worker_resources "$1")}]"
+  else
+    echo "[{name: c, image: localhost/kl-busybox:1, imagePullPolicy: Never, command: [sleep, \"$2\"], resources: $(worker_resources "$1")}]"
+  fi
+}
 
-# vc_job NAME QUEUE REPLICAS CARD-REQUEST-JSON|'' [CARDS, default 1]: a Volcano Job of
-# REPLICAS workers of CARDS H200 each; the user creates it, the job controller creates
-# its PodGroup.
+# vc_job NAME QUEUE REPLICAS CARD-REQUEST-JSON|'' [CARDS, default 1] [SECONDS]: a Volcano
+# Job of REPLICAS workers of CARDS H200 each (given SECONDS, workers that run that long
+# and finish); the user creates it, the job controller creates its PodGroup.
 vc_job() {
-  local name=$1 queue=$2 replicas=$3 request=$4 cards=${5:-1} anns=''
+  local name=$1 queue=$2 replicas=$3 request=$4 cards=${5:-1} seconds=${6:-} anns=''
   [ -z "$request" ] || anns="annotations: {volcano.sh/card.request: '$request'}"
   k apply -f - >/dev/null <<EOF
 apiVersion: batch.volcano.sh/v1alpha1
@@ -46,7 +55,8 @@ spec:
         metadata: {annotations: $(worker_annotations "$cards")}
         spec:
           schedulerName: volcano
-          containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: $(worker_resources "$cards")}]
+          restartPolicy: Never
+          containers: $(worker_container "$cards" "$seconds")
 EOF
   [ "$VOLCANO" = real ] && return 0
   local uid; uid=$(k -n "$NS" get vcjob "$name" -o jsonpath='{.metadata.uid}')
@@ -69,7 +79,7 @@ EOF
   cat "$WORK/vc/$name.create.1" "$WORK/vc/$name.create.2" >> "$WORK/vc/$name.log"
   grep -q 'created' "$WORK/vc/$name.create.1" "$WORK/vc/$name.create.2" || sync_failed "$name" "PodGroup CREATE"
   # Only now does vc-scheduler's loop see the job.
-  echo "$queue $replicas $cards" > "$WORK/vc/$name.job"
+  echo "$queue $replicas $cards $seconds" > "$WORK/vc/$name.job"
 }
 
 # The job controller's failed sync: after 15 the real Volcano terminates the Job.
@@ -88,8 +98,8 @@ export -f pg_of phase_of pods_of
 vc_cycle() {
   local name=$1 pg phase queue replicas
   pg=$(pg_of "$name"); [ -n "$pg" ] || return 0
-  local cards
-  read -r queue replicas cards < "$WORK/vc/$name.job" || return 0
+  local cards seconds
+  read -r queue replicas cards seconds < "$WORK/vc/$name.job" || return 0
   phase=$(k -n "$NS" get podgroup "$pg" -o jsonpath='{.status.phase}')
   if [ -z "$phase" ] || [ "$phase" = Pending ]; then
     k -n "$NS" get podgroup "$pg" -o json | jq '.status.phase = "Inqueue"' > "$WORK/vc/$name.enqueue.json"
@@ -115,7 +125,8 @@ metadata:
   ownerReferences: [{apiVersion: batch.volcano.sh/v1alpha1, kind: Job, name: $name, uid: "$(k -n "$NS" get vcjob "$name" -o jsonpath='{.metadata.uid}')", controller: true, blockOwnerDeletion: true}]
 spec:
   schedulerName: volcano
-  containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: $(worker_resources "$cards")}]
+  restartPolicy: Never
+  containers: $(worker_container "$cards" "$seconds")
 EOF
     done
     [ "$ok" = 1 ] || { sync_failed "$name" "pod CREATE: $(tr '\n' ' ' < "$WORK/vc/$name.pod.out")"; return 0; }
@@ -129,6 +140,15 @@ EOF
   done
   if [ "$phase" = Inqueue ] && [ "$(pods_of "$name")" -ge "$replicas" ]; then
     k -n "$NS" get podgroup "$pg" -o json | jq '.status.phase = "Running"' | "${VC_SCHED[@]}" replace -f - >/dev/null 2>&1
+  fi
+  # Workers that really run: once every one has succeeded, the job controller completes
+  # the Job and deletes its PodGroup (as recorded).
+  if [ -n "$seconds" ] && [ "$(k -n "$NS" get pods -l "volcano.sh/job-name=$name" -o json |
+      jq '[.items[] | select(.status.phase == "Succeeded")] | length')" -ge "$replicas" ]; then
+    echo "$(date +%s) completed" >> "$WORK/vc/$name.log"
+    rm -f "$WORK/vc/$name.job"
+    k -n "$NS" get podgroup "$pg" -o json | jq '.status.phase = "Completed"' | "${VC_SCHED[@]}" replace -f - >/dev/null 2>&1
+    "${VC_CTRL[@]}" -n "$NS" delete podgroup "$pg" --wait=false >/dev/null 2>&1
   fi
 }
 
