@@ -2,6 +2,7 @@
 
 pub mod annotations;
 pub mod demand;
+pub mod dra;
 pub mod hashing;
 pub mod names;
 pub mod nodes;

@@ -1,0 +1,463 @@
+//! A ResourceClaim's card demand: which models each of its card requests may get (the
+//! devices its DeviceClass and selectors allow, in the order the request prefers them)
+//! and how many; and, once the scheduler has allocated it, the models it got.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::devices::{Device, DeviceId};
+use super::selectors::{Match, Selector};
+use super::settings::DraSettings;
+use super::DraError;
+use crate::cards::names::{Alternatives, CardName};
+use crate::cards::quantity::Cards;
+
+/// A DeviceClass: its name and the selectors every device of it must match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceClass {
+    pub name: String,
+    pub selectors: Vec<Selector>,
+}
+
+/// Parses a `resource.k8s.io/v1` DeviceClass.
+pub fn device_class(v: &Value) -> Result<DeviceClass, DraError> {
+    let name = v
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let source = format!("DeviceClass {name}");
+    let selectors = selectors(v.pointer("/spec/selectors"), &source, "spec.selectors")?;
+    Ok(DeviceClass { name, selectors })
+}
+
+/// How many devices a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Exact(u64),
+    /// `allocationMode: All`: every matching device on the node.
+    All,
+}
+
+/// One way to satisfy a request: `exactly`, or one entry of `firstAvailable`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subrequest {
+    pub name: String,
+    pub class: String,
+    pub selectors: Vec<Selector>,
+    pub count: Count,
+}
+
+/// A request of a claim, with its ways to be satisfied in the order it prefers them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceRequest {
+    pub name: String,
+    pub options: Vec<Subrequest>,
+}
+
+/// What a ResourceClaim (or a ResourceClaimTemplate's claim) asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimSpec {
+    pub requests: Vec<DeviceRequest>,
+}
+
+/// Parses a ResourceClaim's `spec` (a template's `spec.spec`); `object` names the
+/// object in errors (`ResourceClaim ml/c1`).
+pub fn claim_spec(spec: &Value, object: &str) -> Result<ClaimSpec, DraError> {
+    let bad = |field: String, expected: &str| DraError::Claim {
+        object: object.to_string(),
+        field,
+        expected: expected.to_string(),
+    };
+    let requests = match spec.pointer("/devices/requests") {
+        None | Some(Value::Null) => return Ok(ClaimSpec::default()),
+        Some(Value::Array(r)) => r,
+        Some(_) => return Err(bad("spec.devices.requests".into(), "a list")),
+    };
+    let mut out = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let at = format!("spec.devices.requests[{i}]");
+        let name = r
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("{at}.name"), "a request name"))?
+            .to_string();
+        let options = match (r.get("exactly"), r.get("firstAvailable")) {
+            (Some(e), None) => vec![subrequest(e, &name, object, &format!("{at}.exactly"))?],
+            (None, Some(Value::Array(subs))) if !subs.is_empty() => subs
+                .iter()
+                .enumerate()
+                .map(|(j, s)| {
+                    let field = format!("{at}.firstAvailable[{j}]");
+                    let sub = s
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(format!("{field}.name"), "a subrequest name"))?;
+                    subrequest(s, &format!("{name}/{sub}"), object, &field)
+                })
+                .collect::<Result<_, _>>()?,
+            _ => {
+                return Err(bad(
+                    at,
+                    "exactly one of exactly and firstAvailable (a non-empty list)",
+                ))
+            }
+        };
+        out.push(DeviceRequest { name, options });
+    }
+    Ok(ClaimSpec { requests: out })
+}
+
+fn subrequest(v: &Value, name: &str, object: &str, at: &str) -> Result<Subrequest, DraError> {
+    let bad = |field: String, expected: &str| DraError::Claim {
+        object: object.to_string(),
+        field,
+        expected: expected.to_string(),
+    };
+    let class = v
+        .get("deviceClassName")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad(format!("{at}.deviceClassName"), "a DeviceClass name"))?
+        .to_string();
+    let count = match v.get("allocationMode").and_then(Value::as_str) {
+        None | Some("ExactCount") => match v.get("count") {
+            None | Some(Value::Null) => Count::Exact(1),
+            Some(c) => Count::Exact(
+                c.as_u64()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| bad(format!("{at}.count"), "a positive whole number"))?,
+            ),
+        },
+        Some("All") => Count::All,
+        Some(_) => return Err(bad(format!("{at}.allocationMode"), "ExactCount or All")),
+    };
+    let source = format!("{object} request {name}");
+    let selectors = selectors(v.get("selectors"), &source, &format!("{at}.selectors"))?;
+    Ok(Subrequest {
+        name: name.to_string(),
+        class,
+        selectors,
+        count,
+    })
+}
+
+fn selectors(v: Option<&Value>, source: &str, at: &str) -> Result<Vec<Selector>, DraError> {
+    let list = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(l)) => l,
+        Some(_) => {
+            return Err(DraError::Claim {
+                object: source.to_string(),
+                field: at.to_string(),
+                expected: "a list".into(),
+            })
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let expr = s
+                .pointer("/cel/expression")
+                .and_then(Value::as_str)
+                .ok_or_else(|| DraError::Claim {
+                    object: source.to_string(),
+                    field: format!("{at}[{i}].cel.expression"),
+                    expected: "a CEL expression".into(),
+                })?;
+            Selector::compile(expr, source)
+        })
+        .collect()
+}
+
+/// The card demand of one request: the models it may get, preferred first, and how
+/// many cards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestDemand {
+    pub request: String,
+    pub models: Alternatives,
+    pub count: Cards,
+}
+
+/// The card demand of a claim: one entry per request of a card class. A request whose
+/// every way is of another class asks for no card. `classes` are the DeviceClasses the
+/// cluster has (a card class not among them adds no selector), `devices` every device
+/// published.
+pub fn claim_demand(
+    spec: &ClaimSpec,
+    object: &str,
+    settings: &DraSettings,
+    classes: &BTreeMap<String, DeviceClass>,
+    devices: &[Device],
+) -> Result<Vec<RequestDemand>, DraError> {
+    let mut out = Vec::new();
+    for r in &spec.requests {
+        let card: Vec<&Subrequest> = r
+            .options
+            .iter()
+            .filter(|o| settings.is_card_class(&o.class))
+            .collect();
+        if card.is_empty() {
+            continue;
+        }
+        let mut models: Vec<CardName> = Vec::new();
+        let mut count = 0u64;
+        for o in card {
+            let n = match o.count {
+                Count::Exact(n) => n,
+                Count::All => {
+                    return Err(DraError::AllDevices {
+                        object: object.to_string(),
+                        request: o.name.clone(),
+                        class: o.class.clone(),
+                    })
+                }
+            };
+            count = count.max(n);
+            let class_selectors = classes.get(&o.class).map(|c| c.selectors.as_slice());
+            let mut found: Vec<CardName> = devices
+                .iter()
+                .filter(|d| {
+                    let allowed = |s: &Selector| s.matches(d) != Match::No;
+                    class_selectors.unwrap_or_default().iter().all(allowed)
+                        && o.selectors.iter().all(allowed)
+                })
+                .filter_map(|d| d.model.as_ref()?.as_ref().ok().cloned())
+                .collect();
+            found.sort();
+            found.dedup();
+            for m in found {
+                if !models.contains(&m) {
+                    models.push(m);
+                }
+            }
+        }
+        let Some(models) = Alternatives::from_models(models) else {
+            return Err(DraError::NoDevice {
+                object: object.to_string(),
+                request: r.name.clone(),
+                classes: r
+                    .options
+                    .iter()
+                    .map(|o| o.class.clone())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        out.push(RequestDemand {
+            request: r.name.clone(),
+            models,
+            count: Cards::new(count),
+        });
+    }
+    Ok(out)
+}
+
+/// The card models a claim's allocation (`status.allocation.devices.results`) gave it,
+/// one per allocated card device, with the request each serves. A result naming a
+/// device of a card driver that no slice publishes is an error: the caller fails closed.
+pub fn allocated_models<'a>(
+    claim: &Value,
+    object: &str,
+    settings: &DraSettings,
+    find: impl Fn(&DeviceId) -> Option<&'a Device>,
+) -> Result<Vec<(String, CardName)>, DraError> {
+    let results = match claim.pointer("/status/allocation/devices/results") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(r)) => r,
+        Some(_) => {
+            return Err(DraError::Claim {
+                object: object.to_string(),
+                field: "status.allocation.devices.results".into(),
+                expected: "a list".into(),
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_string();
+        let id = DeviceId {
+            driver: field("driver"),
+            pool: field("pool"),
+            name: field("device"),
+        };
+        if settings.driver(&id.driver).is_none() {
+            continue;
+        }
+        let model = match find(&id).and_then(|d| d.model.clone()) {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return Err(e),
+            None => {
+                return Err(DraError::UnknownDevice {
+                    object: object.to_string(),
+                    index: i,
+                    device: id.to_string(),
+                })
+            }
+        };
+        out.push((field("request"), model));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cards::dra::devices::slice_devices;
+
+    fn devices() -> Vec<Device> {
+        let s = |node: &str, devs: Value| {
+            serde_json::json!({"metadata": {"name": node}, "spec": {"driver": "gpu.nvidia.com",
+                "nodeName": node, "pool": {"name": node}, "devices": devs}})
+        };
+        let gpu = |name: &str, product: &str| serde_json::json!({"name": name, "attributes": {"type": {"string": "gpu"}, "productName": {"string": product}}});
+        let mig = |name: &str, profile: &str| {
+            serde_json::json!({"name": name, "attributes": {"type": {"string": "mig"},
+                "productName": {"string": "NVIDIA H200"}, "profile": {"string": profile}}})
+        };
+        let settings = DraSettings::default();
+        let mut out = slice_devices(
+            &s(
+                "h200-1",
+                serde_json::json!([
+                    gpu("gpu-0", "NVIDIA H200"),
+                    gpu("gpu-1", "NVIDIA H200"),
+                    mig("gpu-2-mig-0", "1g.18gb")
+                ]),
+            ),
+            &settings,
+        )
+        .unwrap();
+        out.extend(
+            slice_devices(
+                &s(
+                    "rtx-1",
+                    serde_json::json!([gpu("gpu-0", "NVIDIA GeForce RTX 4090")]),
+                ),
+                &settings,
+            )
+            .unwrap(),
+        );
+        out
+    }
+
+    fn classes() -> BTreeMap<String, DeviceClass> {
+        let class = |name: &str, expr: &str| {
+            device_class(&serde_json::json!({"metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": expr}}]}}))
+            .unwrap()
+        };
+        [
+            class("gpu.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"),
+            class("mig.nvidia.com", "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"),
+            class("nic.example.com", "device.driver == 'nic.example.com'"),
+        ]
+        .into_iter()
+        .map(|c| (c.name.clone(), c))
+        .collect()
+    }
+
+    fn demand(spec: Value) -> Result<Vec<(String, String, u128)>, DraError> {
+        let spec = claim_spec(&spec, "ResourceClaim ml/c")?;
+        Ok(claim_demand(
+            &spec,
+            "ResourceClaim ml/c",
+            &DraSettings::default(),
+            &classes(),
+            &devices(),
+        )?
+        .into_iter()
+        .map(|d| (d.request, d.models.to_string(), d.count.get()))
+        .collect())
+    }
+
+    #[test]
+    fn a_request_may_get_the_models_its_class_and_selectors_allow() {
+        let any_gpu = serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}});
+        assert_eq!(
+            demand(any_gpu).unwrap(),
+            [(
+                "gpu".into(),
+                "NVIDIA-GeForce-RTX-4090|NVIDIA-H200".into(),
+                2
+            )]
+        );
+        let h200 = serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}]}});
+        assert_eq!(
+            demand(h200).unwrap(),
+            [("gpu".into(), "NVIDIA-H200".into(), 1)]
+        );
+        let mig = serde_json::json!({"devices": {"requests": [{"name": "m", "exactly": {"deviceClassName": "mig.nvidia.com"}}]}});
+        assert_eq!(
+            demand(mig).unwrap(),
+            [("m".into(), "NVIDIA-H200/mig-1g.18gb-mixed".into(), 1)]
+        );
+    }
+
+    #[test]
+    fn first_available_keeps_its_order_and_other_classes_ask_for_no_card() {
+        let spec = serde_json::json!({"devices": {"requests": [
+            {"name": "gpu", "firstAvailable": [
+                {"name": "h200", "deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]},
+                {"name": "rtx", "deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA GeForce')"}}]}]},
+            {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}]}});
+        // The preferred way first (not name order); the larger count of the two.
+        assert_eq!(
+            demand(spec).unwrap(),
+            [(
+                "gpu".into(),
+                "NVIDIA-H200|NVIDIA-GeForce-RTX-4090".into(),
+                2
+            )]
+        );
+    }
+
+    #[test]
+    fn what_cannot_be_bounded_or_met_is_an_error_naming_the_request() {
+        let all = serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]}});
+        assert_eq!(
+            demand(all).unwrap_err().to_string(),
+            "ResourceClaim ml/c request gpu asks for every device of DeviceClass gpu.nvidia.com (allocationMode: All): card-quota cannot bound its cards; ask for a count"
+        );
+        let none = serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}}]}}]}});
+        assert_eq!(
+            demand(none).unwrap_err().to_string(),
+            "ResourceClaim ml/c request gpu: no published card device matches it (DeviceClass gpu.nvidia.com)"
+        );
+        let both = serde_json::json!({"devices": {"requests": [{"name": "gpu"}]}});
+        assert_eq!(
+            demand(both).unwrap_err().to_string(),
+            "ResourceClaim ml/c: spec.devices.requests[0]: expected exactly one of exactly and firstAvailable (a non-empty list)"
+        );
+        let count = serde_json::json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 0}}]}});
+        assert_eq!(
+            demand(count).unwrap_err().to_string(),
+            "ResourceClaim ml/c: spec.devices.requests[0].exactly.count: expected a positive whole number"
+        );
+    }
+
+    #[test]
+    fn an_allocation_gives_the_models_of_the_devices_it_names() {
+        let devs = devices();
+        let find = |id: &DeviceId| devs.iter().find(|d| &d.id == id);
+        let claim = serde_json::json!({"status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1"},
+            {"request": "nic", "driver": "nic.example.com", "pool": "p", "device": "nic-0"}]}}}});
+        let got =
+            allocated_models(&claim, "ResourceClaim ml/c", &DraSettings::default(), find).unwrap();
+        assert_eq!(
+            got,
+            [("gpu".to_string(), CardName::parse("NVIDIA-H200").unwrap())]
+        );
+        let gone = serde_json::json!({"status": {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-9", "device": "gpu-0"}]}}}});
+        assert_eq!(
+            allocated_models(&gone, "ResourceClaim ml/c", &DraSettings::default(), find)
+                .unwrap_err()
+                .to_string(),
+            "ResourceClaim ml/c: status.allocation.devices.results[0] names device gpu.nvidia.com/h200-9/gpu-0, which no ResourceSlice publishes"
+        );
+    }
+}
