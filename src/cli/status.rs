@@ -609,6 +609,52 @@ q      NVIDIA-H200|RTX-4090  -      0          1        0         -     -
     }
 
     #[test]
+    fn cards_a_dra_driver_publishes_are_said_aloud_not_silently_ignored() {
+        let objects = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}'}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: h200-1-gpu.nvidia.com}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: h200-1
+    pool: {name: h200-1, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-2-mig-0, attributes: {type: {string: mig}, productName: {string: NVIDIA H200}, profile: {string: 1g.18gb}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: nic-1}
+  spec: {driver: nic.example.com, nodeName: h200-1, pool: {name: h200-1}, devices: [{name: nic-0}]}
+"#;
+        let (snap, skipped) = crate::snapshot::load::load(objects).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let text = render(
+            &snap,
+            &Scope::default(),
+            Format::Table,
+            jiff::Timestamp::now(),
+        )
+        .unwrap();
+        assert!(
+            text.contains("\nnode h200-1: DRA driver gpu.nvidia.com publishes 2 NVIDIA-H200 cards in ResourceSlices, but card-quota does not count or gate cards allocated through ResourceClaims yet: pods that claim them run past every card quota\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("publishes 1 NVIDIA-H200/mig-1g.18gb-mixed cards"),
+            "{text}"
+        );
+        assert!(!text.contains("nic.example.com"), "{text}");
+        let plan = crate::controller::plan::unmanaged(&snap);
+        assert_eq!(plan.len(), 2);
+        assert_eq!(plan[0].resource, "dra/gpu.nvidia.com");
+    }
+
+    #[test]
     fn a_namespace_sees_the_queues_its_card_workloads_use_and_its_waiting_jobs() {
         let objects = r#"
 apiVersion: v1

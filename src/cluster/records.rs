@@ -320,6 +320,8 @@ pub enum RecordError {
     },
     #[error("{0} has no metadata.name")]
     NoName(&'static str),
+    #[error(transparent)]
+    Dra(#[from] crate::cards::dra::DraError),
 }
 
 fn anns(meta: &ObjectMeta) -> BTreeMap<String, String> {

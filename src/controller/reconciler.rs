@@ -220,7 +220,9 @@ impl Reconciler {
         self.told_unmanaged.retain(|u| list.contains(u));
         let mut published = 0;
         for u in list {
-            if self.told_unmanaged.contains(&u) {
+            // DRA devices of no single node have no Node to tell it on: status and the
+            // metric say it.
+            if self.told_unmanaged.contains(&u) || u.node.is_empty() {
                 continue;
             }
             let intent = EventIntent {

@@ -32,6 +32,13 @@ pub const ACCESS: &[Access] = &[
         "jobs",
         &["list", "watch"],
     ),
+    // live/caches.rs: ResourceSlices, the cards DRA drivers publish (reported).
+    (
+        Scope::Cluster,
+        "resource.k8s.io",
+        "resourceslices",
+        &["list", "watch"],
+    ),
     // ... and controller/reconciler.rs: the usage annotation (server-side apply).
     (
         Scope::Cluster,

@@ -209,6 +209,26 @@ fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
     s.upsert_pod(rec);
 }
 
+fn store_slice(s: &mut Snapshot, v: Value) {
+    let name = crate::snapshot::load::describe(&v);
+    match crate::cards::dra::slice_devices(&v, s.dra()) {
+        Ok(devices) => {
+            for d in &devices {
+                if let Some(Err(e)) = &d.model {
+                    tracing::warn!("{name}: {e}");
+                }
+            }
+            let key = v
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            s.upsert_slice(key, devices);
+        }
+        Err(e) => tracing::warn!("{name} not cached: {e}"),
+    }
+}
+
 fn read_queue(q: &DynamicObject) -> Result<QueueRecord, MirrorError> {
     Ok(queue_record(&as_value(q, "Queue")?)?)
 }
@@ -676,6 +696,25 @@ pub async fn start(
         snapshot.clone(),
         Arc::new(Synced::already()),
     ));
+    // ResourceSlices are read to report the cards DRA drivers publish; a cluster may not
+    // serve them (before 1.34): readiness does not wait for them.
+    if super::dra::serves_slices(&client).await {
+        tokio::spawn(run(
+            Api::<DynamicObject>::all_with(client.clone(), &super::dra::resourceslice_resource()),
+            all(),
+            Mirror {
+                kind: "ResourceSlice",
+                read: |o| as_value(o, "ResourceSlice"),
+                store: store_slice,
+                keys: |s, pick| cluster_keys(s.slice_names(), pick),
+                remove: |s, k| s.remove_slice(&k.name),
+                stream: None,
+                key: key_of,
+            },
+            snapshot.clone(),
+            Arc::new(Synced::already()),
+        ));
+    }
     supervise(
         &synced,
         "StatefulSet",

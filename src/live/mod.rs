@@ -4,6 +4,7 @@
 pub mod access;
 pub mod caches;
 pub mod charge;
+pub mod dra;
 pub mod freshness;
 pub mod leadership;
 pub mod ledgers;

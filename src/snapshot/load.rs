@@ -93,6 +93,21 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             snap.upsert_group(podgroup_record(v, "default", seq)?);
             Ok(Some("PodGroup"))
         }
+        "ResourceSlice" => {
+            let name = v
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .ok_or(RecordError::NoName("ResourceSlice"))?
+                .to_string();
+            let devices = crate::cards::dra::slice_devices(v, snap.dra())?;
+            for d in &devices {
+                if let Some(Err(e)) = &d.model {
+                    tracing::warn!("ResourceSlice {name}: {e}");
+                }
+            }
+            snap.upsert_slice(name, devices);
+            Ok(Some("ResourceSlice"))
+        }
         "Pod" => {
             let p: Pod =
                 serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
@@ -135,6 +150,7 @@ pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
         "PodGroup" => snap.remove_group(&key),
         "Pod" => snap.remove_pod(&key),
         "Job" => snap.remove_job(&key),
+        "ResourceSlice" => snap.remove_slice(name),
         other => {
             if let Some(k) = WorkloadKind::from_kind(other) {
                 snap.remove_workload(k, &key);

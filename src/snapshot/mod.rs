@@ -39,6 +39,10 @@ pub struct Snapshot {
     nodes: Map<String, NodeCards>,
     /// Which extended resources are cards (the install's `--card-resource` list).
     card_resources: CardResources,
+    /// Which DRA drivers publish cards, and which DeviceClasses are card classes.
+    dra: crate::cards::dra::DraSettings,
+    /// Devices published in ResourceSlices, by slice name: reported, not counted yet.
+    dra_slices: BTreeMap<String, Vec<crate::cards::dra::Device>>,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
     /// model -> the nodes that offer it (the pin checks a constrained pod against those
     /// only, not against every node of the cluster, under the lock).
@@ -276,6 +280,46 @@ impl Snapshot {
     /// pods are read with the list in force when they arrive.
     pub fn set_card_resources(&mut self, c: CardResources) {
         self.card_resources = c;
+    }
+
+    /// Sets the DRA settings (before any ResourceSlice arrives).
+    pub fn set_dra(&mut self, dra: crate::cards::dra::DraSettings) {
+        self.dra = dra;
+    }
+
+    /// The DRA settings.
+    pub fn dra(&self) -> &crate::cards::dra::DraSettings {
+        &self.dra
+    }
+
+    /// Adds or replaces the devices of one ResourceSlice.
+    pub fn upsert_slice(&mut self, name: String, devices: Vec<crate::cards::dra::Device>) {
+        self.dra_slices.insert(name, devices);
+    }
+
+    /// Forgets a ResourceSlice.
+    pub fn remove_slice(&mut self, name: &str) {
+        self.dra_slices.remove(name);
+    }
+
+    /// The ResourceSlices held, by name.
+    pub fn slice_names(&self) -> Vec<String> {
+        self.dra_slices.keys().cloned().collect()
+    }
+
+    /// Card devices published through DRA: (node, or `""` for devices of no single
+    /// node; driver; model) -> devices. Cards allocated through ResourceClaims are not
+    /// counted nor gated yet, so they are reported.
+    pub fn dra_cards(&self) -> BTreeMap<(String, String, CardName), u64> {
+        let mut out = BTreeMap::new();
+        for d in self.dra_slices.values().flatten() {
+            if let Some(Ok(m)) = &d.model {
+                let node = d.node.clone().unwrap_or_default();
+                *out.entry((node, d.id.driver.clone(), m.clone()))
+                    .or_default() += 1;
+            }
+        }
+        out
     }
 
     /// Nodes that announce cards of resources this install does not gate: node, resource,
