@@ -73,6 +73,8 @@ pub struct Reconciler {
     memory: EventMemory,
     /// Nodes' unmanaged cards already told in an Event (told again after a restart).
     told_unmanaged: std::collections::BTreeSet<super::plan::Unmanaged>,
+    /// The snapshot's count of card changes when they were last reported.
+    reported_changes: Option<u64>,
     /// When each queue's usage was last written.
     written: HashMap<QueueName, Instant>,
     /// Queues whose last usage writes failed: how many in a row, and until when the
@@ -128,6 +130,7 @@ impl Reconciler {
             leader,
             memory: EventMemory::default(),
             told_unmanaged: Default::default(),
+            reported_changes: None,
             written: HashMap::new(),
             failing: HashMap::new(),
             lease: None,
@@ -422,8 +425,14 @@ impl Reconciler {
                     pass.events += 1;
                 }
             }
-            if full {
+            // Unmanaged cards are told as soon as a node or a ResourceSlice changes them
+            // (and every full pass, for Events that could not be published).
+            let changes = self.lock().cards_changes();
+            if full || self.reported_changes != Some(changes) {
+                self.reported_changes = Some(changes);
                 pass.events += self.report_unmanaged().await;
+            }
+            if full {
                 let stamps = unstamped(&self.lock(), now, STAMPS_PER_PASS);
                 for s in &stamps {
                     match self.stamp(s).await {

@@ -43,6 +43,9 @@ pub struct Snapshot {
     dra: crate::cards::dra::DraSettings,
     /// Devices published in ResourceSlices, by slice name: reported, not counted yet.
     dra_slices: BTreeMap<String, Vec<crate::cards::dra::Device>>,
+    /// Counts changes of a node's cards and of ResourceSlices: what is reported as
+    /// unmanaged is computed again only when it moved.
+    cards_changes: u64,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
     /// model -> the nodes that offer it (the pin checks a constrained pod against those
     /// only, not against every node of the cluster, under the lock).
@@ -188,6 +191,7 @@ impl Snapshot {
         }
         self.detach_node(&name);
         self.dirty = Dirty::All;
+        self.cards_changes += 1;
         for (res, (m, _)) in &cards.resources {
             *self
                 .model_resources
@@ -210,6 +214,7 @@ impl Snapshot {
     }
 
     pub fn remove_node(&mut self, name: &str) {
+        self.cards_changes += 1;
         self.detach_node(name);
         self.retally_node(name);
     }
@@ -294,12 +299,23 @@ impl Snapshot {
 
     /// Adds or replaces the devices of one ResourceSlice.
     pub fn upsert_slice(&mut self, name: String, devices: Vec<crate::cards::dra::Device>) {
-        self.dra_slices.insert(name, devices);
+        if self.dra_slices.get(&name) != Some(&devices) {
+            self.cards_changes += 1;
+            self.dra_slices.insert(name, devices);
+        }
     }
 
     /// Forgets a ResourceSlice.
     pub fn remove_slice(&mut self, name: &str) {
-        self.dra_slices.remove(name);
+        if self.dra_slices.remove(name).is_some() {
+            self.cards_changes += 1;
+        }
+    }
+
+    /// How many times nodes' cards or ResourceSlices changed: a reader that saw the same
+    /// count has seen the same unmanaged cards.
+    pub fn cards_changes(&self) -> u64 {
+        self.cards_changes
     }
 
     /// The ResourceSlices held, by name.
