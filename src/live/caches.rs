@@ -697,24 +697,31 @@ pub async fn start(
         Arc::new(Synced::already()),
     ));
     // ResourceSlices are read to report the cards DRA drivers publish; a cluster may not
-    // serve them (before 1.34): readiness does not wait for them.
-    if super::dra::serves_slices(&client).await {
-        tokio::spawn(run(
-            Api::<DynamicObject>::all_with(client.clone(), &super::dra::resourceslice_resource()),
-            all(),
-            Mirror {
-                kind: "ResourceSlice",
-                read: |o| as_value(o, "ResourceSlice"),
-                store: store_slice,
-                keys: |s, pick| cluster_keys(s.slice_names(), pick),
-                remove: |s, k| s.remove_slice(&k.name),
-                stream: None,
-                key: key_of,
-            },
-            snapshot.clone(),
-            Arc::new(Synced::already()),
-        ));
-    }
+    // serve them (before 1.34): nothing waits for them, not even the other watches.
+    let (slices_client, slices_snapshot) = (client.clone(), snapshot.clone());
+    tokio::spawn(async move {
+        if super::dra::serves_slices(&slices_client).await {
+            run(
+                Api::<DynamicObject>::all_with(
+                    slices_client,
+                    &super::dra::resourceslice_resource(),
+                ),
+                watcher::Config::default(),
+                Mirror {
+                    kind: "ResourceSlice",
+                    read: |o| as_value(o, "ResourceSlice"),
+                    store: store_slice,
+                    keys: |s, pick| cluster_keys(s.slice_names(), pick),
+                    remove: |s, k| s.remove_slice(&k.name),
+                    stream: None,
+                    key: key_of,
+                },
+                slices_snapshot,
+                Arc::new(Synced::already()),
+            )
+            .await;
+        }
+    });
     supervise(
         &synced,
         "StatefulSet",
