@@ -211,6 +211,11 @@ fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
 
 fn store_slice(s: &mut Snapshot, v: Value) {
     let name = crate::snapshot::load::describe(&v);
+    let key = v
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     match crate::cards::dra::slice_devices(&v, s.dra()) {
         Ok(devices) => {
             for d in &devices {
@@ -218,14 +223,13 @@ fn store_slice(s: &mut Snapshot, v: Value) {
                     tracing::warn!("{name}: {e}");
                 }
             }
-            let key = v
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
             s.upsert_slice(key, devices);
         }
-        Err(e) => tracing::warn!("{name} not cached: {e}"),
+        Err(e) => {
+            // What it published before is no longer what it says.
+            tracing::warn!("{name} not cached: {e}");
+            s.remove_slice(&key);
+        }
     }
 }
 

@@ -287,11 +287,6 @@ impl Snapshot {
         self.card_resources = c;
     }
 
-    /// Sets the DRA settings (before any ResourceSlice arrives).
-    pub fn set_dra(&mut self, dra: crate::cards::dra::DraSettings) {
-        self.dra = dra;
-    }
-
     /// The DRA settings.
     pub fn dra(&self) -> &crate::cards::dra::DraSettings {
         &self.dra
