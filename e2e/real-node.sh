@@ -228,6 +228,26 @@ out=$(retried gpu_pod w3)
 check "... back in deny, the one after is refused at the quota" contains "$out" "queue $Q has insufficient $MODEL quota: requested 1, in use 2"
 k -n "$APP" delete pod w1 w2 w3 --wait=false >/dev/null 2>&1
 
+# ---- one replica and back to two: the PodDisruptionBudget only with two ------------------
+scale_to() { # replicas
+  "$HELM" upgrade card-quota "$CHART" -n "$NS" --reuse-values --set "replicas=$1" --wait --timeout 180s > "$WORK/replicas-$1.out" 2>&1 ||
+    sed 's/^/      /' "$WORK/replicas-$1.out"
+  wait_for 60 bash -c "kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o json | jq -e '(.items | length) == $1 and all(.items[]; .metadata.deletionTimestamp == null and .status.containerStatuses[0].ready)'"
+}
+scale_to 1
+check "helm upgrade --set replicas=1: one card-quota pod, ready, and no PodDisruptionBudget (it would block every drain of its node)" bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o name | wc -l)\" = 1 ] && [ -z \"\$(kubectl -n $NS get pdb -o name)\" ]"
+# The pods above are gone by now (a grace period of 1 s): the queue's one card is free.
+wait_for 30 bash -c "[ -z \"\$(kubectl -n $APP get pods -o name | grep -E '^pod/w[123]$')\" ]"
+out=$(retried gpu_pod w4)
+check "... and it alone decides: a GPU pod within the quota runs" contains "$out" "pod/w4 created"
+out=$(retried gpu_pod w5)
+check "... and the next is refused at the quota" contains "$out" "queue $Q has insufficient $MODEL quota: requested 1, in use 1"
+scale_to 2
+check "back to replicas=2: two pods ready and a PodDisruptionBudget" bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l app.kubernetes.io/name=card-quota -o name | wc -l)\" = 2 ] && [ -n \"\$(kubectl -n $NS get pdb -o name)\" ]"
+k -n "$APP" delete pod w4 w5 --wait=false --ignore-not-found >/dev/null 2>&1
+
 # ---- a card-quota pod force-deleted mid-burst --------------------------------------------
 queue "$Q-burst" "{\"$MODEL\":20}" >/dev/null 2>&1
 sleep 1
