@@ -708,6 +708,19 @@ items:
             render(&snap, &none, Format::Table, now).unwrap(),
             "No card pod or PodGroup in namespace team-a is charged to a queue (looked for queue qb)\n"
         );
+        // Live, the namespace's own pods and PodGroups alone (no Queue read) say the same.
+        let own: String = objects
+            .lines()
+            .filter(|l| !l.contains("kind: Queue"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let (alone, _) = crate::snapshot::load::load(&own).unwrap();
+        let used: Vec<String> = alone
+            .queues_used_in("team-a")
+            .iter()
+            .map(|q| q.to_string())
+            .collect();
+        assert_eq!(used, ["qa", "qc"]);
         let empty = Scope::default().in_namespace("nobody", &snap);
         assert_eq!(
             render(&snap, &empty, Format::Table, now).unwrap(),
