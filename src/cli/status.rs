@@ -481,13 +481,25 @@ pub fn render(
     now: jiff::Timestamp,
 ) -> Result<String, StatusError> {
     let rows = rows(snap, scope, now)?;
+    let text = render_scoped(&rows, scope, format)?;
     Ok(match format {
-        Format::Table if rows.is_empty() => scope.nothing_found(),
-        Format::Table => {
-            render_rows(&rows, format)? + &problems(snap, scope) + &waiting_table(snap, scope, now)
+        Format::Table if !rows.is_empty() => {
+            text + &problems(snap, scope) + &waiting_table(snap, scope, now)
         }
-        _ => render_rows(&rows, format)?,
+        _ => text,
     })
+}
+
+/// The rows as [`render_rows`] writes them, an empty table in the scope's words.
+pub fn render_scoped(
+    rows: &[StatusRow],
+    scope: &Scope,
+    format: Format,
+) -> Result<String, StatusError> {
+    match format {
+        Format::Table if rows.is_empty() => Ok(scope.nothing_found()),
+        _ => render_rows(rows, format),
+    }
 }
 
 /// Queues whose `card.quota` does not parse: they count as quota 0 for every model (and

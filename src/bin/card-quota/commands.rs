@@ -132,10 +132,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 None => scope,
             };
             let rows = status::written_rows(&queues, &scope)?;
-            match a.output {
-                status::Format::Table if rows.is_empty() => print!("{}", scope.nothing_found()),
-                _ => print!("{}", status::render_rows(&rows, a.output)?),
-            }
+            print!("{}", status::render_scoped(&rows, &scope, a.output)?);
             return Ok(());
         }
     };

@@ -56,11 +56,6 @@ impl Selector {
         })
     }
 
-    /// The expression as written.
-    pub fn expression(&self) -> &str {
-        &self.expression
-    }
-
     /// Evaluates the selector for `device`.
     pub fn matches(&self, device: &Device) -> Match {
         let mut ctx = Context::default();

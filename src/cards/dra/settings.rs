@@ -69,14 +69,6 @@ impl Default for DraSettings {
 }
 
 impl DraSettings {
-    /// Settings of exactly these drivers and classes.
-    pub fn new(drivers: Vec<DriverModel>, classes: impl IntoIterator<Item = String>) -> Self {
-        Self {
-            drivers,
-            classes: classes.into_iter().collect(),
-        }
-    }
-
     /// How `driver` names its devices' models, if it publishes cards.
     pub fn driver(&self, driver: &str) -> Option<&DriverModel> {
         self.drivers.iter().find(|d| d.driver == driver)
@@ -85,11 +77,6 @@ impl DraSettings {
     /// Whether requests of DeviceClass `class` are card requests.
     pub fn is_card_class(&self, class: &str) -> bool {
         self.classes.contains(class)
-    }
-
-    /// The card classes, in name order (for the hooks' conditions).
-    pub fn classes(&self) -> impl Iterator<Item = &str> {
-        self.classes.iter().map(String::as_str)
     }
 }
 
