@@ -185,6 +185,10 @@ pub fn product_of(model: &CardName) -> &str {
 /// The resource shape a model name implies when no node shows the model:
 /// MIG models need `*/mig-<profile>`, MPS models `*.shared`, others a whole-card resource.
 pub fn resource_fits_model_shape(resource: &str, model: &CardName) -> bool {
+    // A claim's devices are whatever model they are: its selectors, not its name, say.
+    if super::dra::is_claim_resource(resource) {
+        return true;
+    }
     let m = model.as_str();
     let suffix = resource.split_once('/').map(|(_, s)| s).unwrap_or(resource);
     if let Some(idx) = m.find("/mig-") {

@@ -127,8 +127,9 @@ pub fn card_demand_condition(cards: &crate::cards::CardResources) -> String {
             "{list}.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {r})) || (has(c.resources.requests) && c.resources.requests.exists(r, {r}))))"
         )
     };
+    // A condition cannot read a claim's DeviceClass: every pod with claims is sent.
     format!(
-        "(has(object.metadata.annotations) && 'volcano.sh/card.name' in object.metadata.annotations) || {} || (has(object.spec.initContainers) && {})",
+        "(has(object.metadata.annotations) && 'volcano.sh/card.name' in object.metadata.annotations) || {} || (has(object.spec.initContainers) && {}) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
         asks("object.spec.containers"),
         asks("object.spec.initContainers")
     )

@@ -621,12 +621,21 @@ q      NVIDIA-H200|RTX-4090  -      0          1        0         -     -
     }
 
     #[test]
-    fn cards_a_dra_driver_publishes_are_said_aloud_not_silently_ignored() {
+    fn cards_claimed_through_dra_are_counted_by_the_allocated_device_model() {
+        // A DRA node with two H200s and a MIG partition, the NVIDIA classes, a template
+        // for one GPU; pods: one bound with its claim allocated (the H200 gpu-1), one
+        // pending whose claim is not made yet, and two sharing one claim (paid once, by
+        // the pod it is reserved for first).
         let objects = r#"
 apiVersion: v1
 kind: List
 items:
-- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}'}}}
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":4}'}}}
+- {apiVersion: v1, kind: Node, metadata: {name: h200-1}}
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.nvidia.com}
+  spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
 - apiVersion: resource.k8s.io/v1
   kind: ResourceSlice
   metadata: {name: h200-1-gpu.nvidia.com}
@@ -639,31 +648,64 @@ items:
     - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
     - {name: gpu-2-mig-0, attributes: {type: {string: mig}, productName: {string: NVIDIA H200}, profile: {string: 1g.18gb}}}
 - apiVersion: resource.k8s.io/v1
-  kind: ResourceSlice
-  metadata: {name: nic-1}
-  spec: {driver: nic.example.com, nodeName: h200-1, pool: {name: h200-1}, devices: [{name: nic-0}]}
+  kind: ResourceClaimTemplate
+  metadata: {name: one-gpu, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaim
+  metadata: {name: a-gpu-x1, namespace: ml}
+  spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
+  status:
+    allocation: {devices: {results: [{request: gpu, driver: gpu.nvidia.com, pool: h200-1, device: gpu-1}]}}
+    reservedFor: [{resource: pods, name: a, uid: u-a}]
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaim
+  metadata: {name: shared, namespace: ml}
+  spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
+  status:
+    allocation: {devices: {results: [{request: gpu, driver: gpu.nvidia.com, pool: h200-1, device: gpu-0}]}}
+    reservedFor: [{resource: pods, name: s1, uid: u-s1}, {resource: pods, name: s2, uid: u-s2}]
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: a, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+  spec: {nodeName: h200-1, containers: [{name: c, image: x}], resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]}
+  status: {phase: Running, resourceClaimStatuses: [{name: gpu, resourceClaimName: a-gpu-x1}]}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: b, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+  spec: {containers: [{name: c, image: x}], resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: s1, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+  spec: {nodeName: h200-1, containers: [{name: c, image: x}], resourceClaims: [{name: gpu, resourceClaimName: shared}]}
+- apiVersion: v1
+  kind: Pod
+  metadata: {name: s2, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+  spec: {nodeName: h200-1, containers: [{name: c, image: x}], resourceClaims: [{name: gpu, resourceClaimName: shared}]}
 "#;
-        let (snap, skipped) = crate::snapshot::load::load(objects).unwrap();
+        let (mut snap, skipped) = crate::snapshot::load::load(objects).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
-        let text = render(
-            &snap,
-            &Scope::default(),
-            Format::Table,
-            jiff::Timestamp::now(),
-        )
-        .unwrap();
-        assert!(
-            text.contains("\nnode h200-1: DRA driver gpu.nvidia.com publishes 2 NVIDIA-H200 cards in ResourceSlices, but card-quota does not count or gate cards allocated through ResourceClaims yet: pods that claim them run past every card quota\n"),
-            "{text}"
+        let now = jiff::Timestamp::now();
+        let q = crate::cards::QueueName::new("q");
+        let h200 = crate::cards::CardName::parse("NVIDIA-H200").unwrap();
+        let u = snap.usage(&q, now);
+        assert_eq!(u.allocated.get(&h200).map(|c| c.get()), Some(2), "{u:?}");
+        assert_eq!(u.pending.values().map(|c| c.get()).sum::<u128>(), 1, "{u:?}");
+        assert!(u.problems.is_empty(), "{:?}", u.problems);
+        // The claim's allocation gone (the pod deleted, the devices freed): the usage
+        // follows the claim, not only the pod.
+        crate::snapshot::load::remove(&mut snap, "ResourceClaim", "ml", "shared");
+        let u = snap.usage(&q, now);
+        assert_eq!(u.allocated.get(&h200).map(|c| c.get()), Some(1));
+        assert_eq!(
+            u.problems.values().next().map(String::as_str),
+            Some("pod ml/s1: its claim gpu uses ResourceClaim ml/shared, which card-quota does not hold (yet): it cannot tell which cards it asks for; create it first, or try again")
         );
-        assert!(
-            text.contains("publishes 1 NVIDIA-H200/mig-1g.18gb-mixed cards"),
-            "{text}"
-        );
-        assert!(!text.contains("nic.example.com"), "{text}");
-        let plan = crate::controller::plan::unmanaged(&snap);
-        assert_eq!(plan.len(), 2);
-        assert_eq!(plan[0].resource, "dra/gpu.nvidia.com");
+        assert!(plan_unmanaged_is_empty(&snap));
+    }
+
+    fn plan_unmanaged_is_empty(snap: &Snapshot) -> bool {
+        crate::controller::plan::unmanaged(snap).is_empty()
     }
 
     #[test]

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, Container, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Pod, PodResourceClaim, PodResourceClaimStatus, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::Deserialize;
 
@@ -23,6 +25,8 @@ pub struct PodParts {
     pub metadata: ObjectMeta,
     pub spec: Option<SpecParts>,
     pub phase: Option<String>,
+    /// `status.resourceClaimStatuses`.
+    pub claims_made: Vec<PodResourceClaimStatus>,
 }
 
 /// Where the pod may run, and what its containers request.
@@ -35,6 +39,7 @@ pub struct SpecParts {
     pub node_name: Option<String>,
     pub node_selector: Option<BTreeMap<String, String>>,
     pub scheduler_name: Option<String>,
+    pub resource_claims: Option<Vec<PodResourceClaim>>,
 }
 
 /// A container's name, resources and restart policy (a sidecar's is `Always`).
@@ -67,6 +72,8 @@ impl SpecParts {
             node_selector: self.node_selector.as_ref(),
             affinity: self.affinity.as_ref(),
             scheduler_name: self.scheduler_name.as_deref(),
+            resource_claims: self.resource_claims.as_deref().unwrap_or_default(),
+            claims_made: &[],
         }
     }
 }
@@ -81,7 +88,9 @@ impl PodParts {
     ) -> Result<PodRecord, RecordError> {
         pod_record_of(
             &self.metadata,
-            self.spec.as_ref().map(SpecParts::view),
+            self.spec
+                .as_ref()
+                .map(|s| s.view().with_claims_made(&self.claims_made)),
             self.phase.clone(),
             namespace_hint,
             cards,
@@ -114,7 +123,13 @@ impl From<Pod> for PodParts {
                 node_name: s.node_name,
                 node_selector: s.node_selector,
                 scheduler_name: s.scheduler_name,
+                resource_claims: s.resource_claims,
             }),
+            claims_made: p
+                .status
+                .as_ref()
+                .and_then(|s| s.resource_claim_statuses.clone())
+                .unwrap_or_default(),
             phase: p.status.and_then(|s| s.phase),
         }
     }
@@ -143,8 +158,10 @@ struct Meta {
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
+#[serde(rename_all = "camelCase")]
 struct Status {
     phase: Option<String>,
+    resource_claim_statuses: Option<Vec<PodResourceClaimStatus>>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +199,11 @@ impl From<Parts> for PodParts {
                 uid: m.uid,
             },
             spec: p.spec,
+            claims_made: p
+                .status
+                .as_ref()
+                .and_then(|s| s.resource_claim_statuses.clone())
+                .unwrap_or_default(),
             phase: p.status.and_then(|s| s.phase),
         }
     }

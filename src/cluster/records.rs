@@ -4,13 +4,17 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{Affinity, Container, Node, Pod, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Node, Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec,
+    PodTemplateSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::cards::annotations::{
     self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, QUOTA, REQUEST, USAGE,
 };
+use crate::cards::dra::{is_claim_resource, pod_claims, ClaimCards, DraError, PodClaim};
 use crate::cards::demand::{
     containers_demand, pinned_products, ContainerResources, PodDemandError, ResourceDemand,
 };
@@ -162,6 +166,12 @@ pub struct PodRecord {
     /// `spec.schedulerName` (Kubernetes' `default-scheduler` when unset); `None` for a
     /// pod known only from a ledger entry, which is counted whatever the filter.
     pub scheduler: Option<std::sync::Arc<str>>,
+    /// `spec.resourceClaims`, with the claims made for it from templates.
+    pub claims: Vec<PodClaim>,
+    /// What its claims add up to, as the snapshot read them (`None`: no claim asks for
+    /// a card, or they have not been read). Their cards are in `demand` under
+    /// [`ClaimCards::resource`].
+    pub claimed: Option<Result<ClaimCards, Box<DraError>>>,
     pub seq: u64,
     pub version: Version,
 }
@@ -221,7 +231,9 @@ impl PodRecord {
     /// The models this pod can end up on: its alternatives, narrowed by its own
     /// required product pins (a pod pinned by card-quota's steering counts on its pin).
     pub fn effective_alternatives(&self) -> Option<Alternatives> {
-        let a = self.alternatives()?;
+        // A pod not admitted by card-quota's webhook (no `card.name` written) may get
+        // what its claims allow.
+        let a = self.alternatives().or_else(|| self.claimed_models())?;
         let Ok(demand) = &self.demand else {
             return Some(a.clone());
         };
@@ -278,7 +290,12 @@ impl PodRecord {
             return false;
         };
         let to_card: Vec<String> = self.latent.keys().filter(|r| is_card(r)).cloned().collect();
-        let to_latent: Vec<String> = demand.keys().filter(|r| !is_card(r)).cloned().collect();
+        // Cards from claims are the snapshot's to set, not a node's to announce.
+        let to_latent: Vec<String> = demand
+            .keys()
+            .filter(|r| !is_card(r) && !is_claim_resource(r))
+            .cloned()
+            .collect();
         for r in &to_card {
             if let Some(n) = self.latent.remove(r) {
                 demand.insert(r.clone(), n);
@@ -293,8 +310,20 @@ impl PodRecord {
     }
 
     /// True when the pod involves cards at all.
+    /// A pod with ResourceClaims is held as one even when they ask for no card now: a
+    /// shared claim another pod pays for becomes its own to pay when that pod goes.
     pub fn is_card_pod(&self) -> bool {
-        self.card_name.is_some() || self.demand.as_ref().map(|d| !d.is_empty()).unwrap_or(true)
+        self.card_name.is_some()
+            || !self.claims.is_empty()
+            || self.demand.as_ref().map(|d| !d.is_empty()).unwrap_or(true)
+    }
+
+    /// The models its card claims may get, when it has any.
+    pub fn claimed_models(&self) -> Option<&Alternatives> {
+        match &self.claimed {
+            Some(Ok(c)) => Some(&c.models),
+            _ => None,
+        }
     }
 }
 
@@ -339,7 +368,14 @@ pub fn pod_record(
 ) -> Result<PodRecord, RecordError> {
     pod_record_of(
         &pod.metadata,
-        pod.spec.as_ref().map(SpecView::of),
+        pod.spec.as_ref().map(|s| {
+            SpecView::of(s).with_claims_made(
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.resource_claim_statuses.as_deref())
+                    .unwrap_or_default(),
+            )
+        }),
         pod.status.as_ref().and_then(|s| s.phase.clone()),
         namespace_hint,
         cards,
@@ -357,6 +393,10 @@ pub struct SpecView<'a, C> {
     pub node_selector: Option<&'a BTreeMap<String, String>>,
     pub affinity: Option<&'a Affinity>,
     pub scheduler_name: Option<&'a str>,
+    /// `spec.resourceClaims`.
+    pub resource_claims: &'a [PodResourceClaim],
+    /// `status.resourceClaimStatuses`: the claims made for the pod from templates.
+    pub claims_made: &'a [PodResourceClaimStatus],
 }
 
 // By hand: derived, they would ask `C: Copy` of the borrowed containers.
@@ -377,7 +417,38 @@ impl<'a> SpecView<'a, Container> {
             node_selector: s.node_selector.as_ref(),
             affinity: s.affinity.as_ref(),
             scheduler_name: s.scheduler_name.as_deref(),
+            resource_claims: s.resource_claims.as_deref().unwrap_or_default(),
+            claims_made: &[],
         }
+    }
+}
+
+impl<'a, C> SpecView<'a, C> {
+    /// The same parts, with the claims the pod's status says were made for it.
+    pub fn with_claims_made(self, made: &'a [PodResourceClaimStatus]) -> Self {
+        Self {
+            claims_made: made,
+            ..self
+        }
+    }
+
+    /// The pod's claims.
+    fn claims(&self) -> Vec<PodClaim> {
+        let made: BTreeMap<&str, &str> = self
+            .claims_made
+            .iter()
+            .filter_map(|m| Some((m.name.as_str(), m.resource_claim_name.as_deref()?)))
+            .collect();
+        pod_claims(
+            self.resource_claims.iter().map(|c| {
+                (
+                    c.name.as_str(),
+                    c.resource_claim_name.as_deref(),
+                    c.resource_claim_template_name.as_deref(),
+                )
+            }),
+            &made,
+        )
     }
 }
 
@@ -481,6 +552,8 @@ fn record_from_parts<C: ContainerResources>(
                 .filter(|n| !n.is_empty())
                 .unwrap_or("default-scheduler"),
         )),
+        claims: spec.map(|s| s.claims()).unwrap_or_default(),
+        claimed: None,
         seq,
         version: Version::of(meta),
     }

@@ -42,32 +42,15 @@ pub const UNMANAGED: &str = "UnmanagedCardResource";
 /// counted nor gated, so said aloud (status, a metric, an Event on the node).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Unmanaged {
-    /// The node; empty for DRA devices that no single node publishes.
     pub node: String,
-    /// The resource, or `dra/<driver>` for devices a DRA driver publishes.
     pub resource: String,
     pub model: String,
     pub cards: u64,
 }
 
 impl Unmanaged {
-    /// The DRA driver, for cards published in ResourceSlices.
-    pub fn dra_driver(&self) -> Option<&str> {
-        self.resource.strip_prefix("dra/")
-    }
-
     /// The Event's message, and `status`'s line.
     pub fn message(&self) -> String {
-        if let Some(driver) = self.dra_driver() {
-            let place = match self.node.as_str() {
-                "" => "devices of no single node".to_string(),
-                n => format!("node {n}"),
-            };
-            return format!(
-                "{place}: DRA driver {driver} publishes {} {} cards in ResourceSlices, but card-quota does not count or gate cards allocated through ResourceClaims yet: pods that claim them run past every card quota",
-                self.cards, self.model
-            );
-        }
         format!(
             "node {} announces {} {} cards ({}) but {} is not among card-quota's card resources: they are neither counted nor gated; add it with --card-resource (Helm: cardResources) to give queues a quota for {}",
             self.node, self.cards, self.resource, self.model, self.resource, self.model
@@ -77,7 +60,7 @@ impl Unmanaged {
 
 /// Every node's cards the install does not gate.
 pub fn unmanaged(snap: &Snapshot) -> Vec<Unmanaged> {
-    let mut out: Vec<Unmanaged> = snap
+    snap
         .unmanaged_cards()
         .map(|(node, resource, model, cards)| Unmanaged {
             node: node.to_string(),
@@ -85,18 +68,7 @@ pub fn unmanaged(snap: &Snapshot) -> Vec<Unmanaged> {
             model: model.to_string(),
             cards,
         })
-        .collect();
-    out.extend(
-        snap.dra_cards()
-            .into_iter()
-            .map(|((node, driver, model), cards)| Unmanaged {
-                node,
-                resource: format!("dra/{driver}"),
-                model: model.to_string(),
-                cards,
-            }),
-    );
-    out
+        .collect()
 }
 
 /// Event reason for a queue whose place in the tree needs an admin.

@@ -425,7 +425,7 @@ impl Reconciler {
                     pass.events += 1;
                 }
             }
-            // Unmanaged cards are told as soon as a node or a ResourceSlice changes them
+            // Unmanaged cards are told as soon as a node changes them
             // (and every full pass, for Events that could not be published).
             let changes = self.lock().cards_changes();
             if full || self.reported_changes != Some(changes) {

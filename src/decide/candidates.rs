@@ -3,6 +3,7 @@
 //! order the quota's annotation writes them, narrowed by the pod's own constraints.
 
 use crate::cards::annotations::QUOTA;
+use crate::cards::dra::is_claim_resource;
 use crate::cards::nodes::resource_fits_model_shape;
 use crate::cards::{CardName, QueueName};
 use crate::cluster::PodRecord;
@@ -14,6 +15,10 @@ use super::messages::short_list;
 /// for that resource, or (no node offers the model yet: nodes that scale from zero) the
 /// model's shape matches the resource's (whole card, MIG profile, MPS share).
 pub fn resource_serves(snap: &Snapshot, resource: &str, model: &CardName) -> bool {
+    // A claim's models are its selectors' to say (`PodRecord::claimed_models`).
+    if is_claim_resource(resource) {
+        return true;
+    }
     match snap.resources_of(model) {
         Some(r) => r.contains_key(resource),
         None => resource_fits_model_shape(resource, model),

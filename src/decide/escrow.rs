@@ -431,6 +431,8 @@ mod tests {
             pinned: BTreeMap::new(),
             excluded: BTreeMap::new(),
             scheduler: None,
+            claims: Vec::new(),
+            claimed: None,
             seq: 0,
             version: Default::default(),
         }));

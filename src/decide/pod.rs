@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED};
+use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED, QUOTA};
+use crate::cards::dra::is_claim_resource;
 use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
 use crate::cards::{Alternatives, CardName, Cards, QueueName};
@@ -146,7 +147,7 @@ fn record<'r>(
         .map_err(Clone::clone)?;
     let mut rec = read.record.clone();
     rec.reclassify(|r| snap.is_card_resource(r));
-    Ok((&read.pod, rec))
+    Ok((&read.pod, snap.with_claims(rec)))
 }
 
 /// The controller that owns an object, for Events about a refused one (which has no
@@ -198,6 +199,9 @@ pub fn card_demand(
     snap: &Snapshot,
     queue: Option<&QueueName>,
 ) -> Result<Option<CardDemand>, Decision> {
+    if let Some(Err(e)) = &rec.claimed {
+        return Err(Decision::deny(INVALID_DEMAND, e.to_string()));
+    }
     let demand = rec
         .demand
         .as_ref()
@@ -243,6 +247,9 @@ pub fn card_demand(
             ));
         }
     };
+    if let Some(claimed) = rec.claimed_models() {
+        return claim_demand(rec, snap, queue, resource, cards, named, claimed);
+    }
     if let Some(a) = named {
         // Alternatives whose card resource the pod does not request are dropped; only
         // when none is left is the pod refused.
@@ -306,6 +313,61 @@ pub fn card_demand(
     }
 }
 
+/// The demand of a pod whose cards come from claims: the models its claims allow,
+/// narrowed by its `card.name`, else by its queue's quota (in the quota's order).
+fn claim_demand(
+    rec: &PodRecord,
+    snap: &Snapshot,
+    queue: Option<&QueueName>,
+    resource: String,
+    cards: Cards,
+    named: Option<Alternatives>,
+    claimed: &Alternatives,
+) -> Result<Option<CardDemand>, Decision> {
+    let subject = rec.subject.named(&rec.key);
+    let allowed = |models: &[CardName]| -> Vec<CardName> {
+        models
+            .iter()
+            .filter(|m| claimed.contains(m))
+            .cloned()
+            .collect()
+    };
+    if let Some(a) = named {
+        return match Alternatives::from_models(allowed(a.models())) {
+            Some(alternatives) => Ok(Some(CardDemand {
+                resource,
+                cards,
+                alternatives,
+                source: Source::Named,
+            })),
+            None => Err(Decision::deny(
+                INVALID_DEMAND,
+                format!("{subject} names {a} but its ResourceClaims allow only {claimed}"),
+            )),
+        };
+    }
+    let q = queue.cloned().unwrap_or_else(QueueName::default_queue);
+    let usable = allowed(&queue_models(snap, &q, &resource));
+    match Alternatives::from_models(usable) {
+        Some(alternatives) => Ok(Some(CardDemand {
+            resource,
+            cards,
+            alternatives,
+            source: Source::Quota,
+        })),
+        None if snap.quota_lifted(&q) => Ok(None),
+        None => {
+            let example = format!("'{{\"{}\":1}}'", claimed.first());
+            Err(Decision::deny(
+                INSUFFICIENT,
+                format!(
+                    "{subject} claims {cards} card(s) of {claimed} through ResourceClaims but queue {q} has no quota for any of them; give the queue one: {QUOTA}: {example}"
+                ),
+            ))
+        }
+    }
+}
+
 fn undecided(
     queue: &QueueName,
     key: &Alternatives,
@@ -342,17 +404,39 @@ pub fn allocate(
         .as_ref()
         .map_err(|e| Decision::deny(INVALID_DEMAND, e.to_string()))?;
     let mut charges: Vec<(CardName, Cards)> = Vec::new();
+    let mut add = |model: CardName, cards: Cards| match charges.iter_mut().find(|(m, _)| *m == model) {
+        Some((_, total)) => *total += cards,
+        None => charges.push((model, cards)),
+    };
     for (resource, cards) in demand {
+        if is_claim_resource(resource) {
+            // Cards from claims: the models of the devices the scheduler allocated.
+            match &rec.claimed {
+                Some(Ok(c)) => match &c.allocated {
+                    Some(allocated) => allocated.iter().for_each(|(m, n)| add(m.clone(), *n)),
+                    None => {
+                        return Err(Decision::deny(
+                            RETRY,
+                            format!(
+                                "pod {} uses ResourceClaim {}, whose allocation card-quota has not seen yet; try again",
+                                rec.key,
+                                c.claims.join(", ")
+                            ),
+                        ))
+                    }
+                },
+                Some(Err(e)) => return Err(Decision::deny(INVALID_DEMAND, e.to_string())),
+                None => {}
+            }
+            continue;
+        }
         let Some(model) = n.model_for(resource).cloned() else {
             return Err(Decision::deny(
                 INVALID_DEMAND,
                 format!("node {node} offers no card model for {resource} (no <prefix>/<type>.product label, or no such allocatable resource)"),
             ));
         };
-        match charges.iter_mut().find(|(m, _)| *m == model) {
-            Some((_, total)) => *total += *cards,
-            None => charges.push((model, *cards)),
-        }
+        add(model, *cards);
     }
     if charges.is_empty() {
         return Ok(charges);
@@ -616,7 +700,13 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
             );
         }
     }
-    let steer = cfg.pin && rec.node.is_none() && !names_its_node(pod) && !owned_by_daemonset(pod);
+    // A pod whose cards come from claims is not pinned by node labels: its devices'
+    // models are its claims' to say, and a DRA node need not carry the product label.
+    let steer = cfg.pin
+        && rec.node.is_none()
+        && rec.claimed.is_none()
+        && !names_its_node(pod)
+        && !owned_by_daemonset(pod);
     let d = admit(pod, rec, queue, snap, now, true, steer);
     // A pod created on its node is charged its node's model, whatever it claims.
     if let (true, Some(claimed)) = (d.allowed, annotation(pod, CHARGED)) {

@@ -630,6 +630,8 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         pinned: e.pinned.clone(),
         excluded: e.excluded.clone(),
         scheduler: None,
+        claims: Vec::new(),
+        claimed: None,
         seq,
         version: e.version(id),
     })
@@ -697,6 +699,8 @@ mod tests {
             pinned: BTreeMap::new(),
             excluded: BTreeMap::new(),
             scheduler: None,
+            claims: Vec::new(),
+            claimed: None,
             seq: 7,
             version: Version {
                 uid: uid.map(str::to_string),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::cards::demand::PodDemandError;
+use crate::cards::dra::ClaimCards;
 use crate::cards::quantity::Cards;
 use crate::cards::{Alternatives, CardName, CardRequest, ObjectKey, Quota};
 use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
@@ -53,6 +54,9 @@ pub enum Share {
 impl Share {
     /// The share of `pod` while it is active (callers check [`PodRecord::is_active`]).
     pub fn of(pod: &PodRecord, nodes: &impl NodeModels) -> Self {
+        if let Some(Err(e)) = &pod.claimed {
+            return Self::Problem(e.to_string());
+        }
         if pod.node.is_some() {
             return match bound_charges(pod, nodes) {
                 Ok(c) if c.is_empty() => Self::Nothing,
@@ -523,6 +527,18 @@ pub fn bound_charges(
     let demand = pod.demand.as_ref().map_err(Clone::clone)?;
     let mut out = Vec::new();
     for (res, n) in demand {
+        // Cards from claims: the models of the devices allocated, once they are.
+        if let Some(Ok(ClaimCards {
+            resource,
+            allocated: Some(allocated),
+            ..
+        })) = &pod.claimed
+        {
+            if resource == res {
+                out.extend(allocated.iter().cloned());
+                continue;
+            }
+        }
         let model = match (&pod.charged, demand.len()) {
             (Some(c), 1) => Some(c.clone()),
             _ => match nodes.node_model(node, res) {

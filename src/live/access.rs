@@ -32,11 +32,29 @@ pub const ACCESS: &[Access] = &[
         "jobs",
         &["list", "watch"],
     ),
-    // live/caches.rs: ResourceSlices, the cards DRA drivers publish (reported).
+    // live/caches.rs: DRA, the cards drivers publish and the claims pods make (read only).
     (
         Scope::Cluster,
         "resource.k8s.io",
         "resourceslices",
+        &["list", "watch"],
+    ),
+    (
+        Scope::Cluster,
+        "resource.k8s.io",
+        "deviceclasses",
+        &["list", "watch"],
+    ),
+    (
+        Scope::Cluster,
+        "resource.k8s.io",
+        "resourceclaimtemplates",
+        &["list", "watch"],
+    ),
+    (
+        Scope::Cluster,
+        "resource.k8s.io",
+        "resourceclaims",
         &["list", "watch"],
     ),
     // ... and controller/reconciler.rs: the usage annotation (server-side apply).

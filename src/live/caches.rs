@@ -209,27 +209,49 @@ fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
     s.upsert_pod(rec);
 }
 
-fn store_slice(s: &mut Snapshot, v: Value) {
-    let name = crate::snapshot::load::describe(&v);
-    let key = v
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    match crate::cards::dra::slice_devices(&v, s.dra()) {
-        Ok(devices) => {
-            for d in &devices {
-                if let Some(Err(e)) = &d.model {
-                    tracing::warn!("{name}: {e}");
-                }
-            }
-            s.upsert_slice(key, devices);
-        }
-        Err(e) => {
-            // What it published before is no longer what it says.
-            tracing::warn!("{name} not cached: {e}");
-            s.remove_slice(&key);
-        }
+fn store_dra(s: &mut Snapshot, v: Value) {
+    if let Err(e) = s.store_dra(&v, "") {
+        // What it said before is no longer what it says: forgotten by store_dra.
+        tracing::warn!("{} not cached: {e}", crate::snapshot::load::describe(&v));
+    }
+}
+
+/// The mirror of one DRA kind (see [`super::dra::KINDS`]).
+fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, Value> {
+    let (read, keys, remove): (
+        fn(&DynamicObject) -> Result<Value, MirrorError>,
+        fn(&Snapshot, KeyPick<'_>) -> Vec<ObjectKey>,
+        fn(&mut Snapshot, &ObjectKey),
+    ) = match kind {
+        "ResourceSlice" => (
+            |o| as_value(o, "ResourceSlice"),
+            |s, pick| cluster_keys(s.slice_names(), pick),
+            |s, k| s.remove_slice(&k.name),
+        ),
+        "DeviceClass" => (
+            |o| as_value(o, "DeviceClass"),
+            |s, pick| cluster_keys(s.class_names(), pick),
+            |s, k| s.remove_class(&k.name),
+        ),
+        "ResourceClaimTemplate" => (
+            |o| as_value(o, "ResourceClaimTemplate"),
+            |s, pick| s.template_keys().into_iter().filter(|k| pick(k)).collect(),
+            |s, k| s.remove_template(k),
+        ),
+        _ => (
+            |o| as_value(o, "ResourceClaim"),
+            |s, pick| s.claim_keys().into_iter().filter(|k| pick(k)).collect(),
+            |s, k| s.remove_claim(k),
+        ),
+    };
+    Mirror {
+        kind,
+        read,
+        store: store_dra,
+        keys,
+        remove,
+        stream: None,
+        key: key_of,
     }
 }
 
@@ -700,30 +722,24 @@ pub async fn start(
         snapshot.clone(),
         Arc::new(Synced::already()),
     ));
-    // ResourceSlices are read to report the cards DRA drivers publish; a cluster may not
-    // serve them (before 1.34): nothing waits for them, not even the other watches.
-    let (slices_client, slices_snapshot) = (client.clone(), snapshot.clone());
+    // DRA objects: the devices drivers publish and the claims pods make. A cluster may
+    // not serve them (before 1.34): nothing waits for them, not even the other watches.
+    let (dra_client, dra_snapshot) = (client.clone(), snapshot.clone());
     tokio::spawn(async move {
-        if super::dra::serves_slices(&slices_client).await {
-            run(
+        if !super::dra::serves_slices(&dra_client).await {
+            return;
+        }
+        for (kind, plural) in super::dra::KINDS {
+            tokio::spawn(run(
                 Api::<DynamicObject>::all_with(
-                    slices_client,
-                    &super::dra::resourceslice_resource(),
+                    dra_client.clone(),
+                    &super::dra::resource(kind, plural),
                 ),
                 watcher::Config::default(),
-                Mirror {
-                    kind: "ResourceSlice",
-                    read: |o| as_value(o, "ResourceSlice"),
-                    store: store_slice,
-                    keys: |s, pick| cluster_keys(s.slice_names(), pick),
-                    remove: |s, k| s.remove_slice(&k.name),
-                    stream: None,
-                    key: key_of,
-                },
-                slices_snapshot,
+                dra_mirror(kind),
+                dra_snapshot.clone(),
                 Arc::new(Synced::already()),
-            )
-            .await;
+            ));
         }
     });
     supervise(

@@ -8,10 +8,20 @@ use kube::Client;
 /// The API version card-quota reads DRA objects in (Kubernetes 1.34+).
 pub const API_VERSION: &str = "resource.k8s.io/v1";
 
-/// ResourceSlices (cluster-scoped): the devices drivers publish.
-pub fn resourceslice_resource() -> ApiResource {
-    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", "ResourceSlice");
-    ApiResource::from_gvk_with_plural(&gvk, "resourceslices")
+/// The `resource.k8s.io/v1` kinds card-quota reads, with their plurals: the devices
+/// drivers publish (ResourceSlice), the classes that select them (DeviceClass), and
+/// what pods ask for (ResourceClaimTemplate, ResourceClaim).
+pub const KINDS: [(&str, &str); 4] = [
+    ("ResourceSlice", "resourceslices"),
+    ("DeviceClass", "deviceclasses"),
+    ("ResourceClaimTemplate", "resourceclaimtemplates"),
+    ("ResourceClaim", "resourceclaims"),
+];
+
+/// One of [`KINDS`] as an API resource.
+pub fn resource(kind: &str, plural: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk("resource.k8s.io", "v1", kind);
+    ApiResource::from_gvk_with_plural(&gvk, plural)
 }
 
 /// How long one discovery call may take, and how long to wait before the next after a

@@ -93,20 +93,9 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             snap.upsert_group(podgroup_record(v, "default", seq)?);
             Ok(Some("PodGroup"))
         }
-        "ResourceSlice" => {
-            let name = v
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .ok_or(RecordError::NoName("ResourceSlice"))?
-                .to_string();
-            let devices = crate::cards::dra::slice_devices(v, snap.dra())?;
-            for d in &devices {
-                if let Some(Err(e)) = &d.model {
-                    tracing::warn!("ResourceSlice {name}: {e}");
-                }
-            }
-            snap.upsert_slice(name, devices);
-            Ok(Some("ResourceSlice"))
+        k if super::dra::DRA_KINDS.contains(&k) => {
+            snap.store_dra(v, "default")?;
+            Ok(Some(super::dra::DRA_KINDS.iter().find(|d| **d == k).copied().unwrap_or("DRA")))
         }
         "Pod" => {
             let p: Pod =
@@ -150,7 +139,7 @@ pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
         "PodGroup" => snap.remove_group(&key),
         "Pod" => snap.remove_pod(&key),
         "Job" => snap.remove_job(&key),
-        "ResourceSlice" => snap.remove_slice(name),
+        other if snap.remove_dra(other, &key) => {}
         other => {
             if let Some(k) = WorkloadKind::from_kind(other) {
                 snap.remove_workload(k, &key);

@@ -20,6 +20,7 @@ use crate::cluster::records::{
 use crate::cluster::NodeModels;
 use crate::ledger::LedgerRecord;
 
+mod dra;
 pub mod load;
 pub mod overlay;
 pub mod tree;
@@ -39,12 +40,12 @@ pub struct Snapshot {
     nodes: Map<String, NodeCards>,
     /// Which extended resources are cards (the install's `--card-resource` list).
     card_resources: CardResources,
-    /// Which DRA drivers publish cards, and which DeviceClasses are card classes.
-    dra: crate::cards::dra::DraSettings,
-    /// Devices published in ResourceSlices, by slice name: reported, not counted yet.
-    dra_slices: BTreeMap<String, Vec<crate::cards::dra::Device>>,
-    /// Counts changes of a node's cards and of ResourceSlices: what is reported as
-    /// unmanaged is computed again only when it moved.
+    /// DeviceClasses, ResourceClaimTemplates, ResourceClaims and published devices.
+    dra: crate::cards::dra::DraObjects,
+    /// Card pods that use ResourceClaims: read again when a DRA object changes.
+    claim_pods: Set<ObjectKey>,
+    /// Counts changes of a node's cards: what is reported as unmanaged is computed again
+    /// only when it moved.
     cards_changes: u64,
     model_resources: BTreeMap<CardName, BTreeMap<String, usize>>,
     /// model -> the nodes that offer it (the pin checks a constrained pod against those
@@ -287,50 +288,10 @@ impl Snapshot {
         self.card_resources = c;
     }
 
-    /// The DRA settings.
-    pub fn dra(&self) -> &crate::cards::dra::DraSettings {
-        &self.dra
-    }
-
-    /// Adds or replaces the devices of one ResourceSlice.
-    pub fn upsert_slice(&mut self, name: String, devices: Vec<crate::cards::dra::Device>) {
-        if self.dra_slices.get(&name) != Some(&devices) {
-            self.cards_changes += 1;
-            self.dra_slices.insert(name, devices);
-        }
-    }
-
-    /// Forgets a ResourceSlice.
-    pub fn remove_slice(&mut self, name: &str) {
-        if self.dra_slices.remove(name).is_some() {
-            self.cards_changes += 1;
-        }
-    }
-
-    /// How many times nodes' cards or ResourceSlices changed: a reader that saw the same
+    /// How many times nodes' cards changed: a reader that saw the same
     /// count has seen the same unmanaged cards.
     pub fn cards_changes(&self) -> u64 {
         self.cards_changes
-    }
-
-    /// The ResourceSlices held, by name.
-    pub fn slice_names(&self) -> Vec<String> {
-        self.dra_slices.keys().cloned().collect()
-    }
-
-    /// Card devices published through DRA: (node, or `""` for devices of no single
-    /// node; driver; model) -> devices. Cards allocated through ResourceClaims are not
-    /// counted nor gated yet, so they are reported.
-    pub fn dra_cards(&self) -> BTreeMap<(String, String, CardName), u64> {
-        let mut out = BTreeMap::new();
-        for d in self.dra_slices.values().flatten() {
-            if let Some(Ok(m)) = &d.model {
-                let node = d.node.clone().unwrap_or_default();
-                *out.entry((node, d.id.driver.clone(), m.clone()))
-                    .or_default() += 1;
-            }
-        }
-        out
     }
 
     /// Nodes that announce cards of resources this install does not gate: node, resource,
@@ -762,6 +723,12 @@ impl Snapshot {
     /// replaced pod keeps its place in the queue (its `seq`).
     pub fn upsert_pod(&mut self, mut p: PodRecord) {
         p.reclassify(|r| self.card_resources.matches(r));
+        self.read_claims(&mut p);
+        if p.claims.is_empty() {
+            self.claim_pods.remove(&p.key);
+        } else {
+            self.claim_pods.insert(p.key.clone());
+        }
         if let Some(old) = self.pods.get(&p.key) {
             p.seq = old.seq;
         }
@@ -806,6 +773,7 @@ impl Snapshot {
 
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.other_pods.remove(key);
+        self.claim_pods.remove(key);
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
             self.retally_pod(key, None);

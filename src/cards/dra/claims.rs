@@ -10,7 +10,7 @@ use super::devices::{Device, DeviceId};
 use super::selectors::{Match, Selector};
 use super::settings::DraSettings;
 use super::DraError;
-use crate::cards::names::{Alternatives, CardName};
+use crate::cards::names::{Alternatives, CardName, ObjectKey};
 use crate::cards::quantity::Cards;
 
 /// A DeviceClass: its name and the selectors every device of it must match.
@@ -175,6 +175,8 @@ fn selectors(v: Option<&Value>, source: &str, at: &str) -> Result<Vec<Selector>,
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestDemand {
     pub request: String,
+    /// The DeviceClass of its first card way.
+    pub class: String,
     pub models: Alternatives,
     pub count: Cards,
 }
@@ -183,12 +185,12 @@ pub struct RequestDemand {
 /// every way is of another class asks for no card. `classes` are the DeviceClasses the
 /// cluster has (a card class not among them adds no selector), `devices` every device
 /// published.
-pub fn claim_demand(
+pub fn claim_demand<'a>(
     spec: &ClaimSpec,
     object: &str,
     settings: &DraSettings,
     classes: &BTreeMap<String, DeviceClass>,
-    devices: &[Device],
+    devices: impl Iterator<Item = &'a Device> + Clone,
 ) -> Result<Vec<RequestDemand>, DraError> {
     let mut out = Vec::new();
     for r in &spec.requests {
@@ -197,9 +199,9 @@ pub fn claim_demand(
             .iter()
             .filter(|o| settings.is_card_class(&o.class))
             .collect();
-        if card.is_empty() {
+        let Some(class) = card.first().map(|o| o.class.clone()) else {
             continue;
-        }
+        };
         let mut models: Vec<CardName> = Vec::new();
         let mut count = 0u64;
         for o in card {
@@ -216,7 +218,7 @@ pub fn claim_demand(
             count = count.max(n);
             let class_selectors = classes.get(&o.class).map(|c| c.selectors.as_slice());
             let mut found: Vec<CardName> = devices
-                .iter()
+                .clone()
                 .filter(|d| {
                     let allowed = |s: &Selector| s.matches(d) != Match::No;
                     class_selectors.unwrap_or_default().iter().all(allowed)
@@ -246,6 +248,7 @@ pub fn claim_demand(
         };
         out.push(RequestDemand {
             request: r.name.clone(),
+            class,
             models,
             count: Cards::new(count),
         });
@@ -253,17 +256,69 @@ pub fn claim_demand(
     Ok(out)
 }
 
-/// The card models a claim's allocation (`status.allocation.devices.results`) gave it,
-/// one per allocated card device, with the request each serves. A result naming a
-/// device of a card driver that no slice publishes is an error: the caller fails closed.
-pub fn allocated_models<'a>(
-    claim: &Value,
-    object: &str,
-    settings: &DraSettings,
-    find: impl Fn(&DeviceId) -> Option<&'a Device>,
-) -> Result<Vec<(String, CardName)>, DraError> {
+/// One device a claim's allocation gives it (`status.allocation.devices.results[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocated {
+    pub request: String,
+    pub device: DeviceId,
+}
+
+/// A ResourceClaim as card-quota reads it: what it asks for, what it got and for whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRecord {
+    pub key: ObjectKey,
+    pub spec: Result<ClaimSpec, DraError>,
+    /// `None` while unallocated.
+    pub allocation: Option<Result<Vec<Allocated>, DraError>>,
+    /// The pods `status.reservedFor` names, in its order: the first pays for a shared claim.
+    pub reserved_for: Vec<String>,
+}
+
+impl ClaimRecord {
+    /// Reads a `resource.k8s.io/v1` ResourceClaim.
+    pub fn parse(v: &Value) -> Result<Self, DraError> {
+        let meta = |f: &str| {
+            v.pointer(&format!("/metadata/{f}"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let key = ObjectKey::new(meta("namespace"), meta("name"));
+        if key.name.is_empty() {
+            return Err(DraError::Claim {
+                object: "ResourceClaim".into(),
+                field: "metadata.name".into(),
+                expected: "a name".into(),
+            });
+        }
+        let object = format!("ResourceClaim {key}");
+        let spec = claim_spec(v.get("spec").unwrap_or(&Value::Null), &object);
+        let allocation = allocation(v, &object).transpose();
+        let reserved_for = v
+            .pointer("/status/reservedFor")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|r| r.get("resource").and_then(Value::as_str) == Some("pods"))
+            .filter_map(|r| r.get("name").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        Ok(Self {
+            key,
+            spec,
+            allocation,
+            reserved_for,
+        })
+    }
+}
+
+/// The devices a claim's allocation (`status.allocation.devices.results`) gave it;
+/// `None` while it is not allocated.
+pub fn allocation(claim: &Value, object: &str) -> Result<Option<Vec<Allocated>>, DraError> {
+    if claim.pointer("/status/allocation").is_none_or(Value::is_null) {
+        return Ok(None);
+    }
     let results = match claim.pointer("/status/allocation/devices/results") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
+        None | Some(Value::Null) => return Ok(Some(Vec::new())),
         Some(Value::Array(r)) => r,
         Some(_) => {
             return Err(DraError::Claim {
@@ -273,29 +328,50 @@ pub fn allocated_models<'a>(
             })
         }
     };
+    Ok(Some(
+        results
+            .iter()
+            .map(|r| {
+                let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_string();
+                Allocated {
+                    request: field("request"),
+                    device: DeviceId {
+                        driver: field("driver"),
+                        pool: field("pool"),
+                        name: field("device"),
+                    },
+                }
+            })
+            .collect(),
+    ))
+}
+
+/// The card models an allocation gave, one per allocated card device, with the
+/// request each serves. A result naming a device of a card driver that no slice
+/// publishes is an error: the caller fails closed.
+pub fn allocated_models<'a>(
+    results: &[Allocated],
+    object: &str,
+    settings: &DraSettings,
+    find: impl Fn(&DeviceId) -> Option<&'a Device>,
+) -> Result<Vec<(String, CardName)>, DraError> {
     let mut out = Vec::new();
     for (i, r) in results.iter().enumerate() {
-        let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_string();
-        let id = DeviceId {
-            driver: field("driver"),
-            pool: field("pool"),
-            name: field("device"),
-        };
-        if settings.driver(&id.driver).is_none() {
+        if settings.driver(&r.device.driver).is_none() {
             continue;
         }
-        let model = match find(&id).and_then(|d| d.model.clone()) {
+        let model = match find(&r.device).and_then(|d| d.model.clone()) {
             Some(Ok(m)) => m,
             Some(Err(e)) => return Err(e),
             None => {
                 return Err(DraError::UnknownDevice {
                     object: object.to_string(),
                     index: i,
-                    device: id.to_string(),
+                    device: r.device.to_string(),
                 })
             }
         };
-        out.push((field("request"), model));
+        out.push((r.request.clone(), model));
     }
     Ok(out)
 }
@@ -364,7 +440,7 @@ mod tests {
             "ResourceClaim ml/c",
             &DraSettings::default(),
             &classes(),
-            &devices(),
+            devices().iter(),
         )?
         .into_iter()
         .map(|d| (d.request, d.models.to_string(), d.count.get()))
@@ -445,8 +521,14 @@ mod tests {
         let claim = serde_json::json!({"status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1"},
             {"request": "nic", "driver": "nic.example.com", "pool": "p", "device": "nic-0"}]}}}});
-        let got =
-            allocated_models(&claim, "ResourceClaim ml/c", &DraSettings::default(), find).unwrap();
+        let results = |c: &Value| allocation(c, "ResourceClaim ml/c").unwrap().unwrap();
+        let got = allocated_models(
+            &results(&claim),
+            "ResourceClaim ml/c",
+            &DraSettings::default(),
+            find,
+        )
+        .unwrap();
         assert_eq!(
             got,
             [("gpu".to_string(), CardName::parse("NVIDIA-H200").unwrap())]
@@ -454,7 +536,12 @@ mod tests {
         let gone = serde_json::json!({"status": {"allocation": {"devices": {"results": [
             {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-9", "device": "gpu-0"}]}}}});
         assert_eq!(
-            allocated_models(&gone, "ResourceClaim ml/c", &DraSettings::default(), find)
+            allocated_models(
+                &results(&gone),
+                "ResourceClaim ml/c",
+                &DraSettings::default(),
+                find
+            )
                 .unwrap_err()
                 .to_string(),
             "ResourceClaim ml/c: status.allocation.devices.results[0] names device gpu.nvidia.com/h200-9/gpu-0, which no ResourceSlice publishes"

@@ -4,12 +4,15 @@
 
 pub mod claims;
 pub mod devices;
+pub mod pods;
 pub mod selectors;
 pub mod settings;
 
 pub use claims::{
-    allocated_models, claim_demand, claim_spec, device_class, ClaimSpec, DeviceClass, RequestDemand,
+    allocated_models, allocation, claim_demand, claim_spec, device_class, Allocated, ClaimRecord,
+    ClaimSpec, DeviceClass, RequestDemand,
 };
+pub use pods::{claim_resource, is_claim_resource, pod_claims, ClaimCards, ClaimSource, DraObjects, PodClaim};
 pub use devices::{slice_devices, Device, DeviceId};
 pub use settings::{DraSettings, DriverModel};
 
@@ -58,6 +61,14 @@ pub enum DraError {
         index: usize,
         device: String,
     },
+    #[error("pod {pod}: its claim {claim} uses {object}, which card-quota does not hold (yet): it cannot tell which cards it asks for; create it first, or try again")]
+    Missing {
+        pod: String,
+        claim: String,
+        object: String,
+    },
+    #[error("pod {pod}: its claims' card requests share no model ({models}); a pod runs on one card model")]
+    NoCommonModel { pod: String, models: String },
     #[error("DRA driver setting {value:?}: expected {expected}")]
     Setting { value: String, expected: String },
 }

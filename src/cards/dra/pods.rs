@@ -1,0 +1,370 @@
+//! A pod's cards through its ResourceClaims: which claims it uses (`spec.resourceClaims`,
+//! and from its status the claims made for it from templates), and what they add up to.
+
+use std::collections::BTreeMap;
+
+use super::claims::{allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass};
+use super::devices::{Device, DeviceId};
+use super::settings::DraSettings;
+use super::DraError;
+use crate::cards::names::{Alternatives, CardName, ObjectKey};
+use crate::cards::quantity::Cards;
+
+/// Where one of a pod's claims comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClaimSource {
+    /// `resourceClaimName`: a claim made apart, which several pods may share.
+    Claim(String),
+    /// `resourceClaimTemplateName`: a claim made for this pod alone, named in the pod's
+    /// `status.resourceClaimStatuses` once made.
+    Template { template: String, made: Option<String> },
+}
+
+/// One entry of a pod's `spec.resourceClaims`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodClaim {
+    /// The name the pod's containers use for it.
+    pub name: String,
+    pub source: ClaimSource,
+}
+
+impl PodClaim {
+    /// The ResourceClaim object this entry uses, once known.
+    pub fn claim_name(&self) -> Option<&str> {
+        match &self.source {
+            ClaimSource::Claim(c) => Some(c),
+            ClaimSource::Template { made, .. } => made.as_deref(),
+        }
+    }
+}
+
+/// Builds the pod's claims from `spec.resourceClaims` entries (name, claim, template)
+/// and `status.resourceClaimStatuses` (name, claim made). An entry naming neither a
+/// claim nor a template is an error (the API server refuses such a pod).
+pub fn pod_claims<'a>(
+    entries: impl IntoIterator<Item = (&'a str, Option<&'a str>, Option<&'a str>)>,
+    made: &BTreeMap<&str, &str>,
+) -> Vec<PodClaim> {
+    entries
+        .into_iter()
+        .filter_map(|(name, claim, template)| {
+            let source = match (claim, template) {
+                (Some(c), _) if !c.is_empty() => ClaimSource::Claim(c.to_string()),
+                (_, Some(t)) if !t.is_empty() => ClaimSource::Template {
+                    template: t.to_string(),
+                    made: made.get(name).map(|m| m.to_string()),
+                },
+                _ => return None,
+            };
+            Some(PodClaim {
+                name: name.to_string(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The suffix of Kubernetes' ResourceQuota name for the devices of a DeviceClass
+/// (`gpu.nvidia.com.deviceclass.resource.k8s.io/devices`): card-quota names a pod's
+/// claimed cards by it, where an extended resource would be.
+const CLAIM_RESOURCE_SUFFIX: &str = ".deviceclass.resource.k8s.io/devices";
+
+/// The resource name a pod's cards from claims of DeviceClass `class` are shown under.
+pub fn claim_resource(class: &str) -> String {
+    format!("{class}{CLAIM_RESOURCE_SUFFIX}")
+}
+
+/// True for a name [`claim_resource`] gives.
+pub fn is_claim_resource(resource: &str) -> bool {
+    resource.ends_with(CLAIM_RESOURCE_SUFFIX)
+}
+
+/// What a pod's claims add up to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimCards {
+    /// The DeviceClass of its first card request, as a resource name ([`claim_resource`]).
+    pub resource: String,
+    /// Cards over every card request of its claims (a shared claim another pod pays
+    /// for counts nothing here).
+    pub cards: Cards,
+    /// The models every one of its card requests may get, preferred first: a pod runs
+    /// on one model.
+    pub models: Alternatives,
+    /// Once every one of its card claims is allocated: cards per model allocated.
+    pub allocated: Option<Vec<(CardName, Cards)>>,
+    /// The claim objects it pays for (for the binding's message).
+    pub claims: Vec<String>,
+}
+
+/// A claim or template's card demand, read once when it (or the devices and classes
+/// it is read against) changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Demand {
+    /// Per card request: (request, models, cards).
+    requests: Vec<(String, Alternatives, Cards, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ClaimEntry {
+    record: ClaimRecord,
+    demand: Result<Demand, DraError>,
+    /// Models per card request of its allocation.
+    allocated: Option<Result<Vec<(String, CardName)>, DraError>>,
+}
+
+/// The DRA objects the decisions read: DeviceClasses, ResourceClaimTemplates,
+/// ResourceClaims and published devices, with each claim's and template's card demand
+/// kept up to date as they change.
+#[derive(Debug, Clone, Default)]
+pub struct DraObjects {
+    settings: DraSettings,
+    classes: BTreeMap<String, DeviceClass>,
+    /// Devices by slice, and by id for allocations.
+    slices: BTreeMap<String, Vec<Device>>,
+    devices: BTreeMap<DeviceId, Device>,
+    templates: BTreeMap<ObjectKey, (Result<ClaimSpec, DraError>, Result<Demand, DraError>)>,
+    claims: BTreeMap<ObjectKey, ClaimEntry>,
+}
+
+impl DraObjects {
+    pub fn settings(&self) -> &DraSettings {
+        &self.settings
+    }
+
+    pub fn slices(&self) -> &BTreeMap<String, Vec<Device>> {
+        &self.slices
+    }
+
+    /// Adds or replaces one slice's devices; false when nothing changed.
+    pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) -> bool {
+        if self.slices.get(&name) == Some(&devices) {
+            return false;
+        }
+        for d in self.slices.remove(&name).into_iter().flatten() {
+            self.devices.remove(&d.id);
+        }
+        for d in &devices {
+            self.devices.insert(d.id.clone(), d.clone());
+        }
+        self.slices.insert(name, devices);
+        self.reread();
+        true
+    }
+
+    /// Forgets a slice; false when it was not held.
+    pub fn remove_slice(&mut self, name: &str) -> bool {
+        let Some(old) = self.slices.remove(name) else {
+            return false;
+        };
+        for d in old {
+            self.devices.remove(&d.id);
+        }
+        self.reread();
+        true
+    }
+
+    /// Adds or replaces a DeviceClass; false when nothing changed.
+    pub fn upsert_class(&mut self, class: DeviceClass) -> bool {
+        if self.classes.get(&class.name) == Some(&class) {
+            return false;
+        }
+        self.classes.insert(class.name.clone(), class);
+        self.reread();
+        true
+    }
+
+    pub fn remove_class(&mut self, name: &str) -> bool {
+        let gone = self.classes.remove(name).is_some();
+        if gone {
+            self.reread();
+        }
+        gone
+    }
+
+    /// Adds or replaces a ResourceClaimTemplate (its `spec.spec` read already).
+    pub fn upsert_template(&mut self, key: ObjectKey, spec: Result<ClaimSpec, DraError>) {
+        let demand = self.demand_of(&spec, &format!("ResourceClaimTemplate {key}"));
+        self.templates.insert(key, (spec, demand));
+    }
+
+    pub fn remove_template(&mut self, key: &ObjectKey) -> bool {
+        self.templates.remove(key).is_some()
+    }
+
+    /// Adds or replaces a ResourceClaim; false when nothing card-quota reads changed.
+    pub fn upsert_claim(&mut self, record: ClaimRecord) -> bool {
+        if self.claims.get(&record.key).map(|e| &e.record) == Some(&record) {
+            return false;
+        }
+        let entry = self.entry(record);
+        self.claims.insert(entry.record.key.clone(), entry);
+        true
+    }
+
+    pub fn remove_claim(&mut self, key: &ObjectKey) -> bool {
+        self.claims.remove(key).is_some()
+    }
+
+    /// Every claim held, by key.
+    pub fn claim_keys(&self) -> Vec<ObjectKey> {
+        self.claims.keys().cloned().collect()
+    }
+
+    /// Every DeviceClass held, by name.
+    pub fn class_names(&self) -> Vec<String> {
+        self.classes.keys().cloned().collect()
+    }
+
+    /// Every template held, by key.
+    pub fn template_keys(&self) -> Vec<ObjectKey> {
+        self.templates.keys().cloned().collect()
+    }
+
+    /// A held claim.
+    pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimRecord> {
+        self.claims.get(key).map(|e| &e.record)
+    }
+
+    /// Every published device whose model is one of `models`.
+    pub fn devices_of<'a>(
+        &'a self,
+        models: &'a Alternatives,
+    ) -> impl Iterator<Item = &'a Device> + 'a {
+        self.devices
+            .values()
+            .filter(|d| matches!(&d.model, Some(Ok(m)) if models.contains(m)))
+    }
+
+    fn demand_of(&self, spec: &Result<ClaimSpec, DraError>, object: &str) -> Result<Demand, DraError> {
+        let spec = spec.as_ref().map_err(Clone::clone)?;
+        let requests = claim_demand(
+            spec,
+            object,
+            &self.settings,
+            &self.classes,
+            self.devices.values(),
+        )?;
+        Ok(Demand {
+            requests: requests
+                .into_iter()
+                .map(|r| (r.request, r.models, r.count, r.class))
+                .collect(),
+        })
+    }
+
+    fn entry(&self, record: ClaimRecord) -> ClaimEntry {
+        let object = format!("ResourceClaim {}", record.key);
+        let demand = self.demand_of(&record.spec, &object);
+        let allocated = record.allocation.as_ref().map(|a| {
+            let results = a.as_ref().map_err(Clone::clone)?;
+            allocated_models(results, &object, &self.settings, |id| self.devices.get(id))
+        });
+        ClaimEntry {
+            record,
+            demand,
+            allocated,
+        }
+    }
+
+    /// Devices or classes changed: every demand is read again.
+    fn reread(&mut self) {
+        let templates = std::mem::take(&mut self.templates);
+        for (k, (spec, _)) in templates {
+            self.upsert_template(k, spec);
+        }
+        let claims = std::mem::take(&mut self.claims);
+        for (_, e) in claims {
+            let entry = self.entry(e.record);
+            self.claims.insert(entry.record.key.clone(), entry);
+        }
+    }
+
+    /// What `pod`'s claims add up to: `None` when none of them asks for a card. A claim
+    /// or template not held yet, a claim that cannot be read, or card requests that
+    /// share no model are errors: the caller refuses or fails closed.
+    pub fn pod_cards(
+        &self,
+        pod: &ObjectKey,
+        claims: &[PodClaim],
+    ) -> Result<Option<ClaimCards>, DraError> {
+        let mut requests: Vec<(Alternatives, Cards, String)> = Vec::new();
+        let mut allocated: BTreeMap<CardName, Cards> = BTreeMap::new();
+        let mut all_allocated = true;
+        let mut paid: Vec<String> = Vec::new();
+        for c in claims {
+            let claim = c.claim_name().map(|n| ObjectKey::new(pod.namespace.clone(), n));
+            let held = claim.as_ref().and_then(|k| self.claims.get(k));
+            let demand = match (held, &c.source) {
+                (Some(e), _) => {
+                    // A shared claim is paid by the first pod it is reserved for.
+                    if matches!(c.source, ClaimSource::Claim(_))
+                        && e.record.reserved_for.first().is_some_and(|p| *p != pod.name)
+                    {
+                        continue;
+                    }
+                    match &e.allocated {
+                        Some(Ok(models)) => {
+                            for (_, m) in models {
+                                *allocated.entry(m.clone()).or_default() += Cards::new(1);
+                            }
+                        }
+                        Some(Err(err)) => return Err(err.clone()),
+                        None => all_allocated = false,
+                    }
+                    &e.demand
+                }
+                (None, ClaimSource::Template { template, .. }) => {
+                    all_allocated = false;
+                    let key = ObjectKey::new(pod.namespace.clone(), template.clone());
+                    match self.templates.get(&key) {
+                        Some((_, d)) => d,
+                        None => {
+                            return Err(DraError::Missing {
+                                pod: pod.to_string(),
+                                claim: c.name.clone(),
+                                object: format!("ResourceClaimTemplate {key}"),
+                            })
+                        }
+                    }
+                }
+                (None, ClaimSource::Claim(name)) => {
+                    return Err(DraError::Missing {
+                        pod: pod.to_string(),
+                        claim: c.name.clone(),
+                        object: format!("ResourceClaim {}/{name}", pod.namespace),
+                    })
+                }
+            };
+            let demand = demand.as_ref().map_err(Clone::clone)?;
+            if !demand.requests.is_empty() {
+                if let Some(n) = c.claim_name() {
+                    paid.push(n.to_string());
+                }
+            }
+            requests.extend(demand.requests.iter().map(|(_, m, n, class)| (m.clone(), *n, class.clone())));
+        }
+        let Some((first, _, class)) = requests.first() else {
+            return Ok(None);
+        };
+        let models: Vec<CardName> = first
+            .models()
+            .iter()
+            .filter(|m| requests.iter().all(|(a, _, _)| a.contains(m)))
+            .cloned()
+            .collect();
+        let Some(models) = Alternatives::from_models(models) else {
+            let each: Vec<String> = requests.iter().map(|(a, _, _)| a.to_string()).collect();
+            return Err(DraError::NoCommonModel {
+                pod: pod.to_string(),
+                models: each.join("; "),
+            });
+        };
+        Ok(Some(ClaimCards {
+            resource: claim_resource(class),
+            cards: requests.iter().map(|(_, n, _)| *n).sum(),
+            models,
+            allocated: all_allocated.then(|| allocated.into_iter().collect()),
+            claims: paid,
+        }))
+    }
+}

@@ -1,0 +1,241 @@
+//! The snapshot's DRA objects (DeviceClasses, ResourceClaimTemplates, ResourceClaims,
+//! ResourceSlices) and the pods whose cards come from them: a change of one reads the
+//! pods it may move again.
+
+use serde_json::Value;
+
+use crate::cards::dra::{
+    claim_spec, device_class, is_claim_resource, slice_devices, ClaimRecord, ClaimSpec, Device,
+    DeviceClass, DraError, DraObjects, DraSettings,
+};
+use crate::cards::ObjectKey;
+use crate::cluster::PodRecord;
+
+use super::Snapshot;
+
+impl Snapshot {
+    /// The DRA settings.
+    pub fn dra(&self) -> &DraSettings {
+        self.dra.settings()
+    }
+
+    /// The DRA objects held.
+    pub fn dra_objects(&self) -> &DraObjects {
+        &self.dra
+    }
+
+    /// Reads what `p`'s claims add up to into its record: its card demand under the
+    /// claims' resource name, and [`PodRecord::claimed`].
+    pub(super) fn read_claims(&self, p: &mut PodRecord) {
+        if let Ok(d) = &mut p.demand {
+            d.retain(|r, _| !is_claim_resource(r));
+        }
+        p.claimed = None;
+        if p.claims.is_empty() {
+            return;
+        }
+        p.claimed = match self.dra.pod_cards(&p.key, &p.claims) {
+            Ok(None) => None,
+            Ok(Some(c)) => {
+                if let Ok(d) = &mut p.demand {
+                    d.insert(c.resource.clone(), c.cards);
+                }
+                Some(Ok(c))
+            }
+            Err(e) => Some(Err(Box::new(e))),
+        };
+    }
+
+    /// A pod record as the snapshot would hold it: its claims read (a request's pod,
+    /// before it is decided).
+    pub fn with_claims(&self, mut p: PodRecord) -> PodRecord {
+        self.read_claims(&mut p);
+        p
+    }
+
+    /// Reads again the claim pods `pick` picks, and counts again those that moved.
+    fn reread_claim_pods(&mut self, pick: impl Fn(&PodRecord) -> bool) {
+        let moved: Vec<PodRecord> = self
+            .claim_pods
+            .iter()
+            .filter_map(|k| self.pods.get(k))
+            .filter(|p| pick(p))
+            .filter_map(|p| {
+                let mut again = p.clone();
+                self.read_claims(&mut again);
+                (again.claimed != p.claimed || again.demand != p.demand).then_some(again)
+            })
+            .collect();
+        for p in moved {
+            self.upsert_pod(p);
+        }
+    }
+
+    /// Adds or replaces the devices of one ResourceSlice.
+    pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) {
+        if self.dra.upsert_slice(name, devices) {
+            self.reread_claim_pods(|_| true);
+        }
+    }
+
+    /// Forgets a ResourceSlice.
+    pub fn remove_slice(&mut self, name: &str) {
+        if self.dra.remove_slice(name) {
+            self.reread_claim_pods(|_| true);
+        }
+    }
+
+    /// The ResourceSlices held, by name.
+    pub fn slice_names(&self) -> Vec<String> {
+        self.dra.slices().keys().cloned().collect()
+    }
+
+    /// Adds or replaces a DeviceClass.
+    pub fn upsert_class(&mut self, class: DeviceClass) {
+        if self.dra.upsert_class(class) {
+            self.reread_claim_pods(|_| true);
+        }
+    }
+
+    /// Forgets a DeviceClass.
+    pub fn remove_class(&mut self, name: &str) {
+        if self.dra.remove_class(name) {
+            self.reread_claim_pods(|_| true);
+        }
+    }
+
+    /// The DeviceClasses held, by name.
+    pub fn class_names(&self) -> Vec<String> {
+        self.dra.class_names()
+    }
+
+    /// Adds or replaces a ResourceClaimTemplate (`spec`: its `spec.spec` read).
+    pub fn upsert_template(&mut self, key: ObjectKey, spec: Result<ClaimSpec, DraError>) {
+        let ns = key.namespace.clone();
+        self.dra.upsert_template(key, spec);
+        self.reread_claim_pods(|p| p.key.namespace == ns);
+    }
+
+    /// Forgets a ResourceClaimTemplate.
+    pub fn remove_template(&mut self, key: &ObjectKey) {
+        if self.dra.remove_template(key) {
+            let ns = key.namespace.clone();
+            self.reread_claim_pods(|p| p.key.namespace == ns);
+        }
+    }
+
+    /// The ResourceClaimTemplates held.
+    pub fn template_keys(&self) -> Vec<ObjectKey> {
+        self.dra.template_keys()
+    }
+
+    /// Adds or replaces a ResourceClaim; the pods that use it are read again.
+    pub fn upsert_claim(&mut self, claim: ClaimRecord) {
+        let key = claim.key.clone();
+        if self.dra.upsert_claim(claim) {
+            self.reread_claim_pods(|p| uses(p, &key));
+        }
+    }
+
+    /// Forgets a ResourceClaim.
+    pub fn remove_claim(&mut self, key: &ObjectKey) {
+        if self.dra.remove_claim(key) {
+            self.reread_claim_pods(|p| uses(p, key));
+        }
+    }
+
+    /// The ResourceClaims held.
+    pub fn claim_keys(&self) -> Vec<ObjectKey> {
+        self.dra.claim_keys()
+    }
+}
+
+/// The DRA kinds [`Snapshot::store_dra`] reads.
+pub const DRA_KINDS: [&str; 4] = [
+    "ResourceSlice",
+    "DeviceClass",
+    "ResourceClaimTemplate",
+    "ResourceClaim",
+];
+
+impl Snapshot {
+    /// Stores a DRA object of one of [`DRA_KINDS`] (`namespace`: for an object that
+    /// names none); `Ok(false)` for another kind. An object that cannot be read is an
+    /// error naming it, and what was held under its name is forgotten: it no longer says
+    /// that.
+    pub fn store_dra(&mut self, v: &Value, namespace: &str) -> Result<bool, DraError> {
+        let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let name = v
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let ns = v
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(namespace);
+        let key = ObjectKey::new(ns, name.clone());
+        if name.is_empty() && DRA_KINDS.contains(&kind) {
+            return Err(DraError::Claim {
+                object: kind.to_string(),
+                field: "metadata.name".into(),
+                expected: "a name".into(),
+            });
+        }
+        match kind {
+            "ResourceSlice" => match slice_devices(v, self.dra()) {
+                Ok(devices) => {
+                    for d in &devices {
+                        if let Some(Err(e)) = &d.model {
+                            tracing::warn!("ResourceSlice {name}: {e}");
+                        }
+                    }
+                    self.upsert_slice(name, devices);
+                }
+                Err(e) => {
+                    self.remove_slice(&name);
+                    return Err(e);
+                }
+            },
+            "DeviceClass" => match device_class(v) {
+                Ok(c) => self.upsert_class(c),
+                Err(e) => {
+                    self.remove_class(&name);
+                    return Err(e);
+                }
+            },
+            "ResourceClaimTemplate" => {
+                let object = format!("ResourceClaimTemplate {key}");
+                let spec = claim_spec(v.pointer("/spec/spec").unwrap_or(&Value::Null), &object);
+                self.upsert_template(key, spec);
+            }
+            "ResourceClaim" => {
+                let mut c = ClaimRecord::parse(v)?;
+                c.key = key;
+                self.upsert_claim(c);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Forgets a DRA object by kind and key; false for another kind.
+    pub fn remove_dra(&mut self, kind: &str, key: &ObjectKey) -> bool {
+        match kind {
+            "ResourceSlice" => self.remove_slice(&key.name),
+            "DeviceClass" => self.remove_class(&key.name),
+            "ResourceClaimTemplate" => self.remove_template(key),
+            "ResourceClaim" => self.remove_claim(key),
+            _ => return false,
+        }
+        true
+    }
+}
+
+fn uses(p: &PodRecord, claim: &ObjectKey) -> bool {
+    p.key.namespace == claim.namespace
+        && p.claims
+            .iter()
+            .any(|c| c.claim_name() == Some(claim.name.as_str()))
+}
