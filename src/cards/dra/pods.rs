@@ -368,3 +368,151 @@ impl DraObjects {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cards::dra::claims::{claim_spec, device_class};
+    use crate::cards::dra::devices::slice_devices;
+    use serde_json::json;
+
+    /// h200-1: two H200s; rtx-1: one RTX 4090; the NVIDIA gpu class.
+    fn objects() -> DraObjects {
+        let mut o = DraObjects::default();
+        let gpu = |name: &str, product: &str| json!({"name": name, "attributes": {"type": {"string": "gpu"}, "productName": {"string": product}}});
+        for (node, devs) in [
+            (
+                "h200-1",
+                json!([gpu("gpu-0", "NVIDIA H200"), gpu("gpu-1", "NVIDIA H200")]),
+            ),
+            ("rtx-1", json!([gpu("gpu-0", "NVIDIA GeForce RTX 4090")])),
+        ] {
+            let s = json!({"metadata": {"name": node}, "spec": {"driver": "gpu.nvidia.com",
+                "nodeName": node, "pool": {"name": node}, "devices": devs}});
+            o.upsert_slice(node.into(), slice_devices(&s, &o.settings).unwrap());
+        }
+        o.upsert_class(
+            device_class(&json!({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
+                {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}))
+            .unwrap(),
+        );
+        o
+    }
+
+    fn spec(requests: serde_json::Value) -> Result<ClaimSpec, DraError> {
+        claim_spec(&json!({"devices": {"requests": requests}}), "test")
+    }
+
+    fn template(o: &mut DraObjects, name: &str, requests: serde_json::Value) {
+        o.upsert_template(ObjectKey::new("ml", name), spec(requests));
+    }
+
+    fn from_template(name: &str, template: &str) -> PodClaim {
+        PodClaim {
+            name: name.into(),
+            source: ClaimSource::Template {
+                template: template.into(),
+                made: None,
+            },
+        }
+    }
+
+    fn shared(name: &str, claim: &str) -> PodClaim {
+        PodClaim {
+            name: name.into(),
+            source: ClaimSource::Claim(claim.into()),
+        }
+    }
+
+    fn h200(expr_count: u64) -> serde_json::Value {
+        json!({"deviceClassName": "gpu.nvidia.com", "count": expr_count, "selectors": [
+            {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]})
+    }
+
+    #[test]
+    fn a_pods_claims_add_up_on_the_models_all_of_them_allow() {
+        let mut o = objects();
+        template(&mut o, "any", json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]));
+        template(&mut o, "two-h200", json!([{"name": "g", "exactly": h200(2)}]));
+        template(&mut o, "rtx", json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA GeForce')"}}]}}]));
+        let pod = ObjectKey::new("ml", "p");
+        let c = o
+            .pod_cards(&pod, &[from_template("a", "any"), from_template("b", "two-h200")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (c.cards.get(), c.models.to_string(), c.resource.as_str()),
+            (3, "NVIDIA-H200".to_string(), "gpu.nvidia.com.deviceclass.resource.k8s.io/devices")
+        );
+        assert_eq!(c.allocated, None);
+        assert_eq!(
+            o.pod_cards(&pod, &[from_template("a", "two-h200"), from_template("b", "rtx")])
+                .unwrap_err()
+                .to_string(),
+            "pod ml/p: its claims' card requests share no model (NVIDIA-H200; NVIDIA-GeForce-RTX-4090); a pod runs on one card model"
+        );
+    }
+
+    #[test]
+    fn first_available_counts_its_largest_way() {
+        let mut o = objects();
+        template(&mut o, "fa", json!([{"name": "g", "firstAvailable": [
+            {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": h200(2)["selectors"]},
+            {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]));
+        let c = o
+            .pod_cards(&ObjectKey::new("ml", "p"), &[from_template("g", "fa")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.cards.get(), 2);
+        assert_eq!(c.models.to_string(), "NVIDIA-H200|NVIDIA-GeForce-RTX-4090");
+    }
+
+    #[test]
+    fn a_shared_claim_is_paid_once_by_the_first_pod_it_is_reserved_for() {
+        let mut o = objects();
+        let claim = |reserved: serde_json::Value| {
+            ClaimRecord::parse(&json!({"metadata": {"name": "s", "namespace": "ml"},
+                "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+                "status": {"allocation": {"devices": {"results": [{"request": "g", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1"}]}},
+                    "reservedFor": reserved}}))
+            .unwrap()
+        };
+        o.upsert_claim(claim(json!([{"resource": "pods", "name": "p1", "uid": "1"}, {"resource": "pods", "name": "p2", "uid": "2"}])));
+        let cards = |pod: &str| {
+            o.pod_cards(&ObjectKey::new("ml", pod), &[shared("g", "s")])
+                .unwrap()
+                .map(|c| (c.cards.get(), c.allocated))
+        };
+        let h200 = CardName::parse("NVIDIA-H200").unwrap();
+        assert_eq!(cards("p1"), Some((1, Some(vec![(h200.clone(), Cards::new(1))]))));
+        assert_eq!(cards("p2"), None);
+        // p1 gone from it: p2 pays.
+        o.upsert_claim(claim(json!([{"resource": "pods", "name": "p2", "uid": "2"}])));
+        let c = o
+            .pod_cards(&ObjectKey::new("ml", "p2"), &[shared("g", "s")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.allocated, Some(vec![(h200, Cards::new(1))]));
+    }
+
+    #[test]
+    fn a_new_device_class_selector_reads_every_demand_again() {
+        let mut o = objects();
+        template(&mut o, "any", json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]));
+        let models = |o: &DraObjects| {
+            o.pod_cards(&ObjectKey::new("ml", "p"), &[from_template("g", "any")])
+                .unwrap()
+                .unwrap()
+                .models
+                .to_string()
+        };
+        assert_eq!(models(&o), "NVIDIA-GeForce-RTX-4090|NVIDIA-H200");
+        o.upsert_class(
+            device_class(&json!({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
+                {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}))
+            .unwrap(),
+        );
+        assert_eq!(models(&o), "NVIDIA-H200");
+    }
+}

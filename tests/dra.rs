@@ -1,0 +1,278 @@
+//! Cards through Dynamic Resource Allocation, through the path the webhook and replay
+//! use: pods whose GPUs come from ResourceClaims are refused past their queue's quota at
+//! CREATE, and their bindings are charged the model of the devices allocated.
+
+use base64::Engine;
+use card_quota::admission::{apply, review, usage_report};
+use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
+use card_quota::decide::Config;
+use card_quota::snapshot::load::{load, upsert};
+use card_quota::snapshot::Snapshot;
+use serde_json::{json, Value};
+
+/// Two DRA nodes (no card labels, no extended resources): h200-1 publishes two H200s and
+/// a MIG partition, rtx-1 one RTX 4090; NVIDIA's two classes; a template for one GPU and
+/// one for a NIC.
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2}'}}}
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: both, annotations: {volcano.sh/card.quota: '{"NVIDIA-GeForce-RTX-4090":1,"NVIDIA-H200":1}'}}}
+- {apiVersion: v1, kind: Node, metadata: {name: h200-1}}
+- {apiVersion: v1, kind: Node, metadata: {name: rtx-1}}
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.nvidia.com}
+  spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: mig.nvidia.com}
+  spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"}}]}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: h200-1-gpu.nvidia.com}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: h200-1
+    pool: {name: h200-1, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-2-mig-0, attributes: {type: {string: mig}, productName: {string: NVIDIA H200}, profile: {string: 1g.18gb}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: rtx-1-gpu.nvidia.com}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: rtx-1
+    pool: {name: rtx-1, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA GeForce RTX 4090}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: one-gpu, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: one-nic, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: nic, exactly: {deviceClassName: nic.example.com}}]}}}
+"#;
+
+struct World {
+    snap: Snapshot,
+    cfg: Config,
+}
+
+impl World {
+    fn new() -> Self {
+        let (snap, skipped) = load(CLUSTER).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        Self {
+            snap,
+            cfg: Config::default(),
+        }
+    }
+    fn send(&mut self, doc: Value) -> AdmissionResponse {
+        let r = review(
+            &doc,
+            &mut self.snap,
+            &self.cfg,
+            jiff::Timestamp::now(),
+            true,
+        );
+        if let (Some(req), Some(d)) = (&r.request, &r.decision) {
+            apply(&mut self.snap, req, d).unwrap();
+        }
+        r.out.response
+    }
+    /// An object as a watch would bring it.
+    fn seen(&mut self, v: Value) {
+        upsert(&mut self.snap, &v).unwrap();
+    }
+    fn usage(&self, queue: &str, model: &str) -> Value {
+        serde_json::to_value(usage_report(&self.snap, jiff::Timestamp::now()))
+            .unwrap()
+            .pointer(&format!("/{queue}/{}", model.replace('/', "~1")))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+}
+
+/// A pod whose only GPU comes from a claim made from `template`.
+fn claim_pod(name: &str, queue: &str, template: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": queue}},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}})
+}
+
+/// The claim the resourceclaim controller makes for `pod` from `one-gpu`, allocated to
+/// `device` on `pool` when given.
+fn made_claim(pod: &str, allocated: Option<(&str, &str)>) -> Value {
+    let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": format!("{pod}-gpu-x1"), "namespace": "ml",
+            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}});
+    if let Some((pool, device)) = allocated {
+        c["status"] = json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": pool, "device": device}]}},
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("u-{pod}")}]});
+    }
+    c
+}
+
+/// `pod` as the watch shows it once the claim is made: its status names the claim.
+fn with_claim_made(w: &World, pod: &str) -> Value {
+    let rec = w
+        .snap
+        .pod(&card_quota::cards::ObjectKey::new("ml", pod))
+        .expect("the admitted pod");
+    let mut p = claim_pod(pod, "q", "one-gpu");
+    if let Some(Ok(a)) = &rec.card_name {
+        p["metadata"]["annotations"]["volcano.sh/card.name"] = json!(a.to_string());
+    }
+    if let Some(q) = &rec.stamped_queue {
+        p["metadata"]["annotations"]["volcano.sh/card.queue"] = json!(q.to_string());
+    }
+    p["status"] = json!({"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": format!("{pod}-gpu-x1")}]});
+    p
+}
+
+fn message(r: &AdmissionResponse) -> String {
+    r.status
+        .as_ref()
+        .map(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+/// The `card.name` the response's patch writes.
+fn card_name_written(r: &AdmissionResponse) -> Option<String> {
+    let p = patch(r);
+    p.as_array()?
+        .iter()
+        .find(|op| op["path"] == "/metadata/annotations/volcano.sh~1card.name")
+        .and_then(|op| op["value"].as_str())
+        .map(str::to_string)
+}
+
+fn patch(r: &AdmissionResponse) -> Value {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(r.patch.as_ref().expect("a patch"))
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[test]
+fn claim_pods_fill_the_queue_and_the_next_is_refused_at_create() {
+    let mut w = World::new();
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "q", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+        // The models its claim allows that its queue names (not the RTX 4090 the class
+        // also selects), written as its card.name; no node pin.
+        assert_eq!(card_name_written(&r).as_deref(), Some("NVIDIA-H200"));
+        assert!(!patch(&r).to_string().contains("nodeSelector"));
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    let r = w.send(R::pod("CREATE", claim_pod("c", "q", "one-gpu")).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2"
+    );
+}
+
+#[test]
+fn a_binding_is_charged_the_allocated_device_model_and_must_be_one_admitted() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", claim_pod("a", "q", "one-gpu")).build())
+            .allowed
+    );
+    // The scheduler's allocation not seen yet: try again, nothing charged.
+    w.seen(with_claim_made(&w, "a"));
+    w.seen(made_claim("a", None));
+    let r = w.send(R::binding("ml", "a", "h200-1").build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/a uses ResourceClaim a-gpu-x1, whose allocation card-quota has not seen yet; try again"
+    );
+    // Allocated to an H200: bound and charged it.
+    w.seen(made_claim("a", Some(("h200-1", "gpu-1"))));
+    let r = w.send(R::binding("ml", "a", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 0);
+
+    // A pod admitted for the H200 whose claim is allocated an RTX 4090 is refused.
+    assert!(
+        w.send(R::pod("CREATE", claim_pod("b", "q", "one-gpu")).build())
+            .allowed
+    );
+    w.seen(with_claim_made(&w, "b"));
+    w.seen(made_claim("b", Some(("rtx-1", "gpu-0"))));
+    let r = w.send(R::binding("ml", "b", "rtx-1").build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/b accepts NVIDIA-H200 but node rtx-1 has NVIDIA-GeForce-RTX-4090"
+    );
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+}
+
+#[test]
+fn a_claim_that_allows_several_models_may_use_each_its_queue_names() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", claim_pod("a", "both", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    // In the quota's order.
+    assert_eq!(
+        card_name_written(&r).as_deref(),
+        Some("NVIDIA-GeForce-RTX-4090|NVIDIA-H200")
+    );
+    assert!(
+        w.send(R::pod("CREATE", claim_pod("b", "both", "one-gpu")).build())
+            .allowed
+    );
+    let r = w.send(R::pod("CREATE", claim_pod("c", "both", "one-gpu")).build());
+    assert!(!r.allowed, "two cards of quota, a third pod");
+}
+
+#[test]
+fn claims_of_no_card_class_and_unreadable_claims() {
+    let mut w = World::new();
+    // A NIC only: not a card pod, nothing charged.
+    let r = w.send(R::pod("CREATE", claim_pod("nic", "q", "one-nic")).build());
+    assert!(r.allowed, "{}", message(&r));
+    // Stamped with its queue (a shared claim it uses may become its to pay), no model.
+    assert_eq!(card_name_written(&r), None);
+    // A template card-quota does not hold: refused, naming it.
+    let r = w.send(R::pod("CREATE", claim_pod("x", "q", "nowhere")).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/x: its claim gpu uses ResourceClaimTemplate ml/nowhere, which card-quota does not hold (yet): it cannot tell which cards it asks for; create it first, or try again"
+    );
+    // Every device of a class: refused, it cannot be bounded.
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "all-gpus", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}}]}}}}));
+    let r = w.send(R::pod("CREATE", claim_pod("all", "q", "all-gpus")).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "ResourceClaimTemplate ml/all-gpus request gpu asks for every device of DeviceClass gpu.nvidia.com (allocationMode: All): card-quota cannot bound its cards; ask for a count"
+    );
+}
+
+#[test]
+fn under_warn_a_claim_pod_past_the_quota_is_admitted_with_a_warning() {
+    let mut w = World::new();
+    w.cfg.enforcement = card_quota::decide::Enforcement::Warn;
+    for name in ["a", "b", "c"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "q", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+}
