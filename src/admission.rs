@@ -201,6 +201,7 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
         RequestKind::PodGroup => "PodGroup",
         RequestKind::Pod => "Pod",
         RequestKind::Job => "Job",
+        RequestKind::Claim => "ResourceClaim",
         RequestKind::Workload(k) => k.kind(),
         RequestKind::Binding => return bind(snap, req, d),
         RequestKind::Scale(k) => return scale(snap, req, d, k),

@@ -276,3 +276,46 @@ fn under_warn_a_claim_pod_past_the_quota_is_admitted_with_a_warning() {
         assert!(r.allowed, "{}", message(&r));
     }
 }
+
+#[test]
+fn the_claim_made_for_an_admitted_pod_is_pinned_to_its_models() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", claim_pod("a", "q", "one-gpu")).build())
+            .allowed
+    );
+    let mut claim = made_claim("a", None);
+    claim["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+        "name": "a", "uid": "u-a", "controller": true, "blockOwnerDeletion": true}]);
+    let r = w.send(R::claim("CREATE", claim.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    let mut pinned = claim.clone();
+    let ops: json_patch::Patch = serde_json::from_value(patch(&r)).unwrap();
+    json_patch::patch(&mut pinned, &ops).unwrap();
+    assert_eq!(
+        pinned["spec"]["devices"]["requests"][0]["exactly"]["selectors"],
+        json!([{"cel": {"expression": "(device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com']['productName'] == 'NVIDIA H200')"}}])
+    );
+    assert_eq!(
+        pinned["metadata"]["annotations"]["volcano.sh/card.pinned"],
+        "NVIDIA-H200: the models pod ml/a was admitted for"
+    );
+    // A claim of no pod, and one of a pod card-quota has not seen: left alone / retried.
+    let r = w.send(
+        R::claim(
+            "CREATE",
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "apart", "namespace": "ml"}, "spec": claim["spec"].clone()}),
+        )
+        .build(),
+    );
+    assert!(r.allowed && r.patch.is_none());
+    claim["metadata"]["ownerReferences"][0]["name"] = json!("unseen");
+    claim["metadata"]["name"] = json!("unseen-gpu-x1");
+    let r = w.send(R::claim("CREATE", claim).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/unseen, for which this ResourceClaim is made, is not in card-quota's cache yet; try again"
+    );
+}

@@ -527,7 +527,7 @@ mod tests {
             .filter(|o| is_webhook_config(o))
             .flat_map(|o| o["webhooks"].as_array().unwrap())
             .collect();
-        assert_eq!(hooks.len(), 11);
+        assert_eq!(hooks.len(), 12);
         for h in &hooks {
             assert_eq!(h["clientConfig"]["caBundle"], json!(ca), "{h}");
             assert_eq!(h["clientConfig"]["service"]["name"], "card-quota");

@@ -690,7 +690,11 @@ items:
         let h200 = crate::cards::CardName::parse("NVIDIA-H200").unwrap();
         let u = snap.usage(&q, now);
         assert_eq!(u.allocated.get(&h200).map(|c| c.get()), Some(2), "{u:?}");
-        assert_eq!(u.pending.values().map(|c| c.get()).sum::<u128>(), 1, "{u:?}");
+        assert_eq!(
+            u.pending.values().map(|c| c.get()).sum::<u128>(),
+            1,
+            "{u:?}"
+        );
         assert!(u.problems.is_empty(), "{:?}", u.problems);
         // The claim's allocation gone (the pod deleted, the devices freed): the usage
         // follows the claim, not only the pod.

@@ -14,10 +14,10 @@ use serde_json::Value;
 use crate::cards::annotations::{
     self, AnnotationError, CARD_NAME, CARD_QUEUE, CHARGED, GROUP_NAME, QUOTA, REQUEST, USAGE,
 };
-use crate::cards::dra::{is_claim_resource, pod_claims, ClaimCards, DraError, PodClaim};
 use crate::cards::demand::{
     containers_demand, pinned_products, ContainerResources, PodDemandError, ResourceDemand,
 };
+use crate::cards::dra::{is_claim_resource, pod_claims, ClaimCards, DraError, PodClaim};
 use crate::cards::nodes::{discover, product_of, resource_fits_model_shape};
 pub use crate::cards::WorkloadKind;
 use crate::cards::{

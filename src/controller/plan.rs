@@ -60,8 +60,7 @@ impl Unmanaged {
 
 /// Every node's cards the install does not gate.
 pub fn unmanaged(snap: &Snapshot) -> Vec<Unmanaged> {
-    snap
-        .unmanaged_cards()
+    snap.unmanaged_cards()
         .map(|(node, resource, model, cards)| Unmanaged {
             node: node.to_string(),
             resource: resource.to_string(),

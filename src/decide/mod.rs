@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod binding;
 pub mod candidates;
+pub mod claim;
 pub mod enforcement;
 pub mod escrow;
 pub mod fit;
@@ -246,6 +247,8 @@ pub enum RequestKind {
     Workload(crate::cluster::WorkloadKind),
     /// A Volcano Job (`batch.volcano.sh`), not a Kubernetes `batch/v1` Job.
     Job,
+    /// A ResourceClaim (`resource.k8s.io`).
+    Claim,
     Other,
 }
 
@@ -261,6 +264,7 @@ impl RequestKind {
             // does not match (found on Kubernetes 1.35).
             ("pods", "binding") | ("bindings", "") => Self::Binding,
             ("jobs", "") if req.resource.group == "batch.volcano.sh" => Self::Job,
+            ("resourceclaims", "") if req.resource.group == "resource.k8s.io" => Self::Claim,
             (r, "scale") => WorkloadKind::from_resource(r)
                 .map(Self::Scale)
                 .unwrap_or(Self::Other),
@@ -280,6 +284,7 @@ impl RequestKind {
             Self::Scale(_) => "scale",
             Self::Workload(_) => "workload",
             Self::Job => "job",
+            Self::Claim => "resourceclaim",
             Self::Other => "other",
         }
     }
@@ -304,6 +309,7 @@ pub fn decide(
         RequestKind::Scale(k) => scale::decide_scale(req, k, snap, cfg, now),
         RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),
         RequestKind::Job => job::decide(req, snap, now),
+        RequestKind::Claim => claim::decide(req, snap, cfg),
         RequestKind::Other => Decision::allow(),
     }
 }

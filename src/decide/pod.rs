@@ -404,10 +404,11 @@ pub fn allocate(
         .as_ref()
         .map_err(|e| Decision::deny(INVALID_DEMAND, e.to_string()))?;
     let mut charges: Vec<(CardName, Cards)> = Vec::new();
-    let mut add = |model: CardName, cards: Cards| match charges.iter_mut().find(|(m, _)| *m == model) {
-        Some((_, total)) => *total += cards,
-        None => charges.push((model, cards)),
-    };
+    let mut add =
+        |model: CardName, cards: Cards| match charges.iter_mut().find(|(m, _)| *m == model) {
+            Some((_, total)) => *total += cards,
+            None => charges.push((model, cards)),
+        };
     for (resource, cards) in demand {
         if is_claim_resource(resource) {
             // Cards from claims: the models of the devices the scheduler allocated.

@@ -490,6 +490,17 @@ impl ReviewBuilder {
     pub fn job(operation: &str, job: Value) -> Self {
         Self::new(operation, "batch.volcano.sh", "v1alpha1", "jobs", "Job").object(job)
     }
+    /// A ResourceClaim write (`resource.k8s.io/v1`).
+    pub fn claim(operation: &str, claim: Value) -> Self {
+        Self::new(
+            operation,
+            "resource.k8s.io",
+            "v1",
+            "resourceclaims",
+            "ResourceClaim",
+        )
+        .object(claim)
+    }
     pub fn workload(operation: &str, resource: &str, kind: &str, obj: Value) -> Self {
         Self::new(operation, "apps", "v1", resource, kind).object(obj)
     }

@@ -218,33 +218,7 @@ fn store_dra(s: &mut Snapshot, v: Value) {
 
 /// The mirror of one DRA kind (see [`super::dra::KINDS`]).
 fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, Value> {
-    let (read, keys, remove): (
-        fn(&DynamicObject) -> Result<Value, MirrorError>,
-        fn(&Snapshot, KeyPick<'_>) -> Vec<ObjectKey>,
-        fn(&mut Snapshot, &ObjectKey),
-    ) = match kind {
-        "ResourceSlice" => (
-            |o| as_value(o, "ResourceSlice"),
-            |s, pick| cluster_keys(s.slice_names(), pick),
-            |s, k| s.remove_slice(&k.name),
-        ),
-        "DeviceClass" => (
-            |o| as_value(o, "DeviceClass"),
-            |s, pick| cluster_keys(s.class_names(), pick),
-            |s, k| s.remove_class(&k.name),
-        ),
-        "ResourceClaimTemplate" => (
-            |o| as_value(o, "ResourceClaimTemplate"),
-            |s, pick| s.template_keys().into_iter().filter(|k| pick(k)).collect(),
-            |s, k| s.remove_template(k),
-        ),
-        _ => (
-            |o| as_value(o, "ResourceClaim"),
-            |s, pick| s.claim_keys().into_iter().filter(|k| pick(k)).collect(),
-            |s, k| s.remove_claim(k),
-        ),
-    };
-    Mirror {
+    let mirror = |read, keys, remove| Mirror {
         kind,
         read,
         store: store_dra,
@@ -252,6 +226,29 @@ fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, Value> {
         remove,
         stream: None,
         key: key_of,
+    };
+    match kind {
+        "ResourceSlice" => mirror(
+            |o| as_value(o, "ResourceSlice"),
+            |s, pick| cluster_keys(s.slice_names(), pick),
+            |s, k| s.remove_slice(&k.name),
+        ),
+        "DeviceClass" => mirror(
+            |o| as_value(o, "DeviceClass"),
+            |s, pick| cluster_keys(s.class_names(), pick),
+            |s, k| s.remove_class(&k.name),
+        ),
+        "ResourceClaimTemplate" => mirror(
+            |o| as_value(o, "ResourceClaimTemplate"),
+            |s, pick| s.template_keys().into_iter().filter(|k| pick(k)).collect(),
+            |s, k| s.remove_template(k),
+        ),
+        // ResourceClaim, the last of KINDS.
+        _ => mirror(
+            |o| as_value(o, "ResourceClaim"),
+            |s, pick| s.claim_keys().into_iter().filter(|k| pick(k)).collect(),
+            |s, k| s.remove_claim(k),
+        ),
     }
 }
 

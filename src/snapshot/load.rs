@@ -95,7 +95,13 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
         }
         k if super::dra::DRA_KINDS.contains(&k) => {
             snap.store_dra(v, "default")?;
-            Ok(Some(super::dra::DRA_KINDS.iter().find(|d| **d == k).copied().unwrap_or("DRA")))
+            Ok(Some(
+                super::dra::DRA_KINDS
+                    .iter()
+                    .find(|d| **d == k)
+                    .copied()
+                    .unwrap_or("DRA"),
+            ))
         }
         "Pod" => {
             let p: Pod =

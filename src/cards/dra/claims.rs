@@ -314,7 +314,10 @@ impl ClaimRecord {
 /// The devices a claim's allocation (`status.allocation.devices.results`) gave it;
 /// `None` while it is not allocated.
 pub fn allocation(claim: &Value, object: &str) -> Result<Option<Vec<Allocated>>, DraError> {
-    if claim.pointer("/status/allocation").is_none_or(Value::is_null) {
+    if claim
+        .pointer("/status/allocation")
+        .is_none_or(Value::is_null)
+    {
         return Ok(None);
     }
     let results = match claim.pointer("/status/allocation/devices/results") {

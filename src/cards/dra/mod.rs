@@ -4,6 +4,7 @@
 
 pub mod claims;
 pub mod devices;
+pub mod pin;
 pub mod pods;
 pub mod selectors;
 pub mod settings;
@@ -12,8 +13,10 @@ pub use claims::{
     allocated_models, allocation, claim_demand, claim_spec, device_class, Allocated, ClaimRecord,
     ClaimSpec, DeviceClass, RequestDemand,
 };
-pub use pods::{claim_resource, is_claim_resource, pod_claims, ClaimCards, ClaimSource, DraObjects, PodClaim};
 pub use devices::{slice_devices, Device, DeviceId};
+pub use pods::{
+    claim_resource, is_claim_resource, pod_claims, ClaimCards, ClaimSource, DraObjects, PodClaim,
+};
 pub use settings::{DraSettings, DriverModel};
 
 /// Why a DRA object's cards cannot be read.

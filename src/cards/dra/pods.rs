@@ -17,7 +17,10 @@ pub enum ClaimSource {
     Claim(String),
     /// `resourceClaimTemplateName`: a claim made for this pod alone, named in the pod's
     /// `status.resourceClaimStatuses` once made.
-    Template { template: String, made: Option<String> },
+    Template {
+        template: String,
+        made: Option<String>,
+    },
 }
 
 /// One entry of a pod's `spec.resourceClaims`.
@@ -105,6 +108,12 @@ struct Demand {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+struct TemplateEntry {
+    spec: Result<ClaimSpec, DraError>,
+    demand: Result<Demand, DraError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct ClaimEntry {
     record: ClaimRecord,
     demand: Result<Demand, DraError>,
@@ -122,7 +131,7 @@ pub struct DraObjects {
     /// Devices by slice, and by id for allocations.
     slices: BTreeMap<String, Vec<Device>>,
     devices: BTreeMap<DeviceId, Device>,
-    templates: BTreeMap<ObjectKey, (Result<ClaimSpec, DraError>, Result<Demand, DraError>)>,
+    templates: BTreeMap<ObjectKey, TemplateEntry>,
     claims: BTreeMap<ObjectKey, ClaimEntry>,
 }
 
@@ -184,7 +193,7 @@ impl DraObjects {
     /// Adds or replaces a ResourceClaimTemplate (its `spec.spec` read already).
     pub fn upsert_template(&mut self, key: ObjectKey, spec: Result<ClaimSpec, DraError>) {
         let demand = self.demand_of(&spec, &format!("ResourceClaimTemplate {key}"));
-        self.templates.insert(key, (spec, demand));
+        self.templates.insert(key, TemplateEntry { spec, demand });
     }
 
     pub fn remove_template(&mut self, key: &ObjectKey) -> bool {
@@ -235,7 +244,11 @@ impl DraObjects {
             .filter(|d| matches!(&d.model, Some(Ok(m)) if models.contains(m)))
     }
 
-    fn demand_of(&self, spec: &Result<ClaimSpec, DraError>, object: &str) -> Result<Demand, DraError> {
+    fn demand_of(
+        &self,
+        spec: &Result<ClaimSpec, DraError>,
+        object: &str,
+    ) -> Result<Demand, DraError> {
         let spec = spec.as_ref().map_err(Clone::clone)?;
         let requests = claim_demand(
             spec,
@@ -269,8 +282,8 @@ impl DraObjects {
     /// Devices or classes changed: every demand is read again.
     fn reread(&mut self) {
         let templates = std::mem::take(&mut self.templates);
-        for (k, (spec, _)) in templates {
-            self.upsert_template(k, spec);
+        for (k, t) in templates {
+            self.upsert_template(k, t.spec);
         }
         let claims = std::mem::take(&mut self.claims);
         for (_, e) in claims {
@@ -292,13 +305,18 @@ impl DraObjects {
         let mut all_allocated = true;
         let mut paid: Vec<String> = Vec::new();
         for c in claims {
-            let claim = c.claim_name().map(|n| ObjectKey::new(pod.namespace.clone(), n));
+            let claim = c
+                .claim_name()
+                .map(|n| ObjectKey::new(pod.namespace.clone(), n));
             let held = claim.as_ref().and_then(|k| self.claims.get(k));
             let demand = match (held, &c.source) {
                 (Some(e), _) => {
                     // A shared claim is paid by the first pod it is reserved for.
                     if matches!(c.source, ClaimSource::Claim(_))
-                        && e.record.reserved_for.first().is_some_and(|p| *p != pod.name)
+                        && e.record
+                            .reserved_for
+                            .first()
+                            .is_some_and(|p| *p != pod.name)
                     {
                         continue;
                     }
@@ -317,7 +335,7 @@ impl DraObjects {
                     all_allocated = false;
                     let key = ObjectKey::new(pod.namespace.clone(), template.clone());
                     match self.templates.get(&key) {
-                        Some((_, d)) => d,
+                        Some(t) => &t.demand,
                         None => {
                             return Err(DraError::Missing {
                                 pod: pod.to_string(),
@@ -341,7 +359,12 @@ impl DraObjects {
                     paid.push(n.to_string());
                 }
             }
-            requests.extend(demand.requests.iter().map(|(_, m, n, class)| (m.clone(), *n, class.clone())));
+            requests.extend(
+                demand
+                    .requests
+                    .iter()
+                    .map(|(_, m, n, class)| (m.clone(), *n, class.clone())),
+            );
         }
         let Some((first, _, class)) = requests.first() else {
             return Ok(None);
@@ -392,8 +415,10 @@ mod tests {
             o.upsert_slice(node.into(), slice_devices(&s, &o.settings).unwrap());
         }
         o.upsert_class(
-            device_class(&json!({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
-                {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}))
+            device_class(
+                &json!({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
+                {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}),
+            )
             .unwrap(),
         );
         o
@@ -432,18 +457,37 @@ mod tests {
     #[test]
     fn a_pods_claims_add_up_on_the_models_all_of_them_allow() {
         let mut o = objects();
-        template(&mut o, "any", json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]));
-        template(&mut o, "two-h200", json!([{"name": "g", "exactly": h200(2)}]));
-        template(&mut o, "rtx", json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com",
-            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA GeForce')"}}]}}]));
+        template(
+            &mut o,
+            "any",
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]),
+        );
+        template(
+            &mut o,
+            "two-h200",
+            json!([{"name": "g", "exactly": h200(2)}]),
+        );
+        template(
+            &mut o,
+            "rtx",
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA GeForce')"}}]}}]),
+        );
         let pod = ObjectKey::new("ml", "p");
         let c = o
-            .pod_cards(&pod, &[from_template("a", "any"), from_template("b", "two-h200")])
+            .pod_cards(
+                &pod,
+                &[from_template("a", "any"), from_template("b", "two-h200")],
+            )
             .unwrap()
             .unwrap();
         assert_eq!(
             (c.cards.get(), c.models.to_string(), c.resource.as_str()),
-            (3, "NVIDIA-H200".to_string(), "gpu.nvidia.com.deviceclass.resource.k8s.io/devices")
+            (
+                3,
+                "NVIDIA-H200".to_string(),
+                "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+            )
         );
         assert_eq!(c.allocated, None);
         assert_eq!(
@@ -457,9 +501,13 @@ mod tests {
     #[test]
     fn first_available_counts_its_largest_way() {
         let mut o = objects();
-        template(&mut o, "fa", json!([{"name": "g", "firstAvailable": [
+        template(
+            &mut o,
+            "fa",
+            json!([{"name": "g", "firstAvailable": [
             {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": h200(2)["selectors"]},
-            {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]));
+            {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]),
+        );
         let c = o
             .pod_cards(&ObjectKey::new("ml", "p"), &[from_template("g", "fa")])
             .unwrap()
@@ -485,10 +533,15 @@ mod tests {
                 .map(|c| (c.cards.get(), c.allocated))
         };
         let h200 = CardName::parse("NVIDIA-H200").unwrap();
-        assert_eq!(cards("p1"), Some((1, Some(vec![(h200.clone(), Cards::new(1))]))));
+        assert_eq!(
+            cards("p1"),
+            Some((1, Some(vec![(h200.clone(), Cards::new(1))])))
+        );
         assert_eq!(cards("p2"), None);
         // p1 gone from it: p2 pays.
-        o.upsert_claim(claim(json!([{"resource": "pods", "name": "p2", "uid": "2"}])));
+        o.upsert_claim(claim(
+            json!([{"resource": "pods", "name": "p2", "uid": "2"}]),
+        ));
         let c = o
             .pod_cards(&ObjectKey::new("ml", "p2"), &[shared("g", "s")])
             .unwrap()
@@ -499,7 +552,11 @@ mod tests {
     #[test]
     fn a_new_device_class_selector_reads_every_demand_again() {
         let mut o = objects();
-        template(&mut o, "any", json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]));
+        template(
+            &mut o,
+            "any",
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]),
+        );
         let models = |o: &DraObjects| {
             o.pod_cards(&ObjectKey::new("ml", "p"), &[from_template("g", "any")])
                 .unwrap()
