@@ -319,3 +319,42 @@ fn the_claim_made_for_an_admitted_pod_is_pinned_to_its_models() {
         "pod ml/unseen, for which this ResourceClaim is made, is not in card-quota's cache yet; try again"
     );
 }
+
+#[test]
+fn a_claim_shared_by_two_pods_is_counted_once() {
+    let mut w = World::new();
+    let spec = json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}});
+    w.seen(
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec.clone()}),
+    );
+    let sharer = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "q"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}]}})
+    };
+    for name in ["s1", "s2"] {
+        let r = w.send(R::pod("CREATE", sharer(name)).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 1);
+    // Allocated once, reserved for both: both bind, one card allocated.
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec,
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0"}]}},
+            "reservedFor": [{"resource": "pods", "name": "s1", "uid": "1"}, {"resource": "pods", "name": "s2", "uid": "2"}]}}));
+    for name in ["s1", "s2"] {
+        let r = w.send(R::binding("ml", name, "h200-1").build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 0);
+    // The first pod gone: the second pays for the claim, still one card.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "s1");
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "ml"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0"}]}},
+            "reservedFor": [{"resource": "pods", "name": "s2", "uid": "2"}]}}));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+}

@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use crate::cards::dra::{
-    claim_spec, device_class, is_claim_resource, slice_devices, ClaimRecord, ClaimSpec, Device,
-    DeviceClass, DraError, DraObjects, DraSettings,
+    claim_spec, device_class, is_claim_resource, slice_devices, ClaimRecord, ClaimSource,
+    ClaimSpec, Device, DeviceClass, DraError, DraObjects, DraSettings,
 };
 use crate::cards::ObjectKey;
 use crate::cluster::PodRecord;
@@ -34,7 +34,10 @@ impl Snapshot {
         if p.claims.is_empty() {
             return;
         }
-        p.claimed = match self.dra.pod_cards(&p.key, &p.claims) {
+        p.claimed = match self
+            .dra
+            .pod_cards(&p.key, &p.claims, |claim| self.first_user(claim))
+        {
             Ok(None) => None,
             Ok(Some(c)) => {
                 if let Ok(d) = &mut p.demand {
@@ -44,6 +47,35 @@ impl Snapshot {
             }
             Err(e) => Some(Err(Box::new(e))),
         };
+    }
+
+    /// The active pod held first (in arrival order) among those that use `claim`: who
+    /// pays for a shared claim not reserved yet.
+    fn first_user(&self, claim: &ObjectKey) -> Option<String> {
+        let now = jiff::Timestamp::now();
+        self.claim_pods
+            .iter()
+            .filter_map(|k| self.pods.get(k))
+            .filter(|p| p.is_active(now) && uses(p, claim))
+            .min_by_key(|p| (p.seq, p.key.name.clone()))
+            .map(|p| p.key.name.clone())
+    }
+
+    /// After a pod that uses shared claims came or went: the other pods that use them
+    /// may pay for them now, or no longer.
+    pub(super) fn reread_sharers(&mut self, pod: &PodRecord) {
+        let shared: Vec<ObjectKey> = pod
+            .claims
+            .iter()
+            .filter(|c| matches!(c.source, ClaimSource::Claim(_)))
+            .filter_map(|c| c.claim_name())
+            .map(|n| ObjectKey::new(pod.key.namespace.clone(), n))
+            .collect();
+        if shared.is_empty() {
+            return;
+        }
+        let me = pod.key.clone();
+        self.reread_claim_pods(|p| p.key != me && shared.iter().any(|c| uses(p, c)));
     }
 
     /// A pod record as the snapshot would hold it: its claims read (a request's pod,

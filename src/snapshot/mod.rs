@@ -733,6 +733,7 @@ impl Snapshot {
             p.seq = old.seq;
         }
         let previous = self.tally.queue_of(&p.key).cloned();
+        let new_here = !self.pods.contains_key(&p.key);
         // Every card pod counts, whatever its scheduler (docs/decisions.md).
         if !p.is_card_pod() {
             self.remove_pod(&p.key);
@@ -759,7 +760,12 @@ impl Snapshot {
         for g in self.tally.pod(&p.key, Some((&q, &p)), &self.nodes) {
             self.tally.group(&g, self.groups.get(&g));
         }
+        // A pod new to shared claims may now pay for one another pod paid for.
+        let sharer = (new_here && !p.claims.is_empty()).then(|| p.clone());
         self.pods.insert(p.key.clone(), p);
+        if let Some(p) = sharer {
+            self.reread_sharers(&p);
+        }
     }
 
     /// Counts a pod again in `queue`'s usage (`None`: it no longer counts), and its
@@ -777,6 +783,7 @@ impl Snapshot {
         if let Some(old) = self.pods.remove(key) {
             self.unindex_pod(key);
             self.retally_pod(key, None);
+            self.reread_sharers(&old);
             if let Some(g) = &old.group {
                 self.leave_group(&ObjectKey::new(old.key.namespace.clone(), g.clone()), key);
             }

@@ -293,12 +293,15 @@ impl DraObjects {
     }
 
     /// What `pod`'s claims add up to: `None` when none of them asks for a card. A claim
-    /// or template not held yet, a claim that cannot be read, or card requests that
-    /// share no model are errors: the caller refuses or fails closed.
+    /// shared by several pods is paid by one: the first pod it is reserved for, else
+    /// (not reserved yet) the pod `first_user` names. A claim or template not held yet,
+    /// a claim that cannot be read, or card requests that share no model are errors: the
+    /// caller refuses or fails closed.
     pub fn pod_cards(
         &self,
         pod: &ObjectKey,
         claims: &[PodClaim],
+        first_user: impl Fn(&ObjectKey) -> Option<String>,
     ) -> Result<Option<ClaimCards>, DraError> {
         let mut requests: Vec<(Alternatives, Cards, String)> = Vec::new();
         let mut allocated: BTreeMap<CardName, Cards> = BTreeMap::new();
@@ -311,14 +314,14 @@ impl DraObjects {
             let held = claim.as_ref().and_then(|k| self.claims.get(k));
             let demand = match (held, &c.source) {
                 (Some(e), _) => {
-                    // A shared claim is paid by the first pod it is reserved for.
-                    if matches!(c.source, ClaimSource::Claim(_))
-                        && e.record
-                            .reserved_for
-                            .first()
-                            .is_some_and(|p| *p != pod.name)
-                    {
-                        continue;
+                    if matches!(c.source, ClaimSource::Claim(_)) {
+                        let payer = match e.record.reserved_for.first() {
+                            Some(p) => Some(p.clone()),
+                            None => first_user(&e.record.key),
+                        };
+                        if payer.is_some_and(|p| p != pod.name) {
+                            continue;
+                        }
                     }
                     match &e.allocated {
                         Some(Ok(models)) => {
@@ -424,6 +427,10 @@ mod tests {
         o
     }
 
+    fn none(_: &ObjectKey) -> Option<String> {
+        None
+    }
+
     fn spec(requests: serde_json::Value) -> Result<ClaimSpec, DraError> {
         claim_spec(&json!({"devices": {"requests": requests}}), "test")
     }
@@ -478,6 +485,7 @@ mod tests {
             .pod_cards(
                 &pod,
                 &[from_template("a", "any"), from_template("b", "two-h200")],
+                none,
             )
             .unwrap()
             .unwrap();
@@ -491,7 +499,7 @@ mod tests {
         );
         assert_eq!(c.allocated, None);
         assert_eq!(
-            o.pod_cards(&pod, &[from_template("a", "two-h200"), from_template("b", "rtx")])
+            o.pod_cards(&pod, &[from_template("a", "two-h200"), from_template("b", "rtx")], none)
                 .unwrap_err()
                 .to_string(),
             "pod ml/p: its claims' card requests share no model (NVIDIA-H200; NVIDIA-GeForce-RTX-4090); a pod runs on one card model"
@@ -509,7 +517,11 @@ mod tests {
             {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]),
         );
         let c = o
-            .pod_cards(&ObjectKey::new("ml", "p"), &[from_template("g", "fa")])
+            .pod_cards(
+                &ObjectKey::new("ml", "p"),
+                &[from_template("g", "fa")],
+                none,
+            )
             .unwrap()
             .unwrap();
         assert_eq!(c.cards.get(), 2);
@@ -528,7 +540,7 @@ mod tests {
         };
         o.upsert_claim(claim(json!([{"resource": "pods", "name": "p1", "uid": "1"}, {"resource": "pods", "name": "p2", "uid": "2"}])));
         let cards = |pod: &str| {
-            o.pod_cards(&ObjectKey::new("ml", pod), &[shared("g", "s")])
+            o.pod_cards(&ObjectKey::new("ml", pod), &[shared("g", "s")], none)
                 .unwrap()
                 .map(|c| (c.cards.get(), c.allocated))
         };
@@ -543,7 +555,7 @@ mod tests {
             json!([{"resource": "pods", "name": "p2", "uid": "2"}]),
         ));
         let c = o
-            .pod_cards(&ObjectKey::new("ml", "p2"), &[shared("g", "s")])
+            .pod_cards(&ObjectKey::new("ml", "p2"), &[shared("g", "s")], none)
             .unwrap()
             .unwrap();
         assert_eq!(c.allocated, Some(vec![(h200, Cards::new(1))]));
@@ -558,11 +570,15 @@ mod tests {
             json!([{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]),
         );
         let models = |o: &DraObjects| {
-            o.pod_cards(&ObjectKey::new("ml", "p"), &[from_template("g", "any")])
-                .unwrap()
-                .unwrap()
-                .models
-                .to_string()
+            o.pod_cards(
+                &ObjectKey::new("ml", "p"),
+                &[from_template("g", "any")],
+                none,
+            )
+            .unwrap()
+            .unwrap()
+            .models
+            .to_string()
         };
         assert_eq!(models(&o), "NVIDIA-GeForce-RTX-4090|NVIDIA-H200");
         o.upsert_class(
