@@ -61,7 +61,7 @@ cleanup() {
   k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   k delete namespace "$NS" "$NS2" "$NS-out" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete node -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
-  k delete resourceslice -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
+  k delete resourceslice,deviceclass -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
   e2e_remove_identity "$Q"
   k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
   if [ "${E2E_KEEP:-}" = "" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
@@ -728,31 +728,154 @@ check "... pinned to its model by the vendor's product label" \
 out=$(npu_pod npu-2)
 check "... and the next is refused at the queue's X-NPU quota" contains "$out" "queue $Q-npu has insufficient X-NPU quota: requested 1, in use 1"
 
-# Cards a DRA driver publishes (a ResourceSlice, as NVIDIA's driver writes it): not
-# counted by this version, so said aloud: an Event on the node and the metric.
-k create -f - >/dev/null <<EOF
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$Q-dra","labels":{"card-quota-e2e":"$RUN"}}}
+# ---- 4e. GPUs through DRA: ResourceClaims, the real kube-scheduler, fake slices ----------
+# No driver: nothing runs. Two nodes publish devices in ResourceSlices as NVIDIA's DRA
+# driver writes them (no GPU labels, no extended resources); kube-scheduler allocates them.
+dra_node() { # name
+  k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"card-quota-e2e":"$RUN"}}}
 EOF
-k create -f - >/dev/null <<EOF
+  local try
+  for try in 1 2 3 4 5 6 7 8; do
+    k get --raw "/api/v1/nodes/$1" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+      > "$WORK/node-$1.json"
+    k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null 2>&1 && return 0
+    sleep 0.3
+  done
+  echo "could not set the status of node $1"; exit 100
+}
+dra_slice() { # node product count
+  local devices="" i
+  for i in $(seq 0 $(($3 - 1))); do
+    devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}}}"$'\n'
+  done
+  k create -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceSlice
-metadata: {name: $Q-dra-gpu, labels: {card-quota-e2e: "$RUN"}}
+metadata: {name: $1-gpu, labels: {card-quota-e2e: "$RUN"}}
 spec:
   driver: gpu.nvidia.com
-  nodeName: $Q-dra
-  pool: {name: $Q-dra, generation: 1, resourceSliceCount: 1}
+  nodeName: $1
+  pool: {name: $1, generation: 1, resourceSliceCount: 1}
   devices:
-  - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
-  - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+$devices
 EOF
-dra_told() { kubectl get events.events.k8s.io -A --field-selector reason=UnmanagedCardResource -o json |
-  jq -e --arg n "$Q-dra" --arg m "node $Q-dra: DRA driver gpu.nvidia.com publishes 2 NVIDIA-H200 cards in ResourceSlices, but card-quota does not count or gate" \
-  'any(.items[]; .regarding.name == $n and (.note | startswith($m)))' >/dev/null; }
-dra_metric() { curl -s "http://127.0.0.1:$((PORT_A + 1000))/metrics" "http://127.0.0.1:$((PORT_B + 1000))/metrics" |
-  grep -qF "card_quota_unmanaged_cards{node=\"$Q-dra\",resource=\"dra/gpu.nvidia.com\",card_name=\"NVIDIA-H200\"} 2"; }
-check "cards published through DRA are reported: an Event on the node" wait_for 30 dra_told
-check "... and the unmanaged-cards metric" wait_for 10 dra_metric
-k delete resourceslice "$Q-dra-gpu" --ignore-not-found >/dev/null 2>&1
+}
+dra_node "$Q-dra-h200"; dra_slice "$Q-dra-h200" "NVIDIA H200" 4
+dra_node "$Q-dra-rtx"; dra_slice "$Q-dra-rtx" "NVIDIA GeForce RTX 4090" 2
+k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.nvidia.com, labels: {card-quota-e2e: "$RUN"}}
+spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: $NS}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+EOF
+queue "$Q-dra" '{"NVIDIA-H200":2}' | k apply -f - >/dev/null
+dra_pod_spec() { # scheduler: a pod whose only GPU comes from a claim made from one-gpu
+  echo "{schedulerName: $1, containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]}"
+}
+sleep 1
+t0=$(date +%s%N)
+k apply -f - >/dev/null <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: dra-train, namespace: $NS, labels: {card-quota-e2e: "$RUN"}}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: dra-train}}
+  template:
+    metadata: {labels: {app: dra-train, card-quota-e2e: "$RUN"}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra}}
+    spec: $(dra_pod_spec default-scheduler)
+EOF
+dra_bound() { # label-selector node -> pods bound there
+  k -n "$NS" get pods -l "$1" -o json | jq --arg n "$2" '[.items[] | select(.spec.nodeName == $n)] | length'
+}
+export -f dra_bound
+if wait_for 30 bash -c "[ \"\$(dra_bound app=dra-train $Q-dra-h200)\" = 2 ]"; then
+  log "DRA: 2 claim pods bound on the H200 node $(( ($(date +%s%N) - t0) / 1000000 )) ms after the Deployment"
+fi
+check "a Deployment claiming GPUs through a template: two pods bound by kube-scheduler on the H200 node" \
+  [ "$(dra_bound app=dra-train "$Q-dra-h200")" = 2 ]
+check "... none on the RTX 4090 node, which the claims' DeviceClass also selects" \
+  [ "$(dra_bound app=dra-train "$Q-dra-rtx")" = 0 ]
+pinned_claims() {
+  k -n "$NS" get resourceclaims -o json | jq '[.items[] | select(.metadata.annotations["volcano.sh/card.pinned"] // "" | startswith("NVIDIA-H200: the models pod"))
+    | select(.spec.devices.requests[0].exactly.selectors[0].cel.expression | contains("NVIDIA H200"))] | length'
+}
+check "... their claims were pinned to NVIDIA-H200 at creation (a CEL selector on the request)" [ "$(pinned_claims)" = 2 ]
+dra_refused() {
+  k -n "$NS" get events -o json | jq -e --arg m "queue $Q-dra has insufficient NVIDIA-H200 quota: requested 1, in use 2" \
+    'any(.items[]; .reason == "FailedCreate" and (.message | contains($m)))' >/dev/null
+}
+check "... and the third pod is refused at the queue's H200 quota (the ReplicaSet's FailedCreate)" wait_for 20 dra_refused
+check "... the Queue shows 2 H200 allocated from the claims' devices" wait_for 20 usage_is "$Q-dra" NVIDIA-H200 allocated 2
+
+# A claim pinned to H200 whose allocation says an RTX 4090: the binding is refused.
+queue "$Q-dra2" '{"NVIDIA-H200":1}' | k apply -f - >/dev/null
+sleep 1
+k -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-hand, labels: {card-quota-e2e: "$RUN"}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra2}}
+spec: $(dra_pod_spec "$HAND_SCHED")
+EOF
+hand_claim() { k -n "$NS" get pod dra-hand -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}'; }
+wait_for 20 bash -c "[ -n \"\$(kubectl -n $NS get pod dra-hand -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')\" ]"
+HAND_CLAIM=$(hand_claim)
+HAND_UID=$(k -n "$NS" get pod dra-hand -o jsonpath='{.metadata.uid}')
+k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$Q-dra-rtx" --arg uid "$HAND_UID" \
+  '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: "gpu-0"}]},
+     nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
+   reservedFor: [{resource: "pods", name: "dra-hand", uid: $uid}]}' > "$WORK/hand-claim.json"
+k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$HAND_CLAIM/status" -f "$WORK/hand-claim.json" >/dev/null
+hand_refused() { bind "$NS" dra-hand "$Q-dra-rtx" | grep -qF "pod $NS/dra-hand accepts NVIDIA-H200 but node $Q-dra-rtx has NVIDIA-GeForce-RTX-4090"; }
+check "a claim pinned to H200 whose allocation is rewritten to an RTX 4090: its binding is refused" wait_for 10 hand_refused
+check "... and its queue is charged nothing" [ "$(usage_field "$Q-dra2" NVIDIA-H200 allocated)" = 0 ]
+
+# A claim shared by two pods: counted once.
+queue "$Q-dra3" '{"NVIDIA-H200":1}' | k apply -f - >/dev/null
+sleep 1
+k -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: dra-shared, labels: {card-quota-e2e: "$RUN"}}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}]}}
+EOF
+sleep 1
+for i in 1 2; do
+  k -n "$NS" apply -f - >/dev/null 2>"$WORK/shared-$i.err" <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-shared-$i, labels: {card-quota-e2e: "$RUN", dra: shared}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra3}}
+spec: {containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimName: dra-shared}]}
+EOF
+done
+check "a claim shared by two pods in a queue of one H200: both bound" \
+  wait_for 30 bash -c "[ \"\$(dra_bound dra=shared $Q-dra-h200)\" = 2 ]"
+check "... and counted once (1 H200 allocated)" wait_for 20 usage_is "$Q-dra3" NVIDIA-H200 allocated 1
+
+# Warn: a queue trialling its quota admits a claim pod past it, with a warning.
+queue "$Q-dra-warn" '{"NVIDIA-H200":0}' | sed 's|  annotations:|  annotations:\n    volcano.sh/card.enforcement: warn|' | k apply -f - >/dev/null
+sleep 1
+out=$(k -n "$NS" apply -f - 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-warn, labels: {card-quota-e2e: "$RUN"}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra-warn}}
+spec: $(dra_pod_spec "$HAND_SCHED")
+EOF
+)
+warned_created() { contains "$out" "pod/dra-warn created" && contains "$out" "insufficient NVIDIA-H200 quota"; }
+check "under warn a claim pod past its queue's quota is created, with the quota's warning" warned_created
+
+# Deallocation gives the cards back.
+k -n "$NS" scale deployment dra-train --replicas=0 >/dev/null
+k -n "$NS" delete pod -l app=dra-train --grace-period=0 --force >/dev/null 2>&1
+check "the Deployment's pods gone, the queue's H200 are free again" wait_for 30 usage_is "$Q-dra" NVIDIA-H200 allocated 0
+k -n "$NS" delete pod dra-hand dra-warn dra-shared-1 dra-shared-2 --grace-period=0 --force >/dev/null 2>&1
 
 # ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
 ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }

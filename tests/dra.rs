@@ -274,6 +274,11 @@ fn under_warn_a_claim_pod_past_the_quota_is_admitted_with_a_warning() {
     for name in ["a", "b", "c"] {
         let r = w.send(R::pod("CREATE", claim_pod(name, "q", "one-gpu")).build());
         assert!(r.allowed, "{}", message(&r));
+        let warned = r
+            .warnings
+            .iter()
+            .any(|w| w.contains("insufficient NVIDIA-H200 quota: requested 1, in use 2"));
+        assert_eq!(warned, name == "c", "{name}: {:?}", r.warnings);
     }
 }
 
@@ -357,4 +362,20 @@ fn a_claim_shared_by_two_pods_is_counted_once() {
         "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0"}]}},
             "reservedFor": [{"resource": "pods", "name": "s2", "uid": "2"}]}}));
     assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+}
+
+#[test]
+fn a_parent_queue_caps_its_childrens_claim_pods() {
+    let mut w = World::new();
+    w.seen(json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "org", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-H200\":1}"}},
+        "spec": {"parent": "root"}}));
+    w.seen(json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "team", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-H200\":2}"}},
+        "spec": {"parent": "org"}}));
+    let r = w.send(R::pod("CREATE", claim_pod("a", "team", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let r = w.send(R::pod("CREATE", claim_pod("b", "team", "one-gpu")).build());
+    assert!(!r.allowed, "the org holds one H200");
+    assert!(message(&r).contains("org"), "{}", message(&r));
 }
