@@ -379,3 +379,48 @@ fn a_parent_queue_caps_its_childrens_claim_pods() {
     assert!(!r.allowed, "the org holds one H200");
     assert!(message(&r).contains("org"), "{}", message(&r));
 }
+
+/// A ledger entry's pod (what another replica admitted, laid over the caches) has no
+/// claims to read: it keeps the claims' cards it was admitted with.
+#[test]
+fn an_admitted_claim_pod_known_only_from_its_ledger_entry_keeps_its_cards() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", claim_pod("a", "q", "one-gpu")).build())
+            .allowed
+    );
+    let mut entry = w
+        .snap
+        .pod(&card_quota::cards::ObjectKey::new("ml", "a"))
+        .unwrap()
+        .clone();
+    entry.key.name = "b".into();
+    entry.claims.clear();
+    entry.claimed = None;
+    w.snap.upsert_pod(entry);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    let r = w.send(R::pod("CREATE", claim_pod("c", "q", "one-gpu")).build());
+    assert!(!r.allowed, "two admitted, a quota of two");
+    // Its binding waits for the pod itself, with its claims.
+    let r = w.send(R::binding("ml", "b", "h200-1").build());
+    assert_eq!(
+        message(&r),
+        "pod ml/b is not in card-quota's cache with its ResourceClaims yet; try again"
+    );
+}
+
+#[test]
+fn a_quota_for_a_model_only_dra_devices_offer_is_not_warned_about() {
+    let mut w = World::new();
+    let q = |quota: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "new", "annotations": {"volcano.sh/card.quota": quota}}})
+    };
+    let r = w.send(R::queue("CREATE", q(r#"{"NVIDIA-H200":1}"#)).build());
+    assert!(r.allowed && r.warnings.is_empty(), "{:?}", r.warnings);
+    let r = w.send(R::queue("CREATE", q(r#"{"NVIDIA-B200":1}"#)).build());
+    assert_eq!(
+        r.warnings,
+        ["queue new: no node offers card model NVIDIA-B200"]
+    );
+}

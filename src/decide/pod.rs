@@ -427,7 +427,14 @@ pub fn allocate(
                     }
                 },
                 Some(Err(e)) => return Err(Decision::deny(INVALID_DEMAND, e.to_string())),
-                None => {}
+                // Its admitted record (a ledger entry the pod cache has not caught up
+                // with): its claims are not read yet.
+                None => {
+                    return Err(Decision::deny(
+                        RETRY,
+                        format!("pod {} is not in card-quota's cache with its ResourceClaims yet; try again", rec.key),
+                    ))
+                }
             }
             continue;
         }

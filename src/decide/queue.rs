@@ -134,7 +134,7 @@ fn quota_checks(
                 a + p + r
             ));
         }
-        if snap.resources_of(m).is_none() {
+        if snap.resources_of(m).is_none() && !snap.dra_offers(m) {
             d.warnings
                 .push(format!("queue {}: no node offers card model {m}", rec.name));
         }

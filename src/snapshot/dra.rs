@@ -27,13 +27,15 @@ impl Snapshot {
     /// Reads what `p`'s claims add up to into its record: its card demand under the
     /// claims' resource name, and [`PodRecord::claimed`].
     pub(super) fn read_claims(&self, p: &mut PodRecord) {
+        // A record without claims keeps the claims' cards it carries: a ledger entry's
+        // pod holds them as admitted, with no claim to read them from.
+        if p.claims.is_empty() {
+            return;
+        }
         if let Ok(d) = &mut p.demand {
             d.retain(|r, _| !is_claim_resource(r));
         }
         p.claimed = None;
-        if p.claims.is_empty() {
-            return;
-        }
         p.claimed = match self
             .dra
             .pod_cards(&p.key, &p.claims, |claim| self.first_user(claim))
@@ -76,6 +78,21 @@ impl Snapshot {
         }
         let me = pod.key.clone();
         self.reread_claim_pods(|p| p.key != me && shared.iter().any(|c| uses(p, c)));
+    }
+
+    /// True when some ResourceSlice publishes a device of `model`.
+    pub fn dra_offers(&self, model: &crate::cards::CardName) -> bool {
+        let one = crate::cards::Alternatives::single(model.clone());
+        let found = self.dra.devices_of(&one).next().is_some();
+        found
+    }
+
+    /// True while the pod held under `key` has card claims not seen allocated yet.
+    pub fn claims_unallocated(&self, key: &ObjectKey) -> bool {
+        self.pods
+            .get(key)
+            .and_then(|p| p.claimed.as_ref())
+            .is_some_and(|c| matches!(c, Ok(c) if c.allocated.is_none()))
     }
 
     /// A pod record as the snapshot would hold it: its claims read (a request's pod,

@@ -199,6 +199,34 @@ async fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> 
     d
 }
 
+/// How long a binding of a pod whose cards come from ResourceClaims waits for the
+/// claims' allocation to reach the cache: the scheduler writes it just before it binds,
+/// and answering "try again" costs the pod a scheduling cycle and a backoff.
+const CLAIM_ALLOCATION_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits (up to [`CLAIM_ALLOCATION_WAIT`]) until the claims of the pod a binding binds
+/// are seen allocated; the decision then says whether they are.
+async fn claims_seen_allocated(state: &State, req: &AdmissionRequest) {
+    if RequestKind::of(req) != RequestKind::Binding || req.operation != Operation::Create {
+        return;
+    }
+    let Some(obj) = req.object.as_ref() else {
+        return;
+    };
+    let (key, _) = crate::decide::binding::target(req, obj.tree());
+    let waiting = || {
+        state
+            .snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .claims_unallocated(&key)
+    };
+    let until = Instant::now() + CLAIM_ALLOCATION_WAIT;
+    while waiting() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Decides live: from the caches with the queue's ledger laid over them; `/validate`
 /// records admitted charges before answering.
 async fn decide_live(
@@ -215,6 +243,7 @@ async fn decide_live(
             "card-quota's caches are still syncing with the API server; try again",
         ));
     }
+    claims_seen_allocated(state, req).await;
     // Only /validate records charges; what it admits goes to the queue's owner first.
     let (queue, deadline) = match live
         .committer
