@@ -827,13 +827,21 @@ hand_claim() { k -n "$NS" get pod dra-hand -o jsonpath='{.status.resourceClaimSt
 wait_for 20 bash -c "[ -n \"\$(kubectl -n $NS get pod dra-hand -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')\" ]"
 HAND_CLAIM=$(hand_claim)
 HAND_UID=$(k -n "$NS" get pod dra-hand -o jsonpath='{.metadata.uid}')
-k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$Q-dra-rtx" --arg uid "$HAND_UID" \
-  '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: "gpu-0"}]},
-     nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
-   reservedFor: [{resource: "pods", name: "dra-hand", uid: $uid}]}' > "$WORK/hand-claim.json"
-k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$HAND_CLAIM/status" -f "$WORK/hand-claim.json" >/dev/null
-hand_refused() { bind "$NS" dra-hand "$Q-dra-rtx" | grep -qF "pod $NS/dra-hand accepts NVIDIA-H200 but node $Q-dra-rtx has NVIDIA-GeForce-RTX-4090"; }
+# The allocation as a scheduler writes it; kube-controller-manager also writes a new
+# claim (its finalizer): retry on a resourceVersion conflict.
+for try in 1 2 3 4 5 6 7 8; do
+  k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$Q-dra-rtx" --arg uid "$HAND_UID" \
+    '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: "gpu-0"}]},
+       nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
+     reservedFor: [{resource: "pods", name: "dra-hand", uid: $uid}]}' > "$WORK/hand-claim.json"
+  k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$HAND_CLAIM/status" -f "$WORK/hand-claim.json" \
+    >/dev/null 2>"$WORK/hand-claim.err" && break
+  log "writing the allocation of $HAND_CLAIM failed (try $try): $(cat "$WORK/hand-claim.err")"
+  sleep 0.3
+done
+hand_refused() { bind "$NS" dra-hand "$Q-dra-rtx" > "$WORK/hand-bind.out"; grep -qF "pod $NS/dra-hand accepts NVIDIA-H200 but node $Q-dra-rtx has NVIDIA-GeForce-RTX-4090" "$WORK/hand-bind.out"; }
 check "a claim pinned to H200 whose allocation is rewritten to an RTX 4090: its binding is refused" wait_for 10 hand_refused
+log "dra-hand's binding answered: $(cat "$WORK/hand-bind.out" 2>/dev/null)"
 check "... and its queue is charged nothing" [ "$(usage_field "$Q-dra2" NVIDIA-H200 allocated)" = 0 ]
 
 # A claim shared by two pods: counted once.
