@@ -424,3 +424,240 @@ fn a_quota_for_a_model_only_dra_devices_offer_is_not_warned_about() {
         ["queue new: no node offers card model NVIDIA-B200"]
     );
 }
+
+mod incremental {
+    //! The usage the snapshot keeps up to date as DRA objects and pods change, one event
+    //! at a time (claims read again when a claim, template, class or slice moves), equals
+    //! the usage of a snapshot loaded from scratch with the objects as they end up.
+
+    use std::collections::BTreeMap;
+
+    use card_quota::cards::QueueName;
+    use card_quota::snapshot::load::{load, remove, upsert};
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    const PRODUCTS: [&str; 2] = ["NVIDIA H200", "NVIDIA GeForce RTX 4090"];
+
+    #[derive(Debug, Clone)]
+    enum Ev {
+        /// A pod whose claim comes from template `template`; `made`: its status names the
+        /// claim made for it (`p<pod>-c`).
+        TemplatePod {
+            pod: usize,
+            queue: usize,
+            template: usize,
+            node: Option<usize>,
+            made: bool,
+        },
+        /// A pod of queue q1 using the claim `shared`.
+        SharedPod {
+            pod: usize,
+            node: Option<usize>,
+        },
+        DeletePod {
+            pod: usize,
+        },
+        /// Claim `p<which>-c` (which < 6) or `shared` (6): allocated to a device of a
+        /// node, reserved for pods in the given order.
+        Claim {
+            which: usize,
+            alloc: Option<(usize, usize)>,
+            reserved: Vec<usize>,
+        },
+        DeleteClaim {
+            which: usize,
+        },
+        Slice {
+            node: usize,
+            product: usize,
+        },
+        Class {
+            h200_only: bool,
+        },
+    }
+
+    fn ev() -> impl Strategy<Value = Ev> {
+        prop_oneof![
+            3 => (0..6usize, 0..2usize, 0..2usize, proptest::option::of(0..2usize), any::<bool>())
+                .prop_map(|(pod, queue, template, node, made)| Ev::TemplatePod { pod, queue, template, node, made }),
+            2 => (6..9usize, proptest::option::of(0..2usize)).prop_map(|(pod, node)| Ev::SharedPod { pod, node }),
+            1 => (0..9usize).prop_map(|pod| Ev::DeletePod { pod }),
+            3 => (0..7usize, proptest::option::of((0..2usize, 0..2usize)), proptest::collection::vec(0..9usize, 0..3))
+                .prop_map(|(which, alloc, reserved)| Ev::Claim { which, alloc, reserved }),
+            1 => (0..7usize).prop_map(|which| Ev::DeleteClaim { which }),
+            1 => (0..2usize, 0..2usize).prop_map(|(node, product)| Ev::Slice { node, product }),
+            1 => any::<bool>().prop_map(|h200_only| Ev::Class { h200_only }),
+        ]
+    }
+
+    fn claim_name(which: usize) -> String {
+        if which == 6 {
+            "shared".into()
+        } else {
+            format!("p{which}-c")
+        }
+    }
+
+    const BASE: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q0, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2,"NVIDIA-GeForce-RTX-4090":1}'}}}
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q1, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}'}}}
+- {apiVersion: v1, kind: Node, metadata: {name: n0}}
+- {apiVersion: v1, kind: Node, metadata: {name: n1}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: t0, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: t1, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, count: 2,
+    selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}]}}}
+"#;
+
+    /// (kind, name) -> the object as it stands.
+    type World = BTreeMap<(&'static str, String), Value>;
+
+    fn object(e: &Ev) -> Option<(&'static str, String, Option<Value>)> {
+        let pod = |name: String, queue: &str, claim: Value, node: &Option<usize>, status: Value| {
+            let mut spec = json!({"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [claim]});
+            if let Some(n) = node {
+                spec["nodeName"] = json!(format!("n{n}"));
+            }
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": queue}},
+                "spec": spec, "status": status})
+        };
+        Some(match e {
+            Ev::TemplatePod {
+                pod: p,
+                queue,
+                template,
+                node,
+                made,
+            } => {
+                let status = if *made {
+                    json!({"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": format!("p{p}-c")}]})
+                } else {
+                    json!({})
+                };
+                let claim =
+                    json!({"name": "gpu", "resourceClaimTemplateName": format!("t{template}")});
+                (
+                    "Pod",
+                    format!("p{p}"),
+                    Some(pod(
+                        format!("p{p}"),
+                        &format!("q{queue}"),
+                        claim,
+                        node,
+                        status,
+                    )),
+                )
+            }
+            Ev::SharedPod { pod: p, node } => {
+                let claim = json!({"name": "gpu", "resourceClaimName": "shared"});
+                (
+                    "Pod",
+                    format!("p{p}"),
+                    Some(pod(format!("p{p}"), "q1", claim, node, json!({}))),
+                )
+            }
+            Ev::DeletePod { pod } => ("Pod", format!("p{pod}"), None),
+            Ev::Claim {
+                which,
+                alloc,
+                reserved,
+            } => {
+                let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": claim_name(*which), "namespace": "ml"},
+                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}});
+                if let Some((node, dev)) = alloc {
+                    let reserved: Vec<Value> = reserved.iter().map(|p| json!({"resource": "pods", "name": format!("p{p}"), "uid": format!("u{p}")})).collect();
+                    c["status"] = json!({"allocation": {"devices": {"results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": format!("n{node}"), "device": format!("gpu-{dev}")}]}},
+                        "reservedFor": reserved});
+                }
+                ("ResourceClaim", claim_name(*which), Some(c))
+            }
+            Ev::DeleteClaim { which } => ("ResourceClaim", claim_name(*which), None),
+            Ev::Slice { node, product } => {
+                let devices: Vec<Value> = (0..2).map(|d| json!({"name": format!("gpu-{d}"),
+                    "attributes": {"type": {"string": "gpu"}, "productName": {"string": PRODUCTS[*product]}}})).collect();
+                (
+                    "ResourceSlice",
+                    format!("n{node}-gpu"),
+                    Some(
+                        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                    "metadata": {"name": format!("n{node}-gpu")},
+                    "spec": {"driver": "gpu.nvidia.com", "nodeName": format!("n{node}"), "pool": {"name": format!("n{node}")}, "devices": devices}}),
+                    ),
+                )
+            }
+            Ev::Class { h200_only } => {
+                let expr = if *h200_only {
+                    "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"
+                } else {
+                    "device.driver == 'gpu.nvidia.com'"
+                };
+                (
+                    "DeviceClass",
+                    "gpu.nvidia.com".into(),
+                    Some(
+                        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                    "metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [{"cel": {"expression": expr}}]}}),
+                    ),
+                )
+            }
+        })
+    }
+
+    /// The objects in the order a fresh start lists them: DRA objects, then pods.
+    fn fresh(world: &World) -> card_quota::snapshot::Snapshot {
+        let (mut s, _) = load(BASE).unwrap();
+        for kind in ["DeviceClass", "ResourceSlice", "ResourceClaim", "Pod"] {
+            for ((k, _), v) in world.iter().filter(|((k, _), _)| *k == kind) {
+                let _ = k;
+                upsert(&mut s, v).unwrap();
+            }
+        }
+        s
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("CARD_QUOTA_DRA_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(120)
+        ))]
+        #[test]
+        fn usage_kept_up_to_date_equals_usage_counted_from_scratch(
+            events in proptest::collection::vec(ev(), 1..40),
+        ) {
+            let (mut s, _) = load(BASE).unwrap();
+            let mut world = World::new();
+            let now = jiff::Timestamp::now();
+            for e in &events {
+                if let Some((kind, name, obj)) = object(e) {
+                    match obj {
+                        Some(v) => {
+                            upsert(&mut s, &v).unwrap();
+                            world.insert((kind, name), v);
+                        }
+                        None => {
+                            remove(&mut s, kind, "ml", &name);
+                            world.remove(&(kind, name));
+                        }
+                    }
+                }
+                let f = fresh(&world);
+                for q in ["q0", "q1"] {
+                    let q = QueueName::new(q);
+                    prop_assert_eq!(s.usage(&q, now), f.usage(&q, now), "queue {} after {:?}", q, e);
+                }
+            }
+        }
+    }
+}

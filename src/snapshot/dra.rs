@@ -35,11 +35,13 @@ impl Snapshot {
         if let Ok(d) = &mut p.demand {
             d.retain(|r, _| !is_claim_resource(r));
         }
-        p.claimed = None;
-        p.claimed = match self
-            .dra
-            .pod_cards(&p.key, &p.claims, |claim| self.first_user(claim))
-        {
+        // The pod read is one of its claims' users, held yet or not.
+        let own = p.key.name.clone();
+        let first = |claim: &ObjectKey| match self.first_user(claim) {
+            Some(other) if other < own => Some(other),
+            _ => Some(own.clone()),
+        };
+        p.claimed = match self.dra.pod_cards(&p.key, &p.claims, first) {
             Ok(None) => None,
             Ok(Some(c)) => {
                 if let Ok(d) = &mut p.demand {
@@ -51,16 +53,17 @@ impl Snapshot {
         };
     }
 
-    /// The active pod held first (in arrival order) among those that use `claim`: who
-    /// pays for a shared claim not reserved yet.
+    /// The first by name of the active pods that use `claim`: who pays for a shared
+    /// claim not reserved yet. By name, not by arrival: every replica, and a restarted
+    /// one, charges the same pod.
     fn first_user(&self, claim: &ObjectKey) -> Option<String> {
         let now = jiff::Timestamp::now();
         self.claim_pods
             .iter()
             .filter_map(|k| self.pods.get(k))
             .filter(|p| p.is_active(now) && uses(p, claim))
-            .min_by_key(|p| (p.seq, p.key.name.clone()))
             .map(|p| p.key.name.clone())
+            .min()
     }
 
     /// After a pod that uses shared claims came or went: the other pods that use them
