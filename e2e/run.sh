@@ -879,11 +879,31 @@ EOF
 warned_created() { contains "$out" "pod/dra-warn created" && contains "$out" "insufficient NVIDIA-H200 quota"; }
 check "under warn a claim pod past its queue's quota is created, with the quota's warning" warned_created
 
+# A template and the pod that uses it in one file: the pod waits for the template to
+# reach card-quota's cache instead of being refused.
+queue "$Q-dra4" '{"NVIDIA-H200":1}' | k apply -f - >/dev/null
+sleep 1
+out=$(k -n "$NS" apply -f - 2>&1 <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: together, labels: {card-quota-e2e: "$RUN"}}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-together, labels: {card-quota-e2e: "$RUN"}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra4}}
+spec: {schedulerName: $HAND_SCHED, containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimTemplateName: together}]}
+EOF
+)
+together_created() { contains "$out" "pod/dra-together created"; }
+check "a template and its pod in one kubectl apply: the pod is created" together_created
+check "... and counted in its queue" wait_for 10 usage_is "$Q-dra4" NVIDIA-H200 pending 1
+
 # Deallocation gives the cards back.
 k -n "$NS" scale deployment dra-train --replicas=0 >/dev/null
 k -n "$NS" delete pod -l app=dra-train --grace-period=0 --force >/dev/null 2>&1
 check "the Deployment's pods gone, the queue's H200 are free again" wait_for 30 usage_is "$Q-dra" NVIDIA-H200 allocated 0
-k -n "$NS" delete pod dra-hand dra-warn dra-shared-1 dra-shared-2 --grace-period=0 --force >/dev/null 2>&1
+k -n "$NS" delete pod dra-hand dra-warn dra-together dra-shared-1 dra-shared-2 --grace-period=0 --force >/dev/null 2>&1
 
 # ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
 ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }

@@ -90,6 +90,12 @@ impl Snapshot {
         found
     }
 
+    /// True when a claim or template `pod` names is not held (yet).
+    pub fn claims_missing(&self, pod: &PodRecord) -> bool {
+        let read = self.with_claims(pod.clone());
+        matches!(&read.claimed, Some(Err(e)) if matches!(**e, DraError::Missing { .. }))
+    }
+
     /// True while the pod held under `key` has card claims not seen allocated yet.
     pub fn claims_unallocated(&self, key: &ObjectKey) -> bool {
         self.pods

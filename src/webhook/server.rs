@@ -227,6 +227,46 @@ async fn claims_seen_allocated(state: &State, req: &AdmissionRequest) {
     }
 }
 
+/// Waits (up to [`CLAIM_ALLOCATION_WAIT`]) until the ResourceClaims and templates a new
+/// pod names reach the cache: one file often holds a template and the pod that uses it,
+/// created a few milliseconds apart. The decision then says whether they are there.
+async fn claims_known(state: &State, req: &AdmissionRequest) {
+    if RequestKind::of(req) != RequestKind::Pod || req.operation != Operation::Create {
+        return;
+    }
+    let Some(obj) = req.object.as_ref() else {
+        return;
+    };
+    let names_claims = obj
+        .tree()
+        .pointer("/spec/resourceClaims")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|c| !c.is_empty());
+    if !names_claims {
+        return;
+    }
+    let read =
+        obj.read_with::<_, k8s_openapi::api::core::v1::Pod>(crate::cluster::pod_parts::read_pod);
+    let Ok(rec) = read.map(|p| p.record(req.ns(), crate::cards::CardResources::defaults(), 0))
+    else {
+        return;
+    };
+    let Ok(rec) = rec else {
+        return;
+    };
+    let waiting = || {
+        state
+            .snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .claims_missing(&rec)
+    };
+    let until = Instant::now() + CLAIM_ALLOCATION_WAIT;
+    while waiting() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Decides live: from the caches with the queue's ledger laid over them; `/validate`
 /// records admitted charges before answering.
 async fn decide_live(
@@ -244,6 +284,7 @@ async fn decide_live(
         ));
     }
     claims_seen_allocated(state, req).await;
+    claims_known(state, req).await;
     // Only /validate records charges; what it admits goes to the queue's owner first.
     let (queue, deadline) = match live
         .committer
