@@ -620,8 +620,7 @@ items:
     fn fresh(world: &World) -> card_quota::snapshot::Snapshot {
         let (mut s, _) = load(BASE).unwrap();
         for kind in ["DeviceClass", "ResourceSlice", "ResourceClaim", "Pod"] {
-            for ((k, _), v) in world.iter().filter(|((k, _), _)| *k == kind) {
-                let _ = k;
+            for (_, v) in world.iter().filter(|((k, _), _)| *k == kind) {
                 upsert(&mut s, v).unwrap();
             }
         }

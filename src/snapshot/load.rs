@@ -139,13 +139,15 @@ fn is_volcano_job(v: &Value) -> bool {
 /// Removes one object by kind and key.
 pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
     let key = ObjectKey::new(namespace, name);
+    if snap.remove_dra(kind, &key) {
+        return;
+    }
     match kind {
         "Node" => snap.remove_node(name),
         "Queue" => snap.remove_queue(&QueueName::new(name)),
         "PodGroup" => snap.remove_group(&key),
         "Pod" => snap.remove_pod(&key),
         "Job" => snap.remove_job(&key),
-        other if snap.remove_dra(other, &key) => {}
         other => {
             if let Some(k) = WorkloadKind::from_kind(other) {
                 snap.remove_workload(k, &key);

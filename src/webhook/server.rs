@@ -214,15 +214,16 @@ async fn claims_seen_allocated(state: &State, req: &AdmissionRequest) {
         return;
     };
     let (key, _) = crate::decide::binding::target(req, obj.tree());
-    let waiting = || {
-        state
-            .snapshot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .claims_unallocated(&key)
-    };
+    wait_while(state, |s| s.claims_unallocated(&key)).await;
+}
+
+/// Polls the snapshot (lock released between looks) while `pending` holds, for at most
+/// [`CLAIM_ALLOCATION_WAIT`].
+async fn wait_while(state: &State, pending: impl Fn(&Snapshot) -> bool) {
     let until = Instant::now() + CLAIM_ALLOCATION_WAIT;
-    while waiting() && Instant::now() < until {
+    while pending(&state.snapshot.lock().unwrap_or_else(|e| e.into_inner()))
+        && Instant::now() < until
+    {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -254,17 +255,7 @@ async fn claims_known(state: &State, req: &AdmissionRequest) {
     let Ok(rec) = rec else {
         return;
     };
-    let waiting = || {
-        state
-            .snapshot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .claims_missing(&rec)
-    };
-    let until = Instant::now() + CLAIM_ALLOCATION_WAIT;
-    while waiting() && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_while(state, |s| s.claims_missing(&rec)).await;
 }
 
 /// Decides live: from the caches with the queue's ledger laid over them; `/validate`
