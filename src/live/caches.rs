@@ -442,6 +442,10 @@ async fn run<K, R>(
     run_relisting(api, config, m, snapshot, synced, None).await;
 }
 
+/// What a watcher needs to list again: whom to ask, its stream, and how to reach its
+/// kind through a new client.
+type RelistBy<K> = (Arc<Freshness>, Stream, fn(Client) -> Api<K>);
+
 /// [`run`], listing again from a consistent read whenever `relist` asks.
 async fn run_relisting<K, R>(
     api: Api<K>,
@@ -449,10 +453,11 @@ async fn run_relisting<K, R>(
     m: Mirror<K, R>,
     snapshot: Arc<Mutex<Snapshot>>,
     synced: Arc<Synced>,
-    relist: Option<(Arc<Freshness>, Stream)>,
+    relist: Option<RelistBy<K>>,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
+    let mut api = api;
     let mut stream = watcher::watcher(api.clone(), config.clone())
         .default_backoff()
         .boxed();
@@ -462,20 +467,27 @@ async fn run_relisting<K, R>(
     loop {
         let asked = async {
             match &relist {
-                Some((f, s)) => f.relists(*s).asked().await,
+                Some((f, s, _)) => f.relists(*s).asked().await,
                 None => std::future::pending().await,
             }
         };
         let ev = tokio::select! {
             ev = stream.next() => ev,
             () = asked => {
-                // The watches' client has no read timeout (watches wait by design); a
-                // read that hangs on a stalled pooled connection must not hold this
-                // loop: it is dropped (with its connection) and the next ask retries.
-                let read = tokio::time::timeout(PROBE_TIMEOUT, current_version(&api)).await;
+                // A stalled watch's client may hold more stalled connections in its
+                // pool, idle, each of which a read would wait on: the relist goes
+                // through a client of its own. Watches have no read timeout (they
+                // wait by design); a read that hangs anyway is dropped and the next
+                // ask retries.
+                let fresh = relist
+                    .as_ref()
+                    .and_then(|(f, _, reach)| f.new_client().map(reach))
+                    .unwrap_or_else(|| api.clone());
+                let read = tokio::time::timeout(PROBE_TIMEOUT, current_version(&fresh)).await;
                 match read.unwrap_or_else(|_| Err("no answer within 5 s".to_string())) {
                     Ok(floor) => {
                         // The old stream (stalled, perhaps) is dropped with its watch.
+                        api = fresh;
                         stream = watcher::watcher(
                             api.clone(),
                             config.clone().list_semantic(watcher::ListSemantic::MostRecent),
@@ -644,7 +656,11 @@ pub async fn start(
             },
             snapshot.clone(),
             synced.clone(),
-            freshness.clone().map(|f| (f, Stream::PodGroups)),
+            freshness.clone().map(|f| {
+                let reach: fn(Client) -> Api<DynamicObject> =
+                    |c| Api::all_with(c, &podgroup_resource());
+                (f, Stream::PodGroups, reach)
+            }),
         ),
     );
     supervise(
@@ -656,7 +672,10 @@ pub async fn start(
             pod_mirror(),
             snapshot.clone(),
             synced.clone(),
-            freshness.map(|f| (f, Stream::Pods)),
+            freshness.map(|f| {
+                let reach: fn(Client) -> Api<PodParts> = Api::all;
+                (f, Stream::Pods, reach)
+            }),
         ),
     );
     supervise(

@@ -52,6 +52,9 @@ struct State {
 /// Fences and relists of one replica.
 pub struct Freshness {
     probe: Probe,
+    /// Where a relist connects: a client of its own, so that its read and its new watch
+    /// never ride a pooled connection that stalled with the old watch.
+    connect: Option<kube::Config>,
     pods: Relist,
     podgroups: Relist,
     state: Mutex<State>,
@@ -63,12 +66,26 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Freshness {
     pub fn new(probe: Probe) -> Arc<Self> {
+        Self::connecting(probe, None)
+    }
+
+    /// [`Freshness::new`], whose relists connect anew through `config`.
+    pub fn connecting(probe: Probe, config: Option<kube::Config>) -> Arc<Self> {
         Arc::new(Self {
             probe,
+            connect: config,
             pods: Relist::default(),
             podgroups: Relist::default(),
             state: Mutex::default(),
         })
+    }
+
+    /// A client with a pool of its own for one relist (`None`: reuse the watch's).
+    pub fn new_client(&self) -> Option<kube::Client> {
+        let config = self.connect.clone()?;
+        kube::Client::try_from(config)
+            .map_err(|e| tracing::warn!("a relist reuses the watch's connections: {e}"))
+            .ok()
     }
 
     /// The relist requests of `stream`'s watcher.

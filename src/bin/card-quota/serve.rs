@@ -69,14 +69,16 @@ async fn serve(
             // one hung call cannot hold the Lease or a queue's writer.
             let watches =
                 kube::Client::try_from(config.clone()).context("connecting to the API server")?;
+            let watch_config = config.clone();
             let mut timed = config;
             timed.connect_timeout = Some(std::time::Duration::from_secs(5));
             timed.read_timeout = Some(API_TIMEOUT);
             timed.write_timeout = Some(API_TIMEOUT);
             timed.reset_reader_on_write = true;
             let client = kube::Client::try_from(timed).context("connecting to the API server")?;
-            let freshness = card_quota::live::freshness::Freshness::new(
+            let freshness = card_quota::live::freshness::Freshness::connecting(
                 card_quota::live::caches::probe(client.clone()),
+                Some(watch_config),
             );
             let (snapshot, synced) = start_caches(
                 watches,
