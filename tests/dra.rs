@@ -660,3 +660,64 @@ items:
         }
     }
 }
+
+/// A driver card-quota does not know, named by `--dra-driver` and `--dra-class`.
+const OTHER_DRIVER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q, annotations: {volcano.sh/card.quota: '{"Acme-X1":1}'}}}
+- {apiVersion: v1, kind: Node, metadata: {name: acme-1}}
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.acme.example}
+  spec: {selectors: [{cel: {expression: "device.driver == 'gpu.acme.example'"}}]}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: acme-1-gpu.acme.example}
+  spec:
+    driver: gpu.acme.example
+    nodeName: acme-1
+    pool: {name: acme-1, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {model: {string: Acme X1}}}
+    - {name: gpu-1, attributes: {model: {string: Acme X1}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: one-gpu, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.acme.example}}]}}}
+"#;
+
+#[test]
+fn another_drivers_cards_count_once_its_driver_and_class_are_given() {
+    use card_quota::cards::dra::DraSettings;
+    use card_quota::cards::CardResources;
+    let given = CardResources::default()
+        .with_dra(DraSettings::parse(&["gpu.acme.example=model"], &["gpu.acme.example"]).unwrap());
+    let world = |cards: &CardResources| {
+        let (snap, skipped) = card_quota::snapshot::load::load_with(OTHER_DRIVER, cards).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        World {
+            snap,
+            cfg: Config::default(),
+        }
+    };
+    // With the defaults the class is not a card class: nothing is charged.
+    let mut w = world(&CardResources::default());
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "q", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+        assert_eq!(card_name_written(&r), None);
+    }
+    // Given, its devices are cards named by their `model` attribute, and the second
+    // pod is past the quota of one.
+    let mut w = world(&given);
+    let r = w.send(R::pod("CREATE", claim_pod("a", "q", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(card_name_written(&r).as_deref(), Some("Acme-X1"));
+    let r = w.send(R::pod("CREATE", claim_pod("b", "q", "one-gpu")).build());
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient Acme-X1 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
+    );
+}

@@ -7,6 +7,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::dra::DraSettings;
+
 /// The card resources of an install that names none: NVIDIA's whole cards, MPS shares
 /// and MIG profiles, AMD's cards, Huawei's Ascend NPUs.
 pub const DEFAULT_CARD_RESOURCES: &[&str] = &[
@@ -43,9 +45,11 @@ impl fmt::Display for Pattern {
     }
 }
 
-/// The card resources of an install.
+/// The card resources of an install, and the DRA drivers and DeviceClasses whose
+/// devices are cards (`--dra-driver`, `--dra-class`): one setting, handed together to
+/// discovery, demand and the install's hook conditions.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CardResources(Arc<Vec<Pattern>>);
+pub struct CardResources(Arc<Vec<Pattern>>, Arc<DraSettings>);
 
 /// A `--card-resource` entry that is not an extended resource name or pattern.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +61,8 @@ pub struct CardResourceError {
 
 impl Default for CardResources {
     fn default() -> Self {
-        Self::parse(DEFAULT_CARD_RESOURCES).unwrap_or_else(|_| Self(Arc::new(Vec::new())))
+        Self::parse(DEFAULT_CARD_RESOURCES)
+            .unwrap_or_else(|_| Self(Arc::new(Vec::new()), Arc::default()))
     }
 }
 
@@ -113,7 +118,7 @@ impl CardResources {
                 out.push(p);
             }
         }
-        Ok(Self(Arc::new(out)))
+        Ok(Self(Arc::new(out), Arc::default()))
     }
 
     /// The default list, shared (records are read with it before a snapshot applies
@@ -122,6 +127,16 @@ impl CardResources {
         static DEFAULTS: std::sync::LazyLock<CardResources> =
             std::sync::LazyLock::new(CardResources::default);
         &DEFAULTS
+    }
+
+    /// These card resources with the DRA settings `dra`.
+    pub fn with_dra(self, dra: DraSettings) -> Self {
+        Self(self.0, Arc::new(dra))
+    }
+
+    /// The DRA drivers and DeviceClasses whose devices are cards.
+    pub fn dra(&self) -> &DraSettings {
+        &self.1
     }
 
     /// True when `resource` is a card resource of this install.

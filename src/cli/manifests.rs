@@ -7,6 +7,7 @@ use std::path::Path;
 use base64::Engine;
 use serde_json::{json, Value};
 
+use crate::cards::dra::DraSettings;
 use crate::snapshot::load::documents;
 
 /// The kustomize resources, in `manifests/kustomization.yaml` order.
@@ -156,8 +157,11 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
                     .and_then(Value::as_array_mut)
                 {
                     args.retain(|a| {
-                        !a.as_str()
-                            .is_some_and(|a| a.starts_with("--card-resource="))
+                        !a.as_str().is_some_and(|a| {
+                            ["--card-resource=", "--dra-driver=", "--dra-class="]
+                                .iter()
+                                .any(|f| a.starts_with(f))
+                        })
                     });
                     if !scope.cards.is_default() {
                         args.extend(
@@ -167,6 +171,17 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
                                 .iter()
                                 .map(|p| json!(format!("--card-resource={p}"))),
                         );
+                    }
+                    let (dra, defaults) = (scope.cards.dra(), DraSettings::default());
+                    if dra.drivers() != defaults.drivers() {
+                        args.extend(
+                            dra.drivers()
+                                .iter()
+                                .map(|d| json!(format!("--dra-driver={}", d.setting()))),
+                        );
+                    }
+                    if !dra.classes().eq(defaults.classes()) {
+                        args.extend(dra.classes().map(|c| json!(format!("--dra-class={c}"))));
                     }
                 }
             }
@@ -624,7 +639,14 @@ mod tests {
                     "nvidia.com/gpu",
                     "cambricon.com/mlu*",
                 ])
-                .unwrap(),
+                .unwrap()
+                .with_dra(
+                    DraSettings::parse(
+                        &["gpu.nvidia.com", "gpu.example.com=model"],
+                        &["gpu.example.com"],
+                    )
+                    .unwrap(),
+                ),
                 binders: vec!["system:kube-scheduler".into(), "o'brien".into()],
             },
         })
@@ -649,6 +671,14 @@ mod tests {
         assert!(text.contains("serviceAccountName: cq"));
         assert!(text.contains("--card-resource=nvidia.com/gpu"));
         assert!(text.contains("--card-resource=cambricon.com/mlu*"));
+        // ... and the DRA drivers and classes.
+        for arg in [
+            "--dra-driver=gpu.nvidia.com\n",
+            "--dra-driver=gpu.example.com=model\n",
+            "--dra-class=gpu.example.com\n",
+        ] {
+            assert!(text.contains(arg), "{arg} in {text}");
+        }
         assert!(!text.contains("--scheduler-name"));
         assert!(!text.contains("volcano-system"));
     }

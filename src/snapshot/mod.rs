@@ -285,6 +285,9 @@ impl Snapshot {
     /// Sets the install's card resources. Set before any object is added: nodes and
     /// pods are read with the list in force when they arrive.
     pub fn set_card_resources(&mut self, c: CardResources) {
+        if self.dra.settings() != c.dra() {
+            self.dra = crate::cards::dra::DraObjects::new(c.dra().clone());
+        }
         self.card_resources = c;
     }
 

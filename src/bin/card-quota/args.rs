@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use card_quota::cli::{replay, status};
@@ -74,12 +75,8 @@ pub struct ReplayArgs {
     /// that already place pods by card model).
     #[arg(long)]
     pub no_pin: bool,
-    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
-    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
-    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
-    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
-    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
-    pub card_resources: Vec<String>,
+    #[command(flatten)]
+    pub cards: CardArgs,
     /// Ignored (kept for older installs): every card pod is checked and counted
     /// whatever its spec.schedulerName.
     #[arg(long = "scheduler-name", hide = true)]
@@ -160,12 +157,8 @@ pub struct ManifestsArgs {
     /// card-quota's service account.
     #[arg(long, default_value = "card-quota")]
     pub service_account: String,
-    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
-    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
-    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
-    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
-    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
-    pub card_resources: Vec<String>,
+    #[command(flatten)]
+    pub cards: CardArgs,
     /// Ignored (kept for older scripts): every card pod is checked at its CREATE
     /// whatever its spec.schedulerName.
     #[arg(long = "scheduler-name", hide = true)]
@@ -203,12 +196,8 @@ pub struct ServeArgs {
     /// sending new requests before the listener closes.
     #[arg(long, default_value = "5")]
     pub drain_seconds: f64,
-    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
-    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
-    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
-    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
-    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
-    pub card_resources: Vec<String>,
+    #[command(flatten)]
+    pub cards: CardArgs,
     /// Ignored (kept for older installs): every card pod is checked and counted
     /// whatever its spec.schedulerName.
     #[arg(long = "scheduler-name", hide = true)]
@@ -294,12 +283,8 @@ pub struct StatusArgs {
     pub namespace: Option<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: status::Format,
-    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
-    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
-    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
-    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
-    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
-    pub card_resources: Vec<String>,
+    #[command(flatten)]
+    pub cards: CardArgs,
     /// Ignored (kept for older scripts): every card pod is counted whatever its
     /// spec.schedulerName.
     #[arg(long = "scheduler-name", hide = true)]
@@ -342,12 +327,42 @@ pub fn no_scheduler_filter(names: &[String]) {
     }
 }
 
-/// The card resources `--card-resource` names (the defaults when none).
-pub fn card_resources(given: &[String]) -> anyhow::Result<card_quota::cards::CardResources> {
-    if given.is_empty() {
-        return Ok(card_quota::cards::CardResources::default());
+/// Which resources and DRA devices are cards: the same on every command that reads
+/// the cluster and on the install it renders.
+#[derive(Args)]
+pub struct CardArgs {
+    /// A card resource: an extended resource name (nvidia.com/gpu) or a pattern ending
+    /// in '*' (nvidia.com/mig-*); repeatable. Pods requesting one are card pods; a node's
+    /// cards count only under these. Default: nvidia.com/gpu, nvidia.com/gpu.shared,
+    /// nvidia.com/mig-*, amd.com/gpu, huawei.com/Ascend*, huawei.com/npu.
+    #[arg(long = "card-resource", value_name = "NAME|PREFIX*")]
+    pub card_resources: Vec<String>,
+    /// A DRA driver whose devices are cards (repeatable): DRIVER=ATTRIBUTE, the
+    /// attribute naming a device's product (gpu.example.com=productName), or a driver
+    /// known by name. Default: gpu.nvidia.com (MIG devices by profile),
+    /// hami-core-gpu.project-hami.io.
+    #[arg(long = "dra-driver", value_name = "DRIVER[=ATTRIBUTE]")]
+    pub dra_drivers: Vec<String>,
+    /// A DeviceClass whose requests ask for cards (repeatable); requests of other
+    /// classes are not charged. Default: gpu.nvidia.com, mig.nvidia.com,
+    /// hami-core-gpu.project-hami.io.
+    #[arg(long = "dra-class", value_name = "CLASS")]
+    pub dra_classes: Vec<String>,
+}
+
+impl CardArgs {
+    /// The settings these flags give (the defaults for each list left empty).
+    pub fn settings(&self) -> anyhow::Result<card_quota::cards::CardResources> {
+        let resources = if self.card_resources.is_empty() {
+            card_quota::cards::CardResources::default()
+        } else {
+            card_quota::cards::CardResources::parse(&self.card_resources)
+                .context("--card-resource")?
+        };
+        let dra = card_quota::cards::dra::DraSettings::parse(&self.dra_drivers, &self.dra_classes)
+            .context("--dra-driver/--dra-class")?;
+        Ok(resources.with_dra(dra))
     }
-    Ok(card_quota::cards::CardResources::parse(given)?)
 }
 
 pub fn parse_label(s: &str) -> anyhow::Result<(String, String)> {

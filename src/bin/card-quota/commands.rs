@@ -3,9 +3,7 @@
 use card_quota::cli::{manifests, preflight, replay, status};
 use card_quota::decide::{Config, NamespaceEnforcement};
 
-use crate::args::{
-    card_resources, no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs,
-};
+use crate::args::{no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
 use crate::snapshots::{live_queues, live_snapshot, namespace_snapshot, snapshot_file};
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
@@ -23,7 +21,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         a.output,
         a.decode_patches,
         &cfg,
-        &card_resources(&a.card_resources)?,
+        &a.cards.settings()?,
         &mut std::io::stdout().lock(),
     )?;
     Ok(())
@@ -69,7 +67,7 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
     let scope = manifests::Scope {
         namespace: a.namespace,
         service_account: a.service_account,
-        cards: card_resources(&a.card_resources)?,
+        cards: a.cards.settings()?,
         binders: if a.binders.is_empty() {
             default.binders
         } else {
@@ -99,7 +97,7 @@ pub fn manifests(a: ManifestsArgs) -> anyhow::Result<()> {
 
 pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     no_scheduler_filter(&a.scheduler_names);
-    let cards = card_resources(&a.card_resources)?;
+    let cards = a.cards.settings()?;
     if let (true, Some(path)) = (a.would_refuse, &a.objects) {
         let text = crate::snapshots::read_objects(path)?;
         let (refused, skipped) = preflight::would_refuse(&text, &cards, &Config::default())?;

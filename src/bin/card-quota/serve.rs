@@ -284,7 +284,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             names: a.client_name,
         }),
         drain: std::time::Duration::from_secs_f64(a.drain_seconds.max(0.0)),
-        cards: crate::args::card_resources(&a.card_resources)?,
+        cards: a.cards.settings()?,
         config: Config {
             scale_policy: a.scale_policy.into(),
             pin: !a.no_pin,

@@ -72,6 +72,6 @@ pub enum DraError {
     },
     #[error("pod {pod}: its claims' card requests share no model ({models}); a pod runs on one card model")]
     NoCommonModel { pod: String, models: String },
-    #[error("DRA driver setting {value:?}: expected {expected}")]
+    #[error("DRA setting {value:?}: expected {expected}")]
     Setting { value: String, expected: String },
 }

@@ -136,6 +136,14 @@ pub struct DraObjects {
 }
 
 impl DraObjects {
+    /// No objects yet, read with `settings`.
+    pub fn new(settings: DraSettings) -> Self {
+        Self {
+            settings,
+            ..Self::default()
+        }
+    }
+
     pub fn settings(&self) -> &DraSettings {
         &self.settings
     }
