@@ -1,0 +1,532 @@
+//! Model-based property test of the invariant on a mixed cluster: device-plugin nodes
+//! (cards as `nvidia.com/gpu`, the model from the node's label) and DRA nodes (cards as
+//! devices in ResourceSlices, the model from each device's `productName`) under one
+//! quota. After every step, "cards bound to model m in queue q <= quota[q][m]" is
+//! checked on a recount by an oracle that shares no code with card-quota: its own device
+//! and node tables, its own reading of what it generated.
+//!
+//! Steps are requests as the API server sends them (the mutating call, its patch
+//! applied, the validating call; admitted objects stored and fed to the snapshot as a
+//! watch would): pod CREATEs of either kind, the claim the resourceclaim controller
+//! makes for a claim pod (through card-quota's claim hook), an allocation written by a
+//! scheduler that ignores every pin (any free devices, of any model), bindings onto any
+//! node, and deletions.
+//!
+//! Cases: `CARD_QUOTA_DRA_MODEL_CASES` (256 by default).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use base64::Engine;
+use card_quota::admission::review;
+use card_quota::decide::review::ReviewBuilder as R;
+use card_quota::decide::Config;
+use card_quota::snapshot::load::{load, remove, upsert};
+use card_quota::snapshot::Snapshot;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
+use serde_json::{json, Value};
+
+const NS: &str = "ml";
+const H200: &str = "NVIDIA-H200";
+const RTX: &str = "NVIDIA-GeForce-RTX-4090";
+const QUEUES: &[&str] = &["q1", "q2"];
+/// Device-plugin nodes and their model (the oracle's table).
+const DP_NODES: &[(&str, &str)] = &[("dp-h200", H200), ("dp-rtx", RTX)];
+/// DRA devices: (node, device, model).
+const DEVICES: &[(&str, &str, &str)] = &[
+    ("dra-h200", "gpu-0", H200),
+    ("dra-h200", "gpu-1", H200),
+    ("dra-h200", "gpu-2", H200),
+    ("dra-rtx", "gpu-0", RTX),
+    ("dra-rtx", "gpu-1", RTX),
+];
+/// Templates: (name, cards asked).
+const TEMPLATES: &[(&str, u32)] = &[("one", 1), ("two", 2), ("h200-only", 1)];
+/// Values a device-plugin pod may give `volcano.sh/card.name`.
+const NAMES: &[Option<&str>] = &[
+    None,
+    Some(H200),
+    Some(RTX),
+    Some("NVIDIA-H200|NVIDIA-GeForce-RTX-4090"),
+];
+const PODS: usize = 6;
+
+/// What the runs exercised: bindings of claim pods and of device-plugin pods, let
+/// through and refused (each must happen, or the test proves nothing).
+static SEEN: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+const CLAIM_BOUND: usize = 0;
+const CLAIM_REFUSED: usize = 1;
+const PLUGIN_BOUND: usize = 2;
+const PLUGIN_REFUSED: usize = 3;
+
+fn quota(queue: &str, model: &str) -> u32 {
+    match (queue, model) {
+        ("q1", H200) => 2,
+        ("q1", RTX) => 1,
+        ("q2", H200) => 1,
+        _ => 0,
+    }
+}
+
+fn cluster() -> String {
+    let mut items = vec![
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "q1", "annotations": {"volcano.sh/card.quota": format!(r#"{{"{H200}":2,"{RTX}":1}}"#)}}}),
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "q2", "annotations": {"volcano.sh/card.quota": format!(r#"{{"{H200}":1}}"#)}}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}),
+    ];
+    for (name, model) in DP_NODES {
+        let gpus = json!({"cpu": "64", "pods": "110", "nvidia.com/gpu": "8"});
+        items.push(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+            "status": {"capacity": gpus, "allocatable": gpus}}));
+    }
+    for node in ["dra-h200", "dra-rtx"] {
+        items.push(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+            "status": {"allocatable": {"cpu": "64", "pods": "110"}}}),
+        );
+        let devices: Vec<Value> = DEVICES
+            .iter()
+            .filter(|(n, _, _)| *n == node)
+            .map(|(_, d, m)| json!({"name": d, "attributes": {"type": {"string": "gpu"}, "productName": {"string": m.replace('-', " ")}}}))
+            .collect();
+        items.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}));
+    }
+    for (name, count) in TEMPLATES {
+        let mut exactly = json!({"deviceClassName": "gpu.nvidia.com", "count": count});
+        if *name == "h200-only" {
+            exactly["selectors"] = json!([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]);
+        }
+        items.push(
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}),
+        );
+    }
+    serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items})).unwrap()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// A pod asking `cards` nvidia.com/gpu, naming `NAMES[name]`.
+    CreatePlugin {
+        pod: usize,
+        queue: usize,
+        cards: u32,
+        name: usize,
+    },
+    /// A pod whose GPUs come from a claim made from `TEMPLATES[template]`.
+    CreateClaim {
+        pod: usize,
+        queue: usize,
+        template: usize,
+    },
+    /// The scheduler allocates the pod's claim free devices of one node, starting at the
+    /// `pick`-th free device, whatever the claim's selectors and pin say.
+    Allocate {
+        pod: usize,
+        pick: usize,
+    },
+    /// The scheduler binds the pod: a claim pod on its devices' node, a device-plugin pod
+    /// on `DP_NODES[node]`.
+    Bind {
+        pod: usize,
+        node: usize,
+    },
+    Delete {
+        pod: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0..PODS, 0..QUEUES.len(), 1..3u32, 0..NAMES.len()).prop_map(
+            |(pod, queue, cards, name)| Op::CreatePlugin {
+                pod,
+                queue,
+                cards,
+                name
+            }
+        ),
+        3 => (0..PODS, 0..QUEUES.len(), 0..TEMPLATES.len()).prop_map(|(pod, queue, template)| {
+            Op::CreateClaim {
+                pod,
+                queue,
+                template,
+            }
+        }),
+        4 => (0..PODS, 0..DEVICES.len()).prop_map(|(pod, pick)| Op::Allocate { pod, pick }),
+        4 => (0..PODS, 0..DP_NODES.len()).prop_map(|(pod, node)| Op::Bind { pod, node }),
+        1 => (0..PODS).prop_map(|pod| Op::Delete { pod }),
+    ]
+}
+
+/// What the oracle knows of one pod.
+#[derive(Debug, Clone)]
+struct Truth {
+    queue: &'static str,
+    /// Device-plugin cards, or the claim pod's template.
+    kind: Kind,
+    /// The claim's allocated devices (indices into DEVICES).
+    allocated: Vec<usize>,
+    node: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Plugin(u32),
+    Claim(usize),
+}
+
+struct Cluster {
+    snap: Snapshot,
+    cfg: Config,
+    pods: BTreeMap<String, Value>,
+    claims: BTreeMap<String, Value>,
+    truth: BTreeMap<String, Truth>,
+    now: jiff::Timestamp,
+}
+
+fn decode_patch(resp: &Value) -> Option<json_patch::Patch> {
+    let p = resp.get("patch")?.as_str()?;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(p).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+fn claim_name(pod: &str) -> String {
+    format!("{pod}-gpu-x1")
+}
+
+impl Cluster {
+    fn new() -> Self {
+        let (snap, skipped) = load(&cluster()).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        Self {
+            snap,
+            cfg: Config::default(),
+            pods: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            truth: BTreeMap::new(),
+            now: jiff::Timestamp::now(),
+        }
+    }
+
+    /// The mutating call, its patch applied, then the validating call: the object as
+    /// admitted, or None when refused.
+    fn admit(&mut self, doc: Value) -> Option<Value> {
+        let m = review(&doc, &mut self.snap, &self.cfg, self.now, true);
+        if !m.out.response.allowed {
+            return None;
+        }
+        let resp = serde_json::to_value(&m.out.response).unwrap();
+        let mut obj = doc["request"]["object"].clone();
+        if let Some(p) = decode_patch(&resp) {
+            json_patch::patch(&mut obj, &p).expect("card-quota's own patch applies");
+        }
+        let mut doc = doc;
+        doc["request"]["object"] = obj.clone();
+        let v = review(&doc, &mut self.snap, &self.cfg, self.now, false);
+        v.out.response.allowed.then_some(obj)
+    }
+
+    fn store_pod(&mut self, name: &str, pod: Value) {
+        upsert(&mut self.snap, &pod).unwrap();
+        self.pods.insert(name.to_string(), pod);
+    }
+
+    fn step(&mut self, op: &Op) {
+        match *op {
+            Op::CreatePlugin {
+                pod,
+                queue,
+                cards,
+                name,
+            } => {
+                let pname = format!("p{pod}");
+                if self.pods.contains_key(&pname) {
+                    return;
+                }
+                let mut annotations = json!({"scheduling.volcano.sh/queue-name": QUEUES[queue]});
+                if let Some(n) = NAMES[name] {
+                    annotations["volcano.sh/card.name"] = json!(n);
+                }
+                let p = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pname, "namespace": NS, "annotations": annotations},
+                    "spec": {"containers": [{"name": "c", "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
+                if let Some(stored) = self.admit(R::pod("CREATE", p).build()) {
+                    self.store_pod(&pname, stored);
+                    self.truth.insert(
+                        pname,
+                        Truth {
+                            queue: QUEUES[queue],
+                            kind: Kind::Plugin(cards),
+                            allocated: vec![],
+                            node: None,
+                        },
+                    );
+                }
+            }
+            Op::CreateClaim {
+                pod,
+                queue,
+                template,
+            } => {
+                let pname = format!("p{pod}");
+                if self.pods.contains_key(&pname) {
+                    return;
+                }
+                let p = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pname, "namespace": NS,
+                        "annotations": {"scheduling.volcano.sh/queue-name": QUEUES[queue]}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATES[template].0}]}});
+                let Some(mut stored) = self.admit(R::pod("CREATE", p).build()) else {
+                    return;
+                };
+                self.store_pod(&pname, stored.clone());
+                self.truth.insert(
+                    pname.clone(),
+                    Truth {
+                        queue: QUEUES[queue],
+                        kind: Kind::Claim(template),
+                        allocated: vec![],
+                        node: None,
+                    },
+                );
+                // The resourceclaim controller makes its claim (card-quota's hook pins
+                // it), then records it on the pod's status.
+                let (tname, count) = TEMPLATES[template];
+                let mut exactly = json!({"deviceClassName": "gpu.nvidia.com", "count": count});
+                if tname == "h200-only" {
+                    exactly["selectors"] = json!([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]);
+                }
+                let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": claim_name(&pname), "namespace": NS,
+                        "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pname, "uid": format!("u-{pname}"), "controller": true}]},
+                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}});
+                let claim = self
+                    .admit(R::claim("CREATE", claim).build())
+                    .expect("card-quota never refuses a claim");
+                upsert(&mut self.snap, &claim).unwrap();
+                self.claims.insert(pname.clone(), claim);
+                stored["status"] = json!({"phase": "Pending", "resourceClaimStatuses": [
+                    {"name": "gpu", "resourceClaimName": claim_name(&pname)}]});
+                self.store_pod(&pname, stored);
+            }
+            Op::Allocate { pod, pick } => {
+                let pname = format!("p{pod}");
+                let Some(t) = self.truth.get(&pname).cloned() else {
+                    return;
+                };
+                let Kind::Claim(template) = t.kind else {
+                    return;
+                };
+                if !t.allocated.is_empty() {
+                    return;
+                }
+                let count = TEMPLATES[template].1 as usize;
+                let taken: Vec<usize> = self
+                    .truth
+                    .values()
+                    .flat_map(|t| t.allocated.clone())
+                    .collect();
+                let free: Vec<usize> = (0..DEVICES.len()).filter(|i| !taken.contains(i)).collect();
+                let Some(&first) = free.get(pick % free.len().max(1)) else {
+                    return;
+                };
+                let node = DEVICES[first].0;
+                let chosen: Vec<usize> = free
+                    .iter()
+                    .copied()
+                    .filter(|&i| DEVICES[i].0 == node)
+                    .cycle()
+                    .skip_while(|&i| i != first)
+                    .take(count)
+                    .collect();
+                let mut unique = chosen.clone();
+                unique.sort_unstable();
+                unique.dedup();
+                if unique.len() < count {
+                    return;
+                }
+                let Some(mut claim) = self.claims.get(&pname).cloned() else {
+                    return;
+                };
+                let results: Vec<Value> = unique
+                    .iter()
+                    .map(|&i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": DEVICES[i].0, "device": DEVICES[i].1}))
+                    .collect();
+                claim["status"] = json!({"allocation": {"devices": {"results": results},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                    "reservedFor": [{"resource": "pods", "name": pname, "uid": format!("u-{pname}")}]});
+                upsert(&mut self.snap, &claim).unwrap();
+                self.claims.insert(pname.clone(), claim);
+                if let Some(t) = self.truth.get_mut(&pname) {
+                    t.allocated = unique;
+                }
+            }
+            Op::Bind { pod, node } => {
+                let pname = format!("p{pod}");
+                let Some(t) = self.truth.get(&pname).cloned() else {
+                    return;
+                };
+                if t.node.is_some() {
+                    return;
+                }
+                let target = match t.kind {
+                    Kind::Plugin(_) => DP_NODES[node].0,
+                    // Before its allocation, the scheduler does not bind a claim pod.
+                    Kind::Claim(_) => match t.allocated.first() {
+                        Some(&i) => DEVICES[i].0,
+                        None => return,
+                    },
+                };
+                let r = review(
+                    &R::binding(NS, &pname, target).build(),
+                    &mut self.snap,
+                    &self.cfg,
+                    self.now,
+                    true,
+                );
+                let seen = match (t.kind, r.out.response.allowed) {
+                    (Kind::Claim(_), true) => CLAIM_BOUND,
+                    (Kind::Claim(_), false) => CLAIM_REFUSED,
+                    (Kind::Plugin(_), true) => PLUGIN_BOUND,
+                    (Kind::Plugin(_), false) => PLUGIN_REFUSED,
+                };
+                SEEN[seen].fetch_add(1, Ordering::Relaxed);
+                if r.out.response.allowed {
+                    let mut p = self.pods[&pname].clone();
+                    p["spec"]["nodeName"] = json!(target);
+                    self.store_pod(&pname, p);
+                    if let Some(t) = self.truth.get_mut(&pname) {
+                        t.node = Some(target.to_string());
+                    }
+                }
+            }
+            Op::Delete { pod } => {
+                let pname = format!("p{pod}");
+                if self.pods.remove(&pname).is_none() {
+                    return;
+                }
+                remove(&mut self.snap, "Pod", NS, &pname);
+                // The garbage collector deletes the claim the pod owned.
+                if self.claims.remove(&pname).is_some() {
+                    remove(&mut self.snap, "ResourceClaim", NS, &claim_name(&pname));
+                }
+                self.truth.remove(&pname);
+            }
+        }
+    }
+
+    /// The oracle: cards bound per (queue, model), recounted from its own tables.
+    fn bound(&self) -> BTreeMap<(&'static str, &'static str), u32> {
+        let mut out = BTreeMap::new();
+        for t in self.truth.values() {
+            let Some(node) = &t.node else { continue };
+            match t.kind {
+                Kind::Plugin(cards) => {
+                    let model = DP_NODES
+                        .iter()
+                        .find(|(n, _)| n == node)
+                        .map(|(_, m)| *m)
+                        .unwrap();
+                    *out.entry((t.queue, model)).or_default() += cards;
+                }
+                Kind::Claim(_) => {
+                    for &i in &t.allocated {
+                        *out.entry((t.queue, DEVICES[i].2)).or_default() += 1;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn check(&self, ops: &[Op]) -> Result<(), TestCaseError> {
+        for ((queue, model), cards) in self.bound() {
+            prop_assert!(
+                cards <= quota(queue, model),
+                "queue {queue} has {cards} {model} bound, quota {}, after {ops:#?}",
+                quota(queue, model)
+            );
+        }
+        Ok(())
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("CARD_QUOTA_DRA_MODEL_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(256)
+}
+
+#[test]
+fn no_sequence_binds_past_quota_on_device_plugin_and_dra_nodes_together() {
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases: cases(),
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
+        let mut c = Cluster::new();
+        for (i, o) in ops.iter().enumerate() {
+            c.step(o);
+            c.check(&ops[..=i])?;
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let seen: Vec<usize> = SEEN.iter().map(|s| s.load(Ordering::Relaxed)).collect();
+    println!(
+        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused",
+        seen[0], seen[1], seen[2], seen[3]
+    );
+    assert!(
+        seen.iter().all(|&n| n > 0),
+        "every kind of binding was tried: {seen:?}"
+    );
+}
+
+/// The test can fail: with every binding let through, the oracle finds a queue past its
+/// quota.
+#[test]
+fn the_oracle_sees_a_binding_past_quota() {
+    let mut c = Cluster::new();
+    for pod in 0..3 {
+        c.step(&Op::CreatePlugin {
+            pod,
+            queue: 1,
+            cards: 1,
+            name: 1,
+        });
+    }
+    // q2 holds one H200: the second pod was refused at CREATE.
+    assert_eq!(c.truth.len(), 1);
+    c.step(&Op::Bind { pod: 0, node: 0 });
+    assert!(c.check(&[]).is_ok());
+    // A pod the oracle believes bound without card-quota's say.
+    c.truth.insert(
+        "forged".into(),
+        Truth {
+            queue: "q2",
+            kind: Kind::Claim(0),
+            allocated: vec![0],
+            node: Some("dra-h200".into()),
+        },
+    );
+    assert!(c.check(&[]).is_err());
+}
