@@ -828,17 +828,29 @@ wait_for 20 bash -c "[ -n \"\$(kubectl -n $NS get pod dra-hand -o jsonpath='{.st
 HAND_CLAIM=$(hand_claim)
 HAND_UID=$(k -n "$NS" get pod dra-hand -o jsonpath='{.metadata.uid}')
 # The allocation as a scheduler writes it; kube-controller-manager also writes a new
-# claim (its finalizer): retry on a resourceVersion conflict.
-for try in 1 2 3 4 5 6 7 8; do
-  k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$Q-dra-rtx" --arg uid "$HAND_UID" \
-    '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: "gpu-0"}]},
-       nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
-     reservedFor: [{resource: "pods", name: "dra-hand", uid: $uid}]}' > "$WORK/hand-claim.json"
-  k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$HAND_CLAIM/status" -f "$WORK/hand-claim.json" \
-    >/dev/null 2>"$WORK/hand-claim.err" && break
-  log "writing the allocation of $HAND_CLAIM failed (try $try): $(cat "$WORK/hand-claim.err")"
-  sleep 0.3
-done
+# claim (its finalizer): retry on a resourceVersion conflict. AS: whose write it is.
+write_hand_allocation() {
+  local try
+  for try in 1 2 3 4 5 6 7 8; do
+    k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$Q-dra-rtx" --arg uid "$HAND_UID" \
+      '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: "gpu-0"}]},
+         nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
+       reservedFor: [{resource: "pods", name: "dra-hand", uid: $uid}]}' > "$WORK/hand-claim.json"
+    k replace "$@" --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$HAND_CLAIM/status" -f "$WORK/hand-claim.json" \
+      >/dev/null 2>"$WORK/hand-claim.err" && return 0
+    grep -q "the object has been modified" "$WORK/hand-claim.err" || return 1
+    log "writing the allocation of $HAND_CLAIM lost a conflict (try $try)"
+    sleep 0.3
+  done
+  return 1
+}
+# Written by kube-scheduler (a binder): refused at the write, before any binding.
+write_hand_allocation --as=system:kube-scheduler
+check "an RTX 4090 allocation written by kube-scheduler for a pod admitted for H200 is refused at the write" \
+  grep -qF "pod $NS/dra-hand accepts NVIDIA-H200 but node $Q-dra-rtx has NVIDIA-GeForce-RTX-4090" "$WORK/hand-claim.err"
+log "kube-scheduler's allocation write answered: $(cat "$WORK/hand-claim.err")"
+# Written by someone whose writes are not checked (an admin): the binding is the line.
+write_hand_allocation || log "writing the allocation of $HAND_CLAIM failed: $(cat "$WORK/hand-claim.err")"
 hand_refused() { bind "$NS" dra-hand "$Q-dra-rtx" > "$WORK/hand-bind.out"; grep -qF "pod $NS/dra-hand accepts NVIDIA-H200 but node $Q-dra-rtx has NVIDIA-GeForce-RTX-4090" "$WORK/hand-bind.out"; }
 check "a claim pinned to H200 whose allocation is rewritten to an RTX 4090: its binding is refused" wait_for 10 hand_refused
 log "dra-hand's binding answered: $(cat "$WORK/hand-bind.out" 2>/dev/null)"

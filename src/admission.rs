@@ -201,7 +201,8 @@ pub fn apply(snap: &mut Snapshot, req: &AdmissionRequest, d: &Decision) -> Resul
         RequestKind::PodGroup => "PodGroup",
         RequestKind::Pod => "Pod",
         RequestKind::Job => "Job",
-        RequestKind::Claim => "ResourceClaim",
+        // A status write stores the claim as it now reads, as a watch would bring it.
+        RequestKind::Claim | RequestKind::Allocation => "ResourceClaim",
         RequestKind::Workload(k) => k.kind(),
         RequestKind::Binding => return bind(snap, req, d),
         RequestKind::Scale(k) => return scale(snap, req, d, k),

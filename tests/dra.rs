@@ -721,3 +721,98 @@ fn another_drivers_cards_count_once_its_driver_and_class_are_given() {
         "queue q has insufficient Acme-X1 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
     );
 }
+
+/// `made_claim` allocated as kube-scheduler writes it: with the node's selector.
+fn allocated_on(pod: &str, node: &str, pool: &str, device: &str) -> Value {
+    let mut c = made_claim(pod, Some((pool, device)));
+    c["status"]["allocation"]["nodeSelector"] = json!({"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]});
+    c
+}
+
+fn status_write(new: Value, old: Value) -> Value {
+    R::claim("UPDATE", new)
+        .subresource("status")
+        .old(old)
+        .build()
+}
+
+#[test]
+fn an_allocation_is_checked_when_the_scheduler_writes_it() {
+    let mut w = World::new();
+    for name in ["a", "b", "c"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "both", "one-gpu")).build());
+        assert!(r.allowed || name == "c", "{}", message(&r));
+    }
+    // `both` holds one RTX 4090 and one H200; a and b were admitted for RTX|H200.
+    for name in ["a", "b"] {
+        w.seen(with_claim_made(&w, name));
+        w.seen(made_claim(name, None));
+    }
+    // a is allocated an RTX and bound: its queue's RTX is taken.
+    let r = w.send(status_write(
+        allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("a", None),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+    w.seen(allocated_on("a", "rtx-1", "rtx-1", "gpu-0"));
+    assert!(w.send(R::binding("ml", "a", "rtx-1").build()).allowed);
+    // b's allocation of another RTX (one the pin would have kept it from) is refused at
+    // the write, before any binding: the RTX quota is used.
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "rtx-2-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "rtx-1",
+            "pool": {"name": "rtx-2", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA GeForce RTX 4090"}}}]}}));
+    let r = w.send(status_write(
+        allocated_on("b", "rtx-1", "rtx-2", "gpu-0"),
+        made_claim("b", None),
+    ));
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue both has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+    );
+    // An H200 fits.
+    let r = w.send(status_write(
+        allocated_on("b", "h200-1", "h200-1", "gpu-0"),
+        made_claim("b", None),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+    // Writes that leave the allocation as it was, and a deallocation, change no card.
+    let mut reserved_twice = allocated_on("b", "h200-1", "h200-1", "gpu-0");
+    reserved_twice["status"]["reservedFor"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"resource": "pods", "name": "z", "uid": "z"}));
+    let r = w.send(status_write(
+        reserved_twice,
+        allocated_on("b", "h200-1", "h200-1", "gpu-0"),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+    let r = w.send(status_write(
+        made_claim("b", None),
+        allocated_on("b", "h200-1", "h200-1", "gpu-0"),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+}
+
+#[test]
+fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write() {
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", claim_pod("a", "q", "one-gpu")).build())
+            .allowed
+    );
+    w.seen(with_claim_made(&w, "a"));
+    w.seen(made_claim("a", None));
+    let r = w.send(status_write(
+        allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("a", None),
+    ));
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/a accepts NVIDIA-H200 but node rtx-1 has NVIDIA-GeForce-RTX-4090"
+    );
+}

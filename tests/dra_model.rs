@@ -9,8 +9,8 @@
 //! applied, the validating call; admitted objects stored and fed to the snapshot as a
 //! watch would): pod CREATEs of either kind, the claim the resourceclaim controller
 //! makes for a claim pod (through card-quota's claim hook), an allocation written by a
-//! scheduler that ignores every pin (any free devices, of any model), bindings onto any
-//! node, and deletions.
+//! scheduler that ignores every pin (any free devices, of any model), checked by the
+//! allocation hook or not (it fails open), bindings onto any node, and deletions.
 //!
 //! Cases: `CARD_QUOTA_DRA_MODEL_CASES` (256 by default).
 
@@ -52,13 +52,16 @@ const NAMES: &[Option<&str>] = &[
 ];
 const PODS: usize = 6;
 
-/// What the runs exercised: bindings of claim pods and of device-plugin pods, let
-/// through and refused (each must happen, or the test proves nothing).
-static SEEN: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+/// What the runs exercised: bindings of claim pods and of device-plugin pods, and
+/// allocation writes, let through and refused (each must happen, or the test proves
+/// nothing).
+static SEEN: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
 const CLAIM_BOUND: usize = 0;
 const CLAIM_REFUSED: usize = 1;
 const PLUGIN_BOUND: usize = 2;
 const PLUGIN_REFUSED: usize = 3;
+const WRITE_ALLOWED: usize = 4;
+const WRITE_REFUSED: usize = 5;
 
 fn quota(queue: &str, model: &str) -> u32 {
     match (queue, model) {
@@ -130,10 +133,12 @@ enum Op {
         template: usize,
     },
     /// The scheduler allocates the pod's claim free devices of one node, starting at the
-    /// `pick`-th free device, whatever the claim's selectors and pin say.
+    /// `pick`-th free device, whatever the claim's selectors and pin say; the write
+    /// reaches card-quota's allocation hook when `checked` (else it failed open).
     Allocate {
         pod: usize,
         pick: usize,
+        checked: bool,
     },
     /// The scheduler binds the pod: a claim pod on its devices' node, a device-plugin pod
     /// on `DP_NODES[node]`.
@@ -163,7 +168,8 @@ fn op() -> impl Strategy<Value = Op> {
                 template,
             }
         }),
-        4 => (0..PODS, 0..DEVICES.len()).prop_map(|(pod, pick)| Op::Allocate { pod, pick }),
+        4 => (0..PODS, 0..DEVICES.len(), any::<bool>())
+            .prop_map(|(pod, pick, checked)| Op::Allocate { pod, pick, checked }),
         4 => (0..PODS, 0..DP_NODES.len()).prop_map(|(pod, node)| Op::Bind { pod, node }),
         1 => (0..PODS).prop_map(|pod| Op::Delete { pod }),
     ]
@@ -323,7 +329,7 @@ impl Cluster {
                     {"name": "gpu", "resourceClaimName": claim_name(&pname)}]});
                 self.store_pod(&pname, stored);
             }
-            Op::Allocate { pod, pick } => {
+            Op::Allocate { pod, pick, checked } => {
                 let pname = format!("p{pod}");
                 let Some(t) = self.truth.get(&pname).cloned() else {
                     return;
@@ -369,6 +375,24 @@ impl Cluster {
                 claim["status"] = json!({"allocation": {"devices": {"results": results},
                         "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
                     "reservedFor": [{"resource": "pods", "name": pname, "uid": format!("u-{pname}")}]});
+                if checked {
+                    let old = self.claims[&pname].clone();
+                    let doc = R::claim("UPDATE", claim.clone())
+                        .subresource("status")
+                        .old(old)
+                        .build();
+                    let r = review(&doc, &mut self.snap, &self.cfg, self.now, false);
+                    SEEN[if r.out.response.allowed {
+                        WRITE_ALLOWED
+                    } else {
+                        WRITE_REFUSED
+                    }]
+                    .fetch_add(1, Ordering::Relaxed);
+                    if !r.out.response.allowed {
+                        // The scheduler gives the devices back and tries again later.
+                        return;
+                    }
+                }
                 upsert(&mut self.snap, &claim).unwrap();
                 self.claims.insert(pname.clone(), claim);
                 if let Some(t) = self.truth.get_mut(&pname) {
@@ -492,12 +516,12 @@ fn no_sequence_binds_past_quota_on_device_plugin_and_dra_nodes_together() {
     }
     let seen: Vec<usize> = SEEN.iter().map(|s| s.load(Ordering::Relaxed)).collect();
     println!(
-        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused",
-        seen[0], seen[1], seen[2], seen[3]
+        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused",
+        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5]
     );
     assert!(
         seen.iter().all(|&n| n > 0),
-        "every kind of binding was tried: {seen:?}"
+        "every kind of binding and write was tried: {seen:?}"
     );
 }
 

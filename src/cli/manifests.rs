@@ -113,6 +113,16 @@ fn cel_list(items: &[String]) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
+/// The `card-drivers` condition of the allocation hook: a device of one of the card
+/// drivers among the allocation's results.
+pub fn card_drivers_condition(dra: &DraSettings) -> String {
+    let drivers: Vec<String> = dra.drivers().iter().map(|d| d.driver.clone()).collect();
+    format!(
+        "has(object.status) && has(object.status.allocation) && has(object.status.allocation.devices) && has(object.status.allocation.devices.results) && object.status.allocation.devices.results.exists(r, r.driver in {})",
+        cel_list(&drivers)
+    )
+}
+
 /// The `card-demand` condition of the pod hooks: a `card.name`, or a request or limit of
 /// one of `cards` in any container or init container.
 pub fn card_demand_condition(cards: &crate::cards::CardResources) -> String {
@@ -222,6 +232,7 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
             {
                 let expr = match c["name"].as_str().unwrap_or_default() {
                     "card-demand" => card_demand_condition(&scope.cards),
+                    "card-drivers" => card_drivers_condition(scope.cards.dra()),
                     "gated-binders" => {
                         format!("request.userInfo.username in {}", cel_list(&scope.binders))
                     }
@@ -542,7 +553,7 @@ mod tests {
             .filter(|o| is_webhook_config(o))
             .flat_map(|o| o["webhooks"].as_array().unwrap())
             .collect();
-        assert_eq!(hooks.len(), 12);
+        assert_eq!(hooks.len(), 13);
         for h in &hooks {
             assert_eq!(h["clientConfig"]["caBundle"], json!(ca), "{h}");
             assert_eq!(h["clientConfig"]["service"]["name"], "card-quota");
@@ -575,6 +586,19 @@ mod tests {
         assert!(
             !text.contains("schedulerName"),
             "no hook filters by scheduler"
+        );
+        // ... and its `card-drivers` condition names the default card drivers.
+        let drivers: Vec<String> = documents(text)
+            .unwrap()
+            .iter()
+            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
+            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["name"] == "card-drivers")
+            .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(
+            drivers,
+            vec![card_drivers_condition(&DraSettings::default())]
         );
     }
 
@@ -671,7 +695,8 @@ mod tests {
         assert!(text.contains("serviceAccountName: cq"));
         assert!(text.contains("--card-resource=nvidia.com/gpu"));
         assert!(text.contains("--card-resource=cambricon.com/mlu*"));
-        // ... and the DRA drivers and classes.
+        // ... and the DRA drivers and classes, which the allocation hook selects.
+        assert!(text.contains("r.driver in ['gpu.nvidia.com', 'gpu.example.com']"));
         for arg in [
             "--dra-driver=gpu.nvidia.com\n",
             "--dra-driver=gpu.example.com=model\n",

@@ -144,7 +144,7 @@ pub fn decide(
 }
 
 /// The pod a binding's Event is about.
-fn regarding(key: &ObjectKey) -> ObjectRef {
+pub(super) fn regarding(key: &ObjectKey) -> ObjectRef {
     ObjectRef {
         api_version: "v1".into(),
         kind: "Pod".into(),

@@ -1,6 +1,7 @@
 //! One pure function per admission kind (docs/decisions.md): each reads the snapshot and a
 //! request, and returns allow / deny-with-reason / patch / warnings.
 
+pub mod allocation;
 pub mod batch;
 pub mod binding;
 pub mod candidates;
@@ -249,6 +250,8 @@ pub enum RequestKind {
     Job,
     /// A ResourceClaim (`resource.k8s.io`).
     Claim,
+    /// A ResourceClaim's status: the allocation a scheduler writes.
+    Allocation,
     Other,
 }
 
@@ -265,6 +268,9 @@ impl RequestKind {
             ("pods", "binding") | ("bindings", "") => Self::Binding,
             ("jobs", "") if req.resource.group == "batch.volcano.sh" => Self::Job,
             ("resourceclaims", "") if req.resource.group == "resource.k8s.io" => Self::Claim,
+            ("resourceclaims", "status") if req.resource.group == "resource.k8s.io" => {
+                Self::Allocation
+            }
             (r, "scale") => WorkloadKind::from_resource(r)
                 .map(Self::Scale)
                 .unwrap_or(Self::Other),
@@ -285,6 +291,7 @@ impl RequestKind {
             Self::Workload(_) => "workload",
             Self::Job => "job",
             Self::Claim => "resourceclaim",
+            Self::Allocation => "allocation",
             Self::Other => "other",
         }
     }
@@ -310,6 +317,7 @@ pub fn decide(
         RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),
         RequestKind::Job => job::decide(req, snap, now),
         RequestKind::Claim => claim::decide(req, snap, cfg),
+        RequestKind::Allocation => allocation::decide(req, snap, now),
         RequestKind::Other => Decision::allow(),
     }
 }

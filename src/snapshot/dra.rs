@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use crate::cards::dra::{
-    claim_spec, device_class, is_claim_resource, slice_devices, ClaimRecord, ClaimSource,
-    ClaimSpec, Device, DeviceClass, DraError, DraObjects, DraSettings,
+    claim_spec, device_class, is_claim_resource, slice_devices, ClaimCards, ClaimRecord,
+    ClaimSource, ClaimSpec, Device, DeviceClass, DraError, DraObjects, DraSettings,
 };
 use crate::cards::ObjectKey;
 use crate::cluster::PodRecord;
@@ -32,16 +32,40 @@ impl Snapshot {
         if p.claims.is_empty() {
             return;
         }
+        let read = self
+            .dra
+            .pod_cards(&p.key, &p.claims, |c| self.payer(&p.key, c));
+        Self::set_claimed(p, read);
+    }
+
+    /// `p` as it would read were `claim` held as given (a claim's status write not
+    /// applied yet), or `None` when `p` has no claims.
+    pub fn with_claim_as(&self, p: &PodRecord, claim: ClaimRecord) -> Option<PodRecord> {
+        if p.claims.is_empty() {
+            return None;
+        }
+        let mut p = p.clone();
+        let read = self
+            .dra
+            .pod_cards_if(&p.key, &p.claims, |c| self.payer(&p.key, c), claim);
+        Self::set_claimed(&mut p, read);
+        Some(p)
+    }
+
+    /// Who pays for `claim` when its reservations name no pod, as `pod` reads it: the
+    /// pod read is one of the claim's users, held yet or not.
+    fn payer(&self, pod: &ObjectKey, claim: &ObjectKey) -> Option<String> {
+        match self.first_user(claim) {
+            Some(other) if other < pod.name => Some(other),
+            _ => Some(pod.name.clone()),
+        }
+    }
+
+    fn set_claimed(p: &mut PodRecord, read: Result<Option<ClaimCards>, DraError>) {
         if let Ok(d) = &mut p.demand {
             d.retain(|r, _| !is_claim_resource(r));
         }
-        // The pod read is one of its claims' users, held yet or not.
-        let own = p.key.name.clone();
-        let first = |claim: &ObjectKey| match self.first_user(claim) {
-            Some(other) if other < own => Some(other),
-            _ => Some(own.clone()),
-        };
-        p.claimed = match self.dra.pod_cards(&p.key, &p.claims, first) {
+        p.claimed = match read {
             Ok(None) => None,
             Ok(Some(c)) => {
                 if let Ok(d) = &mut p.demand {

@@ -311,6 +311,29 @@ impl DraObjects {
         claims: &[PodClaim],
         first_user: impl Fn(&ObjectKey) -> Option<String>,
     ) -> Result<Option<ClaimCards>, DraError> {
+        self.pod_cards_over(pod, claims, first_user, None)
+    }
+
+    /// [`Self::pod_cards`] as if `claim` were held as it reads: what a claim's status
+    /// write would make of its pod.
+    pub fn pod_cards_if(
+        &self,
+        pod: &ObjectKey,
+        claims: &[PodClaim],
+        first_user: impl Fn(&ObjectKey) -> Option<String>,
+        claim: ClaimRecord,
+    ) -> Result<Option<ClaimCards>, DraError> {
+        let entry = self.entry(claim);
+        self.pod_cards_over(pod, claims, first_user, Some(&entry))
+    }
+
+    fn pod_cards_over(
+        &self,
+        pod: &ObjectKey,
+        claims: &[PodClaim],
+        first_user: impl Fn(&ObjectKey) -> Option<String>,
+        over: Option<&ClaimEntry>,
+    ) -> Result<Option<ClaimCards>, DraError> {
         let mut requests: Vec<(Alternatives, Cards, String)> = Vec::new();
         let mut allocated: BTreeMap<CardName, Cards> = BTreeMap::new();
         let mut all_allocated = true;
@@ -319,7 +342,10 @@ impl DraObjects {
             let claim = c
                 .claim_name()
                 .map(|n| ObjectKey::new(pod.namespace.clone(), n));
-            let held = claim.as_ref().and_then(|k| self.claims.get(k));
+            let held = claim.as_ref().and_then(|k| match over {
+                Some(e) if e.record.key == *k => Some(e),
+                _ => self.claims.get(k),
+            });
             let demand = match (held, &c.source) {
                 (Some(e), _) => {
                     if matches!(c.source, ClaimSource::Claim(_)) {

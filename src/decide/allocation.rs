@@ -1,0 +1,132 @@
+//! `resourceclaims/status` UPDATE: the allocation a scheduler writes on a claim before
+//! it binds the claim's pod, checked as that binding will be (docs/dra.md). The devices'
+//! models must be ones the pod was admitted for and fit its queue; refused, the
+//! scheduler gives the devices back and tries again, before any binding. Nothing is
+//! charged here: the binding charges.
+
+use serde_json::Value;
+
+use crate::cards::dra::ClaimRecord;
+use crate::cards::ObjectKey;
+use crate::snapshot::{Snapshot, UnknownGroup};
+
+use super::binding::regarding;
+use super::messages::{gate, INVALID_DEMAND, RETRY};
+use super::pod::allocate;
+use super::review::{AdmissionRequest, Operation};
+use super::{object_of, Decision};
+
+pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+    if req.operation != Operation::Update {
+        return Decision::allow();
+    }
+    let claim = match object_of(req) {
+        Ok(o) => o,
+        Err(d) => return d,
+    };
+    let allocation = claim.pointer("/status/allocation").filter(|a| !a.is_null());
+    let before = req
+        .old_object
+        .as_ref()
+        .and_then(|o| o.tree().pointer("/status/allocation"))
+        .filter(|a| !a.is_null());
+    // A deallocation gives back; a write that leaves the allocation as it was (a
+    // reservation added or dropped, a device's status) changes no card.
+    if allocation.is_none() || allocation == before {
+        return Decision::allow();
+    }
+    let record = match ClaimRecord::parse(claim) {
+        Ok(r) => r,
+        Err(e) => return Decision::deny(INVALID_DEMAND, e.to_string()),
+    };
+    // The pod that pays for it: the first it is reserved for. Reserved for none yet,
+    // it charges no one; each pod's binding checks it.
+    let Some(payer) = record.reserved_for.first() else {
+        return Decision::allow();
+    };
+    let key = ObjectKey::new(record.key.namespace.clone(), payer.clone());
+    let Some(pod) = snap.pod(&key) else {
+        if snap.is_known_cardless_pod(&key) {
+            return Decision::allow();
+        }
+        return Decision::deny(
+            RETRY,
+            format!("pod {key}, for which ResourceClaim {} is allocated, is not in card-quota's cache yet; try again", record.key),
+        );
+    };
+    if pod.node.is_some() {
+        return Decision::allow();
+    }
+    // The pod as it reads with this allocation; without card claims it is not charged.
+    let Some(rec) = snap.with_claim_as(pod, record) else {
+        return Decision::allow();
+    };
+    if rec.claimed.is_none() {
+        return Decision::allow();
+    }
+    // Node-local devices: the allocation names its node. Devices reachable from several
+    // nodes leave the node to the binding, which checks again.
+    let Some(node) = allocation.and_then(allocated_node) else {
+        return Decision::allow();
+    };
+    let queue = match snap.resolve_queue(&rec) {
+        Ok(q) => q,
+        Err(UnknownGroup(g)) => {
+            return Decision::deny(
+                RETRY,
+                format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace),
+            )
+        }
+    };
+    let regarding = regarding(&key);
+    if let Err(d) = gate(snap, &queue) {
+        return d.with_event(Some(regarding));
+    }
+    match allocate(snap, &queue, &rec, node, now) {
+        Ok(_) => Decision::allow(),
+        Err(d) => d.with_event(Some(regarding)),
+    }
+}
+
+/// The one node an allocation's `nodeSelector` names by `metadata.name`, as a scheduler
+/// writes it for node-local devices.
+fn allocated_node(allocation: &Value) -> Option<&str> {
+    let terms = allocation
+        .pointer("/nodeSelector/nodeSelectorTerms")?
+        .as_array()?;
+    let [term] = terms.as_slice() else {
+        return None;
+    };
+    let fields = term.get("matchFields")?.as_array()?;
+    let [field] = fields.as_slice() else {
+        return None;
+    };
+    let values = field.get("values")?.as_array()?;
+    match (
+        field.get("key")?.as_str()?,
+        field.get("operator")?.as_str()?,
+        values.as_slice(),
+    ) {
+        ("metadata.name", "In", [v]) => v.as_str(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_node_is_read_from_a_single_name_selector_only() {
+        let on = |terms: Value| json!({"nodeSelector": {"nodeSelectorTerms": terms}});
+        let by_name = json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]);
+        assert_eq!(allocated_node(&on(by_name)), Some("n1"));
+        let two = json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]}]);
+        assert_eq!(allocated_node(&on(two)), None);
+        let label =
+            json!([{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]);
+        assert_eq!(allocated_node(&on(label)), None);
+        assert_eq!(allocated_node(&json!({})), None);
+    }
+}
