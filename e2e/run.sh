@@ -1186,6 +1186,38 @@ pg down-wait '{"NVIDIA-H200":1}' | k apply -f - >/dev/null 2>&1
 out=$(enqueue down-wait)
 check "... and so does a PodGroup's enqueue (its creation went through: Ignore)" contains "$out" "failed calling webhook"
 
+# Pods with ResourceClaims: a condition cannot read a claim's DeviceClass, so they go to
+# the claim-pods hooks (Ignore); the allocation of a card driver's devices is the line.
+k -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-nic}
+spec: {spec: {devices: {requests: [{name: nic, exactly: {deviceClassName: nic.example.com}}]}}}
+EOF
+out=$(k -n "$NS" apply -f - 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: down-nic, labels: {card-quota-e2e: "$RUN"}}
+spec: {schedulerName: $HAND_SCHED, containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: nic}]}}], resourceClaims: [{name: nic, resourceClaimTemplateName: one-nic}]}
+EOF
+)
+check "... and a pod whose claims ask only for a NIC (the claim-pods hooks are Ignore)" contains "$out" "pod/down-nic created"
+out=$(k -n "$NS" apply -f - 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: down-gpu, labels: {card-quota-e2e: "$RUN"}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra}}
+spec: $(dra_pod_spec default-scheduler)
+EOF
+)
+check "... a pod whose GPU comes from a claim is created too" contains "$out" "pod/down-gpu created"
+allocation_waits() {
+  k -n "$NS" get events --field-selector involvedObject.name=down-gpu -o json \
+    | jq -e 'any(.items[]; .message | contains("resourceclaim-allocations.card-quota.volcano.sh"))' >/dev/null
+}
+check "... but kube-scheduler's allocation of its claim waits for card-quota (resourceclaim-allocations is Fail)" wait_for 20 allocation_waits
+check "... and the pod stays unbound" [ -z "$(k -n "$NS" get pod down-gpu -o jsonpath='{.spec.nodeName}')" ]
+log "down-gpu's events: $(k -n "$NS" get events --field-selector involvedObject.name=down-gpu -o jsonpath='{.items[*].message}' | cut -c1-400)"
+
 # ---- summary ----------------------------------------------------------------------------
 echo
 echo "card-quota e2e ($((PASSED + FAILED)) scenarios, $(( $(date +%s) - START )) s):"

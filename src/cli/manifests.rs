@@ -113,6 +113,15 @@ fn cel_list(items: &[String]) -> String {
     format!("[{}]", quoted.join(", "))
 }
 
+/// The `claims-only` condition of the claim-pods hooks: ResourceClaims and no other card
+/// demand (a condition cannot read a claim's DeviceClass, so a NIC's claim is sent too).
+pub fn claims_only_condition(cards: &crate::cards::CardResources) -> String {
+    format!(
+        "has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0 && !( {})",
+        card_demand_condition(cards)
+    )
+}
+
 /// The `card-drivers` condition of the allocation hook: a device of one of the card
 /// drivers among the allocation's results.
 pub fn card_drivers_condition(dra: &DraSettings) -> String {
@@ -138,9 +147,8 @@ pub fn card_demand_condition(cards: &crate::cards::CardResources) -> String {
             "{list}.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {r})) || (has(c.resources.requests) && c.resources.requests.exists(r, {r}))))"
         )
     };
-    // A condition cannot read a claim's DeviceClass: every pod with claims is sent.
     format!(
-        "(has(object.metadata.annotations) && 'volcano.sh/card.name' in object.metadata.annotations) || {} || (has(object.spec.initContainers) && {}) || (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0)",
+        "(has(object.metadata.annotations) && 'volcano.sh/card.name' in object.metadata.annotations) || {} || (has(object.spec.initContainers) && {})",
         asks("object.spec.containers"),
         asks("object.spec.initContainers")
     )
@@ -232,6 +240,7 @@ fn apply_scope(objects: &mut [Value], scope: &Scope) {
             {
                 let expr = match c["name"].as_str().unwrap_or_default() {
                     "card-demand" => card_demand_condition(&scope.cards),
+                    "claims-only" => claims_only_condition(&scope.cards),
                     "card-drivers" => card_drivers_condition(scope.cards.dra()),
                     "gated-binders" => {
                         format!("request.userInfo.username in {}", cel_list(&scope.binders))
@@ -553,7 +562,7 @@ mod tests {
             .filter(|o| is_webhook_config(o))
             .flat_map(|o| o["webhooks"].as_array().unwrap())
             .collect();
-        assert_eq!(hooks.len(), 13);
+        assert_eq!(hooks.len(), 15);
         for h in &hooks {
             assert_eq!(h["clientConfig"]["caBundle"], json!(ca), "{h}");
             assert_eq!(h["clientConfig"]["service"]["name"], "card-quota");
@@ -580,6 +589,20 @@ mod tests {
             .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
             .collect();
         assert_eq!(conditions.len(), 2, "both pod hooks");
+        for c in conditions {
+            assert_eq!(squash(&c), squash(&want));
+        }
+        // The claim-pods hooks take the pods with claims the pod hooks leave.
+        let want = claims_only_condition(&crate::cards::CardResources::default());
+        let conditions: Vec<String> = documents(text)
+            .unwrap()
+            .iter()
+            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
+            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["name"] == "claims-only")
+            .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(conditions.len(), 2, "both claim-pods hooks");
         for c in conditions {
             assert_eq!(squash(&c), squash(&want));
         }
