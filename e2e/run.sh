@@ -1137,6 +1137,25 @@ out=$(card_pod "$Q-to-org" "$Q-org" NVIDIA-A100 nvidia.com/gpu 1 | k create -f -
 check "a card pod submitted to the org itself is refused: charges go to leaf queues" \
   contains "$out" "queue $Q-org has child queues ($Q-team-a, $Q-team-b): submit card workloads to a leaf queue"
 
+# Claim pods in a tree: the parent's H200 caps its team's claims.
+tree_queue "$Q-dra-org" root '{"NVIDIA-H200":1}' '' | k apply -f - >/dev/null
+tree_queue "$Q-dra-team" "$Q-dra-org" '{"NVIDIA-H200":2}' '' | k apply -f - >/dev/null
+sleep 1
+for i in 1 2; do
+  out=$(k -n "$NS" apply -f - 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-tree-$i, labels: {card-quota-e2e: "$RUN"}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra-team}}
+spec: $(dra_pod_spec "$HAND_SCHED")
+EOF
+)
+  echo "$out" > "$WORK/dra-tree-$i.out"
+done
+check "a claim pod in a team whose org holds one H200 is created" grep -q "pod/dra-tree-1 created" "$WORK/dra-tree-1.out"
+check "... the second is refused by the org's quota, though the team's allows two" grep -q "$Q-dra-org" "$WORK/dra-tree-2.out"
+log "dra-tree-2: $(cut -c1-300 "$WORK/dra-tree-2.out")"
+k -n "$NS" delete pod dra-tree-1 dra-tree-2 --grace-period=0 --force >/dev/null 2>&1
+
 # ---- 8. card-quota down: what still goes through ------------------------------------------
 # Outside the selected namespaces nothing reaches card-quota; inside them the install's
 # matchConditions let everything without cards through, and the Fail hooks hold card
