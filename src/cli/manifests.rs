@@ -103,6 +103,9 @@ impl Default for Scope {
     }
 }
 
+/// The hooks of pods whose only cards may come from ResourceClaims.
+const CLAIM_PODS_HOOK: &str = "claim-pods.card-quota.volcano.sh";
+
 /// A CEL string literal.
 fn cel_string(s: &str) -> String {
     format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
@@ -332,6 +335,13 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
         objects.retain(is_webhook_config);
     }
     for o in objects.iter_mut().filter(|o| is_webhook_config(o)) {
+        if opts.without_match_conditions {
+            // Without conditions the pod hooks see every pod, claim pods included: the
+            // claim-pods hooks would decide each pod a second time.
+            if let Some(hooks) = o.get_mut("webhooks").and_then(Value::as_array_mut) {
+                hooks.retain(|h| h["name"] != CLAIM_PODS_HOOK);
+            }
+        }
         for hook in o
             .get_mut("webhooks")
             .and_then(Value::as_array_mut)
@@ -652,6 +662,10 @@ mod tests {
         assert!(urls.contains(&"https://127.0.0.1:9443/mutate"));
         assert!(urls.contains(&"https://127.0.0.1:9443/validate"));
         assert!(!text.contains("matchConditions"));
+        assert!(
+            !text.contains(CLAIM_PODS_HOOK),
+            "the pod hooks see claim pods without conditions"
+        );
         for o in &docs {
             assert_eq!(o["metadata"]["name"], "e2e");
             for h in o["webhooks"].as_array().unwrap() {
