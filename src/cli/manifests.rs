@@ -583,55 +583,46 @@ mod tests {
         assert!(secret["data"]["tls.key"].as_str().unwrap().len() > 100);
     }
 
-    /// The YAML's `card-demand` conditions (kustomize, the chart's files) are the ones
-    /// `manifests` renders for the default card resources.
+    /// The YAML's conditions named `name`, whitespace squashed.
+    fn yaml_conditions(name: &str) -> Vec<String> {
+        let text = include_str!("../../manifests/webhooks/webhooks.yaml");
+        documents(text)
+            .unwrap()
+            .iter()
+            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
+            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
+            .filter(|c| c["name"] == name)
+            .map(|c| squash(c["expression"].as_str().unwrap_or_default()))
+            .collect()
+    }
+
+    fn squash(s: &str) -> String {
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    /// The YAML's card conditions (kustomize, the chart's files) are the ones `manifests`
+    /// renders for the default card settings.
     #[test]
     fn the_pod_hooks_select_the_default_card_resources() {
-        let text = include_str!("../../manifests/webhooks/webhooks.yaml");
-        let want = card_demand_condition(&crate::cards::CardResources::default());
-        let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
-        let conditions: Vec<String> = documents(text)
-            .unwrap()
-            .iter()
-            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
-            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
-            .filter(|c| c["name"] == "card-demand")
-            .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
-            .collect();
-        assert_eq!(conditions.len(), 2, "both pod hooks");
-        for c in conditions {
-            assert_eq!(squash(&c), squash(&want));
-        }
+        let cards = crate::cards::CardResources::default();
+        let demand = squash(&card_demand_condition(&cards));
+        assert_eq!(
+            yaml_conditions("card-demand"),
+            vec![demand.clone(), demand],
+            "both pod hooks"
+        );
         // The claim-pods hooks take the pods with claims the pod hooks leave.
-        let want = claims_only_condition(&crate::cards::CardResources::default());
-        let conditions: Vec<String> = documents(text)
-            .unwrap()
-            .iter()
-            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
-            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
-            .filter(|c| c["name"] == "claims-only")
-            .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
-            .collect();
-        assert_eq!(conditions.len(), 2, "both claim-pods hooks");
-        for c in conditions {
-            assert_eq!(squash(&c), squash(&want));
-        }
+        let claims = squash(&claims_only_condition(&cards));
+        assert_eq!(yaml_conditions("claims-only"), vec![claims.clone(), claims]);
+        // The allocation hook names the default card drivers.
+        assert_eq!(
+            yaml_conditions("card-drivers"),
+            vec![squash(&card_drivers_condition(&DraSettings::default()))]
+        );
+        let text = include_str!("../../manifests/webhooks/webhooks.yaml");
         assert!(
             !text.contains("schedulerName"),
             "no hook filters by scheduler"
-        );
-        // ... and its `card-drivers` condition names the default card drivers.
-        let drivers: Vec<String> = documents(text)
-            .unwrap()
-            .iter()
-            .flat_map(|o| o["webhooks"].as_array().cloned().unwrap_or_default())
-            .flat_map(|h| h["matchConditions"].as_array().cloned().unwrap_or_default())
-            .filter(|c| c["name"] == "card-drivers")
-            .map(|c| c["expression"].as_str().unwrap_or_default().to_string())
-            .collect();
-        assert_eq!(
-            drivers,
-            vec![card_drivers_condition(&DraSettings::default())]
         );
     }
 
