@@ -11,7 +11,7 @@ use crate::cards::ObjectKey;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::binding::regarding;
-use super::messages::{gate, INVALID_DEMAND, RETRY};
+use super::messages::{gate, unknown_group, INVALID_DEMAND, RETRY};
 use super::pod::allocate;
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision};
@@ -71,12 +71,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     let queue = match snap.resolve_queue(&rec) {
         Ok(q) => q,
-        Err(UnknownGroup(g)) => {
-            return Decision::deny(
-                RETRY,
-                format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace),
-            )
-        }
+        Err(UnknownGroup(g)) => return unknown_group(&key, g),
     };
     let regarding = regarding(&key);
     if let Err(d) = gate(snap, &queue) {

@@ -7,7 +7,7 @@ use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::messages::{gate, BAD_REQUEST, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
+use super::messages::{gate, unknown_group, BAD_REQUEST, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::patch::set_annotation;
 use super::pod::{allocate, card_demand, infer, Source};
 use super::review::{AdmissionRequest, Operation};
@@ -71,7 +71,7 @@ pub fn decide(
     }
     let queue = match snap.resolve_queue(pod) {
         Ok(q) => q,
-        Err(UnknownGroup(g)) => return Decision::deny(RETRY, format!("pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again", key.namespace)),
+        Err(UnknownGroup(g)) => return unknown_group(&key, g),
     };
     // A stored pod whose card.name no longer parses is charged by its node's model.
     let mut rec = pod.clone();

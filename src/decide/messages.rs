@@ -141,6 +141,17 @@ pub fn quota_text(cap: Cards, key: &Alternatives, borrow: &crate::cards::Quota) 
 }
 
 /// Refuses charging requests to a queue that is Closed/Closing or whose quota is broken.
+/// A pod whose PodGroup the cache does not hold yet: asked again, it is decided.
+pub fn unknown_group(pod: &crate::cards::ObjectKey, group: impl std::fmt::Display) -> Decision {
+    Decision::deny(
+        RETRY,
+        format!(
+            "pod {pod} belongs to PodGroup {}/{group}, which card-quota has not seen yet; try again",
+            pod.namespace
+        ),
+    )
+}
+
 pub fn gate(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
     if !snap.is_flat() {
         gate_tree(snap, queue)?;

@@ -21,8 +21,8 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 use super::candidates::{allowed_by_constraints, none_usable, queue_models, resource_serves};
 use super::fit::{feasible, fit, fit_leaf, models_of, Change};
 use super::messages::{
-    gate, insufficient, short_list, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID, INVALID_DEMAND,
-    NOT_ACCEPTED, RETRY,
+    gate, insufficient, short_list, unknown_group, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID,
+    INVALID_DEMAND, NOT_ACCEPTED, RETRY,
 };
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
 use super::review::{AdmissionRequest, Object, Operation};
@@ -676,15 +676,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     // its cards.
     let queue = match snap.volcano_queue(&rec) {
         Ok(q) => q,
-        Err(UnknownGroup(g)) => {
-            return Decision::deny(
-                RETRY,
-                format!(
-                    "pod {key} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again",
-                    key.namespace
-                ),
-            )
-        }
+        Err(UnknownGroup(g)) => return unknown_group(&key, g),
     };
     if let Some(stamped) = annotation(pod, CARD_QUEUE) {
         if stamped != queue.as_str() {
@@ -815,15 +807,7 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
             }
             match after.or(before) {
                 Ok(q) => q,
-                Err(g) => {
-                    return Decision::deny(
-                        RETRY,
-                        format!(
-                            "pod {} belongs to PodGroup {}/{g}, which card-quota has not seen yet; try again",
-                            new.key, new.key.namespace
-                        ),
-                    )
-                }
+                Err(g) => return unknown_group(&new.key, g),
             }
         }
     };
