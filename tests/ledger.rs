@@ -431,6 +431,70 @@ async fn two_replicas_admit_exactly_ten_of_200_concurrent_binds_for_ten_free_car
     assert_eq!(ledger_len(&api), 10);
 }
 
+/// CI's failed binding burst (9 of 10 bound, 2026-11-29): a bind's charge was recorded
+/// but its answer never reached the scheduler (the ledger write landed after card-quota
+/// answered "try again"), and the scheduler's retry of that same bind was refused as
+/// "already bound" for as long as the entry waited to be seen. The retry is the same
+/// binding: admitted, charged once; a bind of it elsewhere waits; once the cache shows
+/// the pod bound, any further bind of it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retried_bind_whose_charge_is_recorded_is_the_same_bind_charged_once() {
+    let api = fake_api();
+    let text = format!(
+        "{}---\napiVersion: v1\nkind: Node\nmetadata: {{name: rtx-2, labels: {{nvidia.com/gpu.product: RTX-4090}}}}\nstatus: {{allocatable: {{nvidia.com/gpu: \"8\"}}}}\n",
+        objects(1, 2)
+    );
+    let a = state(&text, api.client(), Duration::from_secs(10));
+    let b = state(&text, api.client(), Duration::from_secs(10));
+    // The mutating hook stamps the model, the validating one records the charge.
+    let stamp = answer(&a, bind(0), true).await;
+    assert!(stamp["patch"].is_string(), "{stamp}");
+    let first = answer(&a, bind(0), false).await;
+    assert_eq!(first["allowed"], true, "{first}");
+    let writes = api.writes();
+    deliver_ledger(&api, &b);
+    for st in [&a, &b] {
+        // The answer was lost: the scheduler posts the same binding again, to either
+        // replica, before their pod watches show it.
+        let again = answer(st, bind(0), true).await;
+        assert_eq!(
+            again["patch"], stamp["patch"],
+            "the same card.charged stamp: {again}"
+        );
+        let again = answer(st, bind(0), false).await;
+        assert_eq!(again["allowed"], true, "{again}");
+        let elsewhere = answer(st, R::binding("ml", "p000", "rtx-2").build(), false).await;
+        assert_eq!(elsewhere["allowed"], false, "{elsewhere}");
+        assert_eq!(elsewhere["status"]["reason"], "TryAgain", "{elsewhere}");
+        assert_eq!(
+            elsewhere["status"]["message"],
+            "pod ml/p000 has a binding to node rtx-1 that card-quota admitted and does not see yet; a pod is bound once, so its binding to node rtx-2 waits until card-quota sees whether that one landed: try again"
+        );
+        // The first bind still holds the queue's one card.
+        let other = answer(st, bind(1), false).await;
+        assert_eq!(other["allowed"], false, "{other}");
+        assert!(
+            other["status"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("queue q has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1"),
+            "{other}"
+        );
+    }
+    assert_eq!(api.writes(), writes, "a retry records nothing");
+    assert_eq!(ledger_len(&api), 1);
+    // The cache shows the bind: from then on the pod is bound, and bound once.
+    let mut bound = pod_json("p000", "20");
+    bound["spec"]["nodeName"] = json!("rtx-1");
+    upsert(&mut b.snapshot.lock().unwrap(), &bound).unwrap();
+    let late = answer(&b, bind(0), false).await;
+    assert_eq!(
+        late["status"]["message"],
+        "pod ml/p000 is already bound to node rtx-1; a pod is bound once",
+        "{late}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_on_one_replica_is_recorded_in_a_few_group_commits() {
     let api = fake_api();

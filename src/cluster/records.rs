@@ -157,6 +157,10 @@ pub struct PodRecord {
     pub card_name: Option<Result<Alternatives, Box<AnnotationError>>>,
     pub charged: Option<CardName>,
     pub node: Option<String>,
+    /// True when `node` is a binding card-quota admitted (a ledger entry laid over the
+    /// cache) that the cache does not show yet: its answer may have been lost, and the
+    /// scheduler's retry of it is the same binding.
+    pub bind_unseen: bool,
     pub phase: Option<String>,
     pub deletion: Option<jiff::Timestamp>,
     /// Product label -> values the pod's required constraints allow.
@@ -543,6 +547,7 @@ fn record_from_parts<C: ContainerResources>(
             .and_then(|s| s.node_name)
             .filter(|n| !n.is_empty())
             .map(str::to_string),
+        bind_unseen: false,
         phase,
         deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
         pinned,

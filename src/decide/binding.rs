@@ -4,6 +4,7 @@ use serde_json::Value;
 
 use crate::cards::annotations::CHARGED;
 use crate::cards::ObjectKey;
+use crate::cluster::PodRecord;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
@@ -64,6 +65,9 @@ pub fn decide(
     // the first charge: the API server refuses it with 409 anyway, but only after the
     // webhooks ran. The cache, or a ledger entry laid over it, shows the first bind.
     if let Some(bound) = &pod.node {
+        if pod.bind_unseen {
+            return retried(obj, pod, bound, node);
+        }
         return Decision::deny(
             BAD_REQUEST,
             format!("pod {key} is already bound to node {bound}; a pod is bound once"),
@@ -141,6 +145,30 @@ pub fn decide(
         }
         Err(d) => d.with_event(Some(regarding)),
     }
+}
+
+/// A binding of a pod whose admitted binding the cache does not show yet. Its answer
+/// may never have reached the scheduler (the API server's call to the webhook timed
+/// out, or the ledger write landed after card-quota answered "try again"), so the
+/// scheduler posts it again: onto the same node it is that binding, already charged,
+/// and the API server binds the pod once. Onto another node it would move a charge
+/// the first binding may still use: it waits until the cache shows whether that one
+/// landed (or, unlanded, until its entry is dropped).
+fn retried(obj: &Value, pod: &PodRecord, bound: &str, node: &str) -> Decision {
+    if bound == node {
+        let mut d = Decision::allow();
+        if let Some(model) = &pod.charged {
+            d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
+        }
+        return d;
+    }
+    Decision::deny(
+        RETRY,
+        format!(
+            "pod {} has a binding to node {bound} that card-quota admitted and does not see yet; a pod is bound once, so its binding to node {node} waits until card-quota sees whether that one landed: try again",
+            pod.key
+        ),
+    )
 }
 
 /// The pod a binding's Event is about.

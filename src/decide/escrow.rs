@@ -426,6 +426,7 @@ mod tests {
             card_name: None,
             charged: None,
             node: None,
+            bind_unseen: false,
             phase: None,
             deletion: None,
             pinned: BTreeMap::new(),

@@ -625,6 +625,7 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         }),
         charged: e.charged.as_deref().and_then(|c| CardName::parse(c).ok()),
         node: e.node.clone(),
+        bind_unseen: e.node.is_some(),
         phase: None,
         deletion: None,
         pinned: e.pinned.clone(),
@@ -694,6 +695,7 @@ mod tests {
             card_name: Some(Ok(Alternatives::parse("A|B").unwrap())),
             charged: node.map(|_| CardName::parse("B").unwrap()),
             node: node.map(str::to_string),
+            bind_unseen: false,
             phase: None,
             deletion: None,
             pinned: BTreeMap::new(),
@@ -720,7 +722,14 @@ mod tests {
         let back = Ledger::parse(&q, &text).unwrap();
         assert_eq!(back, l);
         let e = back.get(&b).unwrap();
-        assert_eq!(pod_of(&b, &q, e, 7).unwrap(), pod("b", None, Some("n1")));
+        // Read back, its node is a binding the cache does not show.
+        assert_eq!(
+            pod_of(&b, &q, e, 7).unwrap(),
+            PodRecord {
+                bind_unseen: true,
+                ..pod("b", None, Some("n1"))
+            }
+        );
         let a = EntryId("uid-a".into());
         let rec = pod_of(&a, &q, back.get(&a).unwrap(), 7).unwrap();
         assert_eq!(rec, pod("a", Some("uid-a"), None));

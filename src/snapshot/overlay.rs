@@ -178,6 +178,7 @@ impl Overlay {
                     // charged incarnation replaces it.)
                     let mut bound = p.clone();
                     bound.node = rec.node.take();
+                    bound.bind_unseen = rec.bind_unseen;
                     bound.charged = rec.charged.take();
                     rec = bound;
                 }
