@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::cards::annotations::CHARGED;
-use crate::cards::ObjectKey;
+use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::PodRecord;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
@@ -64,10 +64,7 @@ pub fn decide(
     // A scheduler retrying a bind that succeeded (its client timed out) must not replace
     // the first charge: the API server refuses it with 409 anyway, but only after the
     // webhooks ran. The cache, or a ledger entry laid over it, shows the first bind.
-    if let Some(bound) = &pod.node {
-        if pod.bind_unseen {
-            return retried(obj, pod, bound, node);
-        }
+    if let Some(bound) = pod.node.as_ref().filter(|_| !pod.bind_unseen) {
         return Decision::deny(
             BAD_REQUEST,
             format!("pod {key} is already bound to node {bound}; a pod is bound once"),
@@ -77,6 +74,9 @@ pub fn decide(
         Ok(q) => q,
         Err(UnknownGroup(g)) => return unknown_group(&key, g),
     };
+    if let Some(bound) = &pod.node {
+        return retried(obj, pod, queue, bound, node);
+    }
     // A stored pod whose card.name no longer parses is charged by its node's model.
     let mut rec = pod.clone();
     if matches!(rec.card_name, Some(Err(_))) {
@@ -150,17 +150,18 @@ pub fn decide(
 /// A binding of a pod whose admitted binding the cache does not show yet. Its answer
 /// may never have reached the scheduler (the API server's call to the webhook timed
 /// out, or the ledger write landed after card-quota answered "try again"), so the
-/// scheduler posts it again: onto the same node it is that binding, already charged,
+/// scheduler posts it again: onto the same node it is that binding, already charged
+/// (recording it again only restarts its grace: the ledger keeps the first record),
 /// and the API server binds the pod once. Onto another node it would move a charge
 /// the first binding may still use: it waits until the cache shows whether that one
 /// landed (or, unlanded, until its entry is dropped).
-fn retried(obj: &Value, pod: &PodRecord, bound: &str, node: &str) -> Decision {
+fn retried(obj: &Value, pod: &PodRecord, queue: QueueName, bound: &str, node: &str) -> Decision {
     if bound == node {
         let mut d = Decision::allow();
         if let Some(model) = &pod.charged {
             d.patch.push(set_annotation(obj, CHARGED, model.as_str()));
         }
-        return d;
+        return d.charging(queue, Effect::Pod(Box::new(pod.clone())));
     }
     Decision::deny(
         RETRY,

@@ -202,6 +202,7 @@ fn carried_pod(replica: &str, model: &str, resource: &str, cards: Cards) -> (Ent
             phase: None,
             base: None,
             queue: None,
+            retried: 0,
         },
     )
 }

@@ -92,6 +92,7 @@ mod tests {
             phase: None,
             base: None,
             queue: None,
+            retried: 0,
         }
     }
 

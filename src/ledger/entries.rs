@@ -81,6 +81,11 @@ pub struct Entry {
     /// the ledger of its top card level, so charges that borrow are serialized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// How often the binding was admitted again (a scheduler's retry) before any cache
+    /// showed it. Each retry rewrites the entry, which starts every clock on it again:
+    /// the retry's bind gets its own grace, as the first one did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retried: u64,
 }
 
 mod key_text {
@@ -206,6 +211,7 @@ impl Effect {
                 phase: None,
                 base: None,
                 queue: None,
+                retried: 0,
             },
             Self::Group(g) => Entry {
                 of: self.key(),
@@ -223,6 +229,7 @@ impl Effect {
                 phase: g.phase.clone(),
                 base: g.version.resource_version,
                 queue: None,
+                retried: 0,
             },
         }
     }
@@ -421,6 +428,14 @@ impl Ledger {
         let id = effect.id();
         let mut e = effect.entry();
         e.queue = queue.map(ToString::to_string);
+        if let Some(old) = self.entries.get_mut(&id) {
+            if old.node.is_some() && old.node == e.node && old.of == e.of {
+                // The same binding admitted again: the first record stands, and its
+                // clocks start again.
+                old.retried += 1;
+                return id;
+            }
+        }
         self.entries.insert(id.clone(), e);
         id
     }
@@ -563,6 +578,7 @@ impl Hold {
                 phase: Some("Inqueue".to_string()),
                 base: None,
                 queue: None,
+                retried: 0,
             },
         )
     }
@@ -734,6 +750,36 @@ mod tests {
         let rec = pod_of(&a, &q, back.get(&a).unwrap(), 7).unwrap();
         assert_eq!(rec, pod("a", Some("uid-a"), None));
         assert!(group_of(&a, &q, back.get(&a).unwrap(), 7).is_none());
+    }
+
+    #[test]
+    fn a_binding_recorded_again_keeps_its_first_record_and_restarts_its_clock() {
+        let q = QueueName::new("q");
+        let mut l = Ledger::default();
+        let id = l.record(&Effect::Pod(Box::new(pod("a", Some("uid-a"), Some("n1")))));
+        let first = l.get(&id).unwrap().clone();
+        let mut clock = crate::ledger::clock::EntryClock::default();
+        assert_eq!(clock.first_seen(&q, &id, &first, 0), 0);
+        // The retry, as the cache shows the pod (its card.name not written yet).
+        let mut again = pod("a", Some("uid-a"), Some("n1"));
+        again.card_name = None;
+        assert_eq!(l.record(&Effect::Pod(Box::new(again))), id);
+        let kept = l.get(&id).unwrap().clone();
+        assert_eq!(kept.retried, 1);
+        assert_eq!(
+            Entry {
+                retried: 0,
+                ..kept.clone()
+            },
+            first
+        );
+        assert_eq!(clock.first_seen(&q, &id, &kept, 7), 7, "a rewrite");
+        let back = Ledger::parse(&q, &l.render()).unwrap();
+        assert_eq!(back.get(&id).unwrap().retried, 1);
+        // Onto another node it is another binding: recorded as it is.
+        l.record(&Effect::Pod(Box::new(pod("a", Some("uid-a"), Some("n2")))));
+        let moved = l.get(&id).unwrap();
+        assert_eq!((moved.node.as_deref(), moved.retried), (Some("n2"), 0));
     }
 
     #[test]
