@@ -74,6 +74,8 @@ hostport=${server#https://}
 python3 "$HERE/freeze_proxy.py" "$PROXY" "${hostport%:*}" "${hostport##*:}" > "$WORK/proxy.log" 2>&1 &
 PROXY_PID=$!
 PIDS+=($PROXY_PID)
+# Replica B's first request goes through the proxy: a start that beats it fails.
+wait_for 20 grep -q "listening on" "$WORK/proxy.log" || { echo "the freezing proxy never listened"; cat "$WORK/proxy.log"; exit 100; }
 jq --arg s "https://127.0.0.1:$PROXY" '.clusters[0].cluster.server = $s' "$WORK/card-quota.kubeconfig" > "$WORK/b.kubeconfig"
 serve() { # NAME PORT KUBECONFIG
   KUBECONFIG="$3" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$2" --metrics-listen "127.0.0.1:$(($2 + 1000))" \
