@@ -816,3 +816,75 @@ fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write
         "pod ml/a accepts NVIDIA-H200 but node rtx-1 has NVIDIA-GeForce-RTX-4090"
     );
 }
+
+/// Found by tests/dra_model.rs: a shared claim paid by a sharer still pending went into
+/// use unchecked when another sharer bound first. The pod whose binding puts the claim's
+/// cards to use pays for them, and its binding is checked for them.
+#[test]
+fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
+    let mut w = World::new();
+    let spec = json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}});
+    w.seen(
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec.clone()}),
+    );
+    let sharer = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "both"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}]}})
+    };
+    for name in ["s1", "s2"] {
+        let r = w.send(R::pod("CREATE", sharer(name)).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    // t takes an H200 and is bound: the queue's one H200 is allocated.
+    let r = w.send(R::pod("CREATE", claim_pod("t", "both", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let mut t = claim_pod("t", "both", "one-gpu");
+    t["metadata"]["annotations"]["volcano.sh/card.name"] = json!(card_name_written(&r));
+    t["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("both");
+    t["status"] = json!({"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "t-gpu-x1"}]});
+    w.seen(t);
+    w.seen(made_claim("t", Some(("h200-1", "gpu-0"))));
+    let r = w.send(R::binding("ml", "t", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    // A scheduler that reads no pin allocates the shared claim an H200 too, reserved
+    // for s1 then s2; s2 is bound first.
+    let shared = |reserved: &[&str]| {
+        let reserved: Vec<Value> = reserved
+            .iter()
+            .map(|n| json!({"resource": "pods", "name": n, "uid": format!("u-{n}")}))
+            .collect();
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec.clone(),
+            "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1"}]}},
+                "reservedFor": reserved}})
+    };
+    w.seen(shared(&["s1", "s2"]));
+    let r = w.send(R::binding("ml", "s2", "h200-1").build());
+    assert!(!r.allowed, "the claim's H200 would be the queue's second");
+    assert_eq!(
+        message(&r),
+        "queue both has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+    );
+    assert_eq!(w.usage("both", "NVIDIA-H200")["allocated"], 1);
+    // t gone, s2's binding fits: s2 pays now, s1 (pending) no longer does.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "t");
+    let r = w.send(R::binding("ml", "s2", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        w.usage("both", "NVIDIA-H200"),
+        json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0})
+    );
+    // s1 bound beside it adds nothing; s2 gone, s1 pays the same card.
+    let r = w.send(R::binding("ml", "s1", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("both", "NVIDIA-H200")["allocated"], 1);
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "s2");
+    w.seen(shared(&["s1"]));
+    assert_eq!(
+        w.usage("both", "NVIDIA-H200"),
+        json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0})
+    );
+}

@@ -10,7 +10,7 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::messages::{gate, unknown_group, BAD_REQUEST, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::patch::set_annotation;
-use super::pod::{allocate, card_demand, infer, Source};
+use super::pod::{allocate_with, card_demand, infer, Source};
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision, ObjectRef};
 
@@ -77,8 +77,10 @@ pub fn decide(
     if let Some(bound) = &pod.node {
         return retried(obj, pod, queue, bound, node);
     }
+    // A pod of shared claims pays for them when its binding is the first to put them
+    // to use; the sharer that paid while pending then no longer does.
+    let (mut rec, sharers) = snap.as_bound(pod, node);
     // A stored pod whose card.name no longer parses is charged by its node's model.
-    let mut rec = pod.clone();
     if matches!(rec.card_name, Some(Err(_))) {
         rec.card_name = None;
     }
@@ -132,7 +134,7 @@ pub fn decide(
     if let Err(d) = gate(snap, &queue) {
         return d.with_event(Some(regarding));
     }
-    match allocate(snap, &queue, &rec, node, now) {
+    match allocate_with(snap, &queue, &rec, &sharers, node, now) {
         Ok(charges) => {
             let mut d = Decision::allow();
             let mut bound = rec;

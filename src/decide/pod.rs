@@ -393,6 +393,19 @@ pub fn allocate(
     node: &str,
     now: jiff::Timestamp,
 ) -> Result<Vec<(CardName, Cards)>, Decision> {
+    allocate_with(snap, queue, rec, &[], node, now)
+}
+
+/// [`allocate`], with `sharers` (pods of `rec`'s shared claims, read as they pay once
+/// `rec` is bound) replacing their records in the check.
+pub fn allocate_with(
+    snap: &Snapshot,
+    queue: &QueueName,
+    rec: &PodRecord,
+    sharers: &[PodRecord],
+    node: &str,
+    now: jiff::Timestamp,
+) -> Result<Vec<(CardName, Cards)>, Decision> {
     let Some(n) = snap.node(node) else {
         return Err(Decision::deny(
             RETRY,
@@ -465,8 +478,13 @@ pub fn allocate(
         [(m, _)] if demand.len() == 1 => Some(m.clone()),
         _ => None,
     };
+    // Sharers of another queue pay less there: nothing this queue's check counts.
+    let others = sharers
+        .iter()
+        .filter(|p| snap.pod_queue(&p.key) == Some(queue))
+        .cloned();
     let change = Change {
-        add_pods: vec![bound],
+        add_pods: std::iter::once(bound).chain(others).collect(),
         ..Default::default()
     };
     let mut touched: BTreeSet<CardName> = rec

@@ -34,7 +34,7 @@ impl Snapshot {
         }
         let read = self
             .dra
-            .pod_cards(&p.key, &p.claims, |c| self.payer(&p.key, c));
+            .pod_cards(&p.key, &p.claims, |c| self.payer(&[p], c));
         Self::set_claimed(p, read);
     }
 
@@ -47,17 +47,69 @@ impl Snapshot {
         let mut p = p.clone();
         let read = self
             .dra
-            .pod_cards_if(&p.key, &p.claims, |c| self.payer(&p.key, c), claim);
+            .pod_cards_if(&p.key, &p.claims, |c| self.payer(&[&p], c), claim);
         Self::set_claimed(&mut p, read);
         Some(p)
     }
 
-    /// Who pays for `claim` when its reservations name no pod, as `pod` reads it: the
-    /// pod read is one of the claim's users, held yet or not.
-    fn payer(&self, pod: &ObjectKey, claim: &ObjectKey) -> Option<String> {
-        match self.first_user(claim) {
-            Some(other) if other < pod.name => Some(other),
-            _ => Some(pod.name.clone()),
+    /// `p` read as bound to `node` (its claims' cards as it would pay for them then),
+    /// and the other pods of its shared claims whose reading that changes: a shared
+    /// claim's cards move to the pod whose binding puts them to use first.
+    pub fn as_bound(&self, p: &PodRecord, node: &str) -> (PodRecord, Vec<PodRecord>) {
+        let mut bound = p.clone();
+        if p.claims.is_empty() {
+            return (bound, Vec::new());
+        }
+        bound.node = Some(node.to_string());
+        self.read_claims(&mut bound);
+        let shared = shared_claims(p);
+        let sharers = self
+            .claim_pods
+            .iter()
+            .filter_map(|k| self.pods.get(k))
+            .filter(|o| o.key != p.key && shared.iter().any(|c| uses(o, c)))
+            .filter_map(|o| {
+                let read = self
+                    .dra
+                    .pod_cards(&o.key, &o.claims, |c| self.payer(&[o, &bound], c));
+                let mut again = o.clone();
+                Self::set_claimed(&mut again, read);
+                (again.claimed != o.claimed || again.demand != o.demand).then_some(again)
+            })
+            .collect();
+        bound.node.clone_from(&p.node);
+        (bound, sharers)
+    }
+
+    /// Who pays for a shared `claim`, as `seen[0]` (one of its users, held yet or not,
+    /// as it is read now) sees it, with the pods of `seen` as given rather than as
+    /// held: the first pod it is reserved for that is bound and active, else the first
+    /// it is reserved for, else (reserved for none yet) the first of its users by name.
+    /// Bound first: the pod whose binding puts the claim's cards to use pays for them,
+    /// and is checked for them at that binding (paid by a pending sharer, they went
+    /// into use unchecked when another bound first).
+    fn payer(&self, seen: &[&PodRecord], claim: &ClaimRecord) -> Option<String> {
+        let pod = seen[0];
+        let now = jiff::Timestamp::now();
+        let running = |name: &String| {
+            let p = match seen.iter().find(|s| s.key.name == *name) {
+                Some(s) => Some(*s),
+                None => self
+                    .pods
+                    .get(&ObjectKey::new(pod.key.namespace.clone(), name.clone())),
+            };
+            // Only a pod that uses the claim: changes of others read no sharer again.
+            p.is_some_and(|p| p.node.is_some() && p.is_active(now) && uses(p, &claim.key))
+        };
+        if let Some(bound) = claim.reserved_for.iter().find(|n| running(n)) {
+            return Some(bound.clone());
+        }
+        if let Some(first) = claim.reserved_for.first() {
+            return Some(first.clone());
+        }
+        match self.first_user(&claim.key) {
+            Some(other) if other < pod.key.name => Some(other),
+            _ => Some(pod.key.name.clone()),
         }
     }
 
@@ -93,13 +145,7 @@ impl Snapshot {
     /// After a pod that uses shared claims came or went: the other pods that use them
     /// may pay for them now, or no longer.
     pub(super) fn reread_sharers(&mut self, pod: &PodRecord) {
-        let shared: Vec<ObjectKey> = pod
-            .claims
-            .iter()
-            .filter(|c| matches!(c.source, ClaimSource::Claim(_)))
-            .filter_map(|c| c.claim_name())
-            .map(|n| ObjectKey::new(pod.key.namespace.clone(), n))
-            .collect();
+        let shared = shared_claims(pod);
         if shared.is_empty() {
             return;
         }
@@ -313,6 +359,16 @@ impl Snapshot {
         }
         true
     }
+}
+
+/// The claims `p` names directly (made apart from it: they may be shared).
+fn shared_claims(p: &PodRecord) -> Vec<ObjectKey> {
+    p.claims
+        .iter()
+        .filter(|c| matches!(c.source, ClaimSource::Claim(_)))
+        .filter_map(|c| c.claim_name())
+        .map(|n| ObjectKey::new(p.key.namespace.clone(), n))
+        .collect()
 }
 
 fn uses(p: &PodRecord, claim: &ObjectKey) -> bool {

@@ -737,6 +737,9 @@ impl Snapshot {
         }
         let previous = self.tally.queue_of(&p.key).cloned();
         let new_here = !self.pods.contains_key(&p.key);
+        // Bound, unbound, finished or going: who pays for its shared claims may change.
+        let ran = |r: &PodRecord| (r.node.is_some(), r.phase.clone(), r.deletion);
+        let runs_otherwise = self.pods.get(&p.key).is_some_and(|old| ran(old) != ran(&p));
         // Every card pod counts, whatever its scheduler (docs/decisions.md).
         if !p.is_card_pod() {
             self.remove_pod(&p.key);
@@ -763,8 +766,9 @@ impl Snapshot {
         for g in self.tally.pod(&p.key, Some((&q, &p)), &self.nodes) {
             self.tally.group(&g, self.groups.get(&g));
         }
-        // A pod new to shared claims may now pay for one another pod paid for.
-        let sharer = (new_here && !p.claims.is_empty()).then(|| p.clone());
+        // A pod new to shared claims, or one that is bound (or stops) now, may now pay
+        // for one another pod paid for, or no longer.
+        let sharer = ((new_here || runs_otherwise) && !p.claims.is_empty()).then(|| p.clone());
         self.pods.insert(p.key.clone(), p);
         if let Some(p) = sharer {
             self.reread_sharers(&p);

@@ -301,17 +301,17 @@ impl DraObjects {
     }
 
     /// What `pod`'s claims add up to: `None` when none of them asks for a card. A claim
-    /// shared by several pods is paid by one: the first pod it is reserved for, else
-    /// (not reserved yet) the pod `first_user` names. A claim or template not held yet,
+    /// shared by several pods is paid by one: the pod `payer` names for it (the caller
+    /// knows which of its pods are bound). A claim or template not held yet,
     /// a claim that cannot be read, or card requests that share no model are errors: the
     /// caller refuses or fails closed.
     pub fn pod_cards(
         &self,
         pod: &ObjectKey,
         claims: &[PodClaim],
-        first_user: impl Fn(&ObjectKey) -> Option<String>,
+        payer: impl Fn(&ClaimRecord) -> Option<String>,
     ) -> Result<Option<ClaimCards>, DraError> {
-        self.pod_cards_over(pod, claims, first_user, None)
+        self.pod_cards_over(pod, claims, payer, None)
     }
 
     /// [`Self::pod_cards`] as if `claim` were held as it reads: what a claim's status
@@ -320,18 +320,18 @@ impl DraObjects {
         &self,
         pod: &ObjectKey,
         claims: &[PodClaim],
-        first_user: impl Fn(&ObjectKey) -> Option<String>,
+        payer: impl Fn(&ClaimRecord) -> Option<String>,
         claim: ClaimRecord,
     ) -> Result<Option<ClaimCards>, DraError> {
         let entry = self.entry(claim);
-        self.pod_cards_over(pod, claims, first_user, Some(&entry))
+        self.pod_cards_over(pod, claims, payer, Some(&entry))
     }
 
     fn pod_cards_over(
         &self,
         pod: &ObjectKey,
         claims: &[PodClaim],
-        first_user: impl Fn(&ObjectKey) -> Option<String>,
+        payer: impl Fn(&ClaimRecord) -> Option<String>,
         over: Option<&ClaimEntry>,
     ) -> Result<Option<ClaimCards>, DraError> {
         let mut requests: Vec<(Alternatives, Cards, String)> = Vec::new();
@@ -348,14 +348,10 @@ impl DraObjects {
             });
             let demand = match (held, &c.source) {
                 (Some(e), _) => {
-                    if matches!(c.source, ClaimSource::Claim(_)) {
-                        let payer = match e.record.reserved_for.first() {
-                            Some(p) => Some(p.clone()),
-                            None => first_user(&e.record.key),
-                        };
-                        if payer.is_some_and(|p| p != pod.name) {
-                            continue;
-                        }
+                    if matches!(c.source, ClaimSource::Claim(_))
+                        && payer(&e.record).is_some_and(|p| p != pod.name)
+                    {
+                        continue;
                     }
                     match &e.allocated {
                         Some(Ok(models)) => {
@@ -461,8 +457,9 @@ mod tests {
         o
     }
 
-    fn none(_: &ObjectKey) -> Option<String> {
-        None
+    /// The first pod a claim is reserved for pays (none of them is bound).
+    fn none(c: &ClaimRecord) -> Option<String> {
+        c.reserved_for.first().cloned()
     }
 
     fn spec(requests: serde_json::Value) -> Result<ClaimSpec, DraError> {
