@@ -10,7 +10,10 @@
 //! watch would): pod CREATEs of either kind, the claim the resourceclaim controller
 //! makes for a claim pod (through card-quota's claim hook), an allocation written by a
 //! scheduler that ignores every pin (any free devices, of any model), checked by the
-//! allocation hook or not (it fails open), bindings onto any node, and deletions.
+//! allocation hook or not (it fails open), bindings onto any node, and deletions. Pods
+//! of queue q1 may also share one claim made apart from any pod: the scheduler
+//! allocates it for the first and reserves it for the others, the claim controller
+//! deallocates it when no pod is left; its cards count once, while any of them is bound.
 //!
 //! Cases: `CARD_QUOTA_DRA_MODEL_CASES` (256 by default).
 
@@ -55,13 +58,20 @@ const PODS: usize = 6;
 /// What the runs exercised: bindings of claim pods and of device-plugin pods, and
 /// allocation writes, let through and refused (each must happen, or the test proves
 /// nothing).
-static SEEN: [AtomicUsize; 6] = [const { AtomicUsize::new(0) }; 6];
+static SEEN: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
 const CLAIM_BOUND: usize = 0;
 const CLAIM_REFUSED: usize = 1;
 const PLUGIN_BOUND: usize = 2;
 const PLUGIN_REFUSED: usize = 3;
 const WRITE_ALLOWED: usize = 4;
 const WRITE_REFUSED: usize = 5;
+/// A pod of the shared claim bound while none of them was, or refused.
+const SHARED_BOUND: usize = 6;
+const SHARED_REFUSED: usize = 7;
+/// A pod of the shared claim bound while another of them was bound already.
+const SHARER_BOUND: usize = 8;
+/// The claim pods of [`Op::CreateShared`] use, made apart from any pod; its pods are q1's.
+const SHARED: &str = "shared";
 
 fn quota(queue: &str, model: &str) -> u32 {
     match (queue, model) {
@@ -114,6 +124,9 @@ fn cluster() -> String {
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}),
         );
     }
+    items.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": SHARED, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}));
     serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items})).unwrap()
 }
 
@@ -131,6 +144,10 @@ enum Op {
         pod: usize,
         queue: usize,
         template: usize,
+    },
+    /// A pod of q1 whose GPU comes from the shared claim.
+    CreateShared {
+        pod: usize,
     },
     /// The scheduler allocates the pod's claim free devices of one node, starting at the
     /// `pick`-th free device, whatever the claim's selectors and pin say; the write
@@ -168,6 +185,7 @@ fn op() -> impl Strategy<Value = Op> {
                 template,
             }
         }),
+        2 => (0..PODS).prop_map(|pod| Op::CreateShared { pod }),
         4 => (0..PODS, 0..DEVICES.len(), any::<bool>())
             .prop_map(|(pod, pick, checked)| Op::Allocate { pod, pick, checked }),
         4 => (0..PODS, 0..DP_NODES.len()).prop_map(|(pod, node)| Op::Bind { pod, node }),
@@ -181,7 +199,8 @@ struct Truth {
     queue: &'static str,
     /// Device-plugin cards, or the claim pod's template.
     kind: Kind,
-    /// The claim's allocated devices (indices into DEVICES).
+    /// The claim's allocated devices (indices into DEVICES; for a sharer, see
+    /// [`Cluster::shared`]).
     allocated: Vec<usize>,
     node: Option<String>,
 }
@@ -190,6 +209,7 @@ struct Truth {
 enum Kind {
     Plugin(u32),
     Claim(usize),
+    Shared,
 }
 
 struct Cluster {
@@ -198,6 +218,10 @@ struct Cluster {
     pods: BTreeMap<String, Value>,
     claims: BTreeMap<String, Value>,
     truth: BTreeMap<String, Truth>,
+    /// The shared claim as stored, its allocated devices and the pods it is reserved for.
+    shared: Value,
+    shared_devices: Vec<usize>,
+    reserved: Vec<String>,
     now: jiff::Timestamp,
 }
 
@@ -205,6 +229,23 @@ fn decode_patch(resp: &Value) -> Option<json_patch::Patch> {
     let p = resp.get("patch")?.as_str()?;
     let bytes = base64::engine::general_purpose::STANDARD.decode(p).ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+/// A claim's status: allocated `devices` (indices into DEVICES, all on one node),
+/// reserved for `pods`.
+fn allocation(devices: &[usize], pods: &[String]) -> Value {
+    let node = DEVICES[devices[0]].0;
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|&i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": DEVICES[i].0, "device": DEVICES[i].1}))
+        .collect();
+    let reserved: Vec<Value> = pods
+        .iter()
+        .map(|p| json!({"resource": "pods", "name": p, "uid": format!("u-{p}")}))
+        .collect();
+    json!({"allocation": {"devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+        "reservedFor": reserved})
 }
 
 fn claim_name(pod: &str) -> String {
@@ -221,6 +262,11 @@ impl Cluster {
             pods: BTreeMap::new(),
             claims: BTreeMap::new(),
             truth: BTreeMap::new(),
+            shared: json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": SHARED, "namespace": NS},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}),
+            shared_devices: Vec::new(),
+            reserved: Vec::new(),
             now: jiff::Timestamp::now(),
         }
     }
@@ -329,11 +375,37 @@ impl Cluster {
                     {"name": "gpu", "resourceClaimName": claim_name(&pname)}]});
                 self.store_pod(&pname, stored);
             }
+            Op::CreateShared { pod } => {
+                let pname = format!("p{pod}");
+                if self.pods.contains_key(&pname) {
+                    return;
+                }
+                let p = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pname, "namespace": NS,
+                        "annotations": {"scheduling.volcano.sh/queue-name": "q1"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                        "resourceClaims": [{"name": "gpu", "resourceClaimName": SHARED}]}});
+                if let Some(stored) = self.admit(R::pod("CREATE", p).build()) {
+                    self.store_pod(&pname, stored);
+                    self.truth.insert(
+                        pname,
+                        Truth {
+                            queue: "q1",
+                            kind: Kind::Shared,
+                            allocated: vec![],
+                            node: None,
+                        },
+                    );
+                }
+            }
             Op::Allocate { pod, pick, checked } => {
                 let pname = format!("p{pod}");
                 let Some(t) = self.truth.get(&pname).cloned() else {
                     return;
                 };
+                if matches!(t.kind, Kind::Shared) {
+                    return self.allocate_shared(&pname, pick, checked);
+                }
                 let Kind::Claim(template) = t.kind else {
                     return;
                 };
@@ -341,57 +413,15 @@ impl Cluster {
                     return;
                 }
                 let count = TEMPLATES[template].1 as usize;
-                let taken: Vec<usize> = self
-                    .truth
-                    .values()
-                    .flat_map(|t| t.allocated.clone())
-                    .collect();
-                let free: Vec<usize> = (0..DEVICES.len()).filter(|i| !taken.contains(i)).collect();
-                let Some(&first) = free.get(pick % free.len().max(1)) else {
+                let Some(unique) = self.free_devices(pick, count) else {
                     return;
                 };
-                let node = DEVICES[first].0;
-                let chosen: Vec<usize> = free
-                    .iter()
-                    .copied()
-                    .filter(|&i| DEVICES[i].0 == node)
-                    .cycle()
-                    .skip_while(|&i| i != first)
-                    .take(count)
-                    .collect();
-                let mut unique = chosen.clone();
-                unique.sort_unstable();
-                unique.dedup();
-                if unique.len() < count {
-                    return;
-                }
                 let Some(mut claim) = self.claims.get(&pname).cloned() else {
                     return;
                 };
-                let results: Vec<Value> = unique
-                    .iter()
-                    .map(|&i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": DEVICES[i].0, "device": DEVICES[i].1}))
-                    .collect();
-                claim["status"] = json!({"allocation": {"devices": {"results": results},
-                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-                    "reservedFor": [{"resource": "pods", "name": pname, "uid": format!("u-{pname}")}]});
-                if checked {
-                    let old = self.claims[&pname].clone();
-                    let doc = R::claim("UPDATE", claim.clone())
-                        .subresource("status")
-                        .old(old)
-                        .build();
-                    let r = review(&doc, &mut self.snap, &self.cfg, self.now, false);
-                    SEEN[if r.out.response.allowed {
-                        WRITE_ALLOWED
-                    } else {
-                        WRITE_REFUSED
-                    }]
-                    .fetch_add(1, Ordering::Relaxed);
-                    if !r.out.response.allowed {
-                        // The scheduler gives the devices back and tries again later.
-                        return;
-                    }
+                claim["status"] = allocation(&unique, std::slice::from_ref(&pname));
+                if checked && !self.allocation_written(&self.claims[&pname].clone(), &claim) {
+                    return;
                 }
                 upsert(&mut self.snap, &claim).unwrap();
                 self.claims.insert(pname.clone(), claim);
@@ -407,8 +437,17 @@ impl Cluster {
                 if t.node.is_some() {
                     return;
                 }
+                let sharers_bound = self
+                    .truth
+                    .values()
+                    .any(|o| matches!(o.kind, Kind::Shared) && o.node.is_some());
                 let target = match t.kind {
                     Kind::Plugin(_) => DP_NODES[node].0,
+                    // Only once the claim is allocated and reserved for it.
+                    Kind::Shared => match self.shared_devices.first() {
+                        Some(&i) if self.reserved.contains(&pname) => DEVICES[i].0,
+                        _ => return,
+                    },
                     // Before its allocation, the scheduler does not bind a claim pod.
                     Kind::Claim(_) => match t.allocated.first() {
                         Some(&i) => DEVICES[i].0,
@@ -423,6 +462,9 @@ impl Cluster {
                     true,
                 );
                 let seen = match (t.kind, r.out.response.allowed) {
+                    (Kind::Shared, true) if sharers_bound => SHARER_BOUND,
+                    (Kind::Shared, true) => SHARED_BOUND,
+                    (Kind::Shared, false) => SHARED_REFUSED,
                     (Kind::Claim(_), true) => CLAIM_BOUND,
                     (Kind::Claim(_), false) => CLAIM_REFUSED,
                     (Kind::Plugin(_), true) => PLUGIN_BOUND,
@@ -449,8 +491,90 @@ impl Cluster {
                     remove(&mut self.snap, "ResourceClaim", NS, &claim_name(&pname));
                 }
                 self.truth.remove(&pname);
+                if self.reserved.contains(&pname) {
+                    // The claim controller drops the pod from the shared claim's
+                    // reservations, and deallocates the claim once none is left.
+                    self.reserved.retain(|n| *n != pname);
+                    if self.reserved.is_empty() {
+                        self.shared_devices.clear();
+                        self.shared["status"] = json!({});
+                    } else {
+                        self.shared["status"] = allocation(&self.shared_devices, &self.reserved);
+                    }
+                    upsert(&mut self.snap, &self.shared).unwrap();
+                }
             }
         }
+    }
+
+    /// `count` free devices of one node, from the `pick`-th free device on.
+    fn free_devices(&self, pick: usize, count: usize) -> Option<Vec<usize>> {
+        let taken: Vec<usize> = self
+            .truth
+            .values()
+            .flat_map(|t| t.allocated.clone())
+            .chain(self.shared_devices.iter().copied())
+            .collect();
+        let free: Vec<usize> = (0..DEVICES.len()).filter(|i| !taken.contains(i)).collect();
+        let &first = free.get(pick % free.len().max(1))?;
+        let node = DEVICES[first].0;
+        let mut unique: Vec<usize> = free
+            .iter()
+            .copied()
+            .filter(|&i| DEVICES[i].0 == node)
+            .cycle()
+            .skip_while(|&i| i != first)
+            .take(count)
+            .collect();
+        unique.sort_unstable();
+        unique.dedup();
+        (unique.len() == count).then_some(unique)
+    }
+
+    /// The scheduler's allocation write through card-quota's allocation hook: true
+    /// when it is let through.
+    fn allocation_written(&mut self, old: &Value, claim: &Value) -> bool {
+        let doc = R::claim("UPDATE", claim.clone())
+            .subresource("status")
+            .old(old.clone())
+            .build();
+        let r = review(&doc, &mut self.snap, &self.cfg, self.now, false);
+        let allowed = r.out.response.allowed;
+        SEEN[if allowed {
+            WRITE_ALLOWED
+        } else {
+            WRITE_REFUSED
+        }]
+        .fetch_add(1, Ordering::Relaxed);
+        // Refused, the scheduler gives the devices back and tries again later.
+        allowed
+    }
+
+    /// The scheduler readies the shared claim for `pname`: allocates it when it is not
+    /// (a write the allocation hook sees), else adds the pod to its reservations (the
+    /// allocation unchanged: the hook's condition lets such writes by).
+    fn allocate_shared(&mut self, pname: &str, pick: usize, checked: bool) {
+        if self.reserved.iter().any(|n| n == pname) {
+            return;
+        }
+        let mut claim = self.shared.clone();
+        let mut reserved = self.reserved.clone();
+        reserved.push(pname.to_string());
+        if self.shared_devices.is_empty() {
+            let Some(devices) = self.free_devices(pick, 1) else {
+                return;
+            };
+            claim["status"] = allocation(&devices, &reserved);
+            if checked && !self.allocation_written(&self.shared.clone(), &claim) {
+                return;
+            }
+            self.shared_devices = devices;
+        } else {
+            claim["status"] = allocation(&self.shared_devices, &reserved);
+        }
+        upsert(&mut self.snap, &claim).unwrap();
+        self.shared = claim;
+        self.reserved = reserved;
     }
 
     /// The oracle: cards bound per (queue, model), recounted from its own tables.
@@ -472,6 +596,17 @@ impl Cluster {
                         *out.entry((t.queue, DEVICES[i].2)).or_default() += 1;
                     }
                 }
+                Kind::Shared => {}
+            }
+        }
+        // The shared claim's cards, once, while any of its pods is bound.
+        if self
+            .truth
+            .values()
+            .any(|t| matches!(t.kind, Kind::Shared) && t.node.is_some())
+        {
+            for &i in &self.shared_devices {
+                *out.entry(("q1", DEVICES[i].2)).or_default() += 1;
             }
         }
         out
@@ -516,8 +651,8 @@ fn no_sequence_binds_past_quota_on_device_plugin_and_dra_nodes_together() {
     }
     let seen: Vec<usize> = SEEN.iter().map(|s| s.load(Ordering::Relaxed)).collect();
     println!(
-        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused",
-        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5]
+        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused; shared claim: pods {} bound, {} refused, {} bound beside one bound already",
+        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5], seen[6], seen[7], seen[8]
     );
     assert!(
         seen.iter().all(|&n| n > 0),
