@@ -14,6 +14,8 @@
 //! of queue q1 may also share one claim made apart from any pod: the scheduler
 //! allocates it for the first and reserves it for the others, the claim controller
 //! deallocates it when no pod is left; its cards count once, while any of them is bound.
+//! One template asks with `firstAvailable` (two H200, else one GPU of any model): the
+//! scheduler takes either way.
 //!
 //! Cases: `CARD_QUOTA_DRA_MODEL_CASES` (256 by default).
 
@@ -44,8 +46,15 @@ const DEVICES: &[(&str, &str, &str)] = &[
     ("dra-rtx", "gpu-0", RTX),
     ("dra-rtx", "gpu-1", RTX),
 ];
-/// Templates: (name, cards asked).
-const TEMPLATES: &[(&str, u32)] = &[("one", 1), ("two", 2), ("h200-only", 1)];
+/// Templates: (name, cards asked at most). `first-available`: two H200 (`big`), else
+/// one GPU of any model (`small`).
+const TEMPLATES: &[(&str, u32)] = &[
+    ("one", 1),
+    ("two", 2),
+    ("h200-only", 1),
+    ("first-available", 2),
+];
+const H200_ONLY: &str = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'";
 /// Values a device-plugin pod may give `volcano.sh/card.name`.
 const NAMES: &[Option<&str>] = &[
     None,
@@ -58,7 +67,7 @@ const PODS: usize = 6;
 /// What the runs exercised: bindings of claim pods and of device-plugin pods, and
 /// allocation writes, let through and refused (each must happen, or the test proves
 /// nothing).
-static SEEN: [AtomicUsize; 9] = [const { AtomicUsize::new(0) }; 9];
+static SEEN: [AtomicUsize; 11] = [const { AtomicUsize::new(0) }; 11];
 const CLAIM_BOUND: usize = 0;
 const CLAIM_REFUSED: usize = 1;
 const PLUGIN_BOUND: usize = 2;
@@ -70,6 +79,9 @@ const SHARED_BOUND: usize = 6;
 const SHARED_REFUSED: usize = 7;
 /// A pod of the shared claim bound while another of them was bound already.
 const SHARER_BOUND: usize = 8;
+/// A firstAvailable claim allocated its first way (two H200), or its second.
+const FIRST_WAY: usize = 9;
+const SECOND_WAY: usize = 10;
 /// The claim pods of [`Op::CreateShared`] use, made apart from any pod; its pods are q1's.
 const SHARED: &str = "shared";
 
@@ -113,15 +125,11 @@ fn cluster() -> String {
             "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}));
     }
-    for (name, count) in TEMPLATES {
-        let mut exactly = json!({"deviceClassName": "gpu.nvidia.com", "count": count});
-        if *name == "h200-only" {
-            exactly["selectors"] = json!([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]);
-        }
+    for (name, _) in TEMPLATES {
         items.push(
             json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": NS},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}),
+            "spec": {"spec": {"devices": {"requests": [request(name)]}}}}),
         );
     }
     items.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -231,13 +239,30 @@ fn decode_patch(resp: &Value) -> Option<json_patch::Patch> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// A claim's status: allocated `devices` (indices into DEVICES, all on one node),
-/// reserved for `pods`.
-fn allocation(devices: &[usize], pods: &[String]) -> Value {
+/// The one request of template `name`, named `gpu`.
+fn request(name: &str) -> Value {
+    let count = TEMPLATES.iter().find(|(t, _)| *t == name).map(|(_, c)| *c);
+    match name {
+        "first-available" => json!({"name": "gpu", "firstAvailable": [
+            {"name": "big", "deviceClassName": "gpu.nvidia.com", "count": 2, "selectors": [{"cel": {"expression": H200_ONLY}}]},
+            {"name": "small", "deviceClassName": "gpu.nvidia.com", "count": 1}]}),
+        "h200-only" => {
+            json!({"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count,
+            "selectors": [{"cel": {"expression": H200_ONLY}}]}})
+        }
+        _ => {
+            json!({"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}})
+        }
+    }
+}
+
+/// A claim's status: allocated `devices` (indices into DEVICES, all on one node) for
+/// `request` (`gpu`, or `gpu/<sub-request>` of a firstAvailable), reserved for `pods`.
+fn allocation(devices: &[usize], pods: &[String], request: &str) -> Value {
     let node = DEVICES[devices[0]].0;
     let results: Vec<Value> = devices
         .iter()
-        .map(|&i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": DEVICES[i].0, "device": DEVICES[i].1}))
+        .map(|&i| json!({"request": request, "driver": "gpu.nvidia.com", "pool": DEVICES[i].0, "device": DEVICES[i].1}))
         .collect();
     let reserved: Vec<Value> = pods
         .iter()
@@ -356,16 +381,11 @@ impl Cluster {
                 );
                 // The resourceclaim controller makes its claim (card-quota's hook pins
                 // it), then records it on the pod's status.
-                let (tname, count) = TEMPLATES[template];
-                let mut exactly = json!({"deviceClassName": "gpu.nvidia.com", "count": count});
-                if tname == "h200-only" {
-                    exactly["selectors"] = json!([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]);
-                }
                 let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                     "metadata": {"name": claim_name(&pname), "namespace": NS,
                         "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pname, "uid": format!("u-{pname}"), "controller": true}]},
-                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}});
+                    "spec": {"devices": {"requests": [request(TEMPLATES[template].0)]}}});
                 let claim = self
                     .admit(R::claim("CREATE", claim).build())
                     .expect("card-quota never refuses a claim");
@@ -412,19 +432,29 @@ impl Cluster {
                 if !t.allocated.is_empty() {
                     return;
                 }
-                let count = TEMPLATES[template].1 as usize;
+                // Of firstAvailable's two ways, either (the scheduler's choice).
+                let (count, request) = match TEMPLATES[template] {
+                    ("first-available", _) if pick % 2 == 0 => (2, "gpu/big"),
+                    ("first-available", _) => (1, "gpu/small"),
+                    (_, count) => (count as usize, "gpu"),
+                };
                 let Some(unique) = self.free_devices(pick, count) else {
                     return;
                 };
                 let Some(mut claim) = self.claims.get(&pname).cloned() else {
                     return;
                 };
-                claim["status"] = allocation(&unique, std::slice::from_ref(&pname));
+                claim["status"] = allocation(&unique, std::slice::from_ref(&pname), request);
                 if checked && !self.allocation_written(&self.claims[&pname].clone(), &claim) {
                     return;
                 }
                 upsert(&mut self.snap, &claim).unwrap();
                 self.claims.insert(pname.clone(), claim);
+                match request {
+                    "gpu/big" => SEEN[FIRST_WAY].fetch_add(1, Ordering::Relaxed),
+                    "gpu/small" => SEEN[SECOND_WAY].fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
                 if let Some(t) = self.truth.get_mut(&pname) {
                     t.allocated = unique;
                 }
@@ -499,7 +529,8 @@ impl Cluster {
                         self.shared_devices.clear();
                         self.shared["status"] = json!({});
                     } else {
-                        self.shared["status"] = allocation(&self.shared_devices, &self.reserved);
+                        self.shared["status"] =
+                            allocation(&self.shared_devices, &self.reserved, "gpu");
                     }
                     upsert(&mut self.snap, &self.shared).unwrap();
                 }
@@ -564,13 +595,13 @@ impl Cluster {
             let Some(devices) = self.free_devices(pick, 1) else {
                 return;
             };
-            claim["status"] = allocation(&devices, &reserved);
+            claim["status"] = allocation(&devices, &reserved, "gpu");
             if checked && !self.allocation_written(&self.shared.clone(), &claim) {
                 return;
             }
             self.shared_devices = devices;
         } else {
-            claim["status"] = allocation(&self.shared_devices, &reserved);
+            claim["status"] = allocation(&self.shared_devices, &reserved, "gpu");
         }
         upsert(&mut self.snap, &claim).unwrap();
         self.shared = claim;
@@ -651,8 +682,8 @@ fn no_sequence_binds_past_quota_on_device_plugin_and_dra_nodes_together() {
     }
     let seen: Vec<usize> = SEEN.iter().map(|s| s.load(Ordering::Relaxed)).collect();
     println!(
-        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused; shared claim: pods {} bound, {} refused, {} bound beside one bound already",
-        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5], seen[6], seen[7], seen[8]
+        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused; shared claim: pods {} bound, {} refused, {} bound beside one bound already; firstAvailable claims allocated {} its first way, {} its second",
+        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5], seen[6], seen[7], seen[8], seen[9], seen[10]
     );
     assert!(
         seen.iter().all(|&n| n > 0),
