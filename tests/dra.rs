@@ -107,6 +107,32 @@ fn claim_pod(name: &str, queue: &str, template: &str) -> Value {
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]}})
 }
 
+/// A pod of `queue` whose GPU comes from the claim `shared`.
+fn sharer(name: &str, queue: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": queue}},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}]}})
+}
+
+/// The claim `shared` (one GPU, made apart from any pod), allocated device `device` of
+/// h200-1 and reserved for `pods` in their order when given.
+fn shared_claim(allocated: Option<(&str, &[&str])>) -> Value {
+    let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "ml"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}});
+    if let Some((device, pods)) = allocated {
+        let reserved: Vec<Value> = pods
+            .iter()
+            .map(|n| json!({"resource": "pods", "name": n, "uid": format!("u-{n}")}))
+            .collect();
+        c["status"] = json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": device}]}},
+            "reservedFor": reserved});
+    }
+    c
+}
+
 /// The claim the resourceclaim controller makes for `pod` from `one-gpu`, allocated to
 /// `device` on `pool` when given.
 fn made_claim(pod: &str, allocated: Option<(&str, &str)>) -> Value {
@@ -328,27 +354,14 @@ fn the_claim_made_for_an_admitted_pod_is_pinned_to_its_models() {
 #[test]
 fn a_claim_shared_by_two_pods_is_counted_once() {
     let mut w = World::new();
-    let spec = json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}});
-    w.seen(
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec.clone()}),
-    );
-    let sharer = |name: &str| {
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "q"}},
-            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}]}})
-    };
+    w.seen(shared_claim(None));
     for name in ["s1", "s2"] {
-        let r = w.send(R::pod("CREATE", sharer(name)).build());
+        let r = w.send(R::pod("CREATE", sharer(name, "q")).build());
         assert!(r.allowed, "{}", message(&r));
     }
     assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 1);
     // Allocated once, reserved for both: both bind, one card allocated.
-    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec,
-        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0"}]}},
-            "reservedFor": [{"resource": "pods", "name": "s1", "uid": "1"}, {"resource": "pods", "name": "s2", "uid": "2"}]}}));
+    w.seen(shared_claim(Some(("gpu-0", &["s1", "s2"]))));
     for name in ["s1", "s2"] {
         let r = w.send(R::binding("ml", name, "h200-1").build());
         assert!(r.allowed, "{}", message(&r));
@@ -357,10 +370,7 @@ fn a_claim_shared_by_two_pods_is_counted_once() {
     assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 0);
     // The first pod gone: the second pays for the claim, still one card.
     card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "s1");
-    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "shared", "namespace": "ml"}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
-        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0"}]}},
-            "reservedFor": [{"resource": "pods", "name": "s2", "uid": "2"}]}}));
+    w.seen(shared_claim(Some(("gpu-0", &["s2"]))));
     assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
 }
 
@@ -823,19 +833,9 @@ fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write
 #[test]
 fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
     let mut w = World::new();
-    let spec = json!({"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}});
-    w.seen(
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec.clone()}),
-    );
-    let sharer = |name: &str| {
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "both"}},
-            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "shared"}]}})
-    };
+    w.seen(shared_claim(None));
     for name in ["s1", "s2"] {
-        let r = w.send(R::pod("CREATE", sharer(name)).build());
+        let r = w.send(R::pod("CREATE", sharer(name, "both")).build());
         assert!(r.allowed, "{}", message(&r));
     }
     // t takes an H200 and is bound: the queue's one H200 is allocated.
@@ -851,17 +851,7 @@ fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
     assert!(r.allowed, "{}", message(&r));
     // A scheduler that reads no pin allocates the shared claim an H200 too, reserved
     // for s1 then s2; s2 is bound first.
-    let shared = |reserved: &[&str]| {
-        let reserved: Vec<Value> = reserved
-            .iter()
-            .map(|n| json!({"resource": "pods", "name": n, "uid": format!("u-{n}")}))
-            .collect();
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "shared", "namespace": "ml"}, "spec": spec.clone(),
-            "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1"}]}},
-                "reservedFor": reserved}})
-    };
-    w.seen(shared(&["s1", "s2"]));
+    w.seen(shared_claim(Some(("gpu-1", &["s1", "s2"]))));
     let r = w.send(R::binding("ml", "s2", "h200-1").build());
     assert!(!r.allowed, "the claim's H200 would be the queue's second");
     assert_eq!(
@@ -882,7 +872,7 @@ fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
     assert!(r.allowed, "{}", message(&r));
     assert_eq!(w.usage("both", "NVIDIA-H200")["allocated"], 1);
     card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "s2");
-    w.seen(shared(&["s1"]));
+    w.seen(shared_claim(Some(("gpu-1", &["s1"]))));
     assert_eq!(
         w.usage("both", "NVIDIA-H200"),
         json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0})
