@@ -17,7 +17,8 @@
 //! One template asks with `firstAvailable` (two H200, else one GPU of any model): the
 //! scheduler takes either way.
 //!
-//! Cases: `CARD_QUOTA_DRA_MODEL_CASES` (256 by default).
+//! Cases: `CARD_QUOTA_DRA_MODEL_CASES` (512 by default: enough that each kind of step
+//! counted in `SEEN` happens in every run).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -171,6 +172,14 @@ enum Op {
         pod: usize,
         node: usize,
     },
+    /// The scheduler's cycle for one pod: its claim allocated (and reserved), then its
+    /// binding, with nothing between (the separate ops above give the interleavings).
+    Schedule {
+        pod: usize,
+        pick: usize,
+        checked: bool,
+        node: usize,
+    },
     Delete {
         pod: usize,
     },
@@ -197,6 +206,14 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..PODS, 0..DEVICES.len(), any::<bool>())
             .prop_map(|(pod, pick, checked)| Op::Allocate { pod, pick, checked }),
         4 => (0..PODS, 0..DP_NODES.len()).prop_map(|(pod, node)| Op::Bind { pod, node }),
+        3 => (0..PODS, 0..DEVICES.len(), any::<bool>(), 0..DP_NODES.len()).prop_map(
+            |(pod, pick, checked, node)| Op::Schedule {
+                pod,
+                pick,
+                checked,
+                node
+            }
+        ),
         1 => (0..PODS).prop_map(|pod| Op::Delete { pod }),
     ]
 }
@@ -510,6 +527,15 @@ impl Cluster {
                     }
                 }
             }
+            Op::Schedule {
+                pod,
+                pick,
+                checked,
+                node,
+            } => {
+                self.step(&Op::Allocate { pod, pick, checked });
+                self.step(&Op::Bind { pod, node });
+            }
             Op::Delete { pod } => {
                 let pname = format!("p{pod}");
                 if self.pods.remove(&pname).is_none() {
@@ -659,7 +685,7 @@ fn cases() -> u32 {
     std::env::var("CARD_QUOTA_DRA_MODEL_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
-        .unwrap_or(256)
+        .unwrap_or(512)
 }
 
 #[test]
