@@ -91,7 +91,11 @@ impl World {
         upsert(&mut self.snap, &v).unwrap();
     }
     fn usage(&self, queue: &str, model: &str) -> Value {
-        serde_json::to_value(usage_report(&self.snap, jiff::Timestamp::now()))
+        self.usage_at(queue, model, jiff::Timestamp::now())
+    }
+
+    fn usage_at(&self, queue: &str, model: &str, at: jiff::Timestamp) -> Value {
+        serde_json::to_value(usage_report(&self.snap, at))
             .unwrap()
             .pointer(&format!("/{queue}/{}", model.replace('/', "~1")))
             .cloned()
@@ -877,4 +881,34 @@ fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
         w.usage("both", "NVIDIA-H200"),
         json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0})
     );
+}
+
+#[test]
+fn a_terminating_sharer_hands_the_claim_to_one_that_stays_when_it_is_deleted() {
+    let mut w = World::new();
+    w.seen(shared_claim(None));
+    for name in ["s1", "s2"] {
+        let r = w.send(R::pod("CREATE", sharer(name, "both")).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    w.seen(shared_claim(Some(("gpu-1", &["s1", "s2"]))));
+    for name in ["s1", "s2"] {
+        let r = w.send(R::binding("ml", name, "h200-1").build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    // s1 is deleted with 30 s of grace; s2 keeps the claim's card in use.
+    let now = jiff::Timestamp::now();
+    let deadline = now + jiff::SignedDuration::from_secs(30);
+    let mut s1 = sharer("s1", "both");
+    s1["spec"]["nodeName"] = json!("h200-1");
+    s1["metadata"]["deletionTimestamp"] =
+        json!(deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+    s1["status"] = json!({"phase": "Running"});
+    w.seen(s1);
+    let counted = json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0});
+    assert_eq!(w.usage_at("both", "NVIDIA-H200", now), counted);
+    // Past s1's deadline no event comes, and s1 counts no more (the ResourceQuota rule);
+    // the card s2 uses still counts, once.
+    let later = now + jiff::SignedDuration::from_secs(60);
+    assert_eq!(w.usage_at("both", "NVIDIA-H200", later), counted);
 }

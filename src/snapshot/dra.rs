@@ -83,34 +83,44 @@ impl Snapshot {
 
     /// Who pays for a shared `claim`, as `seen[0]` (one of its users, held yet or not,
     /// as it is read now) sees it, with the pods of `seen` as given rather than as
-    /// held: the first pod it is reserved for that is bound and active, else the first
-    /// it is reserved for, else (reserved for none yet) the first of its users by name.
+    /// held: the first pod it is reserved for that is bound (one not terminating before
+    /// one that is), else the first it is reserved for, else (reserved for none yet)
+    /// the first of its users by name.
     /// Bound first: the pod whose binding puts the claim's cards to use pays for them,
     /// and is checked for them at that binding (paid by a pending sharer, they went
-    /// into use unchecked when another bound first).
+    /// into use unchecked when another bound first). Not terminating first: a sharer's
+    /// deletion is an event, so the payment moves to a sharer that stays right then,
+    /// rather than when the leaver's deadline passes, which no event marks. The rule
+    /// reads no clock, so every replica and every recount picks the same payer.
     fn payer(&self, seen: &[&PodRecord], claim: &ClaimRecord) -> Option<String> {
         let pod = seen[0];
-        let now = jiff::Timestamp::now();
-        let running = |name: &String| {
-            let p = match seen.iter().find(|s| s.key.name == *name) {
-                Some(s) => Some(*s),
-                None => self
-                    .pods
-                    .get(&ObjectKey::new(pod.key.namespace.clone(), name.clone())),
-            };
-            // Only a pod that uses the claim: changes of others read no sharer again.
-            p.is_some_and(|p| p.node.is_some() && p.is_active(now) && uses(p, &claim.key))
+        let find = |name: &String| match seen.iter().find(|s| s.key.name == *name) {
+            Some(s) => Some(*s),
+            None => self
+                .pods
+                .get(&ObjectKey::new(pod.key.namespace.clone(), name.clone())),
         };
-        if let Some(bound) = claim.reserved_for.iter().find(|n| running(n)) {
-            return Some(bound.clone());
+        // Only a pod that uses the claim: changes of others read no sharer again.
+        let bound = |name: &&String, staying: bool| {
+            find(name).is_some_and(|p| {
+                p.node.is_some()
+                    && !p.is_finished()
+                    && (!staying || !p.is_terminating())
+                    && uses(p, &claim.key)
+            })
+        };
+        let reserved = || claim.reserved_for.iter();
+        if let Some(payer) = reserved()
+            .find(|n| bound(n, true))
+            .or_else(|| reserved().find(|n| bound(n, false)))
+        {
+            return Some(payer.clone());
         }
         if let Some(first) = claim.reserved_for.first() {
             return Some(first.clone());
         }
-        match self.first_user(&claim.key) {
-            Some(other) if other < pod.key.name => Some(other),
-            _ => Some(pod.key.name.clone()),
-        }
+        self.first_user(seen, &claim.key)
+            .or_else(|| Some(pod.key.name.clone()))
     }
 
     fn set_claimed(p: &mut PodRecord, read: Result<Option<ClaimCards>, DraError>) {
@@ -129,17 +139,21 @@ impl Snapshot {
         };
     }
 
-    /// The first by name of the active pods that use `claim`: who pays for a shared
-    /// claim not reserved yet. By name, not by arrival: every replica, and a restarted
-    /// one, charges the same pod.
-    fn first_user(&self, claim: &ObjectKey) -> Option<String> {
-        let now = jiff::Timestamp::now();
-        self.claim_pods
+    /// The first by name of the unfinished pods that use `claim` (one not terminating
+    /// before one that is), the pods of `seen` as given: who pays for a shared claim
+    /// not reserved yet. By name, not by arrival: every replica, and a restarted one,
+    /// charges the same pod.
+    fn first_user(&self, seen: &[&PodRecord], claim: &ObjectKey) -> Option<String> {
+        let held = self
+            .claim_pods
             .iter()
-            .filter_map(|k| self.pods.get(k))
-            .filter(|p| p.is_active(now) && uses(p, claim))
-            .map(|p| p.key.name.clone())
+            .filter(|k| !seen.iter().any(|s| s.key == **k))
+            .filter_map(|k| self.pods.get(k));
+        held.chain(seen.iter().copied())
+            .filter(|p| !p.is_finished() && uses(p, claim))
+            .map(|p| (p.is_terminating(), &p.key.name))
             .min()
+            .map(|(_, name)| name.clone())
     }
 
     /// After a pod that uses shared claims came or went: the other pods that use them
