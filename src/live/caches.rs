@@ -343,7 +343,7 @@ fn pod_mirror() -> Mirror<PodParts, PodRecord> {
         read: read_pod,
         store: store_pod,
         keys: Snapshot::pod_keys_picked,
-        remove: |s, k| s.remove_pod(k),
+        remove: |s, k| s.delete_pod(k),
         stream: Some(Stream::Pods),
         key: key_of,
     }
@@ -650,7 +650,7 @@ pub async fn start(
                 read: read_group,
                 store: store_group,
                 keys: Snapshot::group_keys,
-                remove: |s, k| s.remove_group(k),
+                remove: |s, k| s.delete_group(k),
                 stream: Some(Stream::PodGroups),
                 key: key_of,
             },

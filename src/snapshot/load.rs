@@ -145,8 +145,8 @@ pub fn remove(snap: &mut Snapshot, kind: &str, namespace: &str, name: &str) {
     match kind {
         "Node" => snap.remove_node(name),
         "Queue" => snap.remove_queue(&QueueName::new(name)),
-        "PodGroup" => snap.remove_group(&key),
-        "Pod" => snap.remove_pod(&key),
+        "PodGroup" => snap.delete_group(&key),
+        "Pod" => snap.delete_pod(&key),
         "Job" => snap.remove_job(&key),
         other => {
             if let Some(k) = WorkloadKind::from_kind(other) {

@@ -11,7 +11,7 @@ use crate::cards::hashing::{Map, Set};
 use crate::cards::CardResources;
 use crate::cards::{CardName, NodeCards, ObjectKey, QueueName, Quota};
 
-use crate::ledger::entries::Watermark;
+use crate::ledger::entries::{Stream, Watermark};
 use crate::ledger::{Adjusted, QueueUsage, Tally};
 
 use crate::cluster::records::{
@@ -21,6 +21,7 @@ use crate::cluster::NodeModels;
 use crate::ledger::LedgerRecord;
 
 mod dra;
+pub mod gone;
 pub mod load;
 pub mod overlay;
 pub mod tree;
@@ -73,6 +74,8 @@ pub struct Snapshot {
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
+    /// Card pods and PodGroups the watches showed deleted.
+    gone: gone::GoneObjects,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
     /// Volcano Jobs: the demand of a PodGroup without `card.request` comes from them.
     jobs: Map<ObjectKey, JobRecord>,
@@ -619,6 +622,24 @@ impl Snapshot {
         self.tally.group(&key, self.groups.get(&key));
     }
 
+    /// A PodGroup deleted (a watch's delete, or a relist that no longer returns it):
+    /// removed, and remembered as gone (see [`gone`]).
+    pub fn delete_group(&mut self, key: &ObjectKey) {
+        if let Some(g) = self.groups.get(key) {
+            if let Some(uid) = g.version.uid.clone() {
+                let gone = gone::Gone {
+                    stream: Stream::PodGroups,
+                    key: key.clone(),
+                    resource_version: g.version.resource_version,
+                };
+                self.gone.record(uid, gone);
+            }
+        }
+        self.remove_group(key);
+    }
+
+    /// Takes the PodGroup out of the snapshot (also a ledger overlay's undo, which
+    /// deletes nothing).
     pub fn remove_group(&mut self, key: &ObjectKey) {
         if let Some(g) = self.groups.remove(key) {
             self.dirty.mark(&g.queue);
@@ -784,6 +805,29 @@ impl Snapshot {
         }
     }
 
+    /// A pod deleted (a watch's delete, or a relist that no longer returns it): removed,
+    /// and a card pod remembered as gone (see [`gone`]).
+    pub fn delete_pod(&mut self, key: &ObjectKey) {
+        if let Some(p) = self.pods.get(key) {
+            if let Some(uid) = p.version.uid.clone() {
+                let gone = gone::Gone {
+                    stream: Stream::Pods,
+                    key: key.clone(),
+                    resource_version: p.version.resource_version,
+                };
+                self.gone.record(uid, gone);
+            }
+        }
+        self.remove_pod(key);
+    }
+
+    /// The deletion of the `stream` object with `uid` and `key`, when a watch showed it.
+    pub fn gone(&self, stream: Stream, uid: &str, key: &ObjectKey) -> Option<&gone::Gone> {
+        self.gone.get(stream, uid, key)
+    }
+
+    /// Takes the pod out of the snapshot (also a ledger overlay's undo, which deletes
+    /// nothing).
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.other_pods.remove(key);
         self.claim_pods.remove(key);

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::gone::Gone;
 use super::Snapshot;
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::Version;
@@ -35,18 +36,35 @@ fn request_of(g: &PodGroupRecord) -> Vec<(String, crate::cards::Cards)> {
         .unwrap_or_default()
 }
 
-/// True when the snapshot already shows what the entry records.
+/// The deletion of the object the entry charges, when a watch showed it (by uid: an
+/// entry without one may charge a later incarnation of the name).
+fn gone<'a>(snap: &'a Snapshot, id: &EntryId, e: &Entry) -> Option<&'a Gone> {
+    if !id.is_uid() {
+        return None;
+    }
+    let (stream, k) = match &e.of {
+        EntryKey::Pod(k) => (Stream::Pods, k),
+        EntryKey::Group(k) => (Stream::PodGroups, k),
+    };
+    snap.gone(stream, id.as_str(), k)
+}
+
+/// True when the snapshot already shows what the entry records, or shows its object
+/// deleted (it holds nothing any more).
 pub fn reflected(snap: &Snapshot, id: &EntryId, e: &Entry) -> bool {
     match &e.of {
         EntryKey::Pod(k) => match cached_pod(snap, id, k) {
             Some(p) => e.node.is_none() || p.node.is_some(),
+            None if gone(snap, id, e).is_some() => true,
             None => match snap.pod(k) {
                 Some(other) => name_held(other, id),
                 None => snap.is_known_cardless_pod(k),
             },
         },
-        EntryKey::Group(k) => cached_group(snap, id, k)
-            .is_some_and(|g| request_of(g) == e.request || superseded(g, e)),
+        EntryKey::Group(k) => match cached_group(snap, id, k) {
+            Some(g) => request_of(g) == e.request || superseded(g, e),
+            None => gone(snap, id, e).is_some(),
+        },
     }
 }
 
@@ -87,6 +105,18 @@ pub fn fate(
         Some(f) if f.covers(age, TTL) => Fate::Fenced(f.mark),
         _ => Fate::Keep,
     };
+    // Deleted: readers that reach its last version show it or its deletion, and count
+    // it from their cache or not at all, never twice and never as a phantom.
+    let deleted = |g: &Gone| match g.resource_version {
+        Some(rv) => Fate::Reflected(
+            match e.of {
+                EntryKey::Pod(_) => Stream::Pods,
+                EntryKey::Group(_) => Stream::PodGroups,
+            },
+            rv,
+        ),
+        None => Fate::Drop,
+    };
     match &e.of {
         EntryKey::Pod(k) => match cached_pod(snap, id, k) {
             // A finished pod holds no cards, whether or not another cache shows it.
@@ -104,7 +134,7 @@ pub fn fate(
                 Some(f) if f.covers(age, UNBOUND_GRACE) => Fate::Fenced(f.mark),
                 _ => Fate::Keep,
             },
-            _ => expired(),
+            None => gone(snap, id, e).map_or_else(expired, deleted),
         },
         EntryKey::Group(k) => match cached_group(snap, id, k) {
             // A Completed PodGroup reserves nothing any more.
@@ -114,7 +144,8 @@ pub fn fate(
                 None => expired(),
             },
             Some(g) if superseded(g, e) => Fate::Drop,
-            _ => expired(),
+            Some(_) => expired(),
+            None => gone(snap, id, e).map_or_else(expired, deleted),
         },
     }
 }
@@ -382,6 +413,35 @@ status: {phase: Succeeded}
         // A finished pod holds nothing.
         let (id, e) = entry(&snap, "done", "u-done", None);
         assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Drop);
+    }
+
+    #[test]
+    fn a_charge_whose_pod_the_watch_showed_deleted_is_no_phantom() {
+        let (mut snap, _) = load(SNAP).unwrap();
+        let now = jiff::Timestamp::now();
+        let young = Duration::from_secs(1);
+        let (id, e) = entry(&snap, "seen", "u-seen", Some("n1"));
+        let (other_id, other) = entry(&snap, "seen", "u-other", Some("n1"));
+        let key = ObjectKey::new("ml", "seen");
+        // Removed by an overlay's undo, the pod is not gone: its charge still counts.
+        let mut undone = snap.clone();
+        undone.remove_pod(&key);
+        assert!(!reflected(&undone, &id, &e));
+        assert_eq!(fate(&undone, &id, &e, young, now, None), Fate::Keep);
+        // Deleted (the bound pod's charge recorded, the pod gone before a prune saw
+        // it): nothing to lay over, and the entry goes once readers reach its version.
+        snap.delete_pod(&key);
+        assert!(reflected(&snap, &id, &e));
+        assert_eq!(
+            fate(&snap, &id, &e, young, now, None),
+            Fate::Reflected(Stream::Pods, 70)
+        );
+        let mut overlay = Overlay::default();
+        overlay.add(&mut snap, &QueueName::new("q"), &id, &e);
+        assert_eq!(overlay.applied(), 0);
+        overlay.remove(&mut snap);
+        // Another incarnation's charge under the same name still counts.
+        assert!(!reflected(&snap, &other_id, &other));
     }
 
     #[test]
