@@ -1,7 +1,7 @@
 //! Pods and PodGroups the watches showed deleted, by uid: a ledger entry for one of
 //! them charges something that existed and is gone. Without this, a charge recorded
 //! shortly before its object was deleted looked like one not stored yet, and counted
-//! as a phantom until its clock ran out (a quota refused for up to 30 s after a
+//! as a phantom until its clock ran out (a quota refused for up to 120 s after a
 //! scale-down).
 
 use std::collections::VecDeque;
@@ -11,7 +11,7 @@ use crate::cards::ObjectKey;
 use crate::ledger::entries::Stream;
 
 /// How many deletions are remembered. An entry outlives its object by at most its
-/// clock (30 s) and a fence, so this covers deletions at up to ~800 per second.
+/// clock (120 s) and a fence, so this covers deletions at up to ~400 per second.
 const KEPT: usize = 50_000;
 
 /// One deleted object.
