@@ -2011,3 +2011,87 @@ fn a_tree_change_a_replica_never_saw_still_counts_its_charges() {
     assert!(without.is_err(), "without seals and marks: {without:?}");
     run_with(&steps, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Found by this test (30,000 cases, about one run in eight, 2026-11-29): r0's cache
+/// did not show p5 yet; p5's CREATE was recorded pinned to B (in root's ledger, while
+/// root had a budget), and a client's retry of it (409 to come) was admitted pinned to
+/// A. The overlay laid the retry as p5, and then took p5's own charge for reflected by
+/// it: p5 counted on A only, and r0 let a third pod pin B in a quota of 2.
+#[test]
+fn a_retried_create_unseen_beside_the_first_does_not_hide_it() {
+    use Step::*;
+    let steps = vec![
+        Create {
+            r: 0,
+            queue: 0,
+            name: 0,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+        Create {
+            r: 1,
+            queue: 1,
+            name: 0,
+            cards: 1,
+            pods: 2,
+            group: None,
+            stored: true,
+        },
+        Deliver {
+            r: 1,
+            stream: 0,
+            n: 2,
+        },
+        Prune { r: 1 },
+        Delete { pod: 10 },
+        Create {
+            r: 0,
+            queue: 0,
+            name: 0,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: false,
+        },
+        Deliver {
+            r: 0,
+            stream: 0,
+            n: 1,
+        },
+        Deliver {
+            r: 0,
+            stream: 0,
+            n: 3,
+        },
+        RootBudget {
+            on: true,
+            lag: None,
+        },
+        Create {
+            r: 1,
+            queue: 1,
+            name: 2,
+            cards: 1,
+            pods: 1,
+            group: None,
+            stored: true,
+        },
+        RootBudget {
+            on: false,
+            lag: None,
+        },
+        Retry { r: 0, pod: 11 },
+        Create {
+            r: 0,
+            queue: 1,
+            name: 0,
+            cards: 1,
+            pods: 2,
+            group: None,
+            stored: true,
+        },
+    ];
+    run_with(&steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+}

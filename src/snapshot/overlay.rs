@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::gone::Gone;
 use super::Snapshot;
+use crate::cards::hashing::Map;
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::Version;
 use crate::cluster::{PodGroupRecord, PodRecord};
@@ -53,17 +54,28 @@ fn gone<'a>(snap: &'a Snapshot, id: &EntryId, e: &Entry) -> Option<&'a Gone> {
 /// deleted (it holds nothing any more).
 pub fn reflected(snap: &Snapshot, id: &EntryId, e: &Entry) -> bool {
     match &e.of {
-        EntryKey::Pod(k) => match cached_pod(snap, id, k) {
-            Some(p) => e.node.is_none() || p.node.is_some(),
-            None if gone(snap, id, e).is_some() => true,
-            None => match snap.pod(k) {
-                Some(other) => name_held(other, id),
-                None => snap.is_known_cardless_pod(k),
-            },
-        },
+        EntryKey::Pod(k) => pod_reflected(snap, snap.pod(k), k, id, e),
         EntryKey::Group(k) => match cached_group(snap, id, k) {
             Some(g) => request_of(g) == e.request || superseded(g, e),
             None => gone(snap, id, e).is_some(),
+        },
+    }
+}
+
+/// [`reflected`] for a pod entry, with `held` as the cache's record of its name.
+fn pod_reflected(
+    snap: &Snapshot,
+    held: Option<&PodRecord>,
+    k: &ObjectKey,
+    id: &EntryId,
+    e: &Entry,
+) -> bool {
+    match held.filter(|p| same(&p.version, id)) {
+        Some(p) => e.node.is_none() || p.node.is_some(),
+        None if gone(snap, id, e).is_some() => true,
+        None => match held {
+            Some(other) => name_held(other, id),
+            None => snap.is_known_cardless_pod(k),
         },
     }
 }
@@ -160,6 +172,8 @@ enum Undo {
 #[derive(Default)]
 pub struct Overlay {
     undo: Vec<Undo>,
+    /// Pod names laid, with the index of their undo (the cache's record).
+    laid: Map<ObjectKey, usize>,
 }
 
 impl Overlay {
@@ -182,6 +196,11 @@ impl Overlay {
 
     /// Lays one entry over `snap` unless the snapshot already reflects it.
     pub fn add(&mut self, snap: &mut Snapshot, ledger: &QueueName, id: &EntryId, e: &Entry) {
+        if let EntryKey::Pod(k) = &e.of {
+            if let Some(&i) = self.laid.get(k) {
+                return self.add_beside(snap, ledger, id, e, k, i);
+            }
+        }
         if reflected(snap, id, e) {
             return;
         }
@@ -214,6 +233,7 @@ impl Overlay {
                     rec = bound;
                 }
                 snap.upsert_pod(rec);
+                self.laid.insert(k.clone(), self.undo.len());
                 self.undo.push(Undo::Pod(k.clone(), prev.map(Box::new)));
             }
             EntryKey::Group(k) => {
@@ -239,6 +259,46 @@ impl Overlay {
                 }
             }
         }
+    }
+}
+
+impl Overlay {
+    /// A second entry for a pod name this overlay laid already: two charges of one name
+    /// that the cache does not show (a CREATE retried under a new uid, answered 409 or
+    /// not, beside the first). Whether it is reflected is judged against the cache's
+    /// record, not the one laid; if not, it is laid beside the first under a name no pod
+    /// can have, so both count: at most one lands, and this replica cannot know which.
+    fn add_beside(
+        &mut self,
+        snap: &mut Snapshot,
+        ledger: &QueueName,
+        id: &EntryId,
+        e: &Entry,
+        k: &ObjectKey,
+        laid: usize,
+    ) {
+        let held = match &self.undo[laid] {
+            Undo::Pod(_, held) => held.as_deref(),
+            Undo::Group(..) => None,
+        };
+        if pod_reflected(snap, held, k, id, e) {
+            return;
+        }
+        let queue = e
+            .queue
+            .as_deref()
+            .map_or_else(|| ledger.clone(), QueueName::new);
+        let Some(mut rec) = pod_of(id, &queue, e, snap.next_seq()) else {
+            return;
+        };
+        // Slashes are not allowed in a pod's name.
+        rec.key = ObjectKey::new(k.namespace.clone(), format!("{}/{}", k.name, id));
+        if snap.pod(&rec.key).is_some() {
+            return;
+        }
+        let beside = rec.key.clone();
+        snap.upsert_pod(rec);
+        self.undo.push(Undo::Pod(beside, None));
     }
 }
 
