@@ -2020,25 +2020,18 @@ fn a_tree_change_a_replica_never_saw_still_counts_its_charges() {
 #[test]
 fn a_retried_create_unseen_beside_the_first_does_not_hide_it() {
     use Step::*;
+    let create = |r, queue, name, pods, stored| Create {
+        r,
+        queue,
+        name,
+        cards: 1,
+        pods,
+        group: None,
+        stored,
+    };
     let steps = vec![
-        Create {
-            r: 0,
-            queue: 0,
-            name: 0,
-            cards: 1,
-            pods: 1,
-            group: None,
-            stored: true,
-        },
-        Create {
-            r: 1,
-            queue: 1,
-            name: 0,
-            cards: 1,
-            pods: 2,
-            group: None,
-            stored: true,
-        },
+        create(0, 0, 0, 1, true),
+        create(1, 1, 0, 2, true),
         Deliver {
             r: 1,
             stream: 0,
@@ -2046,15 +2039,7 @@ fn a_retried_create_unseen_beside_the_first_does_not_hide_it() {
         },
         Prune { r: 1 },
         Delete { pod: 10 },
-        Create {
-            r: 0,
-            queue: 0,
-            name: 0,
-            cards: 1,
-            pods: 1,
-            group: None,
-            stored: false,
-        },
+        create(0, 0, 0, 1, false),
         Deliver {
             r: 0,
             stream: 0,
@@ -2069,29 +2054,13 @@ fn a_retried_create_unseen_beside_the_first_does_not_hide_it() {
             on: true,
             lag: None,
         },
-        Create {
-            r: 1,
-            queue: 1,
-            name: 2,
-            cards: 1,
-            pods: 1,
-            group: None,
-            stored: true,
-        },
+        create(1, 1, 2, 1, true),
         RootBudget {
             on: false,
             lag: None,
         },
         Retry { r: 0, pod: 11 },
-        Create {
-            r: 0,
-            queue: 1,
-            name: 0,
-            cards: 1,
-            pods: 2,
-            group: None,
-            stored: true,
-        },
+        create(0, 1, 0, 2, true),
     ];
     run_with(&steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
 }

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 
 use crate::cards::hashing::Map;
 use crate::cards::ObjectKey;
+use crate::cluster::records::Version;
 use crate::ledger::entries::Stream;
 
 /// How many deletions are remembered. An entry outlives its object by at most its
@@ -32,8 +33,17 @@ pub struct GoneObjects {
 }
 
 impl GoneObjects {
-    /// Remembers that the object with `uid` was deleted.
-    pub fn record(&mut self, uid: String, gone: Gone) {
+    /// Remembers that the object of `stream` at `key`, last held at `version`, was
+    /// deleted (one without a uid cannot be told from a later incarnation: not kept).
+    pub fn record(&mut self, stream: Stream, key: &ObjectKey, version: &Version) {
+        let Some(uid) = version.uid.clone() else {
+            return;
+        };
+        let gone = Gone {
+            stream,
+            key: key.clone(),
+            resource_version: version.resource_version,
+        };
         if self.by_uid.insert(uid.clone(), gone).is_none() {
             self.order.push_back(uid);
         }
@@ -61,12 +71,11 @@ mod tests {
         let mut g = GoneObjects::default();
         let key = |i: usize| ObjectKey::new("ml", format!("p{i}"));
         for i in 0..KEPT + 2 {
-            let gone = Gone {
-                stream: Stream::Pods,
-                key: key(i),
+            let version = Version {
+                uid: Some(format!("u{i}")),
                 resource_version: Some(i as u64),
             };
-            g.record(format!("u{i}"), gone);
+            g.record(Stream::Pods, &key(i), &version);
         }
         assert!(g.get(Stream::Pods, "u0", &key(0)).is_none());
         assert!(g.get(Stream::Pods, "u1", &key(1)).is_none());

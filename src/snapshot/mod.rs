@@ -626,14 +626,7 @@ impl Snapshot {
     /// removed, and remembered as gone (see [`gone`]).
     pub fn delete_group(&mut self, key: &ObjectKey) {
         if let Some(g) = self.groups.get(key) {
-            if let Some(uid) = g.version.uid.clone() {
-                let gone = gone::Gone {
-                    stream: Stream::PodGroups,
-                    key: key.clone(),
-                    resource_version: g.version.resource_version,
-                };
-                self.gone.record(uid, gone);
-            }
+            self.gone.record(Stream::PodGroups, key, &g.version);
         }
         self.remove_group(key);
     }
@@ -809,14 +802,7 @@ impl Snapshot {
     /// and a card pod remembered as gone (see [`gone`]).
     pub fn delete_pod(&mut self, key: &ObjectKey) {
         if let Some(p) = self.pods.get(key) {
-            if let Some(uid) = p.version.uid.clone() {
-                let gone = gone::Gone {
-                    stream: Stream::Pods,
-                    key: key.clone(),
-                    resource_version: p.version.resource_version,
-                };
-                self.gone.record(uid, gone);
-            }
+            self.gone.record(Stream::Pods, key, &p.version);
         }
         self.remove_pod(key);
     }
