@@ -161,7 +161,9 @@ pub fn plan_held(
 ) -> Batch {
     // Spare is a share of what is free, which ledgers not read since a change of the
     // tree may count short: none is taken until they are.
-    // Nor while the queue is sealed here: its next charges belong to another ledger.
+    // Nor while the queue is sealed here: its next charges belong to another ledger, or
+    // to limits this replica has not seen.
+    super::seal::note_seals(snap, queue, now);
     let stored = snap.ledger(queue);
     let sealed = super::seal::blocks(snap, &stored.ledger, queue).is_some();
     let hold_move = match hold_move {
@@ -406,6 +408,7 @@ pub fn look(
             held: false,
         };
     };
+    super::seal::note_seals(snap, &queue, now);
     let stored = snap.ledger(&queue);
     let none = Escrow::default();
     let escrow = replica.escrows.get(&queue).unwrap_or(&none);
@@ -445,6 +448,7 @@ pub fn look(
             }
             full => full,
         };
+        // A sealed queue takes nothing from spare: the writer answers it (R2 for Queues).
         let add = match &d.charge {
             Some(c)
                 if consume
@@ -452,7 +456,8 @@ pub fn look(
                     && !req.is_dry_run()
                     && c.queue == queue
                     && !escrow.spare.is_empty()
-                    && escrow::holdable_queue(snap, &queue) =>
+                    && escrow::holdable_queue(snap, &queue)
+                    && super::seal::blocks(snap, &stored.ledger, &c.queue).is_none() =>
             {
                 escrow::held_model(&c.effect).map(|m| {
                     let models = BTreeSet::from([m]);

@@ -1,15 +1,23 @@
-//! Seals: a change of the queue tree sends some queues' charges to another ledger.
-//! Before the change is stored, the Queue hook seals each such queue in the ledger it
-//! leaves; a replica whose Queue watch has not shown the change yet, and would go on
-//! charging the old ledger while others charge the new one, finds the seal in the old
-//! ledger's compare-and-swap and answers "try again" (docs/consistency.md).
+//! Seals (R2 for Queues): a Queue write that changes what a replica must know before it
+//! charges a queue is sealed into the ledgers before it is stored.
+//! - A change of the queue tree sends some queues' charges to another ledger: the Queue
+//!   hook seals each such queue in the ledger it leaves, so a replica whose Queue watch
+//!   has not shown the change yet, and would go on charging the old ledger while others
+//!   charge the new one, finds the seal in the old ledger's compare-and-swap.
+//! - A change that lowers a limit (a quota or borrow cut on any model, a change of
+//!   enforcement) seals the queue and every queue below it in their own ledger, so a
+//!   replica whose Queue watch lags cannot admit against the limit the change replaced.
+//! A sealed queue's charges are answered "try again" until the replica's cache (or its
+//! own quorum read of the Queue) shows the change, or a read made [`SEAL_LIFT_AFTER`]
+//! after this replica first saw the seal shows that the change never landed
+//! (docs/consistency.md). Every clock a seal is lifted by is the reader's own.
 
 use std::collections::BTreeMap;
 
-use crate::cards::QueueName;
+use crate::cards::{Cards, QueueName};
 use crate::cluster::records::queue_record;
 use crate::cluster::QueueRecord;
-use crate::ledger::seal::{Inbound, Seal, SEAL_LIFT_AFTER};
+use crate::ledger::seal::{Inbound, Seal, SealCause, SEAL_LIFT_AFTER};
 use crate::ledger::Ledger;
 use crate::snapshot::Snapshot;
 
@@ -17,25 +25,43 @@ use super::messages::RETRY;
 use super::review::{AdmissionRequest, Object, Operation};
 use super::Decision;
 
-/// The queues whose ledger `req` (a Queue write, admitted) changes, by the ledger they
-/// leave, with the seal each gets there. Empty for anything else, and for a Queue whose
-/// stored version has no resourceVersion (an offline review: nothing lags there).
+/// How often a replica held back by a seal reads the sealing Queue from the API server
+/// (its own clock): the read brings a lagging Queue cache up to the change.
+pub const SEAL_READ_GAP: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The queues whose charges `req` (a Queue write, admitted) seals, by the ledger they
+/// are sealed in, with the seal each gets there. Empty for anything else, and for a
+/// Queue whose stored version has no resourceVersion (an offline review: nothing lags).
 pub fn seals_for(
     snap: &Snapshot,
     req: &AdmissionRequest,
     now: jiff::Timestamp,
 ) -> BTreeMap<QueueName, Vec<(QueueName, Seal)>> {
     let mut out: BTreeMap<QueueName, Vec<(QueueName, Seal)>> = BTreeMap::new();
-    let Some((name, version, moved)) = tree_moves(snap, req) else {
+    let Some(change) = change_of(snap, req) else {
         return out;
     };
-    for (q, from, _) in moved {
-        let seal = Seal {
-            by: name.to_string(),
-            version,
-            at: now,
-        };
-        out.entry(from).or_default().push((q, seal));
+    let seal = |cause| Seal {
+        by: change.name.to_string(),
+        version: change.version,
+        at: now,
+        cause,
+    };
+    let mut sealed = std::collections::BTreeSet::new();
+    for (q, from, _) in moves(snap, change.old.as_ref(), change.new.as_ref(), &change.name) {
+        sealed.insert(q.clone());
+        out.entry(from)
+            .or_default()
+            .push((q, seal(SealCause::Move)));
+    }
+    if lowers_limits(change.old.as_ref(), change.new.as_ref()) {
+        for q in snap.subtree(&change.name) {
+            if sealed.insert(q.clone()) {
+                out.entry(snap.ledger_key(&q))
+                    .or_default()
+                    .push((q, seal(SealCause::Limits)));
+            }
+        }
     }
     out
 }
@@ -47,19 +73,25 @@ pub fn inbound_for(
     req: &AdmissionRequest,
 ) -> BTreeMap<QueueName, Vec<(QueueName, QueueName)>> {
     let mut out: BTreeMap<QueueName, Vec<(QueueName, QueueName)>> = BTreeMap::new();
-    for (q, from, to) in tree_moves(snap, req).map(|(_, _, m)| m).unwrap_or_default() {
+    let Some(c) = change_of(snap, req) else {
+        return out;
+    };
+    for (q, from, to) in moves(snap, c.old.as_ref(), c.new.as_ref(), &c.name) {
         out.entry(to).or_default().push((q, from));
     }
     out
 }
 
-/// The Queue `req` writes, its version before the write (0 when created), and every
-/// queue the write moves to another ledger: (queue, from, to).
-#[allow(clippy::type_complexity)]
-fn tree_moves(
-    snap: &Snapshot,
-    req: &AdmissionRequest,
-) -> Option<(QueueName, u64, Vec<(QueueName, QueueName, QueueName)>)> {
+/// A Queue write as seals see it: the Queue, its version before the write (0 when
+/// created), and its record before and after.
+struct Change {
+    name: QueueName,
+    version: u64,
+    old: Option<QueueRecord>,
+    new: Option<QueueRecord>,
+}
+
+fn change_of(snap: &Snapshot, req: &AdmissionRequest) -> Option<Change> {
     let record = |v: Option<&Object>| v.map(Object::tree).and_then(|o| queue_record(o).ok());
     let old = record(req.old_object.as_ref());
     let new = match req.operation {
@@ -74,11 +106,34 @@ fn tree_moves(
         None => 0,
         Some(r) => r.resource_version.as_deref()?.parse::<u64>().ok()?,
     };
-    if !shapes_tree(old.as_ref(), new.as_ref()) {
-        return None;
-    }
-    let moved = moves(snap, old.as_ref(), new.as_ref(), &name);
-    Some((name, version, moved))
+    Some(Change {
+        name,
+        version,
+        old,
+        new,
+    })
+}
+
+/// True when going from `old` to `new` lowers a limit the queue's charges are decided
+/// against: a model's quota or borrow goes down (a malformed annotation is 0 for every
+/// model), the queue goes, or its enforcement changes (warn to deny, or the install's
+/// default to either). A raise needs no seal: a replica that has not seen it yet refuses
+/// what it would admit, never the reverse.
+pub fn lowers_limits(old: Option<&QueueRecord>, new: Option<&QueueRecord>) -> bool {
+    let Some(old) = old else { return false };
+    let Some(new) = new else { return true };
+    let lower = |a: &crate::cards::Quota, b: &crate::cards::Quota| {
+        a.entries()
+            .iter()
+            .any(|(m, n)| *n > Cards::ZERO && b.get(m) < *n)
+    };
+    let borrow = |r: &QueueRecord| match &r.borrow {
+        Some(Ok(b)) => b.clone(),
+        _ => crate::cards::Quota::default(),
+    };
+    lower(&old.effective_quota(), &new.effective_quota())
+        || lower(&borrow(old), &borrow(new))
+        || old.enforcement != new.enforcement
 }
 
 /// True when going from `old` to `new` may move a queue's charges to another ledger:
@@ -98,6 +153,9 @@ fn moves(
     new: Option<&QueueRecord>,
     name: &QueueName,
 ) -> Vec<(QueueName, QueueName, QueueName)> {
+    if !shapes_tree(old, new) {
+        return Vec::new();
+    }
     let mut before = Snapshot::default();
     for q in snap.queues().filter(|q| q.name != *name) {
         before.upsert_queue(q.clone());
@@ -163,51 +221,93 @@ pub fn sources_to_read(snap: &Snapshot, ledger: &Ledger) -> Vec<QueueName> {
 
 /// True when a seal in `ledger` stops a charge of `queue` there: the seal's Queue is
 /// not shown past the version it was sealed at, and no read of the API server made
-/// [`SEAL_LIFT_AFTER`] after the seal shows that the change never landed.
+/// [`SEAL_LIFT_AFTER`] after this replica first saw the seal shows that the change
+/// never landed.
 pub fn blocks(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Decision> {
     let seal = ledger.seals().get(queue.as_str())?;
-    let by = QueueName::new(seal.by.clone());
-    if snap.queue_version(&by).is_some_and(|v| v > seal.version) {
+    if !holds_back(snap, seal) {
         return None;
     }
-    if never_landed(snap, seal) {
-        return None;
-    }
+    let by = &seal.by;
     Some(Decision::deny(
         RETRY,
-        format!(
-            "queue {queue}'s charges are moving to another ledger (queue {by} changed the queue tree) and card-quota has not seen the change yet; try again"
-        ),
+        match seal.cause {
+            SealCause::Move => format!(
+                "queue {queue}'s charges are moving to another ledger (queue {by} changed the queue tree) and card-quota has not seen the change yet; try again"
+            ),
+            SealCause::Limits => format!(
+                "queue {by}'s card limits changed and card-quota has not seen the change yet; try again"
+            ),
+        },
     ))
+}
+
+/// A seal of another change that still holds a queue back here, which a new seal for
+/// that queue would overwrite (a ledger keeps one seal per queue): the Queue write that
+/// wants the new one waits ("try again") until this replica has seen the other change.
+pub fn in_the_way<'l>(
+    snap: &Snapshot,
+    ledger: &'l Ledger,
+    queue: &QueueName,
+    new: &Seal,
+) -> Option<&'l Seal> {
+    ledger
+        .seals()
+        .get(queue.as_str())
+        .filter(|s| (s.by != new.by || s.version > new.version) && holds_back(snap, s))
+}
+
+/// True while `seal` holds its queue's charges back on this replica.
+fn holds_back(snap: &Snapshot, seal: &Seal) -> bool {
+    let by = QueueName::new(seal.by.clone());
+    if snap.queue_version(&by).is_some_and(|v| v > seal.version) {
+        return false;
+    }
+    !never_landed(snap, seal)
 }
 
 fn never_landed(snap: &Snapshot, seal: &Seal) -> bool {
     let by = QueueName::new(seal.by.clone());
-    let lift = seal.at + lift_span();
+    let Some(seen) = snap.seal_seen(seal) else {
+        return false;
+    };
+    let lift = seen + span(SEAL_LIFT_AFTER);
     snap.queue_confirmed(&by)
         .is_some_and(|(v, read)| read >= lift && v.is_none_or(|v| v == seal.version))
 }
 
-fn lift_span() -> jiff::SignedDuration {
-    jiff::SignedDuration::try_from(SEAL_LIFT_AFTER).unwrap_or(jiff::SignedDuration::MAX)
+fn span(d: std::time::Duration) -> jiff::SignedDuration {
+    jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX)
 }
 
-/// The Queues to read from the API server before charging `ledger`: those of seals old
-/// enough to be lifted that the cache shows at the sealed version (or not at all), and
-/// no read since says whether their change landed.
+/// Notes, on this replica's clock, when it first saw each seal of `ledger` (the clock
+/// a seal whose change never landed is lifted by).
+pub fn note_seals(snap: &mut Snapshot, ledger: &QueueName, now: jiff::Timestamp) {
+    let seals: Vec<Seal> = snap
+        .ledger(ledger)
+        .ledger
+        .seals()
+        .values()
+        .cloned()
+        .collect();
+    for s in seals {
+        snap.note_seal(&s, now);
+    }
+}
+
+/// The Queues to read from the API server before charging `ledger`: those of seals that
+/// hold charges back here and that this replica has not read for [`SEAL_READ_GAP`] (a
+/// read brings a lagging cache up to the change, or in time shows it never landed).
 pub fn to_confirm(snap: &Snapshot, ledger: &Ledger, now: jiff::Timestamp) -> Vec<QueueName> {
     let mut out: Vec<QueueName> = ledger
         .seals()
         .values()
-        .filter(|s| now >= s.at + lift_span())
-        .map(|s| (QueueName::new(s.by.clone()), s))
-        .filter(|(by, s)| snap.queue_version(by).is_none_or(|v| v <= s.version))
-        .filter(|(_, s)| !never_landed(snap, s))
-        .filter(|(by, s)| {
+        .filter(|s| holds_back(snap, s))
+        .map(|s| QueueName::new(s.by.clone()))
+        .filter(|by| {
             snap.queue_confirmed(by)
-                .is_none_or(|(_, read)| read < s.at + lift_span())
+                .is_none_or(|(_, read)| read + span(SEAL_READ_GAP) <= now)
         })
-        .map(|(by, _)| by)
         .collect();
     out.sort();
     out.dedup();

@@ -252,7 +252,7 @@ fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, Value> {
     }
 }
 
-fn read_queue(q: &DynamicObject) -> Result<QueueRecord, MirrorError> {
+pub(crate) fn read_queue(q: &DynamicObject) -> Result<QueueRecord, MirrorError> {
     Ok(queue_record(&as_value(q, "Queue")?)?)
 }
 

@@ -262,8 +262,8 @@ impl Committer {
     }
 
     /// Before an admitted Queue write is answered: seals the queues it moves to another
-    /// ledger in the ledgers they leave ([`crate::decide::seal`]). "Try again" when a
-    /// ledger could not be sealed.
+    /// ledger in the ledgers they leave, and the queues whose limits it lowers in their
+    /// own ([`crate::decide::seal`]). "Try again" when a ledger could not be sealed.
     pub async fn seal_ledgers(
         &self,
         snapshot: &Mutex<Snapshot>,
@@ -274,7 +274,9 @@ impl Committer {
             Ok(()) => None,
             Err(e) => Some(Decision::deny(
                 RETRY,
-                format!("card-quota could not seal the charges this change of the queue tree moves ({e}); try again"),
+                format!(
+                    "card-quota could not seal the queues this change affects ({e}); try again"
+                ),
             )),
         }
     }

@@ -10,7 +10,7 @@ use kube::api::{Api, DynamicObject};
 
 use crate::cards::QueueName;
 use crate::decide::review::AdmissionRequest;
-use crate::decide::seal::{inbound_for, seals_for, sources_to_read, to_confirm};
+use crate::decide::seal::{in_the_way, inbound_for, seals_for, sources_to_read, to_confirm};
 use crate::ledger::seal::Inbound;
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
@@ -18,25 +18,50 @@ use crate::snapshot::Snapshot;
 use super::charge::locked;
 use super::ledgers::{LedgerApi, WriteError};
 
+/// How long a read of a sealing Queue may take before the charge waiting on it is
+/// answered "try again" (a read on a stalled connection never answers).
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Compare-and-swap attempts per ledger before the Queue write is answered "try again".
 const ATTEMPTS: u32 = 5;
 
+/// Why a Queue write could not be sealed into the ledgers (it is answered "try again").
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(
+        "queue {queue} is still sealed by a change of queue {by} that card-quota has not seen yet"
+    )]
+    Sealed { queue: QueueName, by: String },
+}
+
 /// Seals, in every ledger `req` (an admitted Queue write) moves charges out of, the
-/// queues it moves, then marks them in the ledgers they move to with the version each
-/// source had after its seal. `store` keeps each ledger as written. An error says which
-/// ledger could not be written: the Queue write must then wait ("try again").
+/// queues it moves, and in their own ledger the queues whose limits it lowers; then
+/// marks the moved queues in the ledgers they move to with the version each source had
+/// after its seal. `store` keeps each ledger as written. An error says which ledger
+/// could not be written: the Queue write must then wait ("try again").
 pub async fn seal_ledgers(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
     req: &AdmissionRequest,
     store: impl Fn(LedgerRecord),
-) -> Result<(), WriteError> {
+) -> Result<(), SealError> {
     let (plan, marks) = {
         let snap = locked(snapshot);
-        (
-            seals_for(&snap, req, jiff::Timestamp::now()),
-            inbound_for(&snap, req),
-        )
+        let plan = seals_for(&snap, req, jiff::Timestamp::now());
+        for (ledger, seals) in &plan {
+            let held = snap.ledger(ledger);
+            for (q, s) in seals {
+                if let Some(other) = in_the_way(&snap, &held.ledger, q, s) {
+                    return Err(SealError::Sealed {
+                        queue: q.clone(),
+                        by: other.by.clone(),
+                    });
+                }
+            }
+        }
+        (plan, inbound_for(&snap, req))
     };
     let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
     for (ledger, seals) in plan {
@@ -124,9 +149,11 @@ pub async fn read_sources(
     }
 }
 
-/// Reads from the API server (a quorum read) the Queues of `ledger`'s seals whose
-/// change may never have landed, and records what it found in the snapshot. A failed
-/// read is logged: the seal then keeps its queue waiting.
+/// Reads from the API server (a quorum read) the Queues of `ledger`'s seals that hold
+/// its charges back on this replica, stores each in the snapshot (a Queue watch that
+/// lags or stalled is brought up to the change it was sealed for), and records what it
+/// found (the read that, in time, shows a change that never landed). A failed or slow
+/// read is logged: the seal then keeps its queue waiting ("try again").
 pub async fn confirm_seals(
     queues: &Api<DynamicObject>,
     snapshot: &Mutex<Snapshot>,
@@ -139,16 +166,28 @@ pub async fn confirm_seals(
     for by in need {
         // The time the read was asked for: what it shows is at least that recent.
         let at = jiff::Timestamp::now();
-        match queues.get_opt(by.as_str()).await {
-            Ok(found) => {
+        match tokio::time::timeout(READ_TIMEOUT, queues.get_opt(by.as_str())).await {
+            Ok(Ok(found)) => {
                 let version = found
-                    .and_then(|q| q.metadata.resource_version)
+                    .as_ref()
+                    .and_then(|q| q.metadata.resource_version.as_deref())
                     .and_then(|v| v.parse::<u64>().ok());
-                locked(snapshot).confirm_queue(&by, version, at);
+                let record = found.as_ref().map(super::caches::read_queue).transpose();
+                let mut snap = locked(snapshot);
+                match record {
+                    Ok(Some(rec)) => snap.remember_queue(rec),
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(queue = %by, "Queue {by} as read: {e}"),
+                }
+                snap.confirm_queue(&by, version, at);
             }
-            Err(e) => tracing::warn!(
+            Ok(Err(e)) => tracing::warn!(
                 queue = %by,
-                "reading Queue {by} to lift an old seal in the ledger of {ledger} failed: {e}"
+                "reading Queue {by}, which sealed charges in the ledger of {ledger}, failed: {e}"
+            ),
+            Err(_) => tracing::warn!(
+                queue = %by,
+                "reading Queue {by}, which sealed charges in the ledger of {ledger}, took over {READ_TIMEOUT:?}"
             ),
         }
     }

@@ -35,6 +35,10 @@ pub struct UnknownGroup(pub String);
 /// Picks object keys (a relist's sweep picks the keys the relist did not return).
 pub type KeyPick<'a> = &'a dyn Fn(&ObjectKey) -> bool;
 
+/// Past this many remembered seal sightings, those of seals no ledger holds any more
+/// are forgotten (a ledger holds one seal per queue).
+const SEALS_SEEN_MAX: usize = 10_000;
+
 /// The cluster as the decisions see it.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -71,6 +75,10 @@ pub struct Snapshot {
     /// Queues read from the API server itself (a quorum read, not the cache), with
     /// when: what lifts the seal of a tree change that never landed.
     queues_confirmed: BTreeMap<QueueName, (Option<u64>, jiff::Timestamp)>,
+    /// When this replica first saw each seal (by the Queue and version it waits for), on
+    /// its own clock: the one a seal whose change never landed is lifted by. One per
+    /// sealing change still in a ledger, forgotten once no ledger holds it.
+    seals_seen: BTreeMap<(String, u64), jiff::Timestamp>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -530,6 +538,29 @@ impl Snapshot {
     /// when it does not exist.
     pub fn confirm_queue(&mut self, q: &QueueName, version: Option<u64>, at: jiff::Timestamp) {
         self.queues_confirmed.insert(q.clone(), (version, at));
+    }
+
+    /// Notes that this replica saw `seal` at `now` (the first sighting is kept).
+    pub fn note_seal(&mut self, seal: &crate::ledger::seal::Seal, now: jiff::Timestamp) {
+        if self.seals_seen.len() >= SEALS_SEEN_MAX {
+            let live: BTreeSet<(String, u64)> = self
+                .ledgers
+                .values()
+                .flat_map(|l| l.ledger.seals().values())
+                .map(|s| (s.by.clone(), s.version))
+                .collect();
+            self.seals_seen.retain(|k, _| live.contains(k));
+        }
+        self.seals_seen
+            .entry((seal.by.clone(), seal.version))
+            .or_insert(now);
+    }
+
+    /// When this replica first saw `seal` (see [`Snapshot::note_seal`]).
+    pub fn seal_seen(&self, seal: &crate::ledger::seal::Seal) -> Option<jiff::Timestamp> {
+        self.seals_seen
+            .get(&(seal.by.clone(), seal.version))
+            .copied()
     }
 
     /// The last quorum read of Queue `q` (see [`Snapshot::confirm_queue`]).
