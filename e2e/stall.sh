@@ -5,7 +5,8 @@
 # its ledger past what B's caches show. B is asked again and again for a fifth pod for
 # longer than the 30 s it once took a silent watch for current: it must never admit it.
 # It answers "try again", lists again through a new connection, then refuses with the
-# quota's message.
+# quota's message. Then a queue's quota is cut from 8 to 2 through A while B's Queue
+# watch stays frozen: B must never admit more than 2 (issue 57 #1).
 #
 #   KUBECONFIG=<kubeconfig> e2e/stall.sh [path/to/card-quota]
 #
@@ -45,7 +46,7 @@ cleanup() {
     1) k annotate queue root volcano.sh/card.quota- >/dev/null 2>&1 ;;
     0) k delete queue root --ignore-not-found >/dev/null 2>&1 ;;
   esac
-  k delete queue "$Q-burst" --ignore-not-found >/dev/null 2>&1
+  k delete queue "$Q-burst" "$Q-cut" --ignore-not-found >/dev/null 2>&1
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1
@@ -86,6 +87,9 @@ serve() { # NAME PORT KUBECONFIG
 serve a "$PORT_A" "$WORK/card-quota.kubeconfig"
 serve b "$PORT_B" "$WORK/b.kubeconfig"
 printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","annotations":{"volcano.sh/card.quota":"{\\"NVIDIA-H200\\":4}"}},"spec":{"weight":1}}' "$Q" | k apply -f - >/dev/null
+# A queue whose quota is cut while B's Queue watch is frozen (issue 57 #1).
+QC=$Q-cut
+printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","annotations":{"volcano.sh/card.quota":"{\\"NVIDIA-H200\\":8}"}},"spec":{"weight":1}}' "$QC" | k apply -f - >/dev/null
 # The API server calls replica A only; B is asked directly, as the API server would.
 "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$PORT_A" --name "$Q" --namespace "$SYS" \
   --namespace-label "card-quota-e2e=$RUN" | k apply -f - >/dev/null
@@ -125,6 +129,34 @@ log "B over 40 s: $allowed admitted, $retry 'try again', $refused refused (last:
 check "B never admits a fifth pod, however long its watch stalls ($n asks over 40 s)" [ "$allowed" = 0 ]
 check "... it lists again through a new connection" grep -q "listing again" "$WORK/b.log"
 check "... and then refuses with the quota's message" grep -q "queue $Q has insufficient NVIDIA-H200 quota: requested 1, in use 4" <<<"${last:-}"
+
+# ---- a quota cut B's frozen Queue watch never shows (issue 57 #1): the hook seals the
+# queue before the cut is stored; B answers "try again", reads the Queue, and never
+# admits past the new quota -------------------------------------------------------------
+wait_for 20 bash -c "curl -s http://127.0.0.1:$((PORT_B + 1000))/metrics >/dev/null"
+out=$(k annotate queue "$QC" --overwrite 'volcano.sh/card.quota={"NVIDIA-H200":2}' 2>&1)
+log "quota of $QC cut from 8 to 2 through A: $out"
+sealed=$(k -n "$SYS" get configmap "card-quota-ledger.$QC" -o json 2>/dev/null \
+  | jq -r --arg q "$QC" '.data.ledger | fromjson | .seals[$q] | "\(.by) \(.cause)"')
+check "... the Queue hook sealed it before the cut was stored (seal: $sealed)" test "$sealed" = "$QC limits"
+allowed=0 retry=0 refused=0 n=0 last=
+end=$(( $(date +%s) + 20 ))
+while [ "$(date +%s)" -lt $end ] && [ $n -lt 40 ]; do
+  n=$((n + 1))
+  out=$(pod "cut-$n" "$QC" | jq --arg uid "cut-$n-$RANDOM" '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
+    request: {uid: $uid, kind: {group: "", version: "v1", kind: "Pod"}, resource: {group: "", version: "v1", resource: "pods"},
+      namespace: .metadata.namespace, operation: "CREATE", userInfo: {username: "e2e"}, object: (.metadata.uid = $uid)}}' \
+    | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_B/validate")
+  case "$(jq -r '.response.allowed' <<<"$out")" in
+    true) allowed=$((allowed + 1)) ;;
+    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1))
+       else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
+  esac
+  sleep 0.5
+done
+log "B after the cut ($n asks): $allowed admitted, $retry 'try again', $refused refused (last: ${last:-none})"
+check "B, whose Queue watch still shows 8, admits at most the new quota of 2 ($allowed)" [ "$allowed" -le 2 ]
+check "... and refuses the rest with the cut quota's message" grep -q "queue $QC has insufficient NVIDIA-H200 quota: requested 1, in use 2 .*quota 2" <<<"${last:-}"
 
 # ---- a root card budget given mid-burst (issue 46 #3): the queue's charges in flight,
 # recorded under its own ledger, count in the tree's ledger that takes over ----------------

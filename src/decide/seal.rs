@@ -7,6 +7,7 @@
 //! - A change that lowers a limit (a quota or borrow cut on any model, a change of
 //!   enforcement) seals the queue and every queue below it in their own ledger, so a
 //!   replica whose Queue watch lags cannot admit against the limit the change replaced.
+//!
 //! A sealed queue's charges are answered "try again" until the replica's cache (or its
 //! own quorum read of the Queue) shows the change, or a read made [`SEAL_LIFT_AFTER`]
 //! after this replica first saw the seal shows that the change never landed
