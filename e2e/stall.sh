@@ -139,7 +139,7 @@ log "quota of $QC cut from 8 to 2 through A: $out"
 sealed=$(k -n "$SYS" get configmap "card-quota-ledger.$QC" -o json 2>/dev/null \
   | jq -r --arg q "$QC" '.data.ledger | fromjson | .seals[$q] | "\(.by) \(.cause)"')
 check "... the Queue hook sealed it before the cut was stored (seal: $sealed)" test "$sealed" = "$QC limits"
-allowed=0 retry=0 refused=0 n=0 last=
+allowed=0 retry=0 refused=0 n=0 last= again=
 end=$(( $(date +%s) + 20 ))
 while [ "$(date +%s)" -lt $end ] && [ $n -lt 40 ]; do
   n=$((n + 1))
@@ -149,12 +149,12 @@ while [ "$(date +%s)" -lt $end ] && [ $n -lt 40 ]; do
     | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_B/validate")
   case "$(jq -r '.response.allowed' <<<"$out")" in
     true) allowed=$((allowed + 1)) ;;
-    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1))
+    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1)); again=$(jq -r '.response.status.message' <<<"$out")
        else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
   esac
   sleep 0.5
 done
-log "B after the cut ($n asks): $allowed admitted, $retry 'try again', $refused refused (last: ${last:-none})"
+log "B after the cut ($n asks): $allowed admitted, $retry 'try again' (last: ${again:-none}), $refused refused (last: ${last:-none})"
 check "B, whose Queue watch still shows 8, admits at most the new quota of 2 ($allowed)" [ "$allowed" -le 2 ]
 check "... and refuses the rest with the cut quota's message" grep -q "queue $QC has insufficient NVIDIA-H200 quota: requested 1, in use 2 .*quota 2" <<<"${last:-}"
 

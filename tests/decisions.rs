@@ -2702,3 +2702,39 @@ fn a_bind_of_a_pod_the_cache_does_not_show_fails_open_only_with_pins_on() {
         "pod ml/not-seen-yet is not in card-quota's cache yet; try again"
     );
 }
+
+/// Issue 57 #7: AMD GPU nodes labelled by AMD's node labeller offer their model; a plain
+/// `amd.com/gpu` pod is pinned to it on that label and bound there, within its quota.
+#[test]
+fn an_amd_pod_is_pinned_by_the_node_labellers_product_name_and_bound_on_it() {
+    let mut w = World::with(
+        r#"
+apiVersion: v1
+kind: Node
+metadata: {name: mi300-1, labels: {amd.com/gpu.product-name: AMD_Instinct_MI300X_OAM}}
+status: {allocatable: {amd.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: amd, annotations: {volcano.sh/card.quota: '{"AMD_Instinct_MI300X_OAM":1}'}}
+status: {state: Open}
+"#,
+    );
+    let p = pod_res("a", "amd", None, "amd.com/gpu", "1");
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        pinned_by(&r, &p).0,
+        json!({"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"})
+    );
+    let r = w.send(R::binding("ml", "a", "mi300-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("amd", "AMD_Instinct_MI300X_OAM")["allocated"], 1);
+    let r = w.send(R::pod("CREATE", pod_res("b", "amd", None, "amd.com/gpu", "1")).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue amd has insufficient AMD_Instinct_MI300X_OAM quota"),
+        "{}",
+        message(&r)
+    );
+}

@@ -276,3 +276,40 @@ spec: {nodeName: mlu-1, containers: [{name: c, image: x, resources: {limits: {ca
         "counted: {listed}"
     );
 }
+
+/// Issue 57 #7: AMD GPU nodes labelled by AMD's node labeller (`amd.com/gpu.product-name`)
+/// offer their model (a pod of the queue is counted there), and a GPU node with no
+/// product label at all is named under the table instead of being left out in silence.
+#[test]
+fn status_reads_amds_product_name_label_and_names_card_nodes_without_a_model() {
+    let objects = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: mi300-1, labels: {amd.com/gpu.product-name: AMD_Instinct_MI300X_OAM}}
+status: {allocatable: {amd.com/gpu: "8"}}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: mi300-2}
+status: {allocatable: {amd.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: amd, annotations: {volcano.sh/card.quota: '{"AMD_Instinct_MI300X_OAM":4}'}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: amd}}
+spec: {nodeName: mi300-1, containers: [{name: c, image: x, resources: {limits: {amd.com/gpu: "2"}}}]}
+"#;
+    let plain = status_of(objects, &[]);
+    assert!(
+        plain.contains("amd    AMD_Instinct_MI300X_OAM  4      2"),
+        "counted on its model: {plain}"
+    );
+    assert!(
+        plain.contains("\nnode mi300-2 offers 8 amd.com/gpu but no <prefix>/<type>.product or .product-name label names their model"),
+        "{plain}"
+    );
+    assert!(!plain.contains("node mi300-1 offers"), "{plain}");
+}

@@ -177,7 +177,7 @@ impl ProductRule {
 }
 
 /// What a pod's required scheduling constraints allow, per product label
-/// (`<prefix>/<type>.product`): its nodeSelector, and every `requiredDuringScheduling`
+/// (`<prefix>/<type>.product` or `.product-name`): its nodeSelector, and every `requiredDuringScheduling`
 /// node-affinity term (ORed; the expressions of a term ANDed; `In`, `NotIn`, `Exists`,
 /// `DoesNotExist`). Labels without a constraint are absent. Each label is judged on its
 /// own: a value allowed here may still be ruled out by another label's constraint.
@@ -188,7 +188,7 @@ pub fn product_rules(
 ) -> BTreeMap<String, ProductRule> {
     let mut out: BTreeMap<String, ProductRule> = BTreeMap::new();
     for (k, v) in node_selector.into_iter().flatten() {
-        if k.ends_with(".product") {
+        if super::nodes::is_product_label(k) {
             out.insert(k.clone(), ProductRule::Only(BTreeSet::from([v.clone()])));
         }
     }
@@ -204,7 +204,7 @@ pub fn product_rules(
     let mut per_key: BTreeMap<&str, BTreeMap<usize, ProductRule>> = BTreeMap::new();
     for (t, term) in terms.iter().enumerate() {
         for e in term.match_expressions.iter().flatten() {
-            if !e.key.ends_with(".product") {
+            if !super::nodes::is_product_label(&e.key) {
                 continue;
             }
             let rule = ProductRule::of_expression(&e.operator, e.values.as_deref().unwrap_or(&[]));

@@ -18,12 +18,15 @@ pub fn mps_model(product: &str, memory_mib: u64, replicas: u64) -> String {
     format!("{product}/mps-{gib}g*1/{replicas}")
 }
 
-/// One product label: `<prefix>/<type>.product`.
+/// One product label: `<prefix>/<type>.product` (GPU Feature Discovery, Ascend's
+/// labeller) or `<prefix>/<type>.product-name` (AMD's node labeller).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Product {
     prefix: String,
     kind: String,
     product: String,
+    /// The label's key: what a pin names.
+    label: String,
 }
 
 /// The card models a node offers, keyed by the extended resource that requests them.
@@ -35,7 +38,7 @@ pub struct NodeCards {
     pub prefixes: Vec<String>,
     /// Card types (`<prefix>/<type>`) that carry a product label on this node.
     pub kinds: Vec<String>,
-    /// Products named by `<prefix>/<type>.product` labels.
+    /// Products named by product labels (`<prefix>/<type>.product` or `.product-name`).
     pub products: Vec<String>,
     /// resource -> the product label its model was discovered from (key, value): what
     /// a pod's nodeSelector names to be placed on this model.
@@ -48,6 +51,10 @@ pub struct NodeCards {
     /// The node's labels, kept for nodes with a product label only: a pin goes to a model
     /// some of whose nodes the pod's own constraints allow.
     pub labels: BTreeMap<String, String>,
+    /// Allocatable card resources no product label names a model for (a GPU node before
+    /// its labeller ran, or labelled in a way card-quota does not read): no pod can be
+    /// pinned to or charged on them, so they are reported, never silently left out.
+    pub modelless: BTreeMap<String, u64>,
 }
 
 impl NodeCards {
@@ -65,6 +72,7 @@ impl NodeCards {
                 self.unmanaged.insert(r, v);
             }
         }
+        self.modelless.retain(|r, _| manages(r));
     }
 
     /// The model a pod requesting `resource` uses on this node.
@@ -73,9 +81,13 @@ impl NodeCards {
     }
 }
 
-/// Matches `^(.+?)/(\w+)\.product$`.
+/// The suffixes of a product label: GPU Feature Discovery's (`nvidia.com/gpu.product`,
+/// and Ascend's labeller) and AMD's node labeller's (`amd.com/gpu.product-name`).
+const PRODUCT_SUFFIXES: [&str; 2] = [".product", ".product-name"];
+
+/// Matches `^(.+?)/(\w+)\.product(-name)?$`: (prefix, type).
 fn product_label(key: &str) -> Option<(&str, &str)> {
-    let rest = key.strip_suffix(".product")?;
+    let rest = PRODUCT_SUFFIXES.iter().find_map(|s| key.strip_suffix(s))?;
     let slash = rest.find('/')?;
     let (prefix, kind) = (&rest[..slash], &rest[slash + 1..]);
     let word = |c: char| c.is_alphanumeric() || c == '_';
@@ -95,6 +107,7 @@ pub fn discover(
                 prefix: prefix.to_string(),
                 kind: kind.to_string(),
                 product: v.clone(),
+                label: k.clone(),
             })
         })
         .collect();
@@ -119,7 +132,13 @@ pub fn discover(
             continue;
         };
         let candidates: Vec<&Product> = products.iter().filter(|p| p.prefix == prefix).collect();
+        let mut modelless = || {
+            if let Ok(n @ 1..) = parse_whole(qty) {
+                out.modelless.insert(resource.clone(), n);
+            }
+        };
         if candidates.is_empty() {
+            modelless();
             continue;
         }
         // Only the labelled type's resources are cards: `<type>`, `<type>.shared` and
@@ -130,7 +149,10 @@ pub fn discover(
         let p = match candidates.iter().find(|p| p.kind == base) {
             Some(p) => *p,
             None if is_mig => candidates[0],
-            None => continue,
+            None => {
+                modelless();
+                continue;
+            }
         };
         let count = match parse_whole(qty) {
             Ok(n) => n,
@@ -162,18 +184,19 @@ pub fn discover(
         match CardName::parse(&model) {
             Ok(m) => {
                 out.resources.insert(resource.clone(), (m, count));
-                out.pins.insert(
-                    resource.clone(),
-                    (
-                        format!("{}/{}.product", p.prefix, p.kind),
-                        p.product.clone(),
-                    ),
-                );
+                out.pins
+                    .insert(resource.clone(), (p.label.clone(), p.product.clone()));
             }
             Err(e) => out.problems.push(format!("node {node}: {resource}: {e}")),
         }
     }
     out
+}
+
+/// True when a node label (or a pod's constraint on one) names a card product: what
+/// discovery reads a node's model from, and what a pin sets.
+pub fn is_product_label(key: &str) -> bool {
+    product_label(key).is_some()
 }
 
 /// The product part of a model name (`NVIDIA-H200` of `NVIDIA-H200/mig-1g.18gb-mixed`):
@@ -209,6 +232,50 @@ mod tests {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn amd_node_labellers_product_name_names_the_model_and_the_pin() {
+        let labels = map(&[
+            ("amd.com/gpu.product-name", "AMD_Instinct_MI300X_OAM"),
+            ("amd.com/gpu.family", "AI"),
+            ("amd.com/gpu.vram", "192G"),
+        ]);
+        let alloc = map(&[("cpu", "64"), ("amd.com/gpu", "8")]);
+        let n = discover("mi300", &labels, &alloc);
+        assert_eq!(
+            n.model_for("amd.com/gpu").map(CardName::as_str),
+            Some("AMD_Instinct_MI300X_OAM")
+        );
+        assert_eq!(
+            n.pins["amd.com/gpu"],
+            (
+                "amd.com/gpu.product-name".to_string(),
+                "AMD_Instinct_MI300X_OAM".to_string()
+            )
+        );
+        assert!(is_product_label("amd.com/gpu.product-name"));
+        assert!(is_product_label("nvidia.com/gpu.product"));
+        assert!(!is_product_label("amd.com/gpu.family"));
+        assert!(!is_product_label("product-name"));
+    }
+
+    #[test]
+    fn card_resources_no_label_names_are_kept_to_be_reported() {
+        // AMD's device plugin before (or without) its node labeller; a hostdev beside.
+        let alloc = map(&[("amd.com/gpu", "8"), ("nvidia.com/hostdev", "2")]);
+        let mut n = discover("mi300", &map(&[]), &alloc);
+        assert!(n.resources.is_empty());
+        n.keep_managed(|r| r == "amd.com/gpu");
+        assert_eq!(
+            n.modelless,
+            BTreeMap::from([("amd.com/gpu".to_string(), 8)])
+        );
+        // Labelled: a model, nothing to report.
+        let labels = map(&[("amd.com/gpu.product-name", "MI300X")]);
+        let mut n = discover("mi300", &labels, &alloc);
+        n.keep_managed(|r| r == "amd.com/gpu");
+        assert!(n.modelless.is_empty());
     }
 
     #[test]

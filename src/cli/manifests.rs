@@ -135,8 +135,8 @@ pub fn card_drivers_condition(dra: &DraSettings) -> String {
     )
 }
 
-/// The `card-demand` condition of the pod hooks: a `card.name`, or a request or limit of
-/// one of `cards` in any container or init container.
+/// The `card-demand` condition of the pod hooks: a `card.name`, or a request or limit
+/// other than 0 of one of `cards` in any container or init container.
 pub fn card_demand_condition(cards: &crate::cards::CardResources) -> String {
     let names: Vec<String> = cards.names().map(str::to_string).collect();
     let prefixes: Vec<String> = cards.prefixes().map(str::to_string).collect();
@@ -145,9 +145,11 @@ pub fn card_demand_condition(cards: &crate::cards::CardResources) -> String {
         cel_list(&names),
         cel_list(&prefixes)
     );
+    // A card resource asked for as 0 (a chart's CPU variant) is no card demand: such a
+    // pod is cardless to card-quota and must not wait for it either.
     let asks = |list: &str| {
         format!(
-            "{list}.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {r})) || (has(c.resources.requests) && c.resources.requests.exists(r, {r}))))"
+            "{list}.exists(c, has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, {r} && c.resources.limits[r] != '0')) || (has(c.resources.requests) && c.resources.requests.exists(r, {r} && c.resources.requests[r] != '0'))))"
         )
     };
     format!(
@@ -624,6 +626,39 @@ mod tests {
             !text.contains("schedulerName"),
             "no hook filters by scheduler"
         );
+    }
+
+    /// The pod hooks' condition, evaluated as the API server would (CEL over the pod):
+    /// a card resource asked for as 0 is no card demand (issue 57 #7).
+    #[test]
+    fn the_card_demand_condition_selects_card_pods_and_not_zero_requests() {
+        let cond = card_demand_condition(&crate::cards::CardResources::default());
+        let program = cel::Program::compile(&cond).expect("the condition compiles");
+        let selects = |pod: Value| {
+            let mut ctx = cel::Context::default();
+            ctx.add_variable_from_value("object", cel::to_value(&pod).expect("a CEL value"));
+            program.execute(&ctx).expect("it evaluates") == cel::Value::Bool(true)
+        };
+        let pod = |resources: Value, annotations: Value| {
+            json!({"metadata": {"name": "p", "annotations": annotations},
+                "spec": {"containers": [{"name": "c", "resources": resources}]}})
+        };
+        let gpus = |n: &str| json!({"limits": {"nvidia.com/gpu": n, "cpu": "1"}});
+        assert!(selects(pod(gpus("1"), json!({}))));
+        assert!(!selects(pod(gpus("0"), json!({}))), "gpu: 0 is cardless");
+        assert!(!selects(pod(
+            json!({"requests": {"nvidia.com/gpu": "0"}}),
+            json!({})
+        )));
+        assert!(selects(pod(
+            json!({"requests": {"nvidia.com/mig-1g.18gb": "2"}}),
+            json!({})
+        )));
+        assert!(!selects(pod(json!({"limits": {"cpu": "1"}}), json!({}))));
+        assert!(selects(pod(
+            json!({}),
+            json!({"volcano.sh/card.name": "NVIDIA-H200"})
+        )));
     }
 
     #[test]

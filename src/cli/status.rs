@@ -527,6 +527,9 @@ pub fn problems(snap: &Snapshot, scope: &Scope) -> String {
         for u in crate::controller::plan::unmanaged(snap) {
             out.push_str(&format!("\n{}\n", u.message()));
         }
+        for m in crate::controller::plan::modelless(snap) {
+            out.push_str(&format!("\n{}\n", m.message()));
+        }
     }
     out
 }

@@ -70,6 +70,51 @@ pub fn unmanaged(snap: &Snapshot) -> Vec<Unmanaged> {
         .collect()
 }
 
+/// Event reason for a node whose card resources no product label names a model for.
+pub const MODELLESS: &str = "CardsWithoutModel";
+
+/// A node's cards of a card resource that no product label names a model for: no pod
+/// can be pinned to or charged on them (a card pod that can only go there is admitted
+/// nowhere, its binding there refused), so said aloud (status, an Event on the node).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Modelless {
+    pub node: String,
+    pub resource: String,
+    pub cards: u64,
+}
+
+impl Modelless {
+    /// The Event's message, and `status`'s line.
+    pub fn message(&self) -> String {
+        format!(
+            "node {} offers {} {} but no <prefix>/<type>.product or .product-name label names their model: no pod can be pinned to or charged on them; label the node (GPU Feature Discovery, AMD's node labeller)",
+            self.node, self.cards, self.resource
+        )
+    }
+}
+
+/// Every node's card resources without a model.
+pub fn modelless(snap: &Snapshot) -> Vec<Modelless> {
+    snap.modelless_cards()
+        .map(|(node, resource, cards)| Modelless {
+            node: node.to_string(),
+            resource: resource.to_string(),
+            cards,
+        })
+        .collect()
+}
+
+/// What is told about nodes in Events, once each: (node, reason, message).
+pub fn node_reports(snap: &Snapshot) -> Vec<(String, &'static str, String)> {
+    let unmanaged = unmanaged(snap)
+        .into_iter()
+        .map(|u| (u.node.clone(), UNMANAGED, u.message()));
+    let modelless = modelless(snap)
+        .into_iter()
+        .map(|m| (m.node.clone(), MODELLESS, m.message()));
+    unmanaged.chain(modelless).collect()
+}
+
 /// Event reason for a queue whose place in the tree needs an admin.
 pub const TREE: &str = "CardQuotaTreeProblem";
 

@@ -71,8 +71,9 @@ pub struct Reconciler {
     ledger_metrics: Arc<LedgerMetrics>,
     leader: watch::Receiver<bool>,
     memory: EventMemory,
-    /// Nodes' unmanaged cards already told in an Event (told again after a restart).
-    told_unmanaged: std::collections::BTreeSet<super::plan::Unmanaged>,
+    /// What was told about nodes in Events: unmanaged cards, cards without a model
+    /// (node, reason, message; told again after a restart).
+    told_nodes: std::collections::BTreeSet<(String, &'static str, String)>,
     /// The snapshot's count of card changes when they were last reported.
     reported_changes: Option<u64>,
     /// When each queue's usage was last written.
@@ -129,7 +130,7 @@ impl Reconciler {
             ledger_metrics,
             leader,
             memory: EventMemory::default(),
-            told_unmanaged: Default::default(),
+            told_nodes: Default::default(),
             reported_changes: None,
             written: HashMap::new(),
             failing: HashMap::new(),
@@ -216,16 +217,24 @@ impl Reconciler {
     }
 
     /// Publishes the cards nodes announce of resources the install does not gate, and
-    /// tells each once in an Event on its node. Returns the Events published.
+    /// tells each of those, and each node's card resources without a model, once in an
+    /// Event on its node. Returns the Events published.
     async fn report_unmanaged(&mut self) -> usize {
-        let list = super::plan::unmanaged(&self.lock());
+        let (list, reports) = {
+            let snap = self.lock();
+            (
+                super::plan::unmanaged(&snap),
+                super::plan::node_reports(&snap),
+            )
+        };
         self.metrics.publish_unmanaged(&list);
-        self.told_unmanaged.retain(|u| list.contains(u));
+        self.told_nodes.retain(|r| reports.contains(r));
         let mut published = 0;
-        for u in list {
+        for r in reports {
+            let (node, reason, message) = &r;
             // DRA devices of no single node have no Node to tell it on: status and the
             // metric say it.
-            if self.told_unmanaged.contains(&u) || u.node.is_empty() {
+            if self.told_nodes.contains(&r) || node.is_empty() {
                 continue;
             }
             let intent = EventIntent {
@@ -233,24 +242,20 @@ impl Reconciler {
                     api_version: "v1".into(),
                     kind: "Node".into(),
                     namespace: None,
-                    name: u.node.clone(),
+                    name: node.clone(),
                     uid: None,
                 },
-                reason: super::plan::UNMANAGED,
-                message: crate::decide::messages::cap(u.message()),
+                reason,
+                message: crate::decide::messages::cap(message.clone()),
                 warning: true,
                 also: None,
             };
             match self.events.publish(&intent, "Reconcile").await {
                 Ok(()) => {
                     published += 1;
-                    self.told_unmanaged.insert(u);
+                    self.told_nodes.insert(r);
                 }
-                Err(e) => tracing::warn!(
-                    "could not publish {} on node {}: {e}",
-                    super::plan::UNMANAGED,
-                    u.node
-                ),
+                Err(e) => tracing::warn!("could not publish {reason} on node {node}: {e}"),
             }
         }
         published

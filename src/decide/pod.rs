@@ -454,7 +454,7 @@ pub fn allocate_with(
         let Some(model) = n.model_for(resource).cloned() else {
             return Err(Decision::deny(
                 INVALID_DEMAND,
-                format!("node {node} offers no card model for {resource} (no <prefix>/<type>.product label, or no such allocatable resource)"),
+                format!("node {node} offers no card model for {resource} (no <prefix>/<type>.product or .product-name label, or no such allocatable resource)"),
             ));
         };
         add(model, *cards);
@@ -911,7 +911,7 @@ fn charge_on_named_node(
         return Decision::deny(
             INVALID_DEMAND,
             format!(
-                "pod {} names node {node}, which offers no card model for {} (no <prefix>/<type>.product label, or no such allocatable resource)",
+                "pod {} names node {node}, which offers no card model for {} (no <prefix>/<type>.product or .product-name label, or no such allocatable resource)",
                 rec.key, demand.resource
             ),
         );

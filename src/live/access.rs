@@ -57,12 +57,13 @@ pub const ACCESS: &[Access] = &[
         "resourceclaims",
         &["list", "watch"],
     ),
-    // ... and controller/reconciler.rs: the usage annotation (server-side apply).
+    // ... live/seals.rs: a quorum read of a Queue whose sealed change the watch has not
+    // shown yet; and controller/reconciler.rs: the usage annotation (server-side apply).
     (
         Scope::Cluster,
         "scheduling.volcano.sh",
         "queues",
-        &["list", "watch", "patch"],
+        &["get", "list", "watch", "patch"],
     ),
     // controller/events.rs: kube-runtime's Recorder creates Events and patches series.
     (

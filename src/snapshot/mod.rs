@@ -318,6 +318,16 @@ impl Snapshot {
         })
     }
 
+    /// Nodes with allocatable card resources no product label names a model for: node,
+    /// resource and cards (reported: nothing can be pinned to or charged on them).
+    pub fn modelless_cards(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.nodes.iter().flat_map(|(n, c)| {
+            c.modelless
+                .iter()
+                .map(move |(r, k)| (n.as_str(), r.as_str(), *k))
+        })
+    }
+
     /// Resources that request `model` on some node.
     pub fn resources_of(&self, model: &CardName) -> Option<&BTreeMap<String, usize>> {
         self.model_resources.get(model)

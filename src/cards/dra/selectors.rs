@@ -3,12 +3,16 @@
 //! `device.capacity[domain].name`), with the `cel` crate.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use cel::{Context, Program, Value};
+use cel::{Context, Env, Program, Value};
 
 use super::devices::{Attribute, Device};
 use super::DraError;
+
+/// The CEL environment selectors compile and run in: the standard library with optional
+/// values (`a.?b`, `a[?b]`, `optional.of`), which Kubernetes' CEL has had since 1.28.
+static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
 
 /// A compiled selector.
 #[derive(Clone)]
@@ -45,7 +49,7 @@ pub enum Match {
 impl Selector {
     /// Compiles `expression`; `source` names where it was written, for the error.
     pub fn compile(expression: &str, source: &str) -> Result<Self, DraError> {
-        let program = Program::compile(expression).map_err(|e| DraError::Selector {
+        let program = ENV.compile(expression).map_err(|e| DraError::Selector {
             origin: source.to_string(),
             expression: expression.to_string(),
             reason: e.to_string(),
@@ -58,7 +62,7 @@ impl Selector {
 
     /// Evaluates the selector for `device`.
     pub fn matches(&self, device: &Device) -> Match {
-        let mut ctx = Context::default();
+        let mut ctx = Context::with_env(ENV.clone());
         ctx.add_variable_from_value("device", device_value(device));
         match self.program.execute(&ctx) {
             Ok(Value::Bool(true)) => Match::Yes,
@@ -125,6 +129,26 @@ mod tests {
         slice_devices(&s, &DraSettings::default())
             .unwrap()
             .remove(0)
+    }
+
+    /// Issue 57 #7: Kubernetes' CEL optional syntax compiles and is evaluated.
+    #[test]
+    fn selectors_may_use_cel_optionals() {
+        let d = h200();
+        let m = |e: &str| Selector::compile(e, "test").unwrap().matches(&d);
+        assert_eq!(
+            m("device.attributes['gpu.nvidia.com'].?productName.orValue('') == 'NVIDIA H200'"),
+            Match::Yes
+        );
+        assert_eq!(
+            m("device.attributes['gpu.nvidia.com'].?nothing.orValue('x') == 'x'"),
+            Match::Yes
+        );
+        assert_eq!(
+            m("device.attributes[?'gpu.nvidia.com'].hasValue()"),
+            Match::Yes
+        );
+        assert_eq!(m("device.attributes[?'amd.com'].hasValue()"), Match::No);
     }
 
     #[test]
