@@ -190,78 +190,89 @@ pub fn plan_held(
         .map(|h| h.escrow.in_flight.clone())
         .unwrap_or_default();
     let mut held_models = BTreeSet::new();
-    let mut layer = escrow::lay(snap, queue, &ledger, holding, Some(&in_flight), Holds::Full);
     let mut admitted: Vec<(usize, EntryId)> = Vec::new();
     let mut outcomes = Vec::with_capacity(reqs.len());
     let mut refused_full = 0;
     let mut want_release = false;
     let unread = snap.ledgers_behind_tree();
-    for (i, req) in reqs.iter().enumerate() {
-        let d = if unread {
-            ledgers_unread()
-        } else {
-            decide_enforcing(req, snap, cfg, now)
-        };
-        // Refused (or warned) while other replicas hold spare: they give it back
-        // first, so that a refusal counts only what was admitted (its numbers included).
-        let over = if d.allowed {
-            warned_wait && d.would_refuse == Some(INSUFFICIENT)
-        } else {
-            d.reason == Some(INSUFFICIENT)
-        };
-        let blocked = over
-            && holding.is_some()
-            && !req.is_dry_run()
-            && escrow::others_spare(&ledger, holding);
-        let charge = match (&d.charge, d.allowed && !req.is_dry_run()) {
-            (Some(c), true) if !blocked => c.clone(),
-            _ => {
-                if blocked {
-                    want_release = true;
-                    outcomes.push(Outcome::Wait(d));
-                } else {
-                    outcomes.push(Outcome::Answer(d));
-                }
-                continue;
-            }
-        };
-        if snap.ledger_key(&charge.queue) != *queue {
-            outcomes.push(Outcome::Answer(moved(queue, &charge.queue)));
-            continue;
-        }
-        if let Some(d) = super::seal::blocks(snap, &ledger, &charge.queue)
-            .or_else(|| super::seal::unread_source(snap, &ledger, &charge.queue))
-        {
-            outcomes.push(Outcome::Answer(d));
-            continue;
-        }
-        if holdable && charge.queue == *queue {
-            if let Some(m) = escrow::held_model(&charge.effect) {
-                let id = in_flight.record(&charge.effect);
-                if let Some(e) = in_flight.get(&id) {
-                    layer.add(snap, queue, &id, e);
-                }
-                held_models.insert(m);
-                outcomes.push(Outcome::Admit(d));
-                continue;
-            }
-        }
-        if ledger.len() >= MAX_ENTRIES {
-            refused_full += 1;
-            outcomes.push(Outcome::Answer(full(queue)));
-            continue;
-        }
-        let id = ledger.record_for(
-            &charge.effect,
-            (&charge.queue != queue).then_some(&charge.queue),
+    // Each request is decided on top of those admitted before it: their entries are laid
+    // over the snapshot with the ledger's, and all taken off at the end (or on a panic).
+    Overlay::scoped(snap, |snap, layer| {
+        escrow::lay(
+            layer,
+            snap,
+            queue,
+            &ledger,
+            holding,
+            Some(&in_flight),
+            Holds::Full,
         );
-        if let Some(e) = ledger.get(&id) {
-            layer.add(snap, queue, &id, e);
+        for (i, req) in reqs.iter().enumerate() {
+            let d = if unread {
+                ledgers_unread()
+            } else {
+                decide_enforcing(req, snap, cfg, now)
+            };
+            // Refused (or warned) while other replicas hold spare: they give it back
+            // first, so that a refusal counts only what was admitted (its numbers included).
+            let over = if d.allowed {
+                warned_wait && d.would_refuse == Some(INSUFFICIENT)
+            } else {
+                d.reason == Some(INSUFFICIENT)
+            };
+            let blocked = over
+                && holding.is_some()
+                && !req.is_dry_run()
+                && escrow::others_spare(&ledger, holding);
+            let charge = match (&d.charge, d.allowed && !req.is_dry_run()) {
+                (Some(c), true) if !blocked => c.clone(),
+                _ => {
+                    if blocked {
+                        want_release = true;
+                        outcomes.push(Outcome::Wait(d));
+                    } else {
+                        outcomes.push(Outcome::Answer(d));
+                    }
+                    continue;
+                }
+            };
+            if snap.ledger_key(&charge.queue) != *queue {
+                outcomes.push(Outcome::Answer(moved(queue, &charge.queue)));
+                continue;
+            }
+            if let Some(d) = super::seal::blocks(snap, &ledger, &charge.queue)
+                .or_else(|| super::seal::unread_source(snap, &ledger, &charge.queue))
+            {
+                outcomes.push(Outcome::Answer(d));
+                continue;
+            }
+            if holdable && charge.queue == *queue {
+                if let Some(m) = escrow::held_model(&charge.effect) {
+                    let id = in_flight.record(&charge.effect);
+                    if let Some(e) = in_flight.get(&id) {
+                        layer.add(snap, queue, &id, e);
+                    }
+                    held_models.insert(m);
+                    outcomes.push(Outcome::Admit(d));
+                    continue;
+                }
+            }
+            if ledger.len() >= MAX_ENTRIES {
+                refused_full += 1;
+                outcomes.push(Outcome::Answer(full(queue)));
+                continue;
+            }
+            let id = ledger.record_for(
+                &charge.effect,
+                (&charge.queue != queue).then_some(&charge.queue),
+            );
+            if let Some(e) = ledger.get(&id) {
+                layer.add(snap, queue, &id, e);
+            }
+            admitted.push((i, id));
+            outcomes.push(Outcome::Admit(d));
         }
-        admitted.push((i, id));
-        outcomes.push(Outcome::Admit(d));
-    }
-    Overlay::remove(layer, snap);
+    });
     let fresh: std::collections::HashSet<&EntryId> = admitted.iter().map(|(_, id)| id).collect();
     let pruned = ledger.prune(|id, e| {
         if fresh.contains(id) {
@@ -426,48 +437,49 @@ pub fn look(
     {
         (first, None)
     } else {
+        // Decided over "cache ∪ ledger ∪ holds"; what is laid is taken off after (or on
+        // a panic).
         let decide_over = |snap: &mut Snapshot, holds: Holds| {
-            let layer = escrow::lay(
-                snap,
-                &queue,
-                &stored.ledger,
-                Some(&holding),
-                Some(&escrow.in_flight),
-                holds,
-            );
-            let d = decide_enforcing(req, snap, cfg, now);
-            (d, layer)
+            Overlay::scoped(snap, |snap, layer| {
+                escrow::lay(
+                    layer,
+                    snap,
+                    &queue,
+                    &stored.ledger,
+                    Some(&holding),
+                    Some(&escrow.in_flight),
+                    holds,
+                );
+                let d = decide_enforcing(req, snap, cfg, now);
+                // A sealed queue takes nothing from spare: the writer answers it (R2
+                // for Queues).
+                let add = match &d.charge {
+                    Some(c)
+                        if consume
+                            && d.allowed
+                            && !req.is_dry_run()
+                            && c.queue == queue
+                            && !escrow.spare.is_empty()
+                            && escrow::holdable_queue(snap, &queue)
+                            && super::seal::blocks(snap, &stored.ledger, &c.queue).is_none() =>
+                    {
+                        escrow::held_model(&c.effect).map(|m| {
+                            let models = BTreeSet::from([m]);
+                            escrow::added(snap, &queue, &c.effect, &models, now)
+                        })
+                    }
+                    _ => None,
+                };
+                (d, add)
+            })
         };
         // The pin (no charge taken) goes where there is room counting the others'
         // spare, as the check will; only when there is none anywhere, to where spare
         // would be given back on request (a dead holder's never is).
-        let (d, layer) = match decide_over(snap, Holds::Full) {
-            (d, layer) if !consume && !d.allowed && others_spare => {
-                layer.remove(snap);
-                decide_over(snap, Holds::Carried)
-            }
+        match decide_over(snap, Holds::Full) {
+            (d, _) if !consume && !d.allowed && others_spare => decide_over(snap, Holds::Carried),
             full => full,
-        };
-        // A sealed queue takes nothing from spare: the writer answers it (R2 for Queues).
-        let add = match &d.charge {
-            Some(c)
-                if consume
-                    && d.allowed
-                    && !req.is_dry_run()
-                    && c.queue == queue
-                    && !escrow.spare.is_empty()
-                    && escrow::holdable_queue(snap, &queue)
-                    && super::seal::blocks(snap, &stored.ledger, &c.queue).is_none() =>
-            {
-                escrow::held_model(&c.effect).map(|m| {
-                    let models = BTreeSet::from([m]);
-                    escrow::added(snap, &queue, &c.effect, &models, now)
-                })
-            }
-            _ => None,
-        };
-        layer.remove(snap);
-        (d, add)
+        }
     };
     let d = match &d.charge {
         Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
@@ -513,13 +525,13 @@ pub fn decide_with_ledger(
     if stored.ledger.is_empty() && overlay::foreign(snap, &queue).is_empty() {
         return first;
     }
-    let layer = overlay::apply(snap, &queue, &stored.ledger);
-    let d = if layer.applied() == 0 {
-        first
-    } else {
-        decide_enforcing(req, snap, cfg, now)
-    };
-    layer.remove(snap);
+    let d = overlay::with_ledger(snap, &queue, &stored.ledger, |snap, layer| {
+        if layer.applied() == 0 {
+            first
+        } else {
+            decide_enforcing(req, snap, cfg, now)
+        }
+    });
     match &d.charge {
         Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
         _ => d,
@@ -551,13 +563,10 @@ fn over_every_ledger(
     if ledgers.is_empty() {
         return first;
     }
-    let layers: Vec<Overlay> = ledgers
-        .iter()
-        .map(|l| escrow::lay(snap, &l.queue, &l.ledger, None, None, Holds::Full))
-        .collect();
-    let d = decide_enforcing(req, snap, cfg, now);
-    for layer in layers.into_iter().rev() {
-        layer.remove(snap);
-    }
-    d
+    Overlay::scoped(snap, |snap, layer| {
+        for l in &ledgers {
+            escrow::lay(layer, snap, &l.queue, &l.ledger, None, None, Holds::Full);
+        }
+        decide_enforcing(req, snap, cfg, now)
+    })
 }

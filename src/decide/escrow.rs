@@ -91,22 +91,16 @@ pub enum Holds {
 /// `stored`, the holds of other replicas that still count (all of them without
 /// `holding`) as `holds` says, and `own` (its admissions in flight).
 pub fn lay(
+    o: &mut Overlay,
     snap: &mut Snapshot,
     queue: &QueueName,
     stored: &Ledger,
     holding: Option<&Holding<'_>>,
     own: Option<&Ledger>,
     holds: Holds,
-) -> Overlay {
-    let mut o = overlay::apply(snap, queue, stored);
-    lay_holds(
-        &mut o,
-        snap,
-        queue,
-        stored,
-        holding,
-        holds == Holds::Carried,
-    );
+) {
+    o.lay(snap, queue, stored);
+    lay_holds(o, snap, queue, stored, holding, holds == Holds::Carried);
     // Holds left in the ledger of a queue that now charges this one (the tree
     // changed under them): this replica's own included, whose escrow is that queue's.
     let anyone = holding.map(|h| Holding {
@@ -117,7 +111,7 @@ pub fn lay(
     for f in overlay::foreign(snap, queue) {
         if snap.ledger_key(&f.queue) == *queue {
             lay_holds(
-                &mut o,
+                o,
                 snap,
                 &f.queue,
                 &f.ledger,
@@ -129,7 +123,6 @@ pub fn lay(
     for (id, e) in own.into_iter().flat_map(Ledger::iter) {
         o.add(snap, queue, id, e);
     }
-    o
 }
 
 fn lay_holds(
@@ -253,12 +246,12 @@ pub fn added(
     let before = in_use(snap, queue, models, now);
     let mut scratch = Ledger::default();
     let id = scratch.record(effect);
-    let mut o = Overlay::default();
-    if let Some(e) = scratch.get(&id) {
-        o.add(snap, queue, &id, e);
-    }
-    let after = in_use(snap, queue, models, now);
-    o.remove(snap);
+    let after = Overlay::scoped(snap, |snap, o| {
+        if let Some(e) = scratch.get(&id) {
+            o.add(snap, queue, &id, e);
+        }
+        in_use(snap, queue, models, now)
+    });
     after
         .into_iter()
         .map(|(m, (a, _))| {
@@ -310,10 +303,11 @@ pub fn renew(
     answer_release: bool,
     now: jiff::Timestamp,
 ) -> Renewal {
-    let mut base = overlay::apply(snap, queue, stored);
-    lay_holds(&mut base, snap, queue, stored, Some(holding), false);
-    let free = in_use(snap, queue, wanted, now);
-    base.remove(snap);
+    let free = Overlay::scoped(snap, |snap, base| {
+        base.lay(snap, queue, stored);
+        lay_holds(base, snap, queue, stored, Some(holding), false);
+        in_use(snap, queue, wanted, now)
+    });
     let mut spare = BTreeMap::new();
     for (m, (_, free)) in &free {
         // A renewal written while admissions go on under the old spare keeps what is

@@ -167,8 +167,8 @@ enum Undo {
     Group(ObjectKey, Option<Box<PodGroupRecord>>),
 }
 
-/// Entries laid over a snapshot; [`Overlay::remove`] restores the snapshot exactly.
-#[must_use = "an overlay must be removed, or the snapshot keeps phantom objects"]
+/// Entries laid over a snapshot for the length of [`Overlay::scoped`], which restores
+/// the snapshot exactly, also when a decision panics.
 #[derive(Default)]
 pub struct Overlay {
     undo: Vec<Undo>,
@@ -177,13 +177,37 @@ pub struct Overlay {
 }
 
 impl Overlay {
+    /// Runs `f` over `snap` with an overlay, empty at first, that `f` lays entries into;
+    /// whatever was laid is taken off again when `f` returns *or panics*. The one way
+    /// decisions lay ledgers over the caches: a decision that panics (a request's task
+    /// fails alone; the snapshot's lock, poisoned, is taken on by the next request)
+    /// leaves no phantom charge behind.
+    pub fn scoped<T>(snap: &mut Snapshot, f: impl FnOnce(&mut Snapshot, &mut Overlay) -> T) -> T {
+        let mut o = Overlay::default();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(snap, &mut o)));
+        o.remove(snap);
+        r.unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
+
     /// How many entries changed the snapshot.
     pub fn applied(&self) -> usize {
         self.undo.len()
     }
 
+    /// Lays every entry of `queue`'s ledger over `snap` (see [`apply`]).
+    pub fn lay(&mut self, snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) {
+        for (id, e) in ledger.iter() {
+            self.add(snap, queue, id, e);
+        }
+        for f in foreign(snap, queue) {
+            for (id, e) in f.ledger.iter() {
+                self.add(snap, &f.queue, id, e);
+            }
+        }
+    }
+
     /// Puts back what the overlay replaced.
-    pub fn remove(self, snap: &mut Snapshot) {
+    fn remove(self, snap: &mut Snapshot) {
         for u in self.undo.into_iter().rev() {
             match u {
                 Undo::Pod(_, Some(p)) => snap.upsert_pod(*p),
@@ -302,18 +326,19 @@ impl Overlay {
     }
 }
 
-/// Lays every entry of `queue`'s ledger over `snap`.
-pub fn apply(snap: &mut Snapshot, queue: &QueueName, ledger: &Ledger) -> Overlay {
-    let mut o = Overlay::default();
-    for (id, e) in ledger.iter() {
-        o.add(snap, queue, id, e);
-    }
-    for f in foreign(snap, queue) {
-        for (id, e) in f.ledger.iter() {
-            o.add(snap, &f.queue, id, e);
-        }
-    }
-    o
+/// Runs `f` with every entry of `queue`'s ledger (and of the other ledgers holding
+/// charges of its tree, [`foreign`]) laid over `snap`, taken off again afterwards
+/// ([`Overlay::scoped`]).
+pub fn with_ledger<T>(
+    snap: &mut Snapshot,
+    queue: &QueueName,
+    ledger: &Ledger,
+    f: impl FnOnce(&mut Snapshot, &Overlay) -> T,
+) -> T {
+    Overlay::scoped(snap, |snap, o| {
+        o.lay(snap, queue, ledger);
+        f(snap, o)
+    })
 }
 
 /// The other queues' ledgers that hold charges of `ledger`'s tree: a change of the tree
@@ -496,10 +521,10 @@ status: {phase: Succeeded}
             fate(&snap, &id, &e, young, now, None),
             Fate::Reflected(Stream::Pods, 70)
         );
-        let mut overlay = Overlay::default();
-        overlay.add(&mut snap, &QueueName::new("q"), &id, &e);
-        assert_eq!(overlay.applied(), 0);
-        overlay.remove(&mut snap);
+        Overlay::scoped(&mut snap, |snap, overlay| {
+            overlay.add(snap, &QueueName::new("q"), &id, &e);
+            assert_eq!(overlay.applied(), 0);
+        });
         // Another incarnation's charge under the same name still counts.
         assert!(!reflected(&snap, &other_id, &other));
     }
@@ -513,15 +538,52 @@ status: {phase: Succeeded}
         p.version.uid = Some("u-again".into());
         p.phase = None;
         ledger.record(&Effect::Pod(Box::new(p)));
-        let layer = apply(&mut snap, &QueueName::new("q"), &ledger);
-        assert_eq!(layer.applied(), 1);
-        let shown = snap.pod(&ObjectKey::new("ml", "done")).unwrap();
-        assert_eq!(shown.version.uid.as_deref(), Some("u-again"));
-        assert!(shown.is_active(jiff::Timestamp::now()));
-        layer.remove(&mut snap);
+        with_ledger(&mut snap, &QueueName::new("q"), &ledger, |snap, layer| {
+            assert_eq!(layer.applied(), 1);
+            let shown = snap.pod(&ObjectKey::new("ml", "done")).unwrap();
+            assert_eq!(shown.version.uid.as_deref(), Some("u-again"));
+            assert!(shown.is_active(jiff::Timestamp::now()));
+        });
         assert_eq!(
             snap.pod(&ObjectKey::new("ml", "done")),
             before.pod(&ObjectKey::new("ml", "done"))
         );
+    }
+
+    /// Issue 57: a decision that panics with a ledger laid over the snapshot leaves the
+    /// snapshot as it found it (the overlay is taken off on unwind), not with phantom
+    /// charges that count for good.
+    #[test]
+    fn a_decision_that_panics_leaves_the_snapshot_as_it_found_it() {
+        let (mut snap, _) = load(SNAP).unwrap();
+        let now = jiff::Timestamp::now();
+        let q = QueueName::new("q");
+        let before = (
+            format!("{:?}", snap.usage(&q, now)),
+            snap.pod(&ObjectKey::new("ml", "done")).cloned(),
+        );
+        let mut ledger = Ledger::default();
+        let mut p = snap.pod(&ObjectKey::new("ml", "done")).unwrap().clone();
+        p.version.uid = Some("u-again".into());
+        p.phase = None;
+        ledger.record(&Effect::Pod(Box::new(p)));
+        let mut fresh = snap.pod(&ObjectKey::new("ml", "seen")).unwrap().clone();
+        fresh.key = ObjectKey::new("ml", "fresh");
+        fresh.version.uid = Some("u-fresh".into());
+        ledger.record(&Effect::Pod(Box::new(fresh)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_ledger(&mut snap, &q, &ledger, |snap, layer| {
+                assert_eq!(layer.applied(), 2);
+                assert_ne!(format!("{:?}", snap.usage(&q, now)), before.0);
+                panic!("a bug inside a decision");
+            })
+        }));
+        assert!(r.is_err());
+        let after = (
+            format!("{:?}", snap.usage(&q, now)),
+            snap.pod(&ObjectKey::new("ml", "done")).cloned(),
+        );
+        assert_eq!(after, before);
+        assert!(snap.pod(&ObjectKey::new("ml", "fresh")).is_none());
     }
 }
