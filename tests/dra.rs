@@ -912,3 +912,39 @@ fn a_terminating_sharer_hands_the_claim_to_one_that_stays_when_it_is_deleted() {
     let later = now + jiff::SignedDuration::from_secs(60);
     assert_eq!(w.usage_at("both", "NVIDIA-H200", later), counted);
 }
+
+/// Issue 57 #4: cards asked for through a DeviceClass the install does not list (an
+/// admin's own class selecting the NVIDIA driver's H200s) are cards all the same: the
+/// class's selectors match a card driver's devices. A class that selects only another
+/// driver's devices (a NIC) still asks for none.
+#[test]
+fn an_admins_own_class_selecting_a_card_drivers_devices_asks_for_cards() {
+    let mut w = World::new();
+    for v in [
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "h200.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nic.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "own-h200", "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "h200.example.com"}}]}}}}),
+    ] {
+        w.seen(v);
+    }
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "q", "own-h200")).build());
+        assert!(r.allowed, "{}", message(&r));
+        assert_eq!(card_name_written(&r).as_deref(), Some("NVIDIA-H200"));
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    let r = w.send(R::pod("CREATE", claim_pod("c", "q", "own-h200")).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue q has insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
+    let r = w.send(R::pod("CREATE", claim_pod("nic", "q", "one-nic")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(card_name_written(&r), None);
+}

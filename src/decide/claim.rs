@@ -118,7 +118,7 @@ fn is_card(request: &Value, snap: &Snapshot) -> bool {
     request
         .get("deviceClassName")
         .and_then(Value::as_str)
-        .is_some_and(|c| snap.dra().is_card_class(c))
+        .is_some_and(|c| snap.dra_objects().is_card_class(c))
 }
 
 /// Adds a CEL selector to a request (or subrequest) at `at`.

@@ -2,7 +2,7 @@
 //! devices its DeviceClass and selectors allow, in the order the request prefers them)
 //! and how many; and, once the scheduler has allocated it, the models it got.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -181,23 +181,49 @@ pub struct RequestDemand {
     pub count: Cards,
 }
 
-/// The card demand of a claim: one entry per request of a card class. A request whose
-/// every way is of another class asks for no card. `classes` are the DeviceClasses the
-/// cluster has (a card class not among them adds no selector), `devices` every device
-/// published.
-pub fn claim_demand<'a>(
-    spec: &ClaimSpec,
-    object: &str,
+/// The DeviceClasses whose requests are card requests: those the install lists
+/// (`--dra-class`), and every other DeviceClass of the cluster whose selectors may match
+/// a device of a card driver (an admin's own class selecting the NVIDIA driver's H200s):
+/// a card is counted however it is asked for, as its allocation is checked by driver.
+pub fn card_classes<'a>(
     settings: &DraSettings,
     classes: &BTreeMap<String, DeviceClass>,
     devices: impl Iterator<Item = &'a Device> + Clone,
+) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = settings.classes().map(str::to_string).collect();
+    for c in classes.values() {
+        if out.contains(&c.name) {
+            continue;
+        }
+        let selects_a_card = devices
+            .clone()
+            .filter(|d| d.model.is_some())
+            .any(|d| c.selectors.iter().all(|s| s.matches(d) != Match::No));
+        if selects_a_card {
+            out.insert(c.name.clone());
+        }
+    }
+    out
+}
+
+/// The card demand of a claim: one entry per request of a card class ([`card_classes`]).
+/// A request whose every way is of another class asks for no card. `classes` are the
+/// DeviceClasses the cluster has (a card class not among them adds no selector),
+/// `devices` every device published.
+pub fn claim_demand<'a>(
+    spec: &ClaimSpec,
+    object: &str,
+    card: &BTreeSet<String>,
+    classes: &BTreeMap<String, DeviceClass>,
+    devices: impl Iterator<Item = &'a Device> + Clone,
 ) -> Result<Vec<RequestDemand>, DraError> {
+    let card_classes = card;
     let mut out = Vec::new();
     for r in &spec.requests {
         let card: Vec<&Subrequest> = r
             .options
             .iter()
-            .filter(|o| settings.is_card_class(&o.class))
+            .filter(|o| card_classes.contains(&o.class))
             .collect();
         let Some(class) = card.first().map(|o| o.class.clone()) else {
             continue;
@@ -438,10 +464,11 @@ mod tests {
 
     fn demand(spec: Value) -> Result<Vec<(String, String, u128)>, DraError> {
         let spec = claim_spec(&spec, "ResourceClaim ml/c")?;
+        let card = card_classes(&DraSettings::default(), &classes(), devices().iter());
         Ok(claim_demand(
             &spec,
             "ResourceClaim ml/c",
-            &DraSettings::default(),
+            &card,
             &classes(),
             devices().iter(),
         )?

@@ -1,9 +1,11 @@
 //! A pod's cards through its ResourceClaims: which claims it uses (`spec.resourceClaims`,
 //! and from its status the claims made for it from templates), and what they add up to.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::claims::{allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass};
+use super::claims::{
+    allocated_models, card_classes, claim_demand, ClaimRecord, ClaimSpec, DeviceClass,
+};
 use super::devices::{Device, DeviceId};
 use super::settings::DraSettings;
 use super::DraError;
@@ -128,6 +130,9 @@ struct ClaimEntry {
 pub struct DraObjects {
     settings: DraSettings,
     classes: BTreeMap<String, DeviceClass>,
+    /// The classes whose requests ask for cards ([`card_classes`]), read again with
+    /// every demand when devices or classes change.
+    card_classes: BTreeSet<String>,
     /// Devices by slice, and by id for allocations.
     slices: BTreeMap<String, Vec<Device>>,
     devices: BTreeMap<DeviceId, Device>,
@@ -139,9 +144,16 @@ impl DraObjects {
     /// No objects yet, read with `settings`.
     pub fn new(settings: DraSettings) -> Self {
         Self {
+            card_classes: settings.classes().map(str::to_string).collect(),
             settings,
             ..Self::default()
         }
+    }
+
+    /// Whether requests of DeviceClass `class` ask for cards: a class the install lists,
+    /// or one whose selectors may match a card driver's device ([`card_classes`]).
+    pub fn is_card_class(&self, class: &str) -> bool {
+        self.card_classes.contains(class) || self.settings.is_card_class(class)
     }
 
     pub fn settings(&self) -> &DraSettings {
@@ -261,7 +273,7 @@ impl DraObjects {
         let requests = claim_demand(
             spec,
             object,
-            &self.settings,
+            &self.card_classes,
             &self.classes,
             self.devices.values(),
         )?;
@@ -287,8 +299,10 @@ impl DraObjects {
         }
     }
 
-    /// Devices or classes changed: every demand is read again.
+    /// Devices or classes changed: which classes ask for cards, and every demand, are
+    /// read again.
     fn reread(&mut self) {
+        self.card_classes = card_classes(&self.settings, &self.classes, self.devices.values());
         let templates = std::mem::take(&mut self.templates);
         for (k, t) in templates {
             self.upsert_template(k, t.spec);
