@@ -2086,9 +2086,10 @@ fn a_pod_without_constraints_is_pinned_to_its_first_model_with_room_then_the_nex
 }
 
 /// A pod whose models with nodes are full, but which has room on a model no node offers
-/// yet, is admitted unpinned: no pin tried on the way is left on it.
+/// yet, is refused with the numbers of the model it could be placed on (issue 57 #5: it
+/// was admitted unpinned, and could bind on the full model with the binding hook down).
 #[test]
-fn a_pod_with_room_only_on_a_model_no_node_offers_is_admitted_unpinned() {
+fn a_pod_with_room_only_on_a_model_no_node_offers_is_refused() {
     let mut w = World::with(&format!(
         "{CLUSTER}{}",
         r#"
@@ -2108,10 +2109,13 @@ status: {state: Open}
     );
     let second = pod("second", "spill", Some("RTX-4090|NVIDIA-A100"), "1");
     let r = w.send(R::pod("CREATE", second.clone()).build());
-    assert!(r.allowed, "{}", message(&r));
-    assert_eq!(pinned_by(&r, &second), (Value::Null, Value::Null));
+    assert!(!r.allowed, "{:?}", pinned_by(&r, &second));
+    assert_eq!(
+        message(&r),
+        "queue spill has insufficient RTX-4090 quota: requested 1, in use 1 (allocated 0, pending 1, reserved 0), quota 1"
+    );
     assert_eq!(w.usage("spill", "RTX-4090")["pending"], 1);
-    assert_eq!(w.usage("spill", "RTX-4090|NVIDIA-A100")["pending"], 1);
+    assert_eq!(w.usage("spill", "RTX-4090|NVIDIA-A100"), Value::Null);
 }
 
 #[test]
@@ -2736,5 +2740,62 @@ status: {state: Open}
         message(&r).starts_with("queue amd has insufficient AMD_Instinct_MI300X_OAM quota"),
         "{}",
         message(&r)
+    );
+}
+
+/// Issue 57 #5: every admitted card pod is pinned to a model that fits. A pod whose own
+/// constraints allow only a model that is full was admitted unpinned on the other
+/// model's room (and bound past the quota while the binding hook, `Ignore`, was down);
+/// a pod whose models no node offers yet was admitted unpinned too. Both are refused
+/// now, with the numbers of the model they could be placed on; warn still admits them.
+#[test]
+fn a_card_pod_no_model_can_be_pinned_for_is_refused_not_admitted_unpinned() {
+    let mut w = World::new();
+    for i in 0..2 {
+        let r = w.send(
+            R::pod(
+                "CREATE",
+                pod(&format!("rtx{i}"), "q", Some("RTX-4090"), "1"),
+            )
+            .build(),
+        );
+        assert!(r.allowed, "{}", message(&r));
+    }
+    // Only RTX nodes are in zone a; RTX is full, H200 has room.
+    let mut p = pod("zone-a", "q", None, "1");
+    p["spec"]["nodeSelector"] = json!({"zone": "a"});
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(!r.allowed, "admitted unpinned: {:?}", pinned_by(&r, &p));
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient RTX-4090 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2"
+    );
+    // A model the quota names that no node offers yet.
+    let mut w = World::with(&format!(
+        "{CLUSTER}{}",
+        r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: future, annotations: {volcano.sh/card.quota: '{"NVIDIA-B200":2}'}}
+status: {state: Open}
+"#
+    ));
+    let r = w.send(R::pod("CREATE", pod("b200", "future", None, "1")).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/b200 may use NVIDIA-B200 in queue future, but no node offers any of them yet: card-quota places a card pod only on a model a node offers"
+    );
+    // Warn observes: admitted, unpinned, with the warning.
+    w.cfg.enforcement = card_quota::decide::Enforcement::Warn;
+    let p = pod("b200-warn", "future", None, "1");
+    let r = w.send(R::pod("CREATE", p.clone()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(pinned_by(&r, &p).0, Value::Null);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("no node offers")),
+        "{:?}",
+        r.warnings
     );
 }

@@ -368,6 +368,55 @@ fn claim_demand(
     }
 }
 
+/// The refusal of a card pod no model can be pinned for: the models it could be placed
+/// on (a node offers them, its constraints allow one) have no room, with their numbers,
+/// or no node offers any model it may use yet (when its quota has room for them). A
+/// refusal a quota makes: under warn the pod is admitted, unpinned, with the warning.
+fn unplaceable(
+    rec: &PodRecord,
+    demand: &CardDemand,
+    queue: &QueueName,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+    placeable: Vec<CardName>,
+) -> Decision {
+    let first = placeable.first().cloned();
+    let refusal = |key: Alternatives| {
+        let mut pod = rec.clone();
+        pod.card_name = Some(Ok(key.clone()));
+        let change = Change {
+            add_pods: vec![pod],
+            ..Default::default()
+        };
+        let f = fit(snap, queue, &change, &models_of([&key]), now);
+        match f.verdict {
+            Verdict::Feasible => None,
+            Verdict::Infeasible => {
+                Some(Decision::deny(INSUFFICIENT, f.message(&key, demand.cards)))
+            }
+            Verdict::Undecided => Some(undecided(queue, &key, demand.cards, &f.before())),
+        }
+    };
+    let key = Alternatives::from_models(placeable).unwrap_or_else(|| demand.alternatives.clone());
+    let none_offered = first.is_none();
+    refusal(key)
+        .or_else(|| first.and_then(|m| refusal(Alternatives::single(m))))
+        .unwrap_or_else(|| {
+            let why = if none_offered {
+                "no node offers any of them yet"
+            } else {
+                "none of the models it can be placed on has room"
+            };
+            Decision::deny(
+                INSUFFICIENT,
+                format!(
+                    "pod {} may use {} in queue {queue}, but {why}: card-quota places a card pod only on a model a node offers",
+                    rec.key, demand.alternatives
+                ),
+            )
+        })
+}
+
 fn undecided(
     queue: &QueueName,
     key: &Alternatives,
@@ -1056,6 +1105,9 @@ fn choose_pin<'s>(
     // Models whose nodes the pod's own constraints all rule out (a zone, a rack, a
     // named node): pinned there, it would wait for ever holding the queue's cards.
     let (mut offered, mut allowed) = (0, 0);
+    // The models the pod could be pinned to (a node offers them and its constraints
+    // allow one), whether they fit or not: what a refusal names.
+    let mut placeable: Vec<CardName> = Vec::new();
     for m in order {
         let Some(pin) = snap.pin_of(m) else {
             continue;
@@ -1068,6 +1120,7 @@ fn choose_pin<'s>(
                 continue;
             }
         }
+        placeable.push(m.clone());
         let pod = &mut change.add_pods[0];
         pod.pinned.clone_from(&own_pins);
         pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
@@ -1092,6 +1145,15 @@ fn choose_pin<'s>(
         ));
     }
     let chosen = chosen.or(borrowing);
+    // Not pinned, a card pod could bind on any node of its resource, with only the
+    // Ignore binding hook behind it: every admitted card pod is pinned to a model that
+    // fits (or refused), so the charge at CREATE stays the line. Under warn (the quota
+    // lifted) it is admitted unpinned, with the warning of the refusal.
+    if chosen.is_none() && !snap.quota_lifted(queue) {
+        let mut pod = change.add_pods.swap_remove(0);
+        pod.pinned = own_pins;
+        return Err(unplaceable(&pod, demand, queue, snap, now, placeable));
+    }
     if let Some((_, pin)) = &chosen {
         let pod = &mut change.add_pods[0];
         pod.pinned.clone_from(&own_pins);
