@@ -1248,3 +1248,47 @@ fn a_teams_hard_to_place_pods_cannot_refuse_a_siblings_pod_within_its_share() {
         .refused("team-b", "M0", "1")
         .starts_with("queue team-b has insufficient M0 quota"));
 }
+
+/// Issue 57 #5: a plain GPU pod of a leaf in warn whose quota names no model of its
+/// resource, under a parent in deny: warn would admit it unpinned, charging nothing, and
+/// the parent's deny cap was never consulted (it could bind on the parent's full H200).
+/// A queue in deny is never exceeded, whoever charges it: refused.
+#[test]
+fn a_plain_pod_of_a_warn_leaf_under_a_deny_parent_is_checked_against_the_parent() {
+    let mut org = queue("org", "root", r#"{"NVIDIA-H200":2}"#, "");
+    org["metadata"]["annotations"]["volcano.sh/card.enforcement"] = json!("deny");
+    let mut leaf = queue("team-a", "org", r#"{"NVIDIA-H200":2}"#, "");
+    leaf["metadata"]["annotations"]["volcano.sh/card.enforcement"] = json!("warn");
+    let mut other = queue("team-b", "org", r#"{"RTX-4090":1}"#, "");
+    other["metadata"]["annotations"]["volcano.sh/card.enforcement"] = json!("warn");
+    let mut w = World::with(&[org, leaf, other]);
+    w.admit("team-a", "NVIDIA-H200", "2");
+    let plain = support::pod("plain-b")
+        .queue("team-b")
+        .scheduler("volcano")
+        .gpus("1")
+        .build();
+    let r = w.send(R::pod("CREATE", plain).build());
+    assert!(
+        !r.allowed,
+        "admitted unpinned under org's deny: {:?}",
+        r.warnings
+    );
+    assert!(
+        message(&r).contains("queue team-b has no quota for any nvidia.com/gpu model"),
+        "{}",
+        message(&r)
+    );
+    // Without a deny level above, warn admits it (with the warning), as before.
+    let mut flat = queue("solo", "", r#"{"RTX-4090":1}"#, "");
+    flat["metadata"]["annotations"]["volcano.sh/card.enforcement"] = json!("warn");
+    let mut w = World::with(&[flat]);
+    let plain = support::pod("plain")
+        .queue("solo")
+        .scheduler("volcano")
+        .resource("nvidia.com/mig-1g.18gb", "1")
+        .build();
+    let r = w.send(R::pod("CREATE", plain).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert!(!r.warnings.is_empty());
+}

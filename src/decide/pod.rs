@@ -297,8 +297,10 @@ pub fn card_demand(
             source: Source::Quota,
         })),
         // Under warn a quota refusal is a warning: admitted unpinned, charged on its
-        // node's model once bound.
-        None if named.is_empty() && snap.quota_lifted(&q) => Ok(None),
+        // node's model once bound. Not below a card level in deny: a queue in deny is
+        // never exceeded, whoever charges it, and a pod with no model cannot be checked
+        // against its cap.
+        None if named.is_empty() && snap.quota_lifted(&q) && !under_deny(snap, &q) => Ok(None),
         None => {
             let message = none_usable(snap, &subject.to_string(), &q, &resource, &named, rec);
             // A quota that names no model of the resource is a quota refusal (warn admits
@@ -311,6 +313,14 @@ pub fn card_demand(
             Err(Decision::deny(reason, message))
         }
     }
+}
+
+/// True when a card level above `queue` enforces its quota (its quota is not lifted).
+fn under_deny(snap: &Snapshot, queue: &QueueName) -> bool {
+    snap.ancestors_of(queue)
+        .iter()
+        .filter(|a| snap.queue(a).is_some_and(|r| r.quota.is_some()))
+        .any(|a| !snap.quota_lifted(a))
 }
 
 /// The demand of a pod whose cards come from claims: the models its claims allow,
