@@ -284,15 +284,9 @@ fn span(d: std::time::Duration) -> jiff::SignedDuration {
 /// Notes, on this replica's clock, when it first saw each seal of `ledger` (the clock
 /// a seal whose change never landed is lifted by).
 pub fn note_seals(snap: &mut Snapshot, ledger: &QueueName, now: jiff::Timestamp) {
-    let seals: Vec<Seal> = snap
-        .ledger(ledger)
-        .ledger
-        .seals()
-        .values()
-        .cloned()
-        .collect();
-    for s in seals {
-        snap.note_seal(&s, now);
+    let held = snap.ledger(ledger);
+    for s in held.ledger.seals().values() {
+        snap.note_seal(s, now);
     }
 }
 

@@ -78,7 +78,7 @@ pub struct Snapshot {
     /// When this replica first saw each seal (by the Queue and version it waits for), on
     /// its own clock: the one a seal whose change never landed is lifted by. One per
     /// sealing change still in a ledger, forgotten once no ledger holds it.
-    seals_seen: BTreeMap<(String, u64), jiff::Timestamp>,
+    seals_seen: BTreeMap<String, BTreeMap<u64, jiff::Timestamp>>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -552,25 +552,30 @@ impl Snapshot {
 
     /// Notes that this replica saw `seal` at `now` (the first sighting is kept).
     pub fn note_seal(&mut self, seal: &crate::ledger::seal::Seal, now: jiff::Timestamp) {
-        if self.seals_seen.len() >= SEALS_SEEN_MAX {
-            let live: BTreeSet<(String, u64)> = self
+        if self.seal_seen(seal).is_some() {
+            return;
+        }
+        if self.seals_seen.values().map(BTreeMap::len).sum::<usize>() >= SEALS_SEEN_MAX {
+            let live: BTreeSet<(&str, u64)> = self
                 .ledgers
                 .values()
                 .flat_map(|l| l.ledger.seals().values())
-                .map(|s| (s.by.clone(), s.version))
+                .map(|s| (s.by.as_str(), s.version))
                 .collect();
-            self.seals_seen.retain(|k, _| live.contains(k));
+            for (by, seen) in self.seals_seen.iter_mut() {
+                seen.retain(|v, _| live.contains(&(by.as_str(), *v)));
+            }
+            self.seals_seen.retain(|_, seen| !seen.is_empty());
         }
         self.seals_seen
-            .entry((seal.by.clone(), seal.version))
-            .or_insert(now);
+            .entry(seal.by.clone())
+            .or_default()
+            .insert(seal.version, now);
     }
 
     /// When this replica first saw `seal` (see [`Snapshot::note_seal`]).
     pub fn seal_seen(&self, seal: &crate::ledger::seal::Seal) -> Option<jiff::Timestamp> {
-        self.seals_seen
-            .get(&(seal.by.clone(), seal.version))
-            .copied()
+        self.seals_seen.get(&seal.by)?.get(&seal.version).copied()
     }
 
     /// The last quorum read of Queue `q` (see [`Snapshot::confirm_queue`]).
