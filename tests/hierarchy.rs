@@ -1078,6 +1078,8 @@ fn a_replica_behind_a_change_of_the_tree_cannot_charge_the_old_ledger() {
     assert_eq!(admitted(&b), 1, "the race this test is about");
     // Its write conflicts with the seal; read again, the seal answers "try again".
     store(&mut r2, &q1, "2", &sealed.render());
+    // The writer notes when it first saw the seal (its own clock lifts it).
+    card_quota::decide::seal::note_seals(&mut r2, &q1, t0);
     let b = plan(
         &mut r2,
         &q1,

@@ -163,7 +163,6 @@ pub fn plan_held(
     // tree may count short: none is taken until they are.
     // Nor while the queue is sealed here: its next charges belong to another ledger, or
     // to limits this replica has not seen.
-    super::seal::note_seals(snap, queue, now);
     let stored = snap.ledger(queue);
     let sealed = super::seal::blocks(snap, &stored.ledger, queue).is_some();
     let hold_move = match hold_move {
@@ -419,7 +418,6 @@ pub fn look(
             held: false,
         };
     };
-    super::seal::note_seals(snap, &queue, now);
     let stored = snap.ledger(&queue);
     let none = Escrow::default();
     let escrow = replica.escrows.get(&queue).unwrap_or(&none);

@@ -281,12 +281,15 @@ fn span(d: std::time::Duration) -> jiff::SignedDuration {
     jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX)
 }
 
-/// Notes, on this replica's clock, when it first saw each seal of `ledger` (the clock
-/// a seal whose change never landed is lifted by).
+/// Notes, on this replica's clock, when it first saw each seal of `ledger` that holds
+/// a queue back (the clock a seal whose change never landed is lifted by). The writer
+/// notes them before each write of the ledger, not every decision: O(seals) per batch.
 pub fn note_seals(snap: &mut Snapshot, ledger: &QueueName, now: jiff::Timestamp) {
     let held = snap.ledger(ledger);
     for s in held.ledger.seals().values() {
-        snap.note_seal(s, now);
+        if holds_back(snap, s) {
+            snap.note_seal(s, now);
+        }
     }
 }
 

@@ -10,7 +10,9 @@ use kube::api::{Api, DynamicObject};
 
 use crate::cards::QueueName;
 use crate::decide::review::AdmissionRequest;
-use crate::decide::seal::{in_the_way, inbound_for, seals_for, sources_to_read, to_confirm};
+use crate::decide::seal::{
+    in_the_way, inbound_for, note_seals, seals_for, sources_to_read, to_confirm,
+};
 use crate::ledger::seal::Inbound;
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
@@ -160,8 +162,10 @@ pub async fn confirm_seals(
     ledger: &QueueName,
 ) {
     let need = {
-        let snap = locked(snapshot);
-        to_confirm(&snap, &snap.ledger(ledger).ledger, jiff::Timestamp::now())
+        let mut snap = locked(snapshot);
+        let now = jiff::Timestamp::now();
+        note_seals(&mut snap, ledger, now);
+        to_confirm(&snap, &snap.ledger(ledger).ledger, now)
     };
     for by in need {
         // The time the read was asked for: what it shows is at least that recent.
