@@ -86,7 +86,7 @@ for i in $(seq 1 "$REPLICAS"); do
   PIDS+=($!)
 done
 if [ "$REPLICAS" = 1 ]; then URL_PORT=${backends[0]}; else
-  "$HERE/../target/release/examples/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); URL_PORT=$PORT
+  "$EXAMPLES/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); URL_PORT=$PORT
 fi
 for p in "${backends[@]}"; do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((p + 1000))/readyz" >/dev/null && break; sleep 0.3; done
@@ -99,11 +99,11 @@ if [ -n "${BURST_FLOOR:-}" ]; then
   FLOOR_PORT=$((PORT + 50)); floors=()
   for i in $(seq 1 "$REPLICAS"); do
     fp=$((FLOOR_PORT + i)); floors+=("$fp")
-    "$HERE/../target/release/examples/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" > "$WORK/floor-$i.log" 2>&1 &
+    "$EXAMPLES/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" > "$WORK/floor-$i.log" 2>&1 &
     PIDS+=($!)
   done
   if [ "$REPLICAS" = 1 ]; then FLOOR_PORT=${floors[0]}; else
-    "$HERE/../target/release/examples/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!)
+    "$EXAMPLES/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!)
   fi
   "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$FLOOR_PORT" \
     --name "$Q-floor" --namespace-label "card-quota-floor=$RUN" | k apply -f - >/dev/null

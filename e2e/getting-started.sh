@@ -7,7 +7,7 @@
 # cannot go there). A person reads between steps, so a block that fails, or does not
 # show the output the page shows, is run again for up to 30 s.
 #
-# With E2E_REAL_NODE=1 (a node of ../shared/tools/k8s-1.35/kubelet.sh is Ready and holds
+# With E2E_REAL_NODE=1 (a node of ../shared/tools/k8s-1.37/kubelet.sh is Ready and holds
 # card-quota's image, as .ci/run sets up), the page runs exactly as written: the chart's
 # Deployment runs as pods from the image, and the API server calls the webhooks through
 # the chart's Service with the chart's certificates. Without it (a control plane with no

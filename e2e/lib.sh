@@ -32,10 +32,15 @@ e2e_remove_identity() {
 # round-robin proxy) once, before anything is timed, and sets BURST_BIN. (A `cargo run`
 # inside a scenario would rebuild whenever the sources change during the run, and count
 # cargo's own time.)
+# E2E_PROFILE names the cargo profile (release by default; CI passes `test`, the profile
+# its tests were built with, so nothing is compiled twice). Sets EXAMPLES too.
 e2e_build_burst() {
-  cargo build --quiet --release --manifest-path "$1/Cargo.toml" \
+  local profile=${E2E_PROFILE:-release} dir
+  case $profile in release | bench) dir=release ;; dev | test) dir=debug ;; *) dir=$profile ;; esac
+  cargo build --quiet --profile "$profile" --manifest-path "$1/Cargo.toml" \
     --example burst --example floor_webhook --example rr_proxy || return 1
-  BURST_BIN=$1/target/release/examples/burst
+  EXAMPLES=$1/target/$dir/examples
+  BURST_BIN=$EXAMPLES/burst
 }
 
 # e2e_serve_release: `serve` as the installed Deployment in $NS would run it (the plane

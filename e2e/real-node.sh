@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# card-quota as users run it, on a real node (../shared/tools/k8s-1.35/kubelet.sh): the
+# card-quota as users run it, on a real node (../shared/tools/k8s-1.37/kubelet.sh): the
 # image built by `make image` loaded into the node, the chart installed with --wait, every
 # webhook reached through the chart's Service with the chart's certificates, under its
 # ServiceAccount, securityContext and probes. GPU pods (batch Jobs, and Volcano Jobs with
@@ -51,7 +51,7 @@ cleanup() {
 }
 
 if ! k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -q True; then
-  echo "no Ready node $NODE (start one with ../shared/tools/k8s-1.35/kubelet.sh start)"; exit 100
+  echo "no Ready node $NODE (start one with ../shared/tools/k8s-1.37/kubelet.sh start)"; exit 100
 fi
 for o in mutatingwebhookconfiguration/card-quota namespace/card-quota; do
   if k get "$o" >/dev/null 2>&1; then echo "$o exists in this cluster; not installing over it"; exit 100; fi

@@ -99,7 +99,7 @@ SCOPE=("${CARDS[@]}")
 case $VOLCANO in
   standin)
     HAND_SCHED=volcano
-    VC_KUBECONFIG=${CP_DIR:-$HOME/.cache/card-quota-k8s-135}/vc-scheduler.kubeconfig
+    VC_KUBECONFIG=${CP_DIR:-$HOME/.cache/card-quota-k8s-137}/vc-scheduler.kubeconfig
     [ -r "$VC_KUBECONFIG" ] || { echo "no $VC_KUBECONFIG: set CP_DIR to the test control plane (or E2E_VOLCANO=real)"; exit 100; }
     kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-certificate-data}' | base64 -d > "$WORK/vc.crt"
     kubectl --kubeconfig "$VC_KUBECONFIG" config view --raw --minify -o jsonpath='{.users[0].user.client-key-data}' | base64 -d > "$WORK/vc.key"
@@ -194,7 +194,7 @@ namespace() {
 }
 
 # Where the test control plane keeps kube-controller-manager (for diagnostics only).
-KCM_DIR=${CP_DIR:-$HOME/.cache/card-quota-k8s-135}
+KCM_DIR=${CP_DIR:-$HOME/.cache/card-quota-k8s-137}
 controller_manager_state() {
   if [ -f "$KCM_DIR/kube-controller-manager.pid" ]; then
     local pid; pid=$(cat "$KCM_DIR/kube-controller-manager.pid")
@@ -266,7 +266,7 @@ check "... the metric counts it" bash -c "curl -s http://127.0.0.1:$((PORT_A + 1
 # A slowloris that passes the handshake: it needs a client certificate the replicas
 # accept, i.e. one signed by the cluster CA. The test control plane keeps the API
 # server's own; elsewhere set E2E_WEBHOOK_CLIENT_CERT and E2E_WEBHOOK_CLIENT_KEY.
-WH_CRT=${E2E_WEBHOOK_CLIENT_CERT:-${CP_DIR:-$HOME/.cache/card-quota-k8s-135}/pki/webhook-client.crt}
+WH_CRT=${E2E_WEBHOOK_CLIENT_CERT:-${CP_DIR:-$HOME/.cache/card-quota-k8s-137}/pki/webhook-client.crt}
 WH_KEY=${E2E_WEBHOOK_CLIENT_KEY:-${WH_CRT%.crt}.key}
 if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
   python3 - "$PORT_A" "$WORK/certs/ca.crt" "$WH_CRT" "$WH_KEY" > "$WORK/slowloris.out" 2>&1 <<'PY' &
