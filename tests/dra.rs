@@ -2,6 +2,8 @@
 //! use: pods whose GPUs come from ResourceClaims are refused past their queue's quota at
 //! CREATE, and their bindings are charged the model of the devices allocated.
 
+mod support;
+
 use base64::Engine;
 use card_quota::admission::{apply, review, usage_report};
 use card_quota::decide::review::{AdmissionResponse, ReviewBuilder as R};
@@ -66,7 +68,10 @@ struct World {
 
 impl World {
     fn new() -> Self {
-        let (snap, skipped) = load(CLUSTER).unwrap();
+        Self::of(CLUSTER)
+    }
+    fn of(cluster: &str) -> Self {
+        let (snap, skipped) = load(cluster).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         Self {
             snap,
@@ -947,4 +952,178 @@ fn an_admins_own_class_selecting_a_card_drivers_devices_asks_for_cards() {
     let r = w.send(R::pod("CREATE", claim_pod("nic", "q", "one-nic")).build());
     assert!(r.allowed, "{}", message(&r));
     assert_eq!(card_name_written(&r), None);
+}
+
+/// Kubernetes 1.37's DRA-backed extended resources: NVIDIA's class serves
+/// `nvidia.com/gpu` (`extendedResourceName`) on nodes whose allocatable does not list it.
+/// h200-dra carries GPU Feature Discovery's product label, rtx-dra none; mixed publishes
+/// two models.
+const EXTENDED: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":1}'}}}
+- {apiVersion: scheduling.volcano.sh/v1beta1, kind: Queue, metadata: {name: both, annotations: {volcano.sh/card.quota: '{"NVIDIA-GeForce-RTX-4090":1,"NVIDIA-H200":2}'}}}
+- {apiVersion: v1, kind: Node, metadata: {name: h200-dra, labels: {nvidia.com/gpu.product: NVIDIA-H200}}, status: {allocatable: {cpu: "8", pods: "110"}}}
+- {apiVersion: v1, kind: Node, metadata: {name: rtx-dra}, status: {allocatable: {cpu: "8", pods: "110"}}}
+- {apiVersion: v1, kind: Node, metadata: {name: mixed}, status: {allocatable: {cpu: "8", pods: "110"}}}
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: gpu.nvidia.com}
+  spec:
+    extendedResourceName: nvidia.com/gpu
+    selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: h200-dra-gpu}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: h200-dra
+    pool: {name: h200-dra, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-2-mig-0, attributes: {type: {string: mig}, productName: {string: NVIDIA H200}, profile: {string: 1g.18gb}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: rtx-dra-gpu}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: rtx-dra
+    pool: {name: rtx-dra, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA GeForce RTX 4090}}}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceSlice
+  metadata: {name: mixed-gpu}
+  spec:
+    driver: gpu.nvidia.com
+    nodeName: mixed
+    pool: {name: mixed, generation: 1, resourceSliceCount: 1}
+    devices:
+    - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+    - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA A100}}}
+"#;
+
+/// The claim kube-scheduler makes for `pod`'s `nvidia.com/gpu`, allocated device
+/// `device` of `node` (its pool) and reserved for the pod.
+fn extended_claim(pod: &str, allocated: Option<(&str, &str)>) -> Value {
+    let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": format!("{pod}-extended-resources-x1"), "namespace": "ml",
+            "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": format!("u-{pod}"), "controller": true}]},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0",
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}});
+    if let Some((node, device)) = allocated {
+        c["status"] = json!({"allocation": {
+            "devices": {"results": [{"request": "container-0-request-0", "driver": "gpu.nvidia.com", "pool": node, "device": device}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("u-{pod}")}]});
+    }
+    c
+}
+
+#[test]
+fn a_plain_gpu_pod_served_through_dra_is_pinned_at_create_and_charged_once() {
+    let mut w = World::of(EXTENDED);
+    // The node's DRA devices of the class are its nvidia.com/gpu; two models behind
+    // one resource name no model.
+    let n = w.snap.node("h200-dra").unwrap();
+    assert_eq!(
+        n.model_for("nvidia.com/gpu").map(|m| m.as_str()),
+        Some("NVIDIA-H200")
+    );
+    let mixed = w.snap.node("mixed").unwrap();
+    assert_eq!(mixed.model_for("nvidia.com/gpu"), None);
+    assert_eq!(mixed.extended_problems, vec!["nvidia.com/gpu is served through DRA by devices of several models (1 NVIDIA-A100, 1 NVIDIA-H200): card-quota cannot tell which a pod gets".to_string()]);
+    let r = w.send(R::pod("CREATE", support::pod("a").queue("q").gpus("1").build()).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        patch(&r)
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|op| op["path"] == "/spec/nodeSelector"
+                && op["value"]["nvidia.com/gpu.product"] == "NVIDIA-H200"),
+        "{}",
+        patch(&r)
+    );
+    let r = w.send(R::pod("CREATE", support::pod("b").queue("q").gpus("1").build()).build());
+    assert!(!r.allowed);
+    assert!(message(&r).contains("quota 1"), "{}", message(&r));
+    // kube-scheduler's claim for a: its allocation is checked as a's binding will be,
+    // and the cards are a's, counted once.
+    let r = w.send(status_write(
+        extended_claim("a", Some(("h200-dra", "gpu-0"))),
+        extended_claim("a", None),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+    w.seen(extended_claim("a", Some(("h200-dra", "gpu-0"))));
+    let r = w.send(R::binding("ml", "a", "h200-dra").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        w.usage("q", "NVIDIA-H200")["allocated"],
+        1,
+        "{:?}",
+        w.usage("q", "NVIDIA-H200")
+    );
+}
+
+#[test]
+fn an_extended_resource_allocation_is_refused_before_the_binding() {
+    let mut w = World::of(EXTENDED);
+    // Admitted for the H200s of `both` (pinned by the product label).
+    for name in ["a", "b"] {
+        let pod = support::pod(name)
+            .queue("both")
+            .card("NVIDIA-H200")
+            .gpus("1")
+            .build();
+        let r = w.send(R::pod("CREATE", pod).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    // A device of another model than a was admitted for: refused at the write.
+    let r = w.send(status_write(
+        extended_claim("a", Some(("rtx-dra", "gpu-0"))),
+        extended_claim("a", None),
+    ));
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "pod ml/a accepts NVIDIA-H200 but node rtx-dra has NVIDIA-GeForce-RTX-4090"
+    );
+    // The queue's H200s filled behind the pods' backs (the quota cut to 1 and a bound):
+    // b's allocation finds no room.
+    let r = w.send(status_write(
+        extended_claim("a", Some(("h200-dra", "gpu-0"))),
+        extended_claim("a", None),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+    w.seen(extended_claim("a", Some(("h200-dra", "gpu-0"))));
+    assert!(w.send(R::binding("ml", "a", "h200-dra").build()).allowed);
+    w.seen(json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "both", "annotations": {"volcano.sh/card.quota": r#"{"NVIDIA-GeForce-RTX-4090":1,"NVIDIA-H200":1}"#}}}));
+    let r = w.send(status_write(
+        extended_claim("b", Some(("h200-dra", "gpu-1"))),
+        extended_claim("b", None),
+    ));
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
+}
+
+#[test]
+fn without_a_product_label_a_dra_served_model_cannot_be_pinned_and_is_refused_at_create() {
+    let mut w = World::of(EXTENDED);
+    let pod = support::pod("r")
+        .queue("both")
+        .card("NVIDIA-GeForce-RTX-4090")
+        .gpus("1")
+        .build();
+    let r = w.send(R::pod("CREATE", pod).build());
+    assert!(!r.allowed);
+    assert_eq!(message(&r), "pod ml/r may use NVIDIA-GeForce-RTX-4090 in queue both, but the nodes that offer NVIDIA-GeForce-RTX-4090 for nvidia.com/gpu carry no product label (nvidia.com/gpu.product) to place it with: card-quota places a card pod only where it can pin it (GPU Feature Discovery writes the label)");
 }

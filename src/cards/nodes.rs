@@ -1,6 +1,6 @@
 //! Card model discovery from a node's labels and allocatable resources (docs/models.md).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::names::CardName;
 use super::quantity::parse_whole;
@@ -55,6 +55,11 @@ pub struct NodeCards {
     /// its labeller ran, or labelled in a way card-quota does not read): no pod can be
     /// pinned to or charged on them, so they are reported, never silently left out.
     pub modelless: BTreeMap<String, u64>,
+    /// Resources in `resources` served through DRA (a DeviceClass's
+    /// `extendedResourceName` and the node's ResourceSlices), not its allocatable;
+    /// and why others could not be (several models behind one resource).
+    pub extended: BTreeSet<String>,
+    pub extended_problems: Vec<String>,
 }
 
 impl NodeCards {
@@ -73,6 +78,45 @@ impl NodeCards {
             }
         }
         self.modelless.retain(|r, _| manages(r));
+    }
+
+    /// Adds what the node offers through DRA-backed extended resources
+    /// ([`crate::cards::dra::DraObjects::extended_cards`]), replacing what was added
+    /// before. A resource its allocatable lists stays the device plugin's (kube-scheduler
+    /// serves it from there); one `manages` rejects is not a card. The pin is the node's
+    /// product label for the resource when it names the devices' product.
+    pub fn set_extended(
+        &mut self,
+        got: BTreeMap<String, Result<(CardName, u64), String>>,
+        manages: impl Fn(&str) -> bool,
+    ) {
+        for r in std::mem::take(&mut self.extended) {
+            self.resources.remove(&r);
+            self.pins.remove(&r);
+        }
+        self.extended_problems.clear();
+        for (resource, got) in got {
+            if !manages(&resource) || self.resources.contains_key(&resource) {
+                continue;
+            }
+            let (model, cards) = match got {
+                Ok(g) => g,
+                Err(problem) => {
+                    self.extended_problems.push(problem);
+                    continue;
+                }
+            };
+            let product = product_of(&model).to_string();
+            let pin = PRODUCT_SUFFIXES.iter().find_map(|s| {
+                let key = format!("{resource}{s}");
+                (self.labels.get(&key) == Some(&product)).then_some((key, product.clone()))
+            });
+            if let Some(pin) = pin {
+                self.pins.insert(resource.clone(), pin);
+            }
+            self.resources.insert(resource.clone(), (model, cards));
+            self.extended.insert(resource);
+        }
     }
 
     /// The model a pod requesting `resource` uses on this node.

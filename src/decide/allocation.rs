@@ -57,11 +57,23 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     if pod.node.is_some() {
         return Decision::allow();
     }
-    // The pod as it reads with this allocation; without card claims it is not charged.
-    let Some(rec) = snap.with_claim_as(pod, record) else {
-        return Decision::allow();
+    // The claim kube-scheduler made for the pod's DRA-backed extended resources: its
+    // devices are the pod's own card resource, served on the allocation's node; checked
+    // as the pod's binding there will be.
+    let extended = record.for_extended_resources;
+    let rec = if extended {
+        pod.clone()
+    } else {
+        // The pod as it reads with this allocation; without card claims it is not charged.
+        let Some(rec) = snap.with_claim_as(pod, record) else {
+            return Decision::allow();
+        };
+        if rec.claimed.is_none() {
+            return Decision::allow();
+        }
+        rec
     };
-    if rec.claimed.is_none() {
+    if extended && !rec.is_card_pod() {
         return Decision::allow();
     }
     // Node-local devices: the allocation names its node. Devices reachable from several

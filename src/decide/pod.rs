@@ -412,6 +412,25 @@ fn unplaceable(
     refusal(key)
         .or_else(|| first.and_then(|m| refusal(Alternatives::single(m))))
         .unwrap_or_else(|| {
+            // Offered with nothing to pin to: nodes that serve the model without a
+            // product label (DRA-backed extended resources on unlabelled nodes).
+            let unlabelled: Vec<&CardName> = demand
+                .alternatives
+                .models()
+                .iter()
+                .filter(|m| snap.pin_of(m).is_none())
+                .filter(|m| snap.resources_of(m).is_some_and(|r| r.contains_key(&demand.resource)))
+                .collect();
+            if none_offered && !unlabelled.is_empty() {
+                let shown: Vec<&str> = unlabelled.iter().map(|m| m.as_str()).collect();
+                return Decision::deny(
+                    INSUFFICIENT,
+                    format!(
+                        "pod {} may use {} in queue {queue}, but the nodes that offer {} for {} carry no product label ({}.product) to place it with: card-quota places a card pod only where it can pin it (GPU Feature Discovery writes the label)",
+                        rec.key, demand.alternatives, shown.join(", "), demand.resource, demand.resource
+                    ),
+                );
+            }
             let why = if none_offered {
                 "no node offers any of them yet"
             } else {

@@ -2,6 +2,8 @@
 //! ResourceSlices) and the pods whose cards come from them: a change of one reads the
 //! pods it may move again.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 
 use crate::cards::dra::{
@@ -215,16 +217,34 @@ impl Snapshot {
 
     /// Adds or replaces the devices of one ResourceSlice.
     pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) {
+        let mut nodes = self.slice_nodes(&name);
+        nodes.extend(devices.iter().filter_map(|d| d.node.clone()));
         if self.dra.upsert_slice(name, devices) {
             self.reread_claim_pods(|_| true);
+            nodes.iter().for_each(|n| self.reread_extended(n));
         }
     }
 
     /// Forgets a ResourceSlice.
     pub fn remove_slice(&mut self, name: &str) {
+        let nodes = self.slice_nodes(name);
         if self.dra.remove_slice(name) {
             self.reread_claim_pods(|_| true);
+            nodes.iter().for_each(|n| self.reread_extended(n));
         }
+    }
+
+    /// The nodes a held slice publishes devices of.
+    fn slice_nodes(&self, name: &str) -> BTreeSet<String> {
+        let devices = self.dra.slices().get(name).into_iter().flatten();
+        devices.filter_map(|d| d.node.clone()).collect()
+    }
+
+    /// Every node some held slice publishes devices of: what a DeviceClass change may
+    /// serve differently.
+    fn dra_nodes(&self) -> BTreeSet<String> {
+        let devices = self.dra.slices().values().flatten();
+        devices.filter_map(|d| d.node.clone()).collect()
     }
 
     /// The ResourceSlices held, by name.
@@ -236,6 +256,9 @@ impl Snapshot {
     pub fn upsert_class(&mut self, class: DeviceClass) {
         if self.dra.upsert_class(class) {
             self.reread_claim_pods(|_| true);
+            self.dra_nodes()
+                .iter()
+                .for_each(|n| self.reread_extended(n));
         }
     }
 
@@ -243,6 +266,9 @@ impl Snapshot {
     pub fn remove_class(&mut self, name: &str) {
         if self.dra.remove_class(name) {
             self.reread_claim_pods(|_| true);
+            self.dra_nodes()
+                .iter()
+                .for_each(|n| self.reread_extended(n));
         }
     }
 

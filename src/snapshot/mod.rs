@@ -198,6 +198,25 @@ impl Snapshot {
         // Only the install's card resources are cards; the others a node announces are
         // kept apart and reported.
         cards.keep_managed(|r| self.card_resources.matches(r));
+        cards.set_extended(self.dra.extended_cards(&name), |r| {
+            self.card_resources.matches(r)
+        });
+        self.place_node(name, cards);
+    }
+
+    /// Reads again what `node` offers through DRA-backed extended resources (its
+    /// ResourceSlices or the DeviceClasses changed).
+    pub(super) fn reread_extended(&mut self, node: &str) {
+        let Some(mut cards) = self.nodes.get(node).cloned() else {
+            return;
+        };
+        cards.set_extended(self.dra.extended_cards(node), |r| {
+            self.card_resources.matches(r)
+        });
+        self.place_node(node.to_string(), cards);
+    }
+
+    fn place_node(&mut self, name: String, cards: NodeCards) {
         if self.nodes.get(&name) == Some(&cards) {
             return;
         }

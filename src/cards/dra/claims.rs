@@ -18,6 +18,10 @@ use crate::cards::quantity::Cards;
 pub struct DeviceClass {
     pub name: String,
     pub selectors: Vec<Selector>,
+    /// `spec.extendedResourceName` (Kubernetes 1.37): a pod asking for this extended
+    /// resource may be served with this class's devices on a node whose allocatable
+    /// does not list it.
+    pub extended_resource: Option<String>,
 }
 
 /// Parses a `resource.k8s.io/v1` DeviceClass.
@@ -29,7 +33,22 @@ pub fn device_class(v: &Value) -> Result<DeviceClass, DraError> {
         .to_string();
     let source = format!("DeviceClass {name}");
     let selectors = selectors(v.pointer("/spec/selectors"), &source, "spec.selectors")?;
-    Ok(DeviceClass { name, selectors })
+    let extended_resource = match v.pointer("/spec/extendedResourceName") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) if !r.is_empty() => Some(r.clone()),
+        Some(_) => {
+            return Err(DraError::Claim {
+                object: source,
+                field: "spec.extendedResourceName".into(),
+                expected: "an extended resource name".into(),
+            })
+        }
+    };
+    Ok(DeviceClass {
+        name,
+        selectors,
+        extended_resource,
+    })
 }
 
 /// How many devices a request asks for.
@@ -298,7 +317,15 @@ pub struct ClaimRecord {
     pub allocation: Option<Result<Vec<Allocated>, DraError>>,
     /// The pods `status.reservedFor` names, in its order: the first pays for a shared claim.
     pub reserved_for: Vec<String>,
+    /// Made by kube-scheduler for a pod's DRA-backed extended resources (annotation
+    /// `resource.kubernetes.io/extended-resource-claim: "true"`): its cards are the pod's
+    /// extended-resource cards, never counted on their own.
+    pub for_extended_resources: bool,
 }
+
+/// The annotation kube-scheduler puts on the claim it makes for a pod's DRA-backed
+/// extended resources.
+pub const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
 
 impl ClaimRecord {
     /// Reads a `resource.k8s.io/v1` ResourceClaim.
@@ -333,6 +360,11 @@ impl ClaimRecord {
             spec,
             allocation,
             reserved_for,
+            for_extended_resources: v
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(EXTENDED_RESOURCE_CLAIM))
+                .and_then(Value::as_str)
+                == Some("true"),
         })
     }
 }

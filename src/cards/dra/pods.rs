@@ -7,6 +7,7 @@ use super::claims::{
     allocated_models, card_classes, claim_demand, ClaimRecord, ClaimSpec, DeviceClass,
 };
 use super::devices::{Device, DeviceId};
+use super::selectors::Match;
 use super::settings::DraSettings;
 use super::DraError;
 use crate::cards::names::{Alternatives, CardName, ObjectKey};
@@ -252,6 +253,44 @@ impl DraObjects {
     /// A held claim.
     pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimRecord> {
         self.claims.get(key).map(|e| &e.record)
+    }
+
+    /// The cards `node` offers through DRA-backed extended resources (DeviceClasses with
+    /// `extendedResourceName`), by that resource: the model and count of the card devices
+    /// its slices publish that the class may select, or, when they are of several models,
+    /// a problem naming them (a pod asking for the resource could get either: nothing
+    /// is pinned to or charged on it).
+    pub fn extended_cards(&self, node: &str) -> BTreeMap<String, Result<(CardName, u64), String>> {
+        let mut found: BTreeMap<&str, BTreeMap<&CardName, u64>> = BTreeMap::new();
+        let on_node = self
+            .slices
+            .values()
+            .flatten()
+            .filter(|d| d.node.as_deref() == Some(node));
+        for d in on_node {
+            let Some(Ok(model)) = &d.model else { continue };
+            for c in self.classes.values() {
+                let Some(resource) = &c.extended_resource else {
+                    continue;
+                };
+                if c.selectors.iter().all(|s| s.matches(d) != Match::No) {
+                    *found.entry(resource).or_default().entry(model).or_default() += 1;
+                }
+            }
+        }
+        found
+            .into_iter()
+            .map(|(resource, models)| {
+                let got = match models.iter().collect::<Vec<_>>().as_slice() {
+                    [(m, n)] => Ok(((**m).clone(), **n)),
+                    several => Err(format!(
+                        "{resource} is served through DRA by devices of several models ({}): card-quota cannot tell which a pod gets",
+                        several.iter().map(|(m, n)| format!("{n} {m}")).collect::<Vec<_>>().join(", ")
+                    )),
+                };
+                (resource.to_string(), got)
+            })
+            .collect()
     }
 
     /// Every published device whose model is one of `models`.
