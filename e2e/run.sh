@@ -917,6 +917,87 @@ k -n "$NS" delete pod -l app=dra-train --grace-period=0 --force >/dev/null 2>&1
 check "the Deployment's pods gone, the queue's H200 are free again" wait_for 30 usage_is "$Q-dra" NVIDIA-H200 allocated 0
 k -n "$NS" delete pod dra-hand dra-warn dra-together dra-shared-1 dra-shared-2 --grace-period=0 --force >/dev/null 2>&1
 
+# ---- 4f. Plain GPU pods served through DRA (Kubernetes 1.37+) -----------------------------
+# A DeviceClass with extendedResourceName nvidia.com/gpu: kube-scheduler serves a pod
+# asking nvidia.com/gpu: 1 with a DRA device on a node whose allocatable does not list
+# it, making a ResourceClaim for the pod. Two such nodes carry GPU Feature Discovery's
+# product label (H200, RTX 4090), a third none (B200).
+if [ "$(k version -o json | jq -r '.serverVersion.minor | tonumber? // 0')" -ge 37 ]; then
+  er_node() { # name [product-label]
+    dra_node "$1"
+    k label node "$1" cq-e2e-pool=er ${2:+nvidia.com/gpu.product=$2} >/dev/null
+  }
+  er_slice() { # node product count
+    local devices="" i
+    for i in $(seq 0 $(($3 - 1))); do
+      devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}, e2e: {string: er}}}"$'\n'
+    done
+    k create -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: $1-gpu, labels: {card-quota-e2e: "$RUN"}}
+spec:
+  driver: gpu.nvidia.com
+  nodeName: $1
+  pool: {name: $1, generation: 1, resourceSliceCount: 1}
+  devices:
+$devices
+EOF
+  }
+  er_node "$Q-er-h200" NVIDIA-H200; er_slice "$Q-er-h200" "NVIDIA H200" 2
+  er_node "$Q-er-rtx" NVIDIA-GeForce-RTX-4090; er_slice "$Q-er-rtx" "NVIDIA GeForce RTX 4090" 2
+  er_node "$Q-er-b200" ""; er_slice "$Q-er-b200" "NVIDIA B200" 2
+  k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: cq-e2e-gpu-er, labels: {card-quota-e2e: "$RUN"}}
+spec:
+  extendedResourceName: nvidia.com/gpu
+  selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && 'e2e' in device.attributes['gpu.nvidia.com'] && device.attributes['gpu.nvidia.com'].e2e == 'er'"}}]
+EOF
+  queue "$Q-er" '{"NVIDIA-GeForce-RTX-4090":1,"NVIDIA-H200":1,"NVIDIA-B200":1}' | k apply -f - >/dev/null
+  sleep 1
+  plain_deploy er "$Q-er" 3 | sed 's/cq-e2e-pool: plain/cq-e2e-pool: er/' | k apply -f - >/dev/null
+  # Bound pods with the claim kube-scheduler made and allocated for them
+  # (status.extendedResourceClaimStatus), each on a node whose product label is its pin.
+  er_bound() {
+    k -n "$NS" get pods -l plain=er -o json | jq -r '[.items[] | select((.spec.nodeName // "") != "")
+      | select((.status.extendedResourceClaimStatus.resourceClaimName // "") != "")] | length'
+  }
+  er_on_pins() {
+    k -n "$NS" get pods -l plain=er -o json | jq -r '.items[] | select((.spec.nodeName // "") != "") | "\(.spec.nodeName) \(.spec.nodeSelector["nvidia.com/gpu.product"])"' |
+      while read -r node pin; do
+        [ "$(k get node "$node" -o jsonpath='{.metadata.labels.nvidia\.com/gpu\.product}')" = "$pin" ] || { echo "$node: pin $pin"; return 1; }
+      done
+  }
+  er_claims() {
+    k -n "$NS" get resourceclaims -o json |
+      jq '[.items[] | select(.metadata.annotations["resource.kubernetes.io/extended-resource-claim"] == "true") | select(.status.allocation != null)] | length'
+  }
+  export -f er_bound er_on_pins er_claims
+  check "DRA-backed nvidia.com/gpu: a Deployment of 3 plain pods, 2 bound by kube-scheduler through its claims, on the RTX 4090 and the H200 pinned" \
+    wait_for 40 bash -c "[ \"\$(er_bound)\" = 2 ] && er_on_pins && usage_is $Q-er NVIDIA-GeForce-RTX-4090 allocated 1 && usage_is $Q-er NVIDIA-H200 allocated 1"
+  er_refused() {
+    k -n "$NS" get events -o json | jq -e --arg q "queue $Q-er" \
+      'any(.items[]; .reason == "FailedCreate" and (.message | contains($q)) and (.message | contains("carry no product label (nvidia.com/gpu.product)")))' >/dev/null
+  }
+  wait_for 20 er_refused || CONTEXT="the ReplicaSet's FailedCreate events: $(k -n "$NS" get events -o json |
+    jq -r '.items[] | select(.reason == "FailedCreate") | .message' | tail -n 3 | cut -c1-700 | tr '\n' ';')"
+  check "... the third, whose only room is the B200 of a node without a product label, is refused with the reason" er_refused
+  check "... counted once: kube-scheduler's 2 allocated claims add nothing to the Queue's usage" \
+    bash -c "[ \"\$(er_claims)\" = 2 ] && usage_is $Q-er NVIDIA-H200 allocated 1 && usage_is $Q-er NVIDIA-GeForce-RTX-4090 allocated 1"
+  k -n "$NS" scale deployment er --replicas=0 >/dev/null
+  k -n "$NS" delete pod -l plain=er --grace-period=0 --force >/dev/null 2>&1
+  check "... deleted, the queue's cards are free again" wait_for 30 bash -c \
+    "usage_is $Q-er NVIDIA-H200 allocated 0 && usage_is $Q-er NVIDIA-GeForce-RTX-4090 allocated 0"
+  k -n "$NS" delete deploy er --wait=false >/dev/null 2>&1
+  k delete deviceclass cq-e2e-gpu-er >/dev/null 2>&1
+  k delete resourceslice "$Q-er-h200-gpu" "$Q-er-rtx-gpu" "$Q-er-b200-gpu" >/dev/null 2>&1
+  k delete node "$Q-er-h200" "$Q-er-rtx" "$Q-er-b200" >/dev/null 2>&1
+else
+  log "4f skipped: DRA-backed extended resources need Kubernetes 1.37 (this server: $(k version -o json | jq -r .serverVersion.gitVersion))"
+fi
+
 # ---- 5. Two replicas, 200 concurrent bindings, 10 free cards ----------------------------
 ns_of() { if [ $((10#$1 % 2)) = 0 ]; then echo "$NS2"; else echo "$NS"; fi; }
 burst_queue() { # name pods : half the pods in each replica's namespace

@@ -1126,4 +1126,73 @@ fn without_a_product_label_a_dra_served_model_cannot_be_pinned_and_is_refused_at
     let r = w.send(R::pod("CREATE", pod).build());
     assert!(!r.allowed);
     assert_eq!(message(&r), "pod ml/r may use NVIDIA-GeForce-RTX-4090 in queue both, but the nodes that offer NVIDIA-GeForce-RTX-4090 for nvidia.com/gpu carry no product label (nvidia.com/gpu.product) to place it with: card-quota places a card pod only where it can pin it (GPU Feature Discovery writes the label)");
+    // A plain pod whose labelled models are full: the refusal says why the unlabelled
+    // one is no way out.
+    for name in ["h1", "h2"] {
+        let pod = support::pod(name)
+            .queue("both")
+            .card("NVIDIA-H200")
+            .gpus("1")
+            .build();
+        assert!(w.send(R::pod("CREATE", pod).build()).allowed);
+    }
+    let r = w.send(R::pod("CREATE", support::pod("p").queue("both").gpus("1").build()).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).starts_with("queue both has insufficient NVIDIA-H200 quota: requested 1, in use 2")
+            && message(&r).ends_with("; the nodes that offer NVIDIA-GeForce-RTX-4090 for nvidia.com/gpu carry no product label (nvidia.com/gpu.product) to place it with: card-quota places a card pod only where it can pin it (GPU Feature Discovery writes the label)"),
+        "{}",
+        message(&r)
+    );
+}
+
+/// Kubernetes 1.36's partitionable devices (counters in a slice of their own, each MIG
+/// partition a device that consumes them) and consumable capacity (one device allocated
+/// to several claims, each result with a `shareID`): every device is read with its
+/// model, and every allocation is charged one card of it.
+#[test]
+fn partitions_and_shared_devices_of_kubernetes_1_36_are_charged_per_allocation() {
+    let mut w = World::new();
+    let pool = json!({"name": "h200-1-p", "generation": 1, "resourceSliceCount": 2});
+    let counters = json!([{"counterSet": "gpu-3", "counters": {"memory": {"value": "18Gi"}}}]);
+    w.seen(
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "h200-1-counters"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "h200-1", "pool": pool,
+            "sharedCounters": [{"name": "gpu-3", "counters": {"memory": {"value": "141Gi"}}}]}}),
+    );
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "h200-1-partitions"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "h200-1", "pool": pool, "devices": [
+            {"name": "gpu-3-mig-1g", "consumesCounters": counters,
+             "attributes": {"type": {"string": "mig"}, "productName": {"string": "NVIDIA H200"}, "profile": {"string": "1g.18gb"}}},
+            {"name": "gpu-3", "allowMultipleAllocations": true, "consumesCounters": counters,
+             "capacity": {"memory": {"value": "141Gi", "requestPolicy": {"default": "18Gi"}}},
+             "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA H200"}}}]}}));
+    let models: Vec<String> = w.snap.dra_objects().slices()["h200-1-partitions"]
+        .iter()
+        .map(|d| match &d.model {
+            Some(Ok(m)) => m.to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(models, ["NVIDIA-H200/mig-1g.18gb-mixed", "NVIDIA-H200"]);
+    assert!(w.snap.dra_objects().slices()["h200-1-counters"].is_empty());
+    // gpu-3 shared by a's and b's claims: two allocations, two cards of q's two.
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "q", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+        w.seen(with_claim_made(&w, name));
+        let mut claim = made_claim(name, Some(("h200-1-p", "gpu-3")));
+        claim["status"]["allocation"]["devices"]["results"][0]["shareID"] =
+            json!(format!("share-{name}"));
+        claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] =
+            json!({"memory": "18Gi"});
+        w.seen(claim);
+        let r = w.send(R::binding("ml", name, "h200-1").build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 2);
+    let r = w.send(R::pod("CREATE", claim_pod("c", "q", "one-gpu")).build());
+    assert!(!r.allowed);
 }

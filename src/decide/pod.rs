@@ -409,41 +409,55 @@ fn unplaceable(
     };
     let key = Alternatives::from_models(placeable).unwrap_or_else(|| demand.alternatives.clone());
     let none_offered = first.is_none();
-    refusal(key)
+    // Offered with nothing to pin to: nodes that serve the model without a product
+    // label (DRA-backed extended resources on unlabelled nodes).
+    let unlabelled: Vec<&str> = demand
+        .alternatives
+        .models()
+        .iter()
+        .filter(|m| snap.pin_of(m).is_none())
+        .filter(|m| {
+            snap.resources_of(m)
+                .is_some_and(|r| r.contains_key(&demand.resource))
+        })
+        .map(|m| m.as_str())
+        .collect();
+    let unlabelled_note = (!unlabelled.is_empty()).then(|| {
+        format!(
+            "the nodes that offer {} for {} carry no product label ({}.product) to place it with: card-quota places a card pod only where it can pin it (GPU Feature Discovery writes the label)",
+            unlabelled.join(", "),
+            demand.resource,
+            demand.resource
+        )
+    });
+    let mut d = refusal(key)
         .or_else(|| first.and_then(|m| refusal(Alternatives::single(m))))
         .unwrap_or_else(|| {
-            // Offered with nothing to pin to: nodes that serve the model without a
-            // product label (DRA-backed extended resources on unlabelled nodes).
-            let unlabelled: Vec<&CardName> = demand
-                .alternatives
-                .models()
-                .iter()
-                .filter(|m| snap.pin_of(m).is_none())
-                .filter(|m| snap.resources_of(m).is_some_and(|r| r.contains_key(&demand.resource)))
-                .collect();
-            if none_offered && !unlabelled.is_empty() {
-                let shown: Vec<&str> = unlabelled.iter().map(|m| m.as_str()).collect();
-                return Decision::deny(
-                    INSUFFICIENT,
-                    format!(
-                        "pod {} may use {} in queue {queue}, but the nodes that offer {} for {} carry no product label ({}.product) to place it with: card-quota places a card pod only where it can pin it (GPU Feature Discovery writes the label)",
-                        rec.key, demand.alternatives, shown.join(", "), demand.resource, demand.resource
-                    ),
-                );
-            }
-            let why = if none_offered {
-                "no node offers any of them yet"
-            } else {
-                "none of the models it can be placed on has room"
+            let why = match (&unlabelled_note, none_offered) {
+                (Some(_), true) => None,
+                (_, true) => Some("no node offers any of them yet"),
+                (_, false) => Some("none of the models it can be placed on has room"),
             };
+            let tail = why.map(|w| {
+                format!("{w}: card-quota places a card pod only on a model a node offers")
+            });
             Decision::deny(
                 INSUFFICIENT,
                 format!(
-                    "pod {} may use {} in queue {queue}, but {why}: card-quota places a card pod only on a model a node offers",
-                    rec.key, demand.alternatives
+                    "pod {} may use {} in queue {queue}, but {}",
+                    rec.key,
+                    demand.alternatives,
+                    tail.or(unlabelled_note.clone()).unwrap_or_default()
                 ),
             )
-        })
+        });
+    if let (Some(note), Some(m)) = (&unlabelled_note, d.message.as_mut()) {
+        if !m.contains(note.as_str()) {
+            m.push_str("; ");
+            m.push_str(note);
+        }
+    }
+    d
 }
 
 fn undecided(

@@ -217,6 +217,12 @@ impl Snapshot {
     }
 
     fn place_node(&mut self, name: String, cards: NodeCards) {
+        let before = self.nodes.get(&name).map(|n| &n.extended_problems);
+        for p in &cards.extended_problems {
+            if !before.is_some_and(|b| b.contains(p)) {
+                tracing::warn!("node {name}: {p}");
+            }
+        }
         if self.nodes.get(&name) == Some(&cards) {
             return;
         }
