@@ -91,6 +91,16 @@ check "the next is refused with the quota's message" contains "$out" "queue $Q h
 out=$(k -n "$APP" run plain --image=registry.k8s.io/pause:3.9 --restart=Never 2>&1)
 check "a cardless pod never reaches card-quota (matchConditions)" contains "$out" "pod/plain created"
 
+# Self-service (opt-in): a team user with no cluster-wide rights reads its Queue.
+TEAM=(--as=cq-helm-team-user --as-group=system:authenticated)
+check "without queueReaders a team user cannot read Queues" \
+  [ "$(k auth can-i get queues.scheduling.volcano.sh "${TEAM[@]}" 2>/dev/null)" = no ]
+out=$("$HELM" upgrade cq "$CHART" -n "$NS" --reuse-values --set queueReaders.enabled=true 2>&1)
+check "helm upgrade --set queueReaders.enabled=true" contains "$out" "STATUS: deployed"
+check "... then the team user reads its queue's card quota" \
+  [ "$(k get queue "$Q" "${TEAM[@]}" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.quota}' 2>&1)" = '{"RTX-4090":1}' ]
+check "... and nothing else cluster-wide (no nodes)" \
+  [ "$(k auth can-i list nodes "${TEAM[@]}" 2>/dev/null)" = no ]
 ca0=$(k -n "$NS" get secret card-quota-ca -o jsonpath='{.data.tls\.crt}')
 crt0=$(k -n "$NS" get secret card-quota-tls -o jsonpath='{.data.tls\.crt}')
 out=$("$HELM" upgrade cq "$CHART" -n "$NS" --reuse-values --set enforcement=warn 2>&1)

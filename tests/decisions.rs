@@ -2595,7 +2595,7 @@ fn under_warn_scale_ups_are_not_clamped_enqueues_and_bindings_pass() {
     let r = w.send(R::scale("deployments", "ml", "web", 1, 5).build());
     assert!(r.allowed);
     assert!(r.patch.is_none(), "no clamp under warn");
-    assert!(would_refuse(&r).ends_with("queue q has insufficient RTX-4090 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 2"), "{:?}", r.warnings);
+    assert!(would_refuse(&r).contains("clamped to 3: queue q has insufficient RTX-4090 quota: requested 4, in use 0 (allocated 0, pending 0, reserved 0), quota 2; "), "{:?}", r.warnings);
     let j = waiting_pg("big", "q", r#"{"NVIDIA-H200":5}"#);
     assert!(w.send(R::podgroup("CREATE", j.clone()).build()).allowed);
     let r = enqueue(&mut w, &j);

@@ -147,6 +147,16 @@ fn a_replica_behind_a_quota_cut_cannot_admit_past_the_new_quota() {
         to_confirm(&lagging, &lagging.ledger(&q).ledger, now),
         vec![q.clone()]
     );
+    // A read that fails (or times out) is not tried again within the read gap: a stalled
+    // connection would cost every write of the ledger its timeout.
+    lagging.queue_read_failed(&q, now);
+    let within = now + jiff::SignedDuration::from_millis(500);
+    assert!(to_confirm(&lagging, &lagging.ledger(&q).ledger, within).is_empty());
+    let past = now + jiff::SignedDuration::from_secs(1);
+    assert_eq!(
+        to_confirm(&lagging, &lagging.ledger(&q).ledger, past),
+        vec![q.clone()]
+    );
     // ... and the read brings the cut: 2 admitted, the rest refused with the quota.
     upsert(&mut lagging, &two).unwrap();
     lagging.confirm_queue(&q, Some(11), now);

@@ -58,8 +58,10 @@ impl std::fmt::Display for Reason {
 }
 
 /// The longest message card-quota writes (AdmissionReview status, warnings, Events):
-/// an HPA's `FailedRescale` event quotes it verbatim, and kubectl shows it on one line.
-pub const MESSAGE_CAP: usize = 300;
+/// an HPA's `FailedRescale` event quotes it verbatim after its own ~150 characters, and
+/// an Event's note holds 1 KB. Long enough that a refusal quoted in a warn warning keeps
+/// its suggested fix (at 300 it was cut there).
+pub const MESSAGE_CAP: usize = 640;
 
 /// Keeps a message within [`MESSAGE_CAP`] characters whatever the input: first each word
 /// longer than 48 characters (a hostile name or value) is cut to its ends, so the numbers

@@ -451,10 +451,9 @@ fn unplaceable(
                 ),
             )
         });
-    if let (Some(note), Some(m)) = (&unlabelled_note, d.message.as_mut()) {
-        if !m.contains(note.as_str()) {
-            m.push_str("; ");
-            m.push_str(note);
+    if let Some(note) = &unlabelled_note {
+        if let Some(m) = d.message.as_mut().filter(|m| !m.contains(note.as_str())) {
+            *m = super::messages::cap(format!("{m}; {note}"));
         }
     }
     d

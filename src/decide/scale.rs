@@ -235,7 +235,7 @@ fn resize(
     }
     let to = r0.saturating_add(i32::try_from(lo).unwrap_or(i32::MAX));
     let text = format!(
-        "{} {}/{} scale-up from {r0} to {r1} replicas clamped to {to}: {message}",
+        "{} {}/{} scale-up from {r0} to {r1} replicas clamped to {to}: {message}; a HorizontalPodAutoscaler that asked for {r1} keeps showing {r1} desired while spec.replicas is {to}",
         kind.lower(),
         regarding.namespace.as_deref().unwrap_or_default(),
         regarding.name

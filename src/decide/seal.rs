@@ -294,8 +294,9 @@ pub fn note_seals(snap: &mut Snapshot, ledger: &QueueName, now: jiff::Timestamp)
 }
 
 /// The Queues to read from the API server before charging `ledger`: those of seals that
-/// hold charges back here and that this replica has not read for [`SEAL_READ_GAP`] (a
-/// read brings a lagging cache up to the change, or in time shows it never landed).
+/// hold charges back here and that this replica has not read, nor tried to, for
+/// [`SEAL_READ_GAP`] (a read brings a lagging cache up to the change, or in time shows it
+/// never landed).
 pub fn to_confirm(snap: &Snapshot, ledger: &Ledger, now: jiff::Timestamp) -> Vec<QueueName> {
     let mut out: Vec<QueueName> = ledger
         .seals()
@@ -303,8 +304,10 @@ pub fn to_confirm(snap: &Snapshot, ledger: &Ledger, now: jiff::Timestamp) -> Vec
         .filter(|s| holds_back(snap, s))
         .map(|s| QueueName::new(s.by.clone()))
         .filter(|by| {
-            snap.queue_confirmed(by)
-                .is_none_or(|(_, read)| read + span(SEAL_READ_GAP) <= now)
+            let last = snap.queue_confirmed(by).map(|(_, read)| read);
+            let tried = snap.queue_read_failure(by);
+            last.max(tried)
+                .is_none_or(|read| read + span(SEAL_READ_GAP) <= now)
         })
         .collect();
     out.sort();

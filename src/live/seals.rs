@@ -185,14 +185,20 @@ pub async fn confirm_seals(
                 }
                 snap.confirm_queue(&by, version, at);
             }
-            Ok(Err(e)) => tracing::warn!(
-                queue = %by,
-                "reading Queue {by}, which sealed charges in the ledger of {ledger}, failed: {e}"
-            ),
-            Err(_) => tracing::warn!(
-                queue = %by,
-                "reading Queue {by}, which sealed charges in the ledger of {ledger}, took over {READ_TIMEOUT:?}"
-            ),
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    queue = %by,
+                    "reading Queue {by}, which sealed charges in the ledger of {ledger}, failed: {e}"
+                );
+                locked(snapshot).queue_read_failed(&by, at);
+            }
+            Err(_) => {
+                tracing::warn!(
+                    queue = %by,
+                    "reading Queue {by}, which sealed charges in the ledger of {ledger}, took over {READ_TIMEOUT:?}"
+                );
+                locked(snapshot).queue_read_failed(&by, at);
+            }
         }
     }
 }

@@ -75,6 +75,10 @@ pub struct Snapshot {
     /// Queues read from the API server itself (a quorum read, not the cache), with
     /// when: what lifts the seal of a tree change that never landed.
     queues_confirmed: BTreeMap<QueueName, (Option<u64>, jiff::Timestamp)>,
+    /// Queues whose quorum read was last tried (and failed or timed out), with when: a
+    /// writer does not try again within the read gap (a stalled connection would
+    /// otherwise cost every write of the ledger the read's timeout).
+    queue_reads_failed: BTreeMap<QueueName, jiff::Timestamp>,
     /// When this replica first saw each seal (by the Queue and version it waits for), on
     /// its own clock: the one a seal whose change never landed is lifted by. One per
     /// sealing change still in a ledger, forgotten once no ledger holds it.
@@ -572,7 +576,18 @@ impl Snapshot {
     /// Records a quorum read of Queue `q` made at `at`: its resourceVersion, or `None`
     /// when it does not exist.
     pub fn confirm_queue(&mut self, q: &QueueName, version: Option<u64>, at: jiff::Timestamp) {
+        self.queue_reads_failed.remove(q);
         self.queues_confirmed.insert(q.clone(), (version, at));
+    }
+
+    /// Records that a quorum read of Queue `q` asked for at `at` failed or timed out.
+    pub fn queue_read_failed(&mut self, q: &QueueName, at: jiff::Timestamp) {
+        self.queue_reads_failed.insert(q.clone(), at);
+    }
+
+    /// When a quorum read of Queue `q` last failed, since its last success.
+    pub fn queue_read_failure(&self, q: &QueueName) -> Option<jiff::Timestamp> {
+        self.queue_reads_failed.get(q).copied()
     }
 
     /// Notes that this replica saw `seal` at `now` (the first sighting is kept).
