@@ -744,10 +744,10 @@ EOF
   done
   echo "could not set the status of node $1"; exit 100
 }
-dra_slice() { # node product count
+dra_slice() { # node product count [more attributes, e.g. "e2e: {string: er}"]
   local devices="" i
   for i in $(seq 0 $(($3 - 1))); do
-    devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}}}"$'\n'
+    devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}${4:+, $4}}}"$'\n'
   done
   k create -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
@@ -927,26 +927,9 @@ if [ "$(k version -o json | jq -r '.serverVersion.minor | tonumber? // 0')" -ge 
     dra_node "$1"
     k label node "$1" cq-e2e-pool=er ${2:+nvidia.com/gpu.product=$2} >/dev/null
   }
-  er_slice() { # node product count
-    local devices="" i
-    for i in $(seq 0 $(($3 - 1))); do
-      devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}, e2e: {string: er}}}"$'\n'
-    done
-    k create -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: $1-gpu, labels: {card-quota-e2e: "$RUN"}}
-spec:
-  driver: gpu.nvidia.com
-  nodeName: $1
-  pool: {name: $1, generation: 1, resourceSliceCount: 1}
-  devices:
-$devices
-EOF
-  }
-  er_node "$Q-er-h200" NVIDIA-H200; er_slice "$Q-er-h200" "NVIDIA H200" 2
-  er_node "$Q-er-rtx" NVIDIA-GeForce-RTX-4090; er_slice "$Q-er-rtx" "NVIDIA GeForce RTX 4090" 2
-  er_node "$Q-er-b200" ""; er_slice "$Q-er-b200" "NVIDIA B200" 2
+  er_node "$Q-er-h200" NVIDIA-H200; dra_slice "$Q-er-h200" "NVIDIA H200" 2 "e2e: {string: er}"
+  er_node "$Q-er-rtx" NVIDIA-GeForce-RTX-4090; dra_slice "$Q-er-rtx" "NVIDIA GeForce RTX 4090" 2 "e2e: {string: er}"
+  er_node "$Q-er-b200" ""; dra_slice "$Q-er-b200" "NVIDIA B200" 2 "e2e: {string: er}"
   k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass
