@@ -73,9 +73,6 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         }
         rec
     };
-    if extended && !rec.is_card_pod() {
-        return Decision::allow();
-    }
     // Node-local devices: the allocation names its node. Devices reachable from several
     // nodes leave the node to the binding, which checks again.
     let Some(node) = allocation.and_then(allocated_node) else {
