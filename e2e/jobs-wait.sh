@@ -32,12 +32,26 @@ log() { printf '[%4ss] %s\n' $(( $(date +%s) - START )) "$*"; }
 pass() { PASSED=$((PASSED + 1)); log "PASS: $1"; }
 fail() { FAILED=$((FAILED + 1)); log "FAIL: $1"; shift; for l in "$@"; do echo "      $l"; done; }
 k() { kubectl "$@"; }
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; fi; }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; return 1; fi; }
 contains() { grep -qF -- "$2" <<<"$1"; }
 wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
 usage_field() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}' | jq -r --arg m "$2" --arg f "$3" '.[$m][$f] // 0'; }
 usage_is() { [ "$(usage_field "$1" "$2" "$3")" = "$4" ]; }
 export -f k usage_field usage_is
+# What a failed check of QUEUE and JOB saw, for a run that cannot be repeated (CI).
+diagnose() {
+  echo "      --- queue $1: card.usage"
+  k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}' | sed 's/^/      /'; echo
+  echo "      --- ledger of $1"
+  k -n "$SYS" get configmap "card-quota-ledger.$1" -o jsonpath='{.data}' 2>&1 | sed 's/^/      /'; echo
+  echo "      --- PodGroup and pods of job $2"
+  k -n "$NS" get podgroup -o json | jq -c --arg j "$2" '.items[] | select(.metadata.ownerReferences[0].name == $j) | {name: .metadata.name, phase: .status.phase, annotations: .metadata.annotations}' | sed 's/^/      /'
+  k -n "$NS" get pods -l "volcano.sh/job-name=$2" -o json | jq -c '.items[] | {name: .metadata.name, node: .spec.nodeName, phase: .status.phase, annotations: .metadata.annotations}' | sed 's/^/      /'
+  echo "      --- the stand-in's record of $2"
+  cat "$WORK/vc/$2.log" "$WORK/vc/$2.held" "$WORK/vc/$2.sync-failures" 2>/dev/null | tail -n 20 | sed 's/^/      /'
+  echo "      --- card-quota's log (last 40 lines)"
+  tail -n 40 "$WORK/serve.log" | cut -c1-400 | sed 's/^/      /'
+}
 
 cleanup() {
   touch "$WORK/vc/stop" 2>/dev/null
@@ -255,7 +269,8 @@ serve
 check "card-quota back: the card Job is enqueued and runs" wait_for 30 bash -c "[ \"\$(pods_of jf)\" = 1 ]"
 check "... and the cardless pod is bound" wait_for 20 bash -c \
   "[ \"\$(kubectl -n $NS get pods -l volcano.sh/job-name=je -o jsonpath='{.items[*].spec.nodeName}')\" = $NODE ]"
-check "usage is exact after the restart" wait_for 20 bash -c "usage_is $Q-d NVIDIA-H200 allocated 1 && usage_is $Q-d NVIDIA-H200 reserved 0"
+check "usage is exact after the restart" wait_for 20 bash -c "usage_is $Q-d NVIDIA-H200 allocated 1 && usage_is $Q-d NVIDIA-H200 reserved 0" \
+  || diagnose "$Q-d" jf
 
 log "RESULT: $PASSED passed, $FAILED failed"
 exit "$FAILED"

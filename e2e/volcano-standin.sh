@@ -99,7 +99,8 @@ vc_cycle() {
   local name=$1 pg phase queue replicas
   pg=$(pg_of "$name"); [ -n "$pg" ] || return 0
   local cards seconds
-  read -r queue replicas cards seconds < "$WORK/vc/$name.job" || return 0
+  # The file goes when the Job finishes, maybe since the loop listed it.
+  { read -r queue replicas cards seconds < "$WORK/vc/$name.job"; } 2>/dev/null || return 0
   phase=$(k -n "$NS" get podgroup "$pg" -o jsonpath='{.status.phase}')
   if [ -z "$phase" ] || [ "$phase" = Pending ]; then
     k -n "$NS" get podgroup "$pg" -o json | jq '.status.phase = "Inqueue"' > "$WORK/vc/$name.enqueue.json"
@@ -136,7 +137,8 @@ EOF
   local p
   for p in $(k -n "$NS" get pods -l "volcano.sh/job-name=$name" -o json | jq -r '.items[] | select(.spec.nodeName == null) | .metadata.name'); do
     echo "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$p\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$NODE\"}}" > "$WORK/vc/$name.bind.json"
-    "${VC_SCHED[@]}" create --raw "/api/v1/namespaces/$NS/pods/$p/binding" -f "$WORK/vc/$name.bind.json" >/dev/null 2>&1
+    "${VC_SCHED[@]}" create --raw "/api/v1/namespaces/$NS/pods/$p/binding" -f "$WORK/vc/$name.bind.json" > "$WORK/vc/$name.bind.out" 2>&1 \
+      || echo "$(date +%s) bind of $p: $(tr '\n' ' ' < "$WORK/vc/$name.bind.out")" >> "$WORK/vc/$name.log"
   done
   if [ "$phase" = Inqueue ] && [ "$(pods_of "$name")" -ge "$replicas" ]; then
     k -n "$NS" get podgroup "$pg" -o json | jq '.status.phase = "Running"' | "${VC_SCHED[@]}" replace -f - >/dev/null 2>&1
