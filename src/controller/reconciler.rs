@@ -526,8 +526,10 @@ impl Reconciler {
             let is_leader = *self.leader.borrow();
             let full =
                 last_full.is_none_or(|t| t.elapsed() >= full_every) || (is_leader && !was_leader);
-            was_leader = is_leader;
             let p = self.pass(full).await;
+            // Leader only once the Lease itself confirmed it: a pass the Lease refused took
+            // the changed queues without writing them, so the next confirmed pass is full.
+            was_leader = p.leader;
             if full {
                 last_full = Some(Instant::now());
             }
