@@ -241,6 +241,23 @@ check "... the PodGroup it names, created in a full queue with no card.request, 
   contains "$out" "podgroup $NS/adopter cannot be created in queue $Q-h: it would move pod $NS/early"
 k -n "$NS" delete pod early --wait=false >/dev/null 2>&1
 
+# ---- a Namespace naming a queue (Volcano's PodGroup webhook maps `default` there) -----------
+queue "$Q-n" '{"NVIDIA-H200":1}' >/dev/null
+k annotate namespace "$NS" "scheduling.volcano.sh/queue-name=$Q-n" >/dev/null
+sleep 1
+k -n "$NS" create -f - >/dev/null <<EOF
+{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"ns-queue"},
+ "spec":{"replicas":2,"selector":{"matchLabels":{"app":"ns-queue"}},
+  "template":{"metadata":{"labels":{"app":"ns-queue"},"annotations":{"volcano.sh/card.name":"NVIDIA-H200"}},
+   "spec":{"schedulerName":"volcano","containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"limits":{"nvidia.com/gpu":"1"}}}]}}}}
+EOF
+check "a Deployment of Volcano's scheduler naming no queue is charged to its Namespace's queue" wait_for 30 bash -c \
+  "[ \"\$(kubectl -n $NS get pods -l app=ns-queue -o jsonpath='{.items[*].metadata.annotations.volcano\.sh/card\.queue}')\" = $Q-n ] && usage_is $Q-n NVIDIA-H200 pending 1"
+check "... and its second replica is refused by that queue's quota" wait_for 30 bash -c \
+  "kubectl -n $NS get events --field-selector reason=FailedCreate -o jsonpath='{.items[*].message}' | grep -qF 'queue $Q-n has insufficient NVIDIA-H200 quota'"
+k -n "$NS" delete deployment ns-queue --wait=false >/dev/null
+k annotate namespace "$NS" scheduling.volcano.sh/queue-name- >/dev/null
+
 # ---- card-quota down: only card work waits ---------------------------------------------------
 kill "$SERVE"; wait "$SERVE" 2>/dev/null
 # A queue tree without card annotations is built while card-quota is down (issue 46 #8).

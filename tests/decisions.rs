@@ -1640,6 +1640,94 @@ fn a_pod_labelled_only_with_volcano_queue_name_is_charged_to_that_queue() {
 }
 
 #[test]
+fn a_volcano_pod_that_names_no_queue_is_charged_to_the_queue_its_namespace_names() {
+    // docs/annotations.md: a pod of Volcano's scheduler that names no queue (or `default`)
+    // is in the queue its Namespace's scheduling.volcano.sh/queue-name names, as Volcano's
+    // PodGroup webhook puts it there; a pod of another scheduler is not.
+    let ns = r#"
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: ml, annotations: {scheduling.volcano.sh/queue-name: q2}}
+"#;
+    let mut w = World::with(&format!("{CLUSTER}{MORE_QUEUES}{ns}"));
+    let unnamed = |name: &str, scheduler: &str| {
+        support::pod(name)
+            .scheduler(scheduler)
+            .gpus("1")
+            .card("NVIDIA-H200")
+            .build()
+    };
+    let r = w.send(R::pod("CREATE", unnamed("a", "volcano")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let stamp = patch(&r);
+    assert!(
+        stamp.as_array().unwrap().iter().any(|op| op["path"]
+            == "/metadata/annotations/volcano.sh~1card.queue"
+            && op["value"] == "q2"),
+        "{stamp}"
+    );
+    assert_eq!(w.usage("q2", "NVIDIA-H200")["pending"], 1);
+    // q2 holds one H200: the next, naming `default` explicitly, goes there too.
+    let mut explicit = unnamed("b", "volcano");
+    explicit["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] = json!("default");
+    let r = w.send(R::pod("CREATE", explicit).build());
+    assert!(
+        message(&r).starts_with("queue q2 has insufficient NVIDIA-H200 quota"),
+        "{}",
+        message(&r)
+    );
+    // A pod of kube-scheduler that names no queue stays in `default`; one naming a
+    // queue of its own stays there.
+    let r = w.send(R::pod("CREATE", unnamed("c", "default-scheduler")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("default", "NVIDIA-H200")["pending"], 1);
+    let r = w.send(R::pod("CREATE", pod("d", "q", Some("NVIDIA-H200"), "1")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 1);
+}
+
+#[test]
+fn a_namespace_naming_a_queue_moves_its_unstamped_volcano_pods_and_leaves_stamped_ones() {
+    // A pod stored without card-quota's stamp (created before the install) follows its
+    // Namespace's queue as Volcano would; a stamped pod keeps the queue it was admitted to.
+    let pods = r#"
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: old, namespace: ml, annotations: {volcano.sh/card.name: NVIDIA-H200}}
+spec: {schedulerName: volcano, nodeName: h200-1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: stamped, namespace: ml, annotations: {volcano.sh/card.name: NVIDIA-H200, volcano.sh/card.queue: default}}
+spec: {schedulerName: volcano, nodeName: h200-1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+"#;
+    let ns = |q: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: ml, annotations: {{scheduling.volcano.sh/queue-name: '{q}'}}}}\n"
+        )
+    };
+    let w = World::with(&format!("{CLUSTER}{MORE_QUEUES}{pods}"));
+    assert_eq!(w.usage("default", "NVIDIA-H200")["allocated"], 2);
+    // The Namespace listed after its pods (a dump's order), or before: the same answer.
+    for yaml in [
+        format!("{CLUSTER}{MORE_QUEUES}{pods}{}", ns("q2")),
+        format!("{CLUSTER}{MORE_QUEUES}{}{pods}", ns("q2")),
+    ] {
+        let mut w = World::with(&yaml);
+        assert_eq!(w.usage("q2", "NVIDIA-H200")["allocated"], 1);
+        assert_eq!(w.usage("default", "NVIDIA-H200")["allocated"], 1);
+        // The annotation taken off (an empty value names no queue): back to `default`.
+        w.snap.set_namespace_queue("ml", None);
+        assert_eq!(w.usage("q2", "NVIDIA-H200")["allocated"], 0);
+        assert_eq!(w.usage("default", "NVIDIA-H200")["allocated"], 2);
+    }
+    let w = World::with(&format!("{CLUSTER}{MORE_QUEUES}{pods}{}", ns("")));
+    assert_eq!(w.usage("default", "NVIDIA-H200")["allocated"], 2);
+}
+
+#[test]
 fn moving_a_podgroup_into_a_full_queue_is_checked_like_a_new_charge() {
     // docs/annotations.md: "Changing a PodGroup's spec.queue is checked like a new charge of all
     // its pods' cards in the new queue."

@@ -184,6 +184,10 @@ impl QueueName {
     pub fn default_queue() -> Self {
         Self(Arc::from("default"))
     }
+    /// True for Volcano's default queue.
+    pub fn is_default(&self) -> bool {
+        &*self.0 == "default"
+    }
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -180,7 +180,15 @@ pub struct PodRecord {
     pub version: Version,
 }
 
+/// The `spec.schedulerName` of Volcano's scheduler (its chart's default).
+pub const VOLCANO_SCHEDULER: &str = "volcano";
+
 impl PodRecord {
+    /// True for a pod of Volcano's scheduler: Volcano gives it a PodGroup of its own.
+    pub fn volcano_scheduled(&self) -> bool {
+        self.scheduler.as_deref() == Some(VOLCANO_SCHEDULER)
+    }
+
     /// Still holds (or waits for) its cards: not Succeeded/Failed and not past its
     /// deletion deadline (the ResourceQuota rule).
     pub fn is_active(&self, now: jiff::Timestamp) -> bool {
@@ -569,10 +577,10 @@ fn record_from_parts<C: ContainerResources>(
 fn scheduler_name(name: &str) -> std::sync::Arc<str> {
     use std::sync::{Arc, LazyLock};
     static DEFAULT: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("default-scheduler"));
-    static VOLCANO: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from("volcano"));
+    static VOLCANO: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(VOLCANO_SCHEDULER));
     match name {
         "default-scheduler" => DEFAULT.clone(),
-        "volcano" => VOLCANO.clone(),
+        VOLCANO_SCHEDULER => VOLCANO.clone(),
         other => Arc::from(other),
     }
 }
@@ -598,6 +606,19 @@ pub fn node_record(node: &Node) -> Result<(String, NodeCards), RecordError> {
 fn meta_of(v: &Value, kind: &'static str) -> Result<ObjectMeta, RecordError> {
     serde::Deserialize::deserialize(v.get("metadata").unwrap_or(&Value::Null))
         .map_err(|source| RecordError::Decode { kind, source })
+}
+
+/// A Namespace's name and the queue its `scheduling.volcano.sh/queue-name` annotation
+/// names (an empty value names none, as in Volcano).
+pub fn namespace_record(meta: &ObjectMeta) -> Result<(String, Option<QueueName>), RecordError> {
+    let name = meta.name.clone().ok_or(RecordError::NoName("namespace"))?;
+    let queue = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::QUEUE_NAME))
+        .filter(|q| !q.is_empty())
+        .map(QueueName::new);
+    Ok((name, queue))
 }
 
 /// Builds a Queue record from its JSON (scheduling.volcano.sh/v1beta1 Queue).

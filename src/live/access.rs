@@ -15,6 +15,7 @@ pub type Access = (Scope, &'static str, &'static str, &'static [&'static str]);
 pub const ACCESS: &[Access] = &[
     // live/caches.rs: informer caches (list + watch only).
     (Scope::Cluster, "", "nodes", &["list", "watch"]),
+    (Scope::Cluster, "", "namespaces", &["list", "watch"]),
     (Scope::Cluster, "", "pods", &["list", "watch", "patch"]),
     (Scope::Cluster, "apps", "deployments", &["list", "watch"]),
     (Scope::Cluster, "apps", "replicasets", &["list", "watch"]),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -22,8 +22,8 @@ use serde_json::Value;
 use crate::cards::{NodeCards, ObjectKey, QueueName};
 use crate::cluster::pod_parts::PodParts;
 use crate::cluster::records::{
-    job_record, node_record, podgroup_record, queue_record, workload_record, JobRecord,
-    QueueRecord, WorkloadRecord,
+    job_record, namespace_record, node_record, podgroup_record, queue_record, workload_record,
+    JobRecord, QueueRecord, WorkloadRecord,
 };
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
 use crate::ledger::entries::{Stream, Watermark};
@@ -45,7 +45,7 @@ pub struct Synced {
 }
 
 /// The kinds mirrored into the snapshot.
-pub const KINDS: usize = 8;
+pub const KINDS: usize = 9;
 
 impl Synced {
     /// A state that counts as synced (tests and tools that fill the snapshot themselves).
@@ -618,6 +618,26 @@ pub async fn start(
             )
         }
     }
+    // Which queue a pod of Volcano's scheduler lands in may be its Namespace's.
+    supervise(
+        &synced,
+        "Namespace",
+        run(
+            Api::<Namespace>::all(client.clone()),
+            all(),
+            Mirror {
+                kind: "Namespace",
+                read: |n: &Namespace| Ok(namespace_record(&n.metadata)?),
+                store: |s, (name, queue)| s.set_namespace_queue(&name, queue),
+                keys: |s, pick| cluster_keys(s.namespaces_naming_queues(), pick),
+                remove: |s, k| s.set_namespace_queue(&k.name, None),
+                stream: None,
+                key: |o| ObjectKey::new("", o.name_any()),
+            },
+            snapshot.clone(),
+            synced.clone(),
+        ),
+    );
     supervise(
         &synced,
         "Queue",

@@ -1,13 +1,13 @@
 //! Filling a snapshot from real Kubernetes objects (YAML/JSON streams, `kind: List`).
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use serde_json::Value;
 
 use crate::cards::{ObjectKey, QueueName};
 
 use crate::cluster::records::{
-    job_record, node_record, pod_record, podgroup_record, queue_record, workload_record,
-    RecordError,
+    job_record, namespace_record, node_record, pod_record, podgroup_record, queue_record,
+    workload_record, RecordError,
 };
 use crate::cluster::WorkloadKind;
 use crate::ledger::record::{is_ledger, ledger_record};
@@ -88,6 +88,16 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             }
             snap.upsert_ledger(ledger_record(&cm)?);
             Ok(Some("ConfigMap"))
+        }
+        "Namespace" => {
+            let ns: Namespace =
+                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
+                    kind: "Namespace",
+                    source,
+                })?;
+            let (name, queue) = namespace_record(&ns.metadata)?;
+            snap.set_namespace_queue(&name, queue);
+            Ok(Some("Namespace"))
         }
         "PodGroup" => {
             snap.upsert_group(podgroup_record(v, "default", seq)?);

@@ -83,6 +83,9 @@ pub struct Snapshot {
     /// its own clock: the one a seal whose change never landed is lifted by. One per
     /// sealing change still in a ledger, forgotten once no ledger holds it.
     seals_seen: BTreeMap<String, BTreeMap<u64, jiff::Timestamp>>,
+    /// Namespace -> the queue its `scheduling.volcano.sh/queue-name` annotation names:
+    /// where Volcano puts a PodGroup of queue `default` made in it.
+    namespace_queues: Map<String, QueueName>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
     other_pods: Set<ObjectKey>,
@@ -775,7 +778,7 @@ impl Snapshot {
     }
 
     /// The queue Volcano schedules a pod in (docs/annotations.md): its PodGroup's queue, else
-    /// the queue its label or annotations name, else `default`.
+    /// [`Snapshot::named_queue`].
     pub fn volcano_queue(&self, pod: &PodRecord) -> Result<QueueName, UnknownGroup> {
         if let Some(g) = &pod.group {
             return self
@@ -784,10 +787,65 @@ impl Snapshot {
                 .map(|g| g.queue.clone())
                 .ok_or_else(|| UnknownGroup(g.clone()));
         }
-        Ok(pod
-            .named_queue
-            .clone()
-            .unwrap_or_else(QueueName::default_queue))
+        Ok(self.named_queue(pod))
+    }
+
+    /// The queue of a pod without a PodGroup: the queue its label or annotations name,
+    /// else `default`; for a pod of Volcano's scheduler, `default` is the queue its
+    /// Namespace names, if it names one. Volcano makes such a pod a PodGroup of that
+    /// queue and its PodGroup webhook sends a PodGroup of `default` there
+    /// (v1.15.1 podgroups/mutate), an explicit `default` included.
+    pub fn named_queue(&self, pod: &PodRecord) -> QueueName {
+        let named = pod.named_queue.clone();
+        if named.as_ref().is_none_or(QueueName::is_default) && pod.volcano_scheduled() {
+            if let Some(q) = self.namespace_queues.get(&pod.key.namespace) {
+                return q.clone();
+            }
+        }
+        named.unwrap_or_else(QueueName::default_queue)
+    }
+
+    /// The Namespaces that name a queue.
+    pub fn namespaces_naming_queues(&self) -> Vec<String> {
+        self.namespace_queues.keys().cloned().collect()
+    }
+
+    /// The queue `namespace`'s `scheduling.volcano.sh/queue-name` annotation names.
+    pub fn namespace_queue(&self, namespace: &str) -> Option<&QueueName> {
+        self.namespace_queues.get(namespace)
+    }
+
+    /// Records the queue a Namespace names (`None`: it names none, or it is gone). Pods
+    /// already admitted keep their stamped queue; the others of the namespace are filed
+    /// again.
+    pub fn set_namespace_queue(&mut self, namespace: &str, queue: Option<QueueName>) {
+        let old = match queue {
+            Some(q) => self
+                .namespace_queues
+                .insert(namespace.to_string(), q.clone()),
+            None => self.namespace_queues.remove(namespace),
+        };
+        if old.as_ref() == self.namespace_queues.get(namespace) {
+            return;
+        }
+        let moved: Vec<ObjectKey> = self
+            .pods
+            .values()
+            .filter(|p| {
+                p.key.namespace == namespace
+                    && p.stamped_queue.is_none()
+                    && p.group.is_none()
+                    && p.volcano_scheduled()
+            })
+            .map(|p| p.key.clone())
+            .collect();
+        for k in moved {
+            if let Some(p) = self.pods.get(&k).cloned() {
+                let previous = self.tally.queue_of(&k).cloned();
+                let q = self.index_pod(&p, previous);
+                self.retally_pod(&k, Some(q));
+            }
+        }
     }
 
     // ---- pods --------------------------------------------------------------------
@@ -798,11 +856,9 @@ impl Snapshot {
         self.unindex_pod(&p.key);
         // A PodGroup that is gone (or not cached yet) does not move a pod's cards: it
         // stays where it was, or goes where it names itself.
-        let q = self.resolve_queue(p).unwrap_or_else(|_| {
-            previous
-                .or_else(|| p.named_queue.clone())
-                .unwrap_or_else(QueueName::default_queue)
-        });
+        let q = self
+            .resolve_queue(p)
+            .unwrap_or_else(|_| previous.unwrap_or_else(|| self.named_queue(p)));
         self.pods_by_queue
             .entry(q.clone())
             .or_default()

@@ -289,9 +289,8 @@ pub struct StatusArgs {
     /// spec.schedulerName.
     #[arg(long = "scheduler-name", hide = true)]
     pub scheduler_names: Vec<String>,
-    /// Pre-flight: list the card pods and PodGroups of --objects (a dump of the cluster:
-    /// `kubectl get nodes,queues,podgroups,pods -A -o yaml`) that enforcement (deny)
-    /// would refuse today, oldest first.
+    /// Pre-flight: list the card pods and PodGroups of --objects (a dump of the cluster,
+    /// docs/operations.md) that enforcement (deny) would refuse today, oldest first.
     #[arg(long, requires = "objects")]
     pub would_refuse: bool,
     /// Live: count every pod from the cluster's objects (the webhook's own caches; needs
