@@ -347,6 +347,10 @@ check "... an Event CardQuotaWouldRefuse on the pod" wait_for 20 bash -c \
 check "... the admissions metric counts it as warned" bash -c \
   "curl -s http://127.0.0.1:$((PORT_A + 1000))/metrics | grep -q '^card_quota_admission_requests_total{.*result=\"warned\"} [1-9]'"
 check "... and usage stays exact: 2 pending past the quota of 1" wait_for 20 usage_is "$Q-trial" RTX-4090 pending 2
+check "... warn steers nothing: neither pod gets a nodeSelector" bash -c \
+  "[ -z \"\$(kubectl -n $NS get pod trial-1 trial-2 -o jsonpath='{.items[*].spec.nodeSelector}')\" ]"
+check "... the warning says where deny would have pinned it" contains "$out" \
+  "Warning: card-quota does not pin pods in warn mode; under deny it would pin this one to RTX-4090"
 k annotate queue "$Q-trial" volcano.sh/card.enforcement=deny --overwrite >/dev/null
 sleep 1
 out=$(card_pod trial-3 "$Q-trial" RTX-4090 nvidia.com/gpu 1 | k apply -f - 2>&1)

@@ -2519,7 +2519,77 @@ fn would_refuse(r: &AdmissionResponse) -> String {
 }
 
 #[test]
-fn under_warn_a_pod_over_quota_is_admitted_pinned_and_charged_with_a_warning() {
+fn under_warn_a_plain_gpu_pod_names_no_model_and_binds_wherever_the_scheduler_puts_it() {
+    let mut w = World::new();
+    w.cfg.enforcement = Enforcement::Warn;
+    let plain = support::pod("p")
+        .queue("q")
+        .scheduler("volcano")
+        .gpus("1")
+        .build();
+    let r = w.send(R::pod("CREATE", plain).build());
+    assert!(r.allowed, "{}", message(&r));
+    let p = patch(&r).to_string();
+    assert!(
+        !p.contains("card.name") && !p.contains("nodeSelector") && p.contains("card.queue"),
+        "{p}"
+    );
+    // The scheduler's choice stands, and is charged on the node's model.
+    let r = w.send(R::binding("ml", "p", "rtx-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
+}
+
+#[test]
+fn a_warn_queue_under_a_deny_parent_is_still_pinned() {
+    // The parent's deny relies on the pin: only a queue whose whole path is in warn
+    // goes unpinned.
+    let tree = r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: org, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":8}', volcano.sh/card.enforcement: deny}}
+spec: {parent: root}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: team, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":4}'}}
+spec: {parent: org}
+status: {state: Open}
+"#;
+    let mut w = World::with(&format!("{CLUSTER}{tree}"));
+    w.cfg.enforcement = Enforcement::Warn;
+    let r = w.send(R::pod("CREATE", pod("a", "team", Some("NVIDIA-H200"), "1")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        patch(&r).to_string().contains("nvidia.com/gpu.product"),
+        "{}",
+        patch(&r)
+    );
+    // With the parent in warn too, the same pod is left unpinned.
+    let mut w = World::with(&format!("{CLUSTER}{}", tree.replace("deny", "warn")));
+    w.cfg.enforcement = Enforcement::Warn;
+    let r = w.send(R::pod("CREATE", pod("a", "team", Some("NVIDIA-H200"), "1")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        !patch(&r).to_string().contains("nvidia.com/gpu.product"),
+        "{}",
+        patch(&r)
+    );
+    // A namespace held to deny is pinned whatever its queues say.
+    w.cfg.namespace_enforcement =
+        card_quota::decide::NamespaceEnforcement::parse(&["ml=deny"]).unwrap();
+    let r = w.send(R::pod("CREATE", pod("b", "team", Some("NVIDIA-H200"), "1")).build());
+    assert!(
+        patch(&r).to_string().contains("nvidia.com/gpu.product"),
+        "{}",
+        patch(&r)
+    );
+}
+
+#[test]
+fn under_warn_a_pod_over_quota_is_admitted_unpinned_and_charged_with_a_warning() {
     let mut w = World::new();
     w.cfg.enforcement = Enforcement::Warn;
     assert!(
@@ -2532,17 +2602,28 @@ fn under_warn_a_pod_over_quota_is_admitted_pinned_and_charged_with_a_warning() {
         would_refuse(&r),
         "card-quota admitted this because queue q's enforcement is warn (the install's default); under deny: queue q has insufficient NVIDIA-H200 quota: requested 1, in use 3 (allocated 0, pending 3, reserved 0), quota 3"
     );
-    // The same patch as a pod that fits: stamped and pinned.
+    // Warn observes and does not steer: stamped with its queue, never pinned; the
+    // warning says where deny would have pinned it.
     let p = patch(&r).to_string();
     assert!(
-        p.contains("volcano.sh~1card.queue") && p.contains("nvidia.com/gpu.product"),
+        p.contains("volcano.sh~1card.queue")
+            && !p.contains("nvidia.com/gpu.product")
+            && !p.contains("card.pinned"),
         "{p}"
+    );
+    assert!(
+        r.warnings.iter().any(|w| w
+            == "card-quota does not pin pods in warn mode; under deny it would pin this one to NVIDIA-H200: the first of NVIDIA-H200 with room in queue q (nodeSelector nvidia.com/gpu.product=NVIDIA-H200)"),
+        "{:?}",
+        r.warnings
     );
     // Usage stays exact: past the quota.
     assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 4);
-    // A request that fits says nothing.
+    // A request that fits is not refused by anything: only where deny would pin it.
     let r = w.send(R::pod("CREATE", pod("c", "q", Some("RTX-4090"), "1")).build());
-    assert!(r.allowed && r.warnings.is_empty(), "{:?}", r.warnings);
+    assert!(r.allowed && would_refuse(&r).is_empty(), "{:?}", r.warnings);
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    assert!(!patch(&r).to_string().contains("nodeSelector"));
     // The Event is on the pod the CREATE makes (its uid as the validating hook sees it).
     let mut doc = pod("e", "q", Some("NVIDIA-H200"), "1");
     doc["metadata"]["uid"] = json!("uid-e");

@@ -373,6 +373,10 @@ pub fn render(opts: &Options) -> Result<String, ManifestError> {
             if opts.no_pin && is_binding_hook(hook) {
                 hook["failurePolicy"] = json!("Fail");
             }
+            // Warn never holds work back: not even while card-quota is down.
+            if opts.enforcement == crate::decide::Enforcement::Warn {
+                hook["failurePolicy"] = json!("Ignore");
+            }
             if let (Some((k, v)), Some(sel)) = (
                 opts.namespace_label,
                 hook.get_mut("namespaceSelector")
@@ -542,6 +546,15 @@ mod tests {
             .unwrap()
             .iter()
             .any(|a| a == "--namespace-enforcement=ml=deny"));
+        // A warn install never holds work back, not even while card-quota is down.
+        let policies: Vec<&Value> = docs
+            .iter()
+            .filter(|o| is_webhook_config(o))
+            .flat_map(|o| o["webhooks"].as_array().unwrap())
+            .map(|h| &h["failurePolicy"])
+            .collect();
+        assert_eq!(policies.len(), 15);
+        assert!(policies.iter().all(|p| *p == "Ignore"), "{policies:?}");
         let e = render(&opts("gpu")).unwrap_err().to_string();
         assert!(
             e.ends_with("is for card-quota.card-quota.svc, not card-quota.gpu.svc: make certificates for this namespace with `card-quota certs --namespace gpu`"),

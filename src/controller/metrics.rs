@@ -71,6 +71,8 @@ pub struct ReconcilerMetrics {
     pub borrow_limit: Family<QueueCardLabels, Gauge>,
     /// 1 per queue, labelled with its parent: joins the per-queue series into a tree.
     pub queue_info: Family<QueueParentLabels, Gauge>,
+    /// 1 per queue in deny under an install that fails open (warn).
+    pub deny_fail_open: Family<QueueLabel, Gauge>,
     /// Card names published per queue, so gone queues and models are removed.
     published: Mutex<HashMap<String, BTreeSet<String>>>,
     /// The parent published per queue.
@@ -169,6 +171,12 @@ impl ReconcilerMetrics {
             "1 per queue, labelled with its parent queue (root at the top)",
             queue_info.clone(),
         );
+        let deny_fail_open = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "card_quota_queue_deny_fail_open",
+            "1 per queue in deny under an install in warn, whose webhooks fail open: its quota holds only while card-quota answers",
+            deny_fail_open.clone(),
+        );
         let unmanaged = Family::<NodeCardLabels, Gauge>::default();
         registry.register(
             "card_quota_unmanaged_cards",
@@ -177,6 +185,7 @@ impl ReconcilerMetrics {
         );
         Self {
             unmanaged,
+            deny_fail_open,
             borrowed,
             borrow_limit,
             queue_info,
@@ -285,6 +294,16 @@ impl ReconcilerMetrics {
             published.remove(queue);
         } else {
             published.insert(queue.to_string(), now);
+        }
+    }
+
+    /// Sets the deny-under-fail-open gauge to `queues` (every such queue).
+    pub fn publish_deny_fail_open(&self, queues: impl IntoIterator<Item = String>) {
+        self.deny_fail_open.clear();
+        for queue_name in queues {
+            self.deny_fail_open
+                .get_or_create(&QueueLabel { queue_name })
+                .set(1);
         }
     }
 

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::cards::annotations::{CARD_QUEUE, USAGE};
 use crate::cards::QueueName;
 use crate::cluster::records::queue_record;
-use crate::decide::{Config, EventIntent, ObjectRef};
+use crate::decide::{Config, Enforcement, EventIntent, ObjectRef};
 use crate::live::caches::Synced;
 use crate::live::charge::CommitMetrics;
 use crate::live::leadership::LeaseCheck;
@@ -83,6 +83,9 @@ pub struct Reconciler {
     failing: HashMap<QueueName, (u32, Instant)>,
     /// Confirms leadership against the Lease before writing.
     lease: Option<LeaseCheck>,
+    /// The install fails open (its enforcement is warn): a queue in deny is enforced
+    /// only while card-quota answers, which the metrics say per queue.
+    fail_open: bool,
 }
 
 /// The wait after `n` failed usage writes in a row: 1 s doubling to a minute.
@@ -133,6 +136,7 @@ impl Reconciler {
             told_nodes: Default::default(),
             reported_changes: None,
             written: HashMap::new(),
+            fail_open: false,
             failing: HashMap::new(),
             lease: None,
         }
@@ -305,6 +309,13 @@ impl Reconciler {
         states
     }
 
+    /// Says the install fails open (`--enforcement warn`: its webhooks are rendered with
+    /// `failurePolicy: Ignore`).
+    pub fn with_fail_open(mut self, fail_open: bool) -> Self {
+        self.fail_open = fail_open;
+        self
+    }
+
     /// One pass: every queue when `full`, else the queues whose objects changed.
     pub async fn pass(&mut self, full: bool) -> Pass {
         let start = Instant::now();
@@ -367,6 +378,15 @@ impl Reconciler {
             let snap = self.lock();
             self.metrics
                 .publish_waiting(snap.waiting_groups_unordered(), now);
+            if self.fail_open {
+                self.metrics.publish_deny_fail_open(
+                    snap.queues()
+                        .filter(|q| {
+                            snap.enforcement_of(&q.name, Enforcement::Warn) == Enforcement::Deny
+                        })
+                        .map(|q| q.name.to_string()),
+                );
+            }
         }
         if leader {
             for s in &states {

@@ -100,9 +100,13 @@ fn warned(
         .clone()
         .or_else(|| refused.event.as_ref().map(|e| e.message.clone()))
         .unwrap_or_default();
-    admitted.warnings.push(cap(format!(
-        "card-quota admitted this because {why}; under deny: {said}"
-    )));
+    // First: what deny would have done matters more than where it would have pinned.
+    admitted.warnings.insert(
+        0,
+        cap(format!(
+            "card-quota admitted this because {why}; under deny: {said}"
+        )),
+    );
     let message = cap(format!("admitted in warn mode; under deny: {said}"));
     admitted.event = match (pod, refused.event) {
         (Some(regarding), _) => Some(Box::new(EventIntent {

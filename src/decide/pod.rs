@@ -27,7 +27,7 @@ use super::messages::{
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
 use super::review::{AdmissionRequest, Object, Operation};
 use super::tree::check_allocated;
-use super::{raw_object_of, Config, Decision, ObjectRef};
+use super::{raw_object_of, Config, Decision, Enforcement, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
 #[derive(Debug, Clone)]
@@ -623,9 +623,21 @@ fn annotation<'a>(pod: &'a PodParts, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// Whether a pending pod is steered onto the model it is admitted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Steer {
+    /// Not at all (`--no-pin`, a pod on its node, a pod of claims or of a DaemonSet).
+    Off,
+    /// Pinned: a nodeSelector on the model's product label, the model stamped.
+    Pin,
+    /// Warn observes and does not act: nothing on the pod says which model, and the
+    /// warning says what deny would pin.
+    Advise,
+}
+
 /// Decides a card pod that is new to `queue` (CREATE, or an UPDATE that changes its
 /// demand): pending, or allocated when it names its node. `stamp` adds the queue stamp;
-/// `steer` pins a pending pod to the model it is admitted for.
+/// `steer` says whether a pending pod is pinned to the model it is admitted for.
 fn admit(
     pod: &PodParts,
     mut rec: PodRecord,
@@ -633,7 +645,7 @@ fn admit(
     snap: &Snapshot,
     now: jiff::Timestamp,
     stamp: bool,
-    steer: bool,
+    steer: Steer,
 ) -> Decision {
     let owner = pod
         .metadata
@@ -663,7 +675,10 @@ fn admit(
         rec.stamped_queue = Some(queue.clone());
     }
     if demand.is_inferred() {
-        annotations.push((CARD_NAME, demand.alternatives.to_string()));
+        // Under warn the pod keeps naming nothing: any node's model is its to take.
+        if steer != Steer::Advise {
+            annotations.push((CARD_NAME, demand.alternatives.to_string()));
+        }
         rec.card_name = Some(Ok(demand.alternatives.clone()));
     }
     if let Some(node) = rec.node.clone() {
@@ -692,29 +707,36 @@ fn admit(
     }
     let mut node_selector = None;
     let mut fits_pinned = false;
-    if steer {
+    let mut advice = None;
+    if steer != Steer::Off {
         let constraints = NodeConstraints {
             node_selector: pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()),
             affinity: pod.spec.as_ref().and_then(|s| s.affinity.as_ref()),
         };
-        let pinned = match choose_pin(rec, &demand, &queue, snap, now, &constraints) {
+        let pinned = match choose_pin(rec.clone(), &demand, &queue, snap, now, &constraints) {
             Err(d) => return d.with_event(owner),
             Ok((r, pinned)) => {
-                rec = r;
+                if steer == Steer::Pin {
+                    rec = r;
+                }
                 pinned
             }
         };
         if let Some((model, (label, product))) = pinned {
-            annotations.push((
-                PINNED,
-                format!(
-                    "{model}: the first of {} with room in queue {queue}",
-                    demand.alternatives
-                ),
-            ));
-            node_selector = Some((label, product));
-            // choose_pin checked exactly this pod (pinned) against the queue.
-            fits_pinned = true;
+            let why = format!(
+                "{model}: the first of {} with room in queue {queue}",
+                demand.alternatives
+            );
+            if steer == Steer::Pin {
+                annotations.push((PINNED, why));
+                node_selector = Some((label, product));
+                // choose_pin checked exactly this pod (pinned) against the queue.
+                fits_pinned = true;
+            } else {
+                advice = Some(format!(
+                    "card-quota does not pin pods in warn mode; under deny it would pin this one to {why} (nodeSelector {label}={product})"
+                ));
+            }
         }
     }
     let mut patch = annotations_at(at, annotations);
@@ -733,7 +755,11 @@ fn admit(
         ..Default::default()
     };
     let f = fit(snap, &queue, &change, &touched, now);
-    if steer && f.verdict == Verdict::Feasible && in_a_tree(snap, &queue) {
+    if steer != Steer::Off
+        && advice.is_none()
+        && f.verdict == Verdict::Feasible
+        && in_a_tree(snap, &queue)
+    {
         // Below card levels a pod goes only on a model it fits on along its whole path:
         // each level's check of unbound multi-model demand alone is a relaxation.
         let first = Alternatives::single(demand.alternatives.first().clone());
@@ -750,6 +776,7 @@ fn admit(
         Verdict::Feasible => {
             let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
             d.patch = patch;
+            d.warnings.extend(advice);
             d
         }
         Verdict::Infeasible => {
@@ -811,11 +838,18 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
     }
     // A pod whose cards come from claims is not pinned by node labels: its devices'
     // models are its claims' to say, and a DRA node need not carry the product label.
-    let steer = cfg.pin
-        && rec.node.is_none()
-        && rec.claimed.is_none()
-        && !names_its_node(pod)
-        && !owned_by_daemonset(pod);
+    let steer = if !cfg.pin
+        || rec.node.is_some()
+        || rec.claimed.is_some()
+        || names_its_node(pod)
+        || owned_by_daemonset(pod)
+    {
+        Steer::Off
+    } else if observed_only(snap, cfg, &key.namespace, &queue) {
+        Steer::Advise
+    } else {
+        Steer::Pin
+    };
     let d = admit(pod, rec, queue, snap, now, true, steer);
     // A pod created on its node is charged its node's model, whatever it claims.
     if let (true, Some(claimed)) = (d.allowed, annotation(pod, CHARGED)) {
@@ -925,7 +959,17 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     if let Some(stored) = snap.pod(&changed.key) {
         changed.seq = stored.seq;
     }
-    admit(pod, changed, queue, snap, now, false, false)
+    admit(pod, changed, queue, snap, now, false, Steer::Off)
+}
+
+/// True when nothing a pod of `namespace` does in `queue` is enforced: the queue and
+/// every queue above it are in warn, and the namespace is not held to deny. Only then
+/// is the pod left unpinned (a deny level above relies on the pin).
+fn observed_only(snap: &Snapshot, cfg: &Config, namespace: &str, queue: &QueueName) -> bool {
+    cfg.namespace_mode(namespace) != Some(Enforcement::Deny)
+        && std::iter::once(queue.clone())
+            .chain(snap.ancestors_of(queue))
+            .all(|q| snap.enforcement_of(&q, cfg.enforcement) == Enforcement::Warn)
 }
 
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`

@@ -159,7 +159,8 @@ async fn serve(
                 leader,
                 committer,
             )
-            .with_lease_check(check);
+            .with_lease_check(check)
+            .with_fail_open(opts.config.enforcement == card_quota::decide::Enforcement::Warn);
             let reconciling = tokio::spawn(reconciler.run(
                 synced.clone(),
                 opts.reconcile_every,
