@@ -2519,9 +2519,10 @@ fn would_refuse(r: &AdmissionResponse) -> String {
 }
 
 #[test]
-fn under_warn_a_plain_gpu_pod_names_no_model_and_binds_wherever_the_scheduler_puts_it() {
+fn under_warn_an_unpinned_pod_binds_wherever_the_scheduler_puts_it() {
     let mut w = World::new();
     w.cfg.enforcement = Enforcement::Warn;
+    // A plain pod: named the queue's models (what counts it while pending), not pinned.
     let plain = support::pod("p")
         .queue("q")
         .scheduler("volcano")
@@ -2531,13 +2532,38 @@ fn under_warn_a_plain_gpu_pod_names_no_model_and_binds_wherever_the_scheduler_pu
     assert!(r.allowed, "{}", message(&r));
     let p = patch(&r).to_string();
     assert!(
-        !p.contains("card.name") && !p.contains("nodeSelector") && p.contains("card.queue"),
+        p.contains("card.name") && !p.contains("nodeSelector") && !p.contains("card.pinned"),
         "{p}"
     );
-    // The scheduler's choice stands, and is charged on the node's model.
-    let r = w.send(R::binding("ml", "p", "rtx-1").build());
-    assert!(r.allowed, "{}", message(&r));
+    assert!(w.send(R::binding("ml", "p", "rtx-1").build()).allowed);
     assert_eq!(w.usage("q", "RTX-4090")["allocated"], 1);
+    // A pod naming H200 that the scheduler put on an RTX-4090 node (nothing pinned it):
+    // the binding stands under warn, charged RTX-4090, with what deny would say.
+    let r = w.send(R::pod("CREATE", pod("h", "q", Some("NVIDIA-H200"), "1")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let r = w.send(R::binding("ml", "h", "rtx-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        would_refuse(&r)
+            .contains("under deny: pod ml/h accepts NVIDIA-H200 but node rtx-1 has RTX-4090"),
+        "{:?}",
+        r.warnings
+    );
+    assert_eq!(w.usage("q", "RTX-4090")["allocated"], 2);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 0);
+    // Under deny the same binding is refused (the pin would have kept it off that node).
+    let mut w = World::new();
+    assert!(
+        w.send(R::pod("CREATE", pod("h", "q", Some("NVIDIA-H200"), "1")).build())
+            .allowed
+    );
+    let r = w.send(R::binding("ml", "h", "rtx-1").build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("accepts NVIDIA-H200 but node rtx-1 has RTX-4090"),
+        "{}",
+        message(&r)
+    );
 }
 
 #[test]
@@ -2784,14 +2810,11 @@ fn under_warn_scale_ups_are_not_clamped_enqueues_and_bindings_pass() {
 fn warn_admits_nothing_that_is_not_about_a_quota() {
     let mut w = World::new();
     w.cfg.enforcement = Enforcement::Warn;
-    // A Closed queue, a bind to a model the pod does not accept, a malformed card.name.
+    // A Closed queue, a malformed card.name. (A bind to a model the pod does not accept
+    // stands under warn, which pinned nothing: see
+    // under_warn_an_unpinned_pod_binds_wherever_the_scheduler_puts_it.)
     let r = w.send(R::pod("CREATE", pod("c", "closed", Some("NVIDIA-H200"), "1")).build());
     assert!(!r.allowed);
-    assert!(
-        w.send(R::pod("CREATE", pod("a", "q", Some("RTX-4090"), "1")).build())
-            .allowed
-    );
-    assert!(!w.send(R::binding("ml", "a", "h200-1").build()).allowed);
     assert!(
         !w.send(R::pod("CREATE", pod("x", "q", Some("A||B"), "1")).build())
             .allowed

@@ -80,8 +80,9 @@ pub fn decide(
     // A pod of shared claims pays for them when its binding is the first to put them
     // to use; the sharer that paid while pending then no longer does.
     let (mut rec, sharers) = snap.as_bound(pod, node);
-    // A stored pod whose card.name no longer parses is charged by its node's model.
-    if matches!(rec.card_name, Some(Err(_))) {
+    // A stored pod whose card.name no longer parses is charged by its node's model; so
+    // is any pod in warn's second decision (nothing pinned it).
+    if matches!(rec.card_name, Some(Err(_))) || cfg.any_model {
         rec.card_name = None;
     }
     let resources = match &rec.demand {

@@ -6,12 +6,24 @@
 use super::messages::{cap, Reason};
 use super::{decide, Config, Decision, Enforcement, EventIntent, ObjectRef, RequestKind};
 use crate::cards::annotations::ENFORCEMENT;
+use crate::cards::QueueName;
 use crate::snapshot::Snapshot;
 
 use super::review::{AdmissionRequest, Operation};
 
 /// The Event reason of a request admitted in `warn` that `deny` would have refused.
 pub const WOULD_REFUSE: &str = "CardQuotaWouldRefuse";
+
+/// True when nothing a pod of `namespace` does in `queue` is enforced: the queue and
+/// every queue above it are in warn, and the namespace is not held to deny. Only then
+/// is the pod left unpinned and its binding free to take any model (a deny level above
+/// relies on both).
+pub fn observed_only(snap: &Snapshot, cfg: &Config, namespace: &str, queue: &QueueName) -> bool {
+    cfg.namespace_mode(namespace) != Some(Enforcement::Deny)
+        && std::iter::once(queue.clone())
+            .chain(snap.ancestors_of(queue))
+            .all(|q| snap.enforcement_of(&q, cfg.enforcement) == Enforcement::Warn)
+}
 
 /// Decides `req`, admitting under `warn` what only a `warn` queue's quota refuses.
 /// Requests that fit, and every refusal that is not about a quota, cost one decision.
@@ -22,6 +34,11 @@ pub fn decide_enforcing(
     now: jiff::Timestamp,
 ) -> Decision {
     let d = decide(req, snap, cfg, now);
+    if d.reason == Some(Reason::CardModelNotAccepted)
+        && RequestKind::of(req) == RequestKind::Binding
+    {
+        return unsteered_binding(req, snap, cfg, now, d);
+    }
     if !refused_by_quota(req, &d) {
         return d;
     }
@@ -52,6 +69,34 @@ pub fn decide_enforcing(
         None => "the queue's enforcement is warn".to_string(),
     };
     warned(relaxed, d, created_pod(req), &why)
+}
+
+/// A binding onto a model its pod does not accept: under warn nothing pinned the pod,
+/// so the scheduler's choice stands, charged by the node's model (and past a quota only
+/// as far as warn lets anything), with what deny would have said.
+fn unsteered_binding(
+    req: &AdmissionRequest,
+    snap: &mut Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+    refused: Decision,
+) -> Decision {
+    let any = Config {
+        any_model: true,
+        ..cfg.clone()
+    };
+    let mut relaxed = decide(req, snap, &any, now);
+    if refused_by_quota(req, &relaxed) && snap.any_warn(cfg.enforcement) {
+        relaxed = snap.lifted(cfg.enforcement, |s| decide(req, s, &any, now));
+    }
+    let Some(queue) = relaxed.charge.as_ref().map(|c| c.queue.clone()) else {
+        return refused;
+    };
+    if !relaxed.allowed || relaxed.reason.is_some() || !observed_only(snap, cfg, req.ns(), &queue) {
+        return refused;
+    }
+    let why = format!("queue {queue} and every queue above it are in warn, which pins nothing");
+    warned(relaxed, refused, None, &why)
 }
 
 /// The pod a CREATE makes, when its name is known: an admitted pod will exist, so the

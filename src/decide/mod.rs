@@ -55,6 +55,9 @@ pub struct Config {
     /// Per namespace, an enforcement that may only tighten a queue's: a namespace in
     /// deny is refused even in a queue in warn; one in warn never loosens a queue in deny.
     pub namespace_enforcement: NamespaceEnforcement,
+    /// A binding takes its node's model whatever its pod names: set only for warn's
+    /// second decision of a binding its pod's name refuses (nothing pinned the pod).
+    pub any_model: bool,
 }
 
 impl Default for Config {
@@ -65,6 +68,7 @@ impl Default for Config {
             enforcement: Enforcement::default(),
             max_queue_depth: DEFAULT_MAX_QUEUE_DEPTH,
             namespace_enforcement: NamespaceEnforcement::default(),
+            any_model: false,
         }
     }
 }

@@ -27,7 +27,7 @@ use super::messages::{
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
 use super::review::{AdmissionRequest, Object, Operation};
 use super::tree::check_allocated;
-use super::{raw_object_of, Config, Decision, Enforcement, ObjectRef};
+use super::{raw_object_of, Config, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
 #[derive(Debug, Clone)]
@@ -675,10 +675,9 @@ fn admit(
         rec.stamped_queue = Some(queue.clone());
     }
     if demand.is_inferred() {
-        // Under warn the pod keeps naming nothing: any node's model is its to take.
-        if steer != Steer::Advise {
-            annotations.push((CARD_NAME, demand.alternatives.to_string()));
-        }
+        // Under warn too: the name is what counts a pending pod; it steers nothing there,
+        // as warn's binding takes any model (see `enforcement`).
+        annotations.push((CARD_NAME, demand.alternatives.to_string()));
         rec.card_name = Some(Ok(demand.alternatives.clone()));
     }
     if let Some(node) = rec.node.clone() {
@@ -845,7 +844,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
         || owned_by_daemonset(pod)
     {
         Steer::Off
-    } else if observed_only(snap, cfg, &key.namespace, &queue) {
+    } else if super::enforcement::observed_only(snap, cfg, &key.namespace, &queue) {
         Steer::Advise
     } else {
         Steer::Pin
@@ -960,16 +959,6 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         changed.seq = stored.seq;
     }
     admit(pod, changed, queue, snap, now, false, Steer::Off)
-}
-
-/// True when nothing a pod of `namespace` does in `queue` is enforced: the queue and
-/// every queue above it are in warn, and the namespace is not held to deny. Only then
-/// is the pod left unpinned (a deny level above relies on the pin).
-fn observed_only(snap: &Snapshot, cfg: &Config, namespace: &str, queue: &QueueName) -> bool {
-    cfg.namespace_mode(namespace) != Some(Enforcement::Deny)
-        && std::iter::once(queue.clone())
-            .chain(snap.ancestors_of(queue))
-            .all(|q| snap.enforcement_of(&q, cfg.enforcement) == Enforcement::Warn)
 }
 
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`

@@ -13,6 +13,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         enforcement: a.enforcement.into(),
         namespace_enforcement: NamespaceEnforcement::parse(&a.namespace_enforcement)?,
         max_queue_depth: a.max_queue_depth,
+        any_model: false,
     };
     no_scheduler_filter(&a.scheduler_names);
     replay::run(

@@ -292,6 +292,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             enforcement: a.enforcement.into(),
             namespace_enforcement: namespace_enforcement(&a.namespace_enforcement)?,
             max_queue_depth: a.max_queue_depth,
+            any_model: false,
         },
         ledger_budget: std::time::Duration::from_secs_f64(a.ledger_budget_seconds.max(0.1)),
         holds: !a.no_holds,
