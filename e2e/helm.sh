@@ -122,8 +122,8 @@ k annotate queue "$Q" volcano.sh/card.enforcement- >/dev/null
 stop_serve
 check "a warn install's webhooks all fail open" bash -c \
   "[ -z \"\$(kubectl get mutatingwebhookconfiguration,validatingwebhookconfiguration -l app.kubernetes.io/instance=cq -o jsonpath='{.items[*].webhooks[*].failurePolicy}' | tr ' ' '\n' | grep -v '^Ignore\$')\" ]"
-out=$(pod p3 | k apply -f - 2>&1)
-check "... so with card-quota not running a GPU pod is still created" contains "$out" "pod/p3 created"
+out=$(pod p-down | k apply -f - 2>&1)
+check "... so with card-quota not running a GPU pod is still created" contains "$out" "pod/p-down created"
 
 out=$("$HELM" uninstall cq -n "$NS" 2>&1)
 check "helm uninstall" contains "$out" "uninstalled"
