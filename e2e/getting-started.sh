@@ -69,6 +69,8 @@ node gpu-2 NVIDIA-H200 8
 n=$(python3 "$ROOT/e2e/page.py" blocks "$ROOT/docs/getting-started.md" "$WORK") || { fail "the page's blocks"; exit 1; }
 log "docs/getting-started.md: $n command blocks"
 export PATH="$(dirname "$BIN"):$(dirname "$(command -v "$HELM")"):$PATH"
+# Where the page's reader pushed the image: here, the name it is loaded under on the node.
+export IMAGE=ghcr.io/card-quota/card-quota
 cd "$ROOT" || exit 1
 for i in $(seq -f %02g 1 "$n"); do
   block=$WORK/$i.sh
@@ -78,7 +80,8 @@ for i in $(seq -f %02g 1 "$n"); do
       sed -i 's|^kubectl -n card-quota rollout status deployment/card-quota.*|: played by the e2e: the Deployment runs here|' "$block"
       start_serve=1
     fi
-    sed -i "s|^helm install card-quota charts/card-quota .*|& --set webhooks.url=https://127.0.0.1:$PORT --set 'certificates.extraIPs={127.0.0.1}'|" "$block"
+    # Nothing runs on fake nodes: the install cannot wait for its pods.
+    sed -i "s|^helm install card-quota charts/card-quota .*|& --set webhooks.url=https://127.0.0.1:$PORT --set 'certificates.extraIPs={127.0.0.1}'|; s|^\(helm install card-quota .*\) --wait|\1|" "$block"
   fi
   first=$(grep -v '^\s*$' "$block" | head -1)
   end=$(( $(date +%s) + 30 ))

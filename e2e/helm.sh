@@ -73,7 +73,7 @@ queue() { # quota-json
     "$Q" "$(sed 's/"/\\"/g' <<<"$1")" | k apply -f - 2>&1
 }
 
-VALUES=(--set "webhooks.url=https://127.0.0.1:$PORT" --set "certificates.extraIPs={127.0.0.1}"
+VALUES=(--set image.repository=registry.example/card-quota --set "webhooks.url=https://127.0.0.1:$PORT" --set "certificates.extraIPs={127.0.0.1}"
   --set "webhooks.namespaceLabels.card-quota-helm=$RUN")
 out=$("$HELM" install cq "$CHART" -n "$NS" --create-namespace "${VALUES[@]}" 2>&1)
 check "helm install" contains "$out" "STATUS: deployed"

@@ -69,6 +69,7 @@ k create namespace "$APP" >/dev/null
 # have CPU and would take the pods, which never run there.
 t0=$(date +%s)
 if ! "$HELM" install card-quota "$CHART" -n "$NS" --create-namespace --wait --timeout 180s \
+  --set image.repository=ghcr.io/card-quota/card-quota \
   --set-string "nodeSelector.kubernetes\.io/hostname=$NODE" > "$WORK/install.out" 2>&1; then
   FAILED=$((FAILED + 1)); log "FAIL: helm install --wait"
   sed 's/^/      /' "$WORK/install.out"

@@ -9,7 +9,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
 {{- define "card-quota.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ required "image.repository: no card-quota image is published yet; build one (make image), push it to your registry and install with --set image.repository=<registry>/card-quota (docs/install.md, The image)" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
 {{/* The install's card resources (names and `prefix*` patterns), as a YAML list: the
