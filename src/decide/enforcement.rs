@@ -81,6 +81,9 @@ fn unsteered_binding(
     now: jiff::Timestamp,
     refused: Decision,
 ) -> Decision {
+    if !snap.any_warn(cfg.enforcement) || cfg.namespace_mode(req.ns()) == Some(Enforcement::Deny) {
+        return refused;
+    }
     let any = Config {
         any_model: true,
         ..cfg.clone()
