@@ -758,7 +758,12 @@ impl Snapshot {
             .get(group)
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default();
-        for k in members {
+        self.refile_pods(members);
+    }
+
+    /// Files `pods` again under the queue each resolves to now, and counts them there.
+    fn refile_pods(&mut self, pods: Vec<ObjectKey>) {
+        for k in pods {
             if let Some(p) = self.pods.get(&k).cloned() {
                 let previous = self.tally.queue_of(&k).cloned();
                 let q = self.index_pod(&p, previous);
@@ -839,13 +844,7 @@ impl Snapshot {
             })
             .map(|p| p.key.clone())
             .collect();
-        for k in moved {
-            if let Some(p) = self.pods.get(&k).cloned() {
-                let previous = self.tally.queue_of(&k).cloned();
-                let q = self.index_pod(&p, previous);
-                self.retally_pod(&k, Some(q));
-            }
-        }
+        self.refile_pods(moved);
     }
 
     // ---- pods --------------------------------------------------------------------
