@@ -2673,6 +2673,14 @@ fn under_warn_a_pod_over_quota_is_admitted_unpinned_and_charged_with_a_warning()
         "{}",
         e.message
     );
+    // Where deny would have pinned it is in the Event too (warn pinned nothing).
+    assert!(
+        e.message.ends_with(
+            "; deny would have pinned it to NVIDIA-H200: the first of NVIDIA-H200 with room in queue q (nodeSelector nvidia.com/gpu.product=NVIDIA-H200)"
+        ),
+        "{}",
+        e.message
+    );
     // Under deny the same request is refused, and not marked.
     w.cfg.enforcement = Enforcement::Deny;
     let d = decide_enforcing(&req, &mut w.snap, &w.cfg, jiff::Timestamp::now());

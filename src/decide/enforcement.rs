@@ -155,7 +155,15 @@ fn warned(
             "card-quota admitted this because {why}; under deny: {said}"
         )),
     );
-    let message = cap(format!("admitted in warn mode; under deny: {said}"));
+    // Where deny would have pinned the pod goes into the Event too.
+    let pin = admitted
+        .warnings
+        .iter()
+        .find_map(|w| w.strip_prefix(super::pod::NOT_PINNED))
+        .and_then(|w| w.strip_prefix("; under deny it would pin this one to "))
+        .map(|w| format!("; deny would have pinned it to {w}"))
+        .unwrap_or_default();
+    let message = cap(format!("admitted in warn mode; under deny: {said}{pin}"));
     admitted.event = match (pod, refused.event) {
         (Some(regarding), _) => Some(Box::new(EventIntent {
             regarding,

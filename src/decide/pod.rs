@@ -623,6 +623,9 @@ fn annotation<'a>(pod: &'a PodParts, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// How the warning on a pod warn leaves unpinned begins.
+pub const NOT_PINNED: &str = "card-quota does not pin pods in warn mode";
+
 /// Whether a pending pod is steered onto the model it is admitted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Steer {
@@ -733,7 +736,7 @@ fn admit(
                 fits_pinned = true;
             } else {
                 advice = Some(format!(
-                    "card-quota does not pin pods in warn mode; under deny it would pin this one to {why} (nodeSelector {label}={product})"
+                    "{NOT_PINNED}; under deny it would pin this one to {why} (nodeSelector {label}={product})"
                 ));
             }
         }
