@@ -633,8 +633,9 @@ enum Steer {
     Off,
     /// Pinned: a nodeSelector on the model's product label, the model stamped.
     Pin,
-    /// Warn observes and does not act: nothing on the pod says which model, and the
-    /// warning says what deny would pin.
+    /// Warn observes and does not act: no nodeSelector and no `card.pinned` (an
+    /// inferred `card.name` still counts it while pending), and the warning says what
+    /// deny would pin.
     Advise,
 }
 
