@@ -54,6 +54,11 @@ fn expand(v: Value, out: &mut Vec<Value>) {
     }
 }
 
+/// `v` read as the typed Kubernetes object of `kind`.
+fn decode<T: serde::de::DeserializeOwned>(v: &Value, kind: &'static str) -> Result<T, RecordError> {
+    serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode { kind, source })
+}
+
 /// Adds or replaces one object. Returns the kind it was stored as, or an error that
 /// names the object and what is wrong; kinds card-quota does not read are `Ok(None)`.
 pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, RecordError> {
@@ -61,11 +66,7 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
     let seq = snap.next_seq();
     match kind {
         "Node" => {
-            let n: Node =
-                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
-                    kind: "Node",
-                    source,
-                })?;
+            let n: Node = decode(v, "Node")?;
             let (name, cards) = node_record(&n)?;
             for p in &cards.problems {
                 tracing::warn!("{p}");
@@ -78,11 +79,7 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             Ok(Some("Queue"))
         }
         "ConfigMap" => {
-            let cm: ConfigMap =
-                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
-                    kind: "ConfigMap",
-                    source,
-                })?;
+            let cm: ConfigMap = decode(v, "ConfigMap")?;
             if !is_ledger(&cm.metadata) {
                 return Ok(None);
             }
@@ -90,11 +87,7 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             Ok(Some("ConfigMap"))
         }
         "Namespace" => {
-            let ns: Namespace =
-                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
-                    kind: "Namespace",
-                    source,
-                })?;
+            let ns: Namespace = decode(v, "Namespace")?;
             let (name, queue) = namespace_record(&ns.metadata)?;
             snap.set_namespace_queue(&name, queue);
             Ok(Some("Namespace"))
@@ -114,11 +107,7 @@ pub fn upsert(snap: &mut Snapshot, v: &Value) -> Result<Option<&'static str>, Re
             ))
         }
         "Pod" => {
-            let p: Pod =
-                serde::Deserialize::deserialize(v).map_err(|source| RecordError::Decode {
-                    kind: "Pod",
-                    source,
-                })?;
+            let p: Pod = decode(v, "Pod")?;
             let cards = snap.card_resources().clone();
             snap.upsert_pod(pod_record(&p, "default", &cards, seq)?);
             Ok(Some("Pod"))
