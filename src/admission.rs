@@ -407,7 +407,7 @@ pub fn usage_table(
     ]];
     for (q, rows) in report {
         for (m, r) in rows {
-            let composite = !m.is_model();
+            let composite = !m.has_quota();
             let free = if composite {
                 "-".to_string()
             } else if r.free() < 0 {

@@ -6,6 +6,7 @@ use std::fmt;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
 use super::names::{shown, Alternatives, CardName, NameError, QueueName};
+use super::pattern::{CardPattern, PatternError};
 use super::quantity::Cards;
 
 /// Queue annotation holding the per-model quota.
@@ -63,6 +64,8 @@ pub enum Problem {
     },
     #[error("key {key:?}: {source}")]
     BadKey { key: String, source: NameError },
+    #[error("key {key:?}: {source}")]
+    BadPattern { key: String, source: PatternError },
     #[error("key {0:?} lists alternatives; a quota names single models")]
     CompositeQuotaKey(String),
     #[error("{0}")]
@@ -90,13 +93,16 @@ pub struct AnnotationError {
     pub problem: Problem,
 }
 
-/// A queue's quota: model -> whole cards. Absent models have quota 0.
+/// A queue's quota: model -> whole cards, and group caps (pattern -> cards over every
+/// model it matches). A model neither named nor matched has quota 0.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Quota {
     cards: BTreeMap<CardName, Cards>,
     /// The models in the order the annotation writes them: a pod that names no model
     /// tries its queue's models in this order (the admin's preference).
     written: Vec<CardName>,
+    /// Group caps in the order the annotation writes them.
+    caps: Vec<(CardPattern, Cards)>,
     /// Every model unlimited: how a `warn` queue is decided once its quota refused a
     /// request (never parsed, never stored).
     unlimited: bool,
@@ -107,11 +113,17 @@ impl Quota {
         Self {
             written: cards.keys().cloned().collect(),
             cards,
+            caps: Vec::new(),
             unlimited: false,
         }
     }
     /// A quota from entries in written order (the first of a model counts).
     pub fn in_order(entries: Vec<(CardName, Cards)>) -> Self {
+        Self::with_caps(entries, Vec::new())
+    }
+    /// A quota from models and group caps, each in written order (the first of a key
+    /// counts).
+    pub fn with_caps(entries: Vec<(CardName, Cards)>, caps: Vec<(CardPattern, Cards)>) -> Self {
         let mut cards = BTreeMap::new();
         let mut written = Vec::with_capacity(entries.len());
         for (m, n) in entries {
@@ -120,9 +132,16 @@ impl Quota {
                 written.push(m);
             }
         }
+        let mut kept: Vec<(CardPattern, Cards)> = Vec::with_capacity(caps.len());
+        for (p, n) in caps {
+            if !kept.iter().any(|(k, _)| *k == p) {
+                kept.push((p, n));
+            }
+        }
         Self {
             cards,
             written,
+            caps: kept,
             unlimited: false,
         }
     }
@@ -131,6 +150,7 @@ impl Quota {
         Self {
             cards: BTreeMap::new(),
             written: Vec::new(),
+            caps: Vec::new(),
             unlimited: true,
         }
     }
@@ -138,39 +158,70 @@ impl Quota {
     pub fn models_in_order(&self) -> &[CardName] {
         &self.written
     }
+    /// A model's own limit: its key's cards; for a model only a group cap matches, the
+    /// smallest such cap (the caps themselves are checked as caps); else 0.
     pub fn get(&self, m: &CardName) -> Cards {
         if self.unlimited {
             return Cards::new(u64::MAX);
         }
-        self.cards.get(m).copied().unwrap_or(Cards::ZERO)
+        if let Some(n) = self.cards.get(m) {
+            return *n;
+        }
+        self.caps_over(m)
+            .map(|(_, n)| n)
+            .min()
+            .unwrap_or(Cards::ZERO)
     }
-    /// The models the quota names, with their cards.
+    /// True when the quota names `m`, by its own key or by a group cap: a pod that
+    /// names no model may use it.
+    pub fn names(&self, m: &CardName) -> bool {
+        self.unlimited || self.cards.contains_key(m) || self.caps.iter().any(|(p, _)| p.matches(m))
+    }
+    /// The models the quota names by their own key, with their cards.
     pub fn entries(&self) -> &BTreeMap<CardName, Cards> {
         &self.cards
     }
-    /// This quota with `other`'s cards added per model (a share plus what it may
-    /// borrow).
+    /// The group caps, in written order.
+    pub fn caps(&self) -> &[(CardPattern, Cards)] {
+        &self.caps
+    }
+    /// The group caps that count `m`'s cards.
+    pub fn caps_over<'q>(
+        &'q self,
+        m: &'q CardName,
+    ) -> impl Iterator<Item = (&'q CardPattern, Cards)> + 'q {
+        self.caps
+            .iter()
+            .filter(move |(p, _)| p.matches(m))
+            .map(|(p, n)| (p, *n))
+    }
+    /// This quota with `other`'s cards added per key (a share plus what it may
+    /// borrow). A model one side names and the other only caps gets the other's limit
+    /// for it added.
     pub fn plus(&self, other: &Quota) -> Quota {
         if self.unlimited || other.unlimited {
             return Self::unlimited();
         }
-        let mut cards = self.cards.clone();
-        let mut written = self.written.clone();
-        for (m, n) in &other.cards {
-            *cards.entry(m.clone()).or_default() += *n;
+        let mut entries: Vec<(CardName, Cards)> = Vec::new();
+        for m in self.written.iter().chain(&other.written) {
+            if !entries.iter().any(|(k, _)| k == m) {
+                entries.push((m.clone(), self.get(m) + other.get(m)));
+            }
         }
-        written.extend(
-            other
-                .written
-                .iter()
-                .filter(|m| !self.cards.contains_key(*m))
-                .cloned(),
-        );
-        Self {
-            cards,
-            written,
-            unlimited: false,
+        let mut caps: Vec<(CardPattern, Cards)> = Vec::new();
+        for (p, _) in self.caps.iter().chain(&other.caps) {
+            if !caps.iter().any(|(k, _)| k == p) {
+                let of = |q: &Quota| {
+                    q.caps
+                        .iter()
+                        .find(|(k, _)| k == p)
+                        .map(|(_, n)| *n)
+                        .unwrap_or_default()
+                };
+                caps.push((p.clone(), of(self) + of(other)));
+            }
         }
+        Self::with_caps(entries, caps)
     }
     pub fn is_unlimited(&self) -> bool {
         self.unlimited
@@ -342,7 +393,22 @@ fn parse_quota_in(
     let entries = parse_entries(raw, 0, "non-negative", MAX_QUOTA_ENTRIES)
         .map_err(|p| err(object, annotation, p))?;
     let mut q = Vec::with_capacity(entries.len());
+    let mut caps = Vec::new();
     for (k, n) in entries {
+        if k.contains('*') {
+            let p = CardPattern::parse(&k).map_err(|source| {
+                err(
+                    object,
+                    annotation,
+                    Problem::BadPattern {
+                        key: shown(&k),
+                        source,
+                    },
+                )
+            })?;
+            caps.push((p, Cards::new(n)));
+            continue;
+        }
         if k.contains('|') {
             return Err(err(
                 object,
@@ -362,7 +428,7 @@ fn parse_quota_in(
         })?;
         q.push((name, Cards::new(n)));
     }
-    Ok(Quota::in_order(q))
+    Ok(Quota::with_caps(q, caps))
 }
 
 /// Parses `volcano.sh/card.request` of `object` (e.g. `podgroup ml/job-1`).

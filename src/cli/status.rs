@@ -270,7 +270,7 @@ pub fn rows(
             Some(numbers) => numbers
                 .iter()
                 .map(|(key, r)| {
-                    let mut row = StatusRow::of(&name, key.to_string(), key.is_model(), r, &note);
+                    let mut row = StatusRow::of(&name, key.to_string(), key.has_quota(), r, &note);
                     if let (Some(room), Some(_)) =
                         (rooms.get(&(name.clone(), key.clone())), row.free)
                     {

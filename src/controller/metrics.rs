@@ -52,6 +52,12 @@ pub struct ReconcilerMetrics {
     /// Cards nodes announce of resources the install does not gate (never counted).
     pub unmanaged: Family<NodeCardLabels, Gauge>,
     pub capacity: Family<QueueCardLabels, Gauge>,
+    /// A group cap's cards, allocated and requested, per queue and cap key (`*`,
+    /// `NVIDIA-*`): families of their own, so sums over the per-model families count
+    /// each card once.
+    pub cap_capacity: Family<QueueCardLabels, Gauge>,
+    pub cap_allocated: Family<QueueCardLabels, Gauge>,
+    pub cap_request: Family<QueueCardLabels, Gauge>,
     pub allocated: Family<QueueCardLabels, Gauge>,
     pub request: Family<QueueCardLabels, Gauge>,
     pub pending: Family<QueueCardLabels, Gauge>,
@@ -177,6 +183,21 @@ impl ReconcilerMetrics {
             "1 per queue in deny under an install in warn, whose webhooks fail open: its quota holds only while card-quota answers",
             deny_fail_open.clone(),
         );
+        let cap_capacity = gauge(
+            registry,
+            "card_quota_queue_cap_capacity",
+            "A queue's group cap (a card.quota key ending in *): the most cards the models it matches may use together",
+        );
+        let cap_allocated = gauge(
+            registry,
+            "card_quota_queue_cap_allocated",
+            "Cards of bound pods on the models a queue's group cap matches",
+        );
+        let cap_request = gauge(
+            registry,
+            "card_quota_queue_cap_request",
+            "Cards a group cap's models use or wait for: allocated + pending + reserved that can land only under it",
+        );
         let unmanaged = Family::<NodeCardLabels, Gauge>::default();
         registry.register(
             "card_quota_unmanaged_cards",
@@ -193,6 +214,9 @@ impl ReconcilerMetrics {
             jobs_waiting,
             longest_wait,
             capacity,
+            cap_capacity,
+            cap_allocated,
+            cap_request,
             allocated,
             request,
             pending,
@@ -253,6 +277,9 @@ impl ReconcilerMetrics {
             let l = labels(&gone);
             for f in [
                 &self.capacity,
+                &self.cap_capacity,
+                &self.cap_allocated,
+                &self.cap_request,
                 &self.allocated,
                 &self.request,
                 &self.pending,
@@ -266,6 +293,12 @@ impl ReconcilerMetrics {
         for (card, r) in rows.into_iter().flatten() {
             let l = labels(&card.to_string());
             let gauge = |v: crate::cards::Cards| v.as_i64_saturating();
+            if let UsageKey::Cap(_) = card {
+                self.cap_capacity.get_or_create(&l).set(gauge(r.quota));
+                self.cap_allocated.get_or_create(&l).set(gauge(r.allocated));
+                self.cap_request.get_or_create(&l).set(gauge(r.in_use()));
+                continue;
+            }
             if card.is_model() {
                 self.capacity.get_or_create(&l).set(gauge(r.quota));
                 self.allocated.get_or_create(&l).set(gauge(r.allocated));

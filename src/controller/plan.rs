@@ -298,7 +298,7 @@ pub fn exceeded_message(s: &QueueState) -> Option<String> {
     let over: Vec<String> = s
         .rows
         .iter()
-        .filter(|(k, r)| k.is_model() && r.allocated > r.cap())
+        .filter(|(k, r)| k.has_quota() && r.allocated > r.cap())
         .map(|(k, r)| match r.borrow {
             Some(b) => format!(
                 "{k} allocated {} > quota {} + borrow {b}",

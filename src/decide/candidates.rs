@@ -26,8 +26,9 @@ pub fn resource_serves(snap: &Snapshot, resource: &str, model: &CardName) -> boo
 }
 
 /// Models of `resource` that `queue` may use, in the order its `card.quota` writes them
-/// (then the models only its `card.borrow` names), keeping those every card level above
-/// it names too: a level that does not name a model has quota 0 for it.
+/// (then the models only its `card.borrow` names, then those only a group cap matches),
+/// keeping those every card level above it names too: a level that does not name a
+/// model has quota 0 for it.
 pub fn queue_models(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<CardName> {
     let Some(q) = snap.queue(queue) else {
         return Vec::new();
@@ -52,13 +53,19 @@ pub fn queue_models(snap: &Snapshot, queue: &QueueName, resource: &str) -> Vec<C
             .filter_map(|l| snap.queue(l).map(|r| r.effective_quota()))
             .collect()
     };
-    quota
-        .models_in_order()
-        .iter()
-        .filter(|m| resource_serves(snap, resource, m))
-        .filter(|m| levels.iter().all(|l| l.entries().contains_key(*m)))
-        .cloned()
-        .collect()
+    // The models the quota names by key, then those only its group caps match, cap by
+    // cap in written order and by name within a cap: the admin's order first, and a
+    // deterministic one (not the order nodes joined) for the rest.
+    let mut out: Vec<CardName> = quota.models_in_order().to_vec();
+    for (p, _) in quota.caps() {
+        for m in snap.known_models().filter(|m| p.matches(m)) {
+            if !out.contains(m) {
+                out.push(m.clone());
+            }
+        }
+    }
+    out.retain(|m| resource_serves(snap, resource, m) && levels.iter().all(|l| l.names(m)));
+    out
 }
 
 /// The models among `models` that the pod's own required product constraints (on the

@@ -122,6 +122,27 @@ pub fn insufficient(
     before: &QueueUsage,
 ) -> String {
     let r = before.competing(key);
+    if let Some((p, c)) = short_cap(key, requested, before, &r) {
+        let b = before
+            .borrow
+            .caps()
+            .iter()
+            .find(|(k, _)| k == p)
+            .map(|(_, n)| *n)
+            .unwrap_or_default();
+        let quota = if b.is_zero() {
+            c.quota.to_string()
+        } else {
+            format!("{} + borrow {b}", c.quota.saturating_sub(b))
+        };
+        return format!(
+            "queue {queue} has insufficient {p} quota (a group cap): requested {requested}, in use {} (allocated {}, pending {}, reserved {}), quota {quota}",
+            c.in_use(),
+            c.allocated,
+            c.pending,
+            c.reserved,
+        );
+    }
     format!(
         "queue {queue} has insufficient {key} quota: requested {requested}, in use {} (allocated {}, pending {}, reserved {}), quota {}",
         r.in_use(),
@@ -130,6 +151,26 @@ pub fn insufficient(
         r.reserved,
         quota_text(r.quota, key, &before.borrow)
     )
+}
+
+/// The group cap to name in a refusal of `requested` cards on `key`: of the caps over
+/// its models, the one with the least room, when that room is short of the request and
+/// no more than the models' own.
+fn short_cap<'u>(
+    key: &Alternatives,
+    requested: Cards,
+    before: &'u QueueUsage,
+    models: &crate::ledger::usage::Row,
+) -> Option<(&'u crate::cards::CardPattern, crate::ledger::usage::Row)> {
+    let need = requested.signed_minus(Cards::ZERO);
+    before
+        .quota
+        .caps()
+        .iter()
+        .filter(|(p, _)| key.models().iter().any(|m| p.matches(m)))
+        .map(|(p, n)| (p, before.cap_row(p, *n)))
+        .min_by_key(|(_, row)| row.free())
+        .filter(|(_, row)| row.free() < need && row.free() <= models.free())
 }
 
 /// `<quota>`, or `<share> + borrow <b>` when part of `cap` is borrowed.

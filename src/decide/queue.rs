@@ -139,5 +139,24 @@ fn quota_checks(
                 .push(format!("queue {}: no node offers card model {m}", rec.name));
         }
     }
+    for (p, c) in quota.caps() {
+        let row = usage.cap_row(p, *c);
+        if *c < row.in_use() {
+            d.warnings.push(format!(
+                "queue {}: group cap {p} ({c}) is below current usage {} (allocated {}, pending {}, reserved {})",
+                rec.name,
+                row.in_use(),
+                row.allocated,
+                row.pending,
+                row.reserved
+            ));
+        }
+        if !snap.known_models().any(|m| p.matches(m)) && !snap.dra_models().any(|m| p.matches(m)) {
+            d.warnings.push(format!(
+                "queue {}: group cap {p} matches no card model any node offers",
+                rec.name
+            ));
+        }
+    }
     d
 }

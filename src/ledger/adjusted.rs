@@ -7,9 +7,9 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use crate::cards::{Alternatives, CardName, Cards, ObjectKey, Quota};
+use crate::cards::{Alternatives, CardName, CardPattern, Cards, ObjectKey, Quota};
 
-use super::feasibility::{check_needs, Demand, Need, Verdict, DEFAULT_BUDGET};
+use super::feasibility::{check_needs, CapRoom, Demand, Need, Verdict, DEFAULT_BUDGET};
 use super::usage::{QueueUsage, Share};
 
 /// What a change adds to and takes from one entry. The entry after it is
@@ -195,12 +195,40 @@ impl<'a> Adjusted<'a> {
         out
     }
 
+    /// Room under each group cap after the change: its cards minus what the models it
+    /// matches have allocated (negative after a cut).
+    pub fn cap_rooms(&self) -> Vec<CapRoom<'_>> {
+        let caps = self.quota.caps();
+        if caps.is_empty() {
+            return Vec::new();
+        }
+        let models: BTreeSet<&CardName> = self
+            .base
+            .allocated
+            .keys()
+            .chain(self.diff.allocated.iter().map(|(m, _)| m))
+            .collect();
+        caps.iter()
+            .map(|(p, n)| {
+                let used: Cards = models
+                    .iter()
+                    .filter(|m| p.matches(m))
+                    .map(|m| self.allocated(m))
+                    .sum();
+                CapRoom {
+                    pattern: p,
+                    room: n.signed_minus(used),
+                }
+            })
+            .collect()
+    }
+
     /// Is the demand that can reach `touched` feasible after the change? Only the
-    /// models connected to `touched` through some demand are checked.
+    /// models connected to `touched` through some demand or some group cap are checked.
     pub fn feasible(&self, touched: &BTreeSet<CardName>) -> Verdict {
         let needs = self.needs();
-        let part = component(&needs, touched);
-        check_needs(|m| self.room(m), &part, DEFAULT_BUDGET)
+        let part = component(&needs, touched, self.quota.caps());
+        check_needs(|m| self.room(m), &self.cap_rooms(), &part, DEFAULT_BUDGET)
     }
 
     /// The whole usage after the change.
@@ -263,14 +291,40 @@ fn apply<K: Ord + Clone, T: Copy + Default + PartialEq>(
     }
 }
 
-/// The demands in the component of models reachable from `touched`.
-fn component<'n>(needs: &[Need<'n>], touched: &BTreeSet<CardName>) -> Vec<Need<'n>> {
+/// The demands in the component of models reachable from `touched`: two models are
+/// linked by a demand that may use both, or by a group cap over both.
+fn component<'n>(
+    needs: &[Need<'n>],
+    touched: &BTreeSet<CardName>,
+    caps: &[(CardPattern, Cards)],
+) -> Vec<Need<'n>> {
     let mut models: BTreeSet<&CardName> = touched.iter().collect();
     let mut taken = vec![false; needs.len()];
+    // The caps reached so far (patterns nest, so a cap over a reached model links
+    // every model under it).
+    let mut reached = vec![false; caps.len()];
+    let reach = |models: &BTreeSet<&CardName>, reached: &mut Vec<bool>| {
+        for (j, (p, _)) in caps.iter().enumerate() {
+            if !reached[j] && models.iter().any(|m| p.matches(m)) {
+                reached[j] = true;
+            }
+        }
+    };
+    let under_reached = |m: &CardName, reached: &[bool]| {
+        caps.iter()
+            .zip(reached)
+            .any(|((p, _), r)| *r && p.matches(m))
+    };
     loop {
         let mut grew = false;
+        reach(&models, &mut reached);
         for (i, d) in needs.iter().enumerate() {
-            if !taken[i] && d.models.models().iter().any(|m| models.contains(m)) {
+            if !taken[i]
+                && d.models
+                    .models()
+                    .iter()
+                    .any(|m| models.contains(m) || under_reached(m, &reached))
+            {
                 taken[i] = true;
                 for m in d.models.models() {
                     grew |= models.insert(m);

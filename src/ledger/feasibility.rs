@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::cards::{Alternatives, CardName, Cards};
+use crate::cards::{Alternatives, CardName, CardPattern, Cards};
 
 use super::flow::{Network, UNLIMITED};
 
@@ -139,21 +139,111 @@ impl Demand {
     }
 }
 
+/// A group cap's room: its cards minus what the models it matches have allocated
+/// (negative after a cut).
+#[derive(Debug, Clone, Copy)]
+pub struct CapRoom<'a> {
+    pub pattern: &'a CardPattern,
+    pub room: i128,
+}
+
 /// Checks whether `demands` fit in `rooms` (quota minus allocated, per model; may be
 /// negative after a quota cut). A model absent from `rooms` has room 0.
 pub fn check(rooms: &BTreeMap<CardName, i128>, demands: &[Demand], budget: u64) -> Verdict {
-    let needs: Vec<Need<'_>> = demands.iter().map(Demand::need).collect();
-    check_needs(|m| rooms.get(m).copied().unwrap_or(0), &needs, budget)
+    check_capped(rooms, &[], demands, budget)
 }
 
-/// [`check`] over borrowed demands, with each model's room from `room_of`.
+/// [`check`] under group caps too: the cards placed on the models a cap matches stay
+/// within its room.
+pub fn check_capped(
+    rooms: &BTreeMap<CardName, i128>,
+    caps: &[CapRoom<'_>],
+    demands: &[Demand],
+    budget: u64,
+) -> Verdict {
+    let needs: Vec<Need<'_>> = demands.iter().map(Demand::need).collect();
+    check_needs(|m| rooms.get(m).copied().unwrap_or(0), caps, &needs, budget)
+}
+
+/// Where each model's cards count: the model itself and every cap over it, and the
+/// tree of caps a flow goes through (model -> its innermost cap -> the next cap up ...).
+struct Counted {
+    /// Resources: the models, then the caps over at least one of them.
+    models: usize,
+    /// Per model, the resources its cards count against (itself first).
+    over: Vec<Vec<usize>>,
+    /// Per resource, the resource its flow goes to next (`None`: the sink).
+    up: Vec<Option<usize>>,
+}
+
+impl Counted {
+    fn new(names: &[&CardName], caps: &[CapRoom<'_>], room: &mut Vec<i128>) -> Self {
+        let models = names.len();
+        let used: Vec<&CapRoom<'_>> = caps
+            .iter()
+            .filter(|c| names.iter().any(|m| c.pattern.matches(m)))
+            .collect();
+        room.extend(used.iter().map(|c| c.room));
+        // The innermost of the caps that contain `p` other than itself: patterns nest
+        // or are disjoint, so those containing it form a chain.
+        let parent = |p: &CardPattern| {
+            used.iter()
+                .enumerate()
+                .filter(|(_, c)| c.pattern != p && c.pattern.contains(p))
+                .max_by_key(|(_, c)| c.pattern.specificity())
+                .map(|(j, _)| models + j)
+        };
+        let mut over = Vec::with_capacity(models);
+        let mut up = Vec::with_capacity(models + used.len());
+        for m in names {
+            let mine: Vec<(usize, &CardPattern)> = used
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.pattern.matches(m))
+                .map(|(j, c)| (models + j, c.pattern))
+                .collect();
+            up.push(
+                mine.iter()
+                    .max_by_key(|(_, p)| p.specificity())
+                    .map(|(r, _)| *r),
+            );
+            let mut list = Vec::with_capacity(1 + mine.len());
+            list.push(over.len());
+            list.extend(mine.iter().map(|(r, _)| *r));
+            over.push(list);
+        }
+        up.extend(used.iter().map(|c| parent(c.pattern)));
+        Self { models, over, up }
+    }
+
+    /// How much of `size` model `m` can still take: the least room over it.
+    fn room_of(&self, room: &[u128], m: usize) -> u128 {
+        self.over[m].iter().map(|r| room[*r]).min().unwrap_or(0)
+    }
+
+    fn take(&self, room: &mut [u128], m: usize, n: u128) {
+        for r in &self.over[m] {
+            room[*r] -= n;
+        }
+    }
+
+    fn give(&self, room: &mut [u128], m: usize, n: u128) {
+        for r in &self.over[m] {
+            room[*r] += n;
+        }
+    }
+}
+
+/// [`check`] over borrowed demands, with each model's room from `room_of`, under `caps`.
 pub fn check_needs(
     room_of: impl Fn(&CardName) -> i128,
+    caps: &[CapRoom<'_>],
     demands: &[Need<'_>],
     budget: u64,
 ) -> Verdict {
     let mut index = ModelIndex::default();
     let mut room: Vec<i128> = Vec::new();
+    let mut names: Vec<&CardName> = Vec::new();
     let mut idx_of: Vec<Vec<usize>> = Vec::with_capacity(demands.len());
     for d in demands {
         let idx = d
@@ -163,12 +253,14 @@ pub fn check_needs(
             .map(|m| {
                 index.at(m, || {
                     room.push(room_of(m));
+                    names.push(m);
                     room.len() - 1
                 })
             })
             .collect();
         idx_of.push(idx);
     }
+    let counted = Counted::new(&names, caps, &mut room);
     let mut single = vec![false; room.len()];
     let mut wholes: HashMap<(Vec<usize>, u128), u128> = HashMap::new();
     let mut divisibles: HashMap<Vec<usize>, u128> = HashMap::new();
@@ -178,9 +270,10 @@ pub fn check_needs(
             continue;
         }
         if idx.len() == 1 {
-            let r = &mut room[idx[0]];
-            *r = r.saturating_sub(i128::try_from(total).unwrap_or(i128::MAX));
-            single[idx[0]] = true;
+            for r in &counted.over[idx[0]] {
+                room[*r] = room[*r].saturating_sub(i128::try_from(total).unwrap_or(i128::MAX));
+                single[*r] = true;
+            }
         } else if d.divisible || d.cards.get() == 1 {
             // A one-card pod is as divisible as a unit of a job request.
             let e = divisibles.entry(idx).or_default();
@@ -226,17 +319,18 @@ pub fn check_needs(
             .iter()
             .map(|g| (g.models.clone(), g.size.saturating_mul(g.count))),
     );
-    if !flow_fits(&room, &relaxed) {
+    if !flow_fits(&room, &counted, &relaxed) {
         return Verdict::Infeasible;
     }
     if groups.is_empty() {
         return Verdict::Feasible;
     }
-    if greedy(&room, &groups, &divisibles) {
+    if greedy(&room, &counted, &groups, &divisibles) {
         return Verdict::Feasible;
     }
     let mut s = Search {
         groups: &groups,
+        counted: &counted,
         divisibles: &divisibles,
         failed: HashSet::new(),
         budget,
@@ -250,7 +344,12 @@ pub fn check_needs(
     }
 }
 
-fn greedy(room: &[u128], groups: &[Group], divisibles: &[(Vec<usize>, u128)]) -> bool {
+fn greedy(
+    room: &[u128],
+    counted: &Counted,
+    groups: &[Group],
+    divisibles: &[(Vec<usize>, u128)],
+) -> bool {
     let mut r = room.to_vec();
     for g in groups {
         let mut left = g.count;
@@ -260,22 +359,23 @@ fn greedy(room: &[u128], groups: &[Group], divisibles: &[(Vec<usize>, u128)]) ->
             let pick = g
                 .models
                 .iter()
-                .copied()
-                .filter(|m| r[*m] >= g.size)
-                .min_by_key(|m| r[*m]);
-            let Some(m) = pick else {
+                .map(|m| (*m, counted.room_of(&r, *m)))
+                .filter(|(_, room)| *room >= g.size)
+                .min_by_key(|(_, room)| *room);
+            let Some((m, fits)) = pick else {
                 return false;
             };
-            let k = left.min(r[m] / g.size);
-            r[m] -= k * g.size;
+            let k = left.min(fits / g.size);
+            counted.take(&mut r, m, k * g.size);
             left -= k;
         }
     }
-    flow_fits(&r, divisibles)
+    flow_fits(&r, counted, divisibles)
 }
 
 struct Search<'a> {
     groups: &'a [Group],
+    counted: &'a Counted,
     divisibles: &'a [(Vec<usize>, u128)],
     failed: HashSet<(usize, u128, usize, Vec<u128>)>,
     budget: u64,
@@ -293,7 +393,7 @@ impl Search<'_> {
         self.budget -= 1;
         if left == 0 {
             return if g + 1 == self.groups.len() {
-                Some(flow_fits(room, self.divisibles))
+                Some(flow_fits(room, self.counted, self.divisibles))
             } else {
                 let next = self.groups[g + 1].count;
                 self.place(g + 1, next, 0, room)
@@ -310,16 +410,17 @@ impl Search<'_> {
         let size = group.size;
         let m = group.models[from];
         // Pods the later models can hold at most: this model must take the rest.
-        let rest: u128 = group.models[from + 1..]
-            .iter()
-            .fold(0u128, |a, r| a.saturating_add(room[*r] / size));
-        let most = left.min(room[m] / size);
+        // An upper bound (caps shared by later models are counted once per model).
+        let rest: u128 = group.models[from + 1..].iter().fold(0u128, |a, r| {
+            a.saturating_add(self.counted.room_of(room, *r) / size)
+        });
+        let most = left.min(self.counted.room_of(room, m) / size);
         let fewest = left.saturating_sub(rest);
         let mut k = most;
         while k >= fewest && fewest <= most {
-            room[m] -= k * size;
+            self.counted.take(room, m, k * size);
             let r = self.place(g, left - k, from + 1, room);
-            room[m] += k * size;
+            self.counted.give(room, m, k * size);
             match r {
                 Some(true) => return Some(true),
                 Some(false) => {}
@@ -335,17 +436,20 @@ impl Search<'_> {
     }
 }
 
-/// Max-flow: can every divisible demand be split over its models within `room`?
-fn flow_fits(room: &[u128], items: &[(Vec<usize>, u128)]) -> bool {
+/// Max-flow: can every divisible demand be split over its models within `room` (the
+/// models' rooms, then the caps')? Each model's flow goes up through the caps over it.
+fn flow_fits(room: &[u128], counted: &Counted, items: &[(Vec<usize>, u128)]) -> bool {
     if items.is_empty() {
         return true;
     }
     let need = items.iter().fold(0u128, |a, (_, n)| a.saturating_add(*n));
-    let have = room.iter().fold(0u128, |a, r| a.saturating_add(*r));
+    let have = room[..counted.models]
+        .iter()
+        .fold(0u128, |a, r| a.saturating_add(*r));
     if need > have {
         return false;
     }
-    // Nodes: 0 = source, 1..=items, then models, then sink.
+    // Nodes: 0 = source, 1..=items, then models and caps, then sink.
     let n_items = items.len();
     let sink = 1 + n_items + room.len();
     let mut net = Network::new(sink + 1);
@@ -355,8 +459,8 @@ fn flow_fits(room: &[u128], items: &[(Vec<usize>, u128)]) -> bool {
             net.add(1 + i, 1 + n_items + m, UNLIMITED);
         }
     }
-    for (m, r) in room.iter().enumerate() {
-        net.add(1 + n_items + m, sink, *r);
+    for (i, (r, up)) in room.iter().zip(&counted.up).enumerate() {
+        net.add(1 + n_items + i, up.map_or(sink, |u| 1 + n_items + u), *r);
     }
     net.push(0, sink, need, |_, _| true) >= need
 }
@@ -504,6 +608,139 @@ mod tests {
             false
         }
         go(&mut room.to_vec(), items)
+    }
+
+    #[test]
+    fn a_group_cap_bounds_the_sum_over_its_models() {
+        let r = rooms(&[("NVIDIA-A", 4), ("NVIDIA-B", 4), ("AMD-C", 4)]);
+        let star = CardPattern::parse("*").unwrap();
+        let nv = CardPattern::parse("NVIDIA-*").unwrap();
+        let caps = [
+            CapRoom {
+                pattern: &star,
+                room: 5,
+            },
+            CapRoom {
+                pattern: &nv,
+                room: 3,
+            },
+        ];
+        let c = |d: &[Demand]| check_capped(&r, &caps, d, DEFAULT_BUDGET);
+        assert_eq!(c(&[pod("NVIDIA-A", 3)]), Verdict::Feasible);
+        assert_eq!(
+            c(&[pod("NVIDIA-A", 2), pod("NVIDIA-B", 2)]),
+            Verdict::Infeasible
+        );
+        // NVIDIA-* holds 3, * holds 5: the other 2 go to AMD.
+        assert_eq!(c(&[job("NVIDIA-A|AMD-C", 5)]), Verdict::Feasible);
+        assert_eq!(c(&[job("NVIDIA-A|AMD-C", 6)]), Verdict::Infeasible);
+        assert_eq!(
+            c(&[pod("NVIDIA-A|AMD-C", 3), pod("NVIDIA-B|AMD-C", 2)]),
+            Verdict::Feasible
+        );
+        assert_eq!(
+            c(&[pod("NVIDIA-A|AMD-C", 3), pod("NVIDIA-B|AMD-C", 3)]),
+            Verdict::Infeasible
+        );
+        // A cap over quota only refuses what must land under it.
+        let cut = [CapRoom {
+            pattern: &nv,
+            room: -1,
+        }];
+        assert_eq!(
+            check_capped(&r, &cut, &[pod("AMD-C", 1)], DEFAULT_BUDGET),
+            Verdict::Feasible
+        );
+        assert_eq!(
+            check_capped(&r, &cut, &[pod("NVIDIA-B", 1)], DEFAULT_BUDGET),
+            Verdict::Infeasible
+        );
+        assert_eq!(
+            check_capped(&r, &cut, &[pod("NVIDIA-B|AMD-C", 1)], DEFAULT_BUDGET),
+            Verdict::Feasible
+        );
+    }
+
+    /// Brute force under caps: `caps` lists, per cap, its room and the models it covers.
+    fn brute_capped(
+        room: &[i128],
+        caps: &[(i128, Vec<usize>)],
+        items: &[(Vec<usize>, u64)],
+    ) -> bool {
+        fn go(
+            room: &mut Vec<i128>,
+            caps: &mut Vec<(i128, Vec<usize>)>,
+            items: &[(Vec<usize>, u64)],
+        ) -> bool {
+            let Some(((models, size), rest)) = items.split_first() else {
+                return room.iter().all(|r| *r >= 0) && caps.iter().all(|(r, _)| *r >= 0);
+            };
+            for &m in models {
+                let n = i128::from(*size);
+                room[m] -= n;
+                for c in caps.iter_mut().filter(|c| c.1.contains(&m)) {
+                    c.0 -= n;
+                }
+                let ok = go(room, caps, rest);
+                room[m] += n;
+                for c in caps.iter_mut().filter(|c| c.1.contains(&m)) {
+                    c.0 += n;
+                }
+                if ok {
+                    return true;
+                }
+            }
+            false
+        }
+        go(&mut room.to_vec(), &mut caps.to_vec(), items)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+        #[test]
+        fn feasibility_under_caps_agrees_with_brute_force(
+            room in proptest::collection::vec(0i128..6, 4),
+            cap_rooms in proptest::collection::vec(proptest::option::of(0i128..8), 4),
+            raw in proptest::collection::vec((1u8..16, 1u64..4, any::<bool>(), 1u64..3), 0..6),
+        ) {
+            // Models A0 A1 B0 B1; caps *, A*, B*, A1* (a laminar family, as patterns are).
+            let names: Vec<CardName> = ["A0", "A1", "B0", "B1"].iter().map(|s| name(s)).collect();
+            let rooms: BTreeMap<CardName, i128> = names.iter().cloned().zip(room.iter().copied()).collect();
+            let patterns: Vec<CardPattern> = ["*", "A*", "B*", "A1*"].iter().map(|p| CardPattern::parse(p).unwrap()).collect();
+            let mut caps = Vec::new();
+            let mut brute_caps = Vec::new();
+            for (p, r) in patterns.iter().zip(&cap_rooms) {
+                if let Some(r) = r {
+                    caps.push(CapRoom { pattern: p, room: *r });
+                    brute_caps.push((*r, (0..4).filter(|i| p.matches(&names[*i])).collect::<Vec<usize>>()));
+                }
+            }
+            let mut demands = Vec::new();
+            let mut brute_items = Vec::new();
+            for (mask, cards, divisible, count) in raw {
+                let idx: Vec<usize> = (0..4).filter(|i| mask & (1 << i) != 0).collect();
+                if idx.is_empty() { continue; }
+                let models = Alternatives::from_models(idx.iter().map(|i| names[*i].clone()).collect()).unwrap();
+                demands.push(Demand { models, cards: Cards::new(cards), divisible, count });
+                for _ in 0..count {
+                    if divisible {
+                        for _ in 0..cards { brute_items.push((idx.clone(), 1)); }
+                    } else {
+                        brute_items.push((idx.clone(), cards));
+                    }
+                }
+            }
+            // Only the models some demand names are checked by the code under test;
+            // the brute force is given the same (others' rooms are not its business).
+            let used: Vec<bool> = (0..4).map(|i| brute_items.iter().any(|(m, _)| m.contains(&i))).collect();
+            let brute_caps: Vec<(i128, Vec<usize>)> = brute_caps
+                .into_iter()
+                .filter(|(_, ms)| ms.iter().any(|m| used[*m]))
+                .collect();
+            let want = brute_capped(&room, &brute_caps, &brute_items);
+            let got = check_capped(&rooms, &caps, &demands, DEFAULT_BUDGET);
+            prop_assert_eq!(got == Verdict::Feasible, want, "{:?} {:?} {:?}", rooms, cap_rooms, demands);
+        }
     }
 
     proptest! {

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::cards::demand::PodDemandError;
 use crate::cards::dra::ClaimCards;
 use crate::cards::quantity::Cards;
-use crate::cards::{Alternatives, CardName, CardRequest, ObjectKey, Quota};
+use crate::cards::{Alternatives, CardName, CardPattern, CardRequest, ObjectKey, Quota};
 use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
 
 use super::feasibility::Demand;
@@ -405,7 +405,51 @@ impl QueueUsage {
                 out.entry(UsageKey::of(k)).or_default().reserved = *r;
             }
         }
+        if !self.quota.caps().is_empty() {
+            // A model only a cap names is limited by it.
+            for (k, row) in out.iter_mut() {
+                if let UsageKey::Model(m) = k {
+                    if !self.quota.entries().contains_key(m) {
+                        row.quota = self.quota.get(m);
+                    }
+                }
+            }
+            for (p, n) in self.quota.caps() {
+                out.insert(UsageKey::Cap(p.clone()), self.cap_row(p, *n));
+            }
+        }
         out
+    }
+
+    /// Numbers for group cap `p` of `cap` cards: what the models it matches have
+    /// allocated, and the pending and reserved demand that can only land under it.
+    pub fn cap_row(&self, p: &CardPattern, cap: Cards) -> Row {
+        let under = |k: &Alternatives| k.models().iter().all(|m| p.matches(m));
+        Row {
+            borrow: None,
+            borrowed: None,
+            shares: None,
+            pool_free: None,
+            quota: cap,
+            allocated: self
+                .allocated
+                .iter()
+                .filter(|(m, _)| p.matches(m))
+                .map(|(_, n)| *n)
+                .sum(),
+            pending: self
+                .pending
+                .iter()
+                .filter(|(k, _)| under(k))
+                .map(|(_, n)| *n)
+                .sum(),
+            reserved: self
+                .reserved
+                .iter()
+                .filter(|(k, _)| under(k))
+                .map(|(_, n)| *n)
+                .sum(),
+        }
     }
 
     /// Numbers for a denial naming `key`: every demand that competes for its models.
@@ -445,6 +489,8 @@ impl QueueUsage {
 pub enum UsageKey {
     Model(CardName),
     Alternatives(Alternatives),
+    /// A group cap (`*`, `NVIDIA-*`): the sum over the models it matches.
+    Cap(CardPattern),
 }
 
 impl UsageKey {
@@ -461,10 +507,16 @@ impl UsageKey {
         matches!(self, Self::Model(_))
     }
 
+    /// True for a row with a limit of its own: a model or a group cap.
+    pub fn has_quota(&self) -> bool {
+        matches!(self, Self::Model(_) | Self::Cap(_))
+    }
+
     fn text(&self) -> std::borrow::Cow<'_, str> {
         match self {
             Self::Model(m) => m.as_str().into(),
             Self::Alternatives(a) => a.to_string().into(),
+            Self::Cap(p) => p.to_string().into(),
         }
     }
 }

@@ -170,6 +170,11 @@ impl Snapshot {
     }
 
     /// True when some ResourceSlice publishes a device of `model`.
+    /// The models of the DRA devices published (with repeats).
+    pub fn dra_models(&self) -> impl Iterator<Item = &crate::cards::CardName> + '_ {
+        self.dra.device_models()
+    }
+
     pub fn dra_offers(&self, model: &crate::cards::CardName) -> bool {
         let one = crate::cards::Alternatives::single(model.clone());
         let found = self.dra.devices_of(&one).next().is_some();

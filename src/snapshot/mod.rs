@@ -361,6 +361,11 @@ impl Snapshot {
     }
 
     /// Resources that request `model` on some node.
+    /// Every model some node offers, by name.
+    pub fn known_models(&self) -> impl Iterator<Item = &CardName> {
+        self.model_resources.keys()
+    }
+
     pub fn resources_of(&self, model: &CardName) -> Option<&BTreeMap<String, usize>> {
         self.model_resources.get(model)
     }

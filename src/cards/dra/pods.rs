@@ -293,6 +293,14 @@ impl DraObjects {
             .collect()
     }
 
+    /// The model of every published device that has one (with repeats).
+    pub fn device_models(&self) -> impl Iterator<Item = &CardName> + '_ {
+        self.devices.values().filter_map(|d| match &d.model {
+            Some(Ok(m)) => Some(m),
+            _ => None,
+        })
+    }
+
     /// Every published device whose model is one of `models`.
     pub fn devices_of<'a>(
         &'a self,
