@@ -265,10 +265,13 @@ fn malformed_patterns_are_refused_naming_the_key() {
             "spec": {"weight": 1}})
     };
     for (quota, want) in [
-        (r#"{"**":1}"#, r#"key "**": a '*' may only end a key"#),
         (
-            r#"{"NV*IDIA":1}"#,
-            r#"key "NV*IDIA": a '*' may only end a key"#,
+            r#"{"**":1}"#,
+            r#"key "**": a group cap ends in one '*' after a prefix"#,
+        ),
+        (
+            r#"{"NVIDIA-**":1}"#,
+            r#"key "NVIDIA-**": a group cap ends in one '*'"#,
         ),
         (
             r#"{"/mig-*":1}"#,

@@ -395,7 +395,7 @@ fn parse_quota_in(
     let mut q = Vec::with_capacity(entries.len());
     let mut caps = Vec::new();
     for (k, n) in entries {
-        if k.contains('*') {
+        if CardPattern::is_pattern(&k) {
             let p = CardPattern::parse(&k).map_err(|source| {
                 err(
                     object,

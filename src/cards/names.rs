@@ -18,8 +18,6 @@ pub enum NameError {
     EmptyAlternative(String),
     #[error("model {model:?} is listed twice in {list:?}")]
     DuplicateAlternative { model: String, list: String },
-    #[error("model name {0:?} contains '*'; only a quota's group caps (keys such as \"NVIDIA-*\") use it")]
-    Star(String),
     #[error("model name {0:?} contains '|' where a single model is expected")]
     Composite(String),
     #[error("{count} alternatives; at most {MAX_ALTERNATIVES} are allowed")]
@@ -55,9 +53,6 @@ impl CardName {
         }
         if s.contains('|') {
             return Err(NameError::Composite(shown(s)));
-        }
-        if s.contains('*') {
-            return Err(NameError::Star(shown(s)));
         }
         if s.len() > MAX_NAME_LEN {
             return Err(NameError::TooLong {

@@ -22,8 +22,10 @@ pub struct CardPattern {
 /// Why a key ending in `*` is not a pattern.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PatternError {
-    #[error("a '*' may only end a key (a group cap such as \"NVIDIA-*\" or \"*\"), not appear inside {0:?}")]
-    InnerStar(String),
+    #[error(
+        "a group cap ends in one '*' after a prefix (such as \"NVIDIA-*\" or \"*\"), got {0:?}"
+    )]
+    DoubleStar(String),
     #[error("pattern {0:?} contains whitespace")]
     Whitespace(String),
     #[error("pattern {0:?} contains '|'; a group cap is one prefix")]
@@ -42,10 +44,10 @@ impl CardPattern {
         key.ends_with('*')
     }
 
-    /// Parses a key ending in `*`.
+    /// Parses a key ending in `*`. A `*` elsewhere is part of a model name.
     pub fn parse(key: &str) -> Result<Self, PatternError> {
         let Some(prefix) = key.strip_suffix('*') else {
-            return Err(PatternError::InnerStar(shown(key)));
+            return Err(PatternError::DoubleStar(shown(key)));
         };
         if key.len() > MAX_NAME_LEN {
             return Err(PatternError::TooLong {
@@ -53,8 +55,10 @@ impl CardPattern {
                 len: key.len(),
             });
         }
-        if prefix.contains('*') {
-            return Err(PatternError::InnerStar(shown(key)));
+        // A `*` inside is part of a model's name (MPS: `NVIDIA-H800/mps-80g*1/2`); two
+        // at the end are a typo.
+        if prefix.ends_with('*') {
+            return Err(PatternError::DoubleStar(shown(key)));
         }
         if key.chars().any(char::is_whitespace) {
             return Err(PatternError::Whitespace(shown(key)));
@@ -140,12 +144,16 @@ mod tests {
     fn malformed_patterns_are_refused_with_the_reason() {
         assert!(matches!(
             CardPattern::parse("**"),
-            Err(PatternError::InnerStar(_))
+            Err(PatternError::DoubleStar(_))
         ));
         assert!(matches!(
-            CardPattern::parse("NV*IDIA-*"),
-            Err(PatternError::InnerStar(_))
+            CardPattern::parse("NVIDIA-**"),
+            Err(PatternError::DoubleStar(_))
         ));
+        // MPS model names hold a '*': a pattern over them may too.
+        assert!(CardPattern::parse("NVIDIA-H800/mps-80g*1/*")
+            .unwrap()
+            .matches(&m("NVIDIA-H800/mps-80g*1/2")));
         assert!(matches!(
             CardPattern::parse("/mig-*"),
             Err(PatternError::EmptyModel(_))
@@ -160,7 +168,7 @@ mod tests {
         ));
         assert_eq!(
             CardPattern::parse("**").unwrap_err().to_string(),
-            "a '*' may only end a key (a group cap such as \"NVIDIA-*\" or \"*\"), not appear inside \"**\""
+            "a group cap ends in one '*' after a prefix (such as \"NVIDIA-*\" or \"*\"), got \"**\""
         );
     }
 }
