@@ -679,6 +679,24 @@ check "... and a scale-up to 5 goes through clamped, with a warning" contains "$
 check "... to 4 replicas" [ "$(k -n "$NS" get deploy plain -o jsonpath='{.spec.replicas}')" = 4 ]
 k -n "$NS" delete deploy plain --wait=false >/dev/null 2>&1
 
+# A group cap: 2 of each of three models, 3 in all ("*"). A Deployment of 5 plain pods
+# stops at 3 with room left on every model; the rest are refused naming the cap.
+for m in NVIDIA-H200 RTX-4090 NVIDIA-A100; do node "$Q-c-$m" "$m" 2 ',"cq-e2e-pool":"cap"' ''; done
+sleep 1
+queue "$Q-cap" '{"NVIDIA-H200":2,"RTX-4090":2,"NVIDIA-A100":2,"*":3}' | k apply -f - >/dev/null 2>&1
+sleep 1
+plain_deploy capped "$Q-cap" 5 | sed 's/cq-e2e-pool: plain/cq-e2e-pool: cap/' | k apply -f - >/dev/null 2>&1
+cap_refused() {
+  kubectl -n "$NS" get events -o json | jq -e --arg q "queue $Q-cap has insufficient * quota (a group cap)" \
+    'any(.items[]; .reason == "FailedCreate" and (.message | contains($q)))' >/dev/null
+}
+export -f cap_refused
+check "group cap: a Deployment of 5 plain pods over three models stops at the * cap of 3, all bound" wait_for 30 bash -c \
+  "[ \"\$(plain_bound capped)\" = 3 ] && [ \"\$(kubectl -n $NS get pods -l plain=capped -o name | wc -l)\" = 3 ] && cap_refused"
+check "... the queue's usage has a row for the cap: 3 of 3 allocated" wait_for 20 bash -c \
+  "usage_is $Q-cap '*' allocated 3 && usage_is $Q-cap '*' quota 3"
+k -n "$NS" delete deploy capped --wait=false >/dev/null 2>&1
+
 # The same under warn: admitted with the warning, the Event and the metric.
 k apply -f - >/dev/null <<EOF
 apiVersion: scheduling.volcano.sh/v1beta1

@@ -305,3 +305,71 @@ fn malformed_patterns_are_refused_naming_the_key() {
         r.warnings
     );
 }
+
+/// A parent's cap bounds its subtree: a child borrowing within every model's pool stops
+/// where the parent's `*` is full (its sibling's share counts whole).
+#[test]
+fn a_parents_cap_bounds_what_a_child_may_borrow() {
+    let tree = |org_quota: &str| {
+        format!(
+            r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {{name: root}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {{name: org, annotations: {{volcano.sh/card.quota: '{org_quota}'}}}}
+spec: {{parent: root}}
+status: {{state: Open}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {{name: team-a, annotations: {{volcano.sh/card.quota: '{{"NVIDIA-H200":2}}'}}}}
+spec: {{parent: org}}
+status: {{state: Open}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {{name: team-b, annotations: {{volcano.sh/card.quota: '{{"NVIDIA-A100":2}}', volcano.sh/card.borrow: '{{"NVIDIA-A100":2}}'}}}}
+spec: {{parent: org}}
+status: {{state: Open}}
+"#
+        )
+    };
+    let admitted = |org_quota: &str| {
+        let mut w = World::with_yaml(&[], &tree(org_quota));
+        (0..4)
+            .take_while(|i| {
+                let r = w.send(
+                    R::pod(
+                        "CREATE",
+                        pod(&format!("b{i}"), "team-b", Some("NVIDIA-A100"), "1"),
+                    )
+                    .build(),
+                );
+                r.allowed
+            })
+            .count()
+    };
+    // Without the cap team-b borrows both pool A100s; with "*":5 only one (2 + 3 = 5).
+    assert_eq!(admitted(r#"{"NVIDIA-H200":4,"NVIDIA-A100":4}"#), 4);
+    assert_eq!(admitted(r#"{"NVIDIA-H200":4,"NVIDIA-A100":4,"*":5}"#), 3);
+    let mut w = World::with_yaml(&[], &tree(r#"{"NVIDIA-H200":4,"NVIDIA-A100":4,"*":5}"#));
+    for i in 0..3 {
+        let p = pod(&format!("b{i}"), "team-b", Some("NVIDIA-A100"), "1");
+        assert!(w.send(R::pod("CREATE", p).build()).allowed);
+    }
+    let r = w.send(R::pod("CREATE", pod("b3", "team-b", Some("NVIDIA-A100"), "1")).build());
+    assert_eq!(
+        message(&r),
+        "queue team-b cannot borrow NVIDIA-A100 under group cap * of org: requested 1, org free 0 (cap 5, its models' shares and what is borrowed beyond them 5)"
+    );
+    // Within its own share a child is held only by the caps' hard line: team-a's 2 H200.
+    for i in 0..2 {
+        let p = pod(&format!("a{i}"), "team-a", Some("NVIDIA-H200"), "1");
+        let r = w.send(R::pod("CREATE", p).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+}

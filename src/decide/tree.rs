@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::cards::{Alternatives, CardName, Cards, QueueName};
+use crate::cards::{Alternatives, CardName, CardPattern, Cards, QueueName, Quota};
 
 use crate::ledger::flow::{Network, UNLIMITED};
 use crate::ledger::{QueueUsage, Row, UsageKey, Verdict};
@@ -35,6 +35,16 @@ pub enum LevelRefusal {
         shares: Cards,
         borrowed: Cards,
         /// Its effective use before the change.
+        effective: Cards,
+    },
+    /// The charge would borrow past one of the level's group caps: what its children's
+    /// shares hold and they use beyond them, summed over the cap's models, is full.
+    BorrowCap {
+        level: QueueName,
+        pattern: CardPattern,
+        /// The cap's cards (with what the level borrows under it).
+        cap: Cards,
+        /// The level's effective use over the cap's models before the change.
         effective: Cards,
     },
 }
@@ -74,6 +84,15 @@ impl LevelRefusal {
                     "queue {leaf} cannot borrow {model} from {level}: requested {requested}, {level} free {free} (quota {quota}, shares {shares}, borrowed {borrowed})"
                 )
             }
+            Self::BorrowCap {
+                level,
+                pattern,
+                cap,
+                effective,
+            } => format!(
+                "queue {leaf} cannot borrow {key} under group cap {pattern} of {level}: requested {requested}, {level} free {} (cap {cap}, its models' shares and what is borrowed beyond them {effective})",
+                cap.saturating_sub(*effective)
+            ),
         }
     }
 }
@@ -143,6 +162,10 @@ pub fn check_levels(
             still.push((m, e.total, e_after));
         }
         rising = still;
+        if let Some(r) = borrow_past_cap(snap, level, cap, &rising, sum_before, now) {
+            out.refusal = Some(r);
+            return out;
+        }
         if !fits_cap(sum_after, touched)
             && (fits_cap(sum_before, touched)
                 || in_use(sum_after, touched) > in_use(sum_before, touched))
@@ -169,6 +192,66 @@ pub fn check_levels(
         }
     }
     out
+}
+
+/// A borrowing charge under a group cap of `level`: refused when the level's effective
+/// use summed over the cap's models (each child's shares count whole, as per model)
+/// would pass the cap. `rising` holds, per model, the level's E before and after.
+fn borrow_past_cap(
+    snap: &Snapshot,
+    level: &QueueName,
+    cap: &Quota,
+    rising: &[(CardName, Cards, Cards)],
+    subtree: &QueueUsage,
+    now: jiff::Timestamp,
+) -> Option<LevelRefusal> {
+    for (p, n) in cap.caps() {
+        let rise: Cards = rising
+            .iter()
+            .filter(|(m, _, _)| p.matches(m))
+            .map(|(_, b, a)| a.saturating_sub(*b))
+            .sum();
+        if rise.is_zero() {
+            continue;
+        }
+        // Every model under the cap the subtree uses or its children hold a share of.
+        let mut models: BTreeSet<&CardName> = subtree
+            .allocated
+            .keys()
+            .chain(
+                subtree
+                    .pending
+                    .keys()
+                    .chain(subtree.reserved.keys())
+                    .flat_map(|a| a.models()),
+            )
+            .filter(|m| p.matches(m))
+            .collect();
+        let shares: Vec<Quota> = snap
+            .card_children(level)
+            .iter()
+            .map(|c| snap.share_of(c))
+            .collect();
+        models.extend(
+            shares
+                .iter()
+                .flat_map(|s| s.entries().keys())
+                .filter(|m| p.matches(m)),
+        );
+        let effective: Cards = models
+            .iter()
+            .map(|m| effective(snap, level, m, now).total)
+            .sum();
+        if effective + rise > *n {
+            return Some(LevelRefusal::BorrowCap {
+                level: level.clone(),
+                pattern: p.clone(),
+                cap: *n,
+                effective,
+            });
+        }
+    }
+    None
 }
 
 /// `touched` and every model multi-model unbound demand in `usages` links to it.

@@ -681,7 +681,8 @@ mod tests {
                 for c in caps.iter_mut().filter(|c| c.1.contains(&m)) {
                     c.0 -= n;
                 }
-                let ok = go(room, caps, rest);
+                // Rooms only shrink further down: prune as soon as one is short.
+                let ok = room[m] >= 0 && caps.iter().all(|(r, _)| *r >= 0) && go(room, caps, rest);
                 room[m] += n;
                 for c in caps.iter_mut().filter(|c| c.1.contains(&m)) {
                     c.0 += n;
