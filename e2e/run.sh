@@ -681,7 +681,9 @@ k -n "$NS" delete deploy plain --wait=false >/dev/null 2>&1
 
 # A group cap: 2 of each of three models, 3 in all ("*"). A Deployment of 5 plain pods
 # stops at 3 with room left on every model; the rest are refused naming the cap.
-for m in NVIDIA-H200 RTX-4090 NVIDIA-A100; do node "$Q-c-$m" "$m" 2 ',"cq-e2e-pool":"cap"' ''; done
+node "$Q-c-h200" NVIDIA-H200 2 ',"cq-e2e-pool":"cap"' ''
+node "$Q-c-rtx" RTX-4090 2 ',"cq-e2e-pool":"cap"' ''
+node "$Q-c-a100" NVIDIA-A100 2 ',"cq-e2e-pool":"cap"' ''
 sleep 1
 queue "$Q-cap" '{"NVIDIA-H200":2,"RTX-4090":2,"NVIDIA-A100":2,"*":3}' | k apply -f - >/dev/null 2>&1
 sleep 1
