@@ -289,6 +289,33 @@ fn a_binding_is_refused_at_an_ancestor_over_its_cap() {
     );
 }
 
+/// Binding holds an ancestor's group cap too (the hard line at every level).
+#[test]
+fn a_binding_is_refused_at_an_ancestor_over_its_group_cap() {
+    let org = |cap: &str| {
+        queue(
+            "org",
+            "root",
+            &format!(r#"{{"NVIDIA-H200":8,"RTX-4090":8,"*":{cap}}}"#),
+            "",
+        )
+    };
+    let mut w = World::with(&[
+        org("8"),
+        queue("team-a", "org", r#"{"NVIDIA-H200":4,"RTX-4090":4}"#, ""),
+    ]);
+    w.admit("team-a", "NVIDIA-H200", "1");
+    w.admit("team-a", "RTX-4090", "1");
+    w.apply_queue("UPDATE", org("1"), Some(org("8")));
+    assert!(w.send(R::binding("ml", "p1", "h200-1").build()).allowed);
+    let r = w.send(R::binding("ml", "p2", "rtx-1").build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue team-a has insufficient * quota (a group cap) in ancestor org: requested 1, org in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+    );
+}
+
 #[test]
 fn alternatives_take_their_own_share_before_borrowing_and_a_full_parent_refuses() {
     let mut w = World::with(&[

@@ -156,7 +156,7 @@ pub fn insufficient(
 /// The group cap to name in a refusal of `requested` cards on `key`: of the caps over
 /// its models, the one with the least room, when that room is short of the request and
 /// no more than the models' own.
-fn short_cap<'u>(
+pub(crate) fn short_cap<'u>(
     key: &Alternatives,
     requested: Cards,
     before: &'u QueueUsage,

@@ -13,7 +13,7 @@ use crate::ledger::{QueueUsage, Row, UsageKey, Verdict};
 use crate::snapshot::tree::WALK_LIMIT;
 use crate::snapshot::Snapshot;
 
-use super::messages::quota_text;
+use super::messages::{quota_text, short_cap};
 
 /// The first card level above a leaf that a charge would break.
 #[derive(Debug, Clone)]
@@ -55,6 +55,16 @@ impl LevelRefusal {
         match self {
             Self::Cap { level, before } => {
                 let r = before.competing(key);
+                if let Some((p, c)) = short_cap(key, requested, before, &r) {
+                    return format!(
+                        "queue {leaf} has insufficient {p} quota (a group cap) in ancestor {level}: requested {requested}, {level} in use {} (allocated {}, pending {}, reserved {}), quota {}",
+                        c.in_use(),
+                        c.allocated,
+                        c.pending,
+                        c.reserved,
+                        c.quota
+                    );
+                }
                 format!(
                     "queue {leaf} has insufficient {key} quota in ancestor {level}: requested {requested}, {level} in use {} (allocated {}, pending {}, reserved {}), quota {}",
                     r.in_use(),
@@ -393,7 +403,8 @@ fn nested_fit(
 }
 
 /// Binding is the hard line at every level: allocated cards of each card level's
-/// subtree stay within its cap on the `charged` models (when the change raises them).
+/// subtree stay within its cap on the `charged` models, and within each group cap over
+/// them (when the change raises them).
 pub fn check_allocated(
     snap: &Snapshot,
     leaf: &QueueName,
@@ -406,6 +417,17 @@ pub fn check_allocated(
         let over = charged.iter().any(|m| {
             let (b, a) = (allocated(&sum_before, m), allocated(&sum_after, m));
             a > sum_after.quota.get(m) && a > b
+        }) || sum_after.quota.caps().iter().any(|(p, n)| {
+            let under = |u: &QueueUsage| -> Cards {
+                u.allocated
+                    .iter()
+                    .filter(|(m, _)| p.matches(m))
+                    .map(|(_, c)| *c)
+                    .sum()
+            };
+            charged.iter().any(|m| p.matches(m))
+                && under(&sum_after) > *n
+                && under(&sum_after) > under(&sum_before)
         });
         if over {
             return Some(LevelRefusal::Cap {
