@@ -292,6 +292,15 @@ fn malformed_patterns_are_refused_naming_the_key() {
         );
         assert!(m.contains(want), "{quota}: {m}");
     }
+    let many: String = (0..65)
+        .map(|i| format!("\"M{i}-*\":1"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let r = w.send(R::queue("CREATE", q(&format!("{{{many}}}"))).build());
+    assert_eq!(
+        message(&r),
+        "invalid volcano.sh/card.quota on queue bad: 65 group caps (keys ending in '*'); at most 64 are allowed"
+    );
     let r = w.send(R::queue("CREATE", q(r#"{"NVIDIA-*":4,"*":16}"#)).build());
     assert!(r.allowed, "{}", message(&r));
     // A pattern no node's model matches is admitted with a warning.

@@ -74,10 +74,16 @@ pub enum Problem {
     Empty,
     #[error("{count} entries; at most {max} are allowed")]
     TooManyEntries { count: usize, max: usize },
+    #[error("{count} group caps (keys ending in '*'); at most {MAX_CAPS} are allowed")]
+    TooManyCaps { count: usize },
 }
 
 /// How many entries one `card.request` may hold: bounds the job-level checks.
 pub const MAX_REQUEST_ENTRIES: usize = 64;
+
+/// How many group caps one `card.quota` may hold: every decision on the queue walks
+/// them (a tree of caps is a handful of levels in practice).
+pub const MAX_CAPS: usize = 64;
 
 /// How many models one `card.quota` may name: far more than any cluster has, and a
 /// bound on what reading a hostile quota costs.
@@ -202,9 +208,10 @@ impl Quota {
         if self.unlimited || other.unlimited {
             return Self::unlimited();
         }
+        let mut seen: std::collections::BTreeSet<&CardName> = std::collections::BTreeSet::new();
         let mut entries: Vec<(CardName, Cards)> = Vec::new();
         for m in self.written.iter().chain(&other.written) {
-            if !entries.iter().any(|(k, _)| k == m) {
+            if seen.insert(m) {
                 entries.push((m.clone(), self.get(m) + other.get(m)));
             }
         }
@@ -427,6 +434,13 @@ fn parse_quota_in(
             )
         })?;
         q.push((name, Cards::new(n)));
+    }
+    if caps.len() > MAX_CAPS {
+        return Err(err(
+            object,
+            annotation,
+            Problem::TooManyCaps { count: caps.len() },
+        ));
     }
     Ok(Quota::with_caps(q, caps))
 }
