@@ -163,6 +163,19 @@ out=$(k -n "$NS" patch vcjob jc --type json -p '[{"op":"replace","path":"/spec/t
 check "... and a scale-down of it goes through" contains "$out" "job.batch.volcano.sh/jc patched"
 check "usage of queue a: B's 2 cards" wait_for 20 bash -c "usage_is $Q-a NVIDIA-H200 allocated 2 && usage_is $Q-a NVIDIA-H200 reserved 0"
 
+# ---- a group cap holds a Job at the enqueue: 4 H200 of room, 2 cards in all ("*") --------
+queue "$Q-g" '{"NVIDIA-H200":4,"*":2}' >/dev/null
+sleep 1
+vc_job jx "$Q-g" 2 '{"NVIDIA-H200":2}'
+check "group cap: job X's 2 pods fill queue g's * cap" wait_for 30 bash -c "[ \"\$(pods_of jx)\" = 2 ]"
+vc_job jy "$Q-g" 1 '{"NVIDIA-H200":1}'
+check "... job Y is held at the enqueue by the cap, though H200 has room" wait_for 20 \
+  grep -qF "queue $Q-g has insufficient * quota (a group cap): requested 1, in use 2" "$WORK/vc/jy.held"
+t0=$(date +%s)
+vc_finish jx
+check "... X finished: Y's pod is created within 15 s" wait_for 15 bash -c "[ \"\$(pods_of jy)\" = 1 ]"
+log "Y's pod $(( $(date +%s) - t0 )) s after X finished"
+
 # ---- two CREATEs of one PodGroup; a PodGroup created Inqueue ---------------------------------
 vc_job jd "$Q-d" 2 '{"NVIDIA-H200":2}'
 check "D's duplicate CREATE was refused by the API server (409), not by card-quota" grep -q AlreadyExists "$WORK/vc/jd.log"
