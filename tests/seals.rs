@@ -196,6 +196,25 @@ fn a_raise_seals_nothing_and_a_borrow_cut_or_a_new_enforcement_seals() {
     assert_eq!(seals_for(&hook, &req, jiff::Timestamp::now()).len(), 1);
 }
 
+/// Group caps are limits too: a cap lowered, added or removed seals; a raise does not.
+#[test]
+fn a_group_cap_cut_added_or_removed_seals_and_a_raise_does_not() {
+    let old = queue("q", "", r#"{"RTX-4090":8,"*":8}"#, "10");
+    let hook = snapshot(std::slice::from_ref(&old));
+    let sealed = |quota: &str| {
+        let req = review(
+            R::queue("UPDATE", queue("q", "", quota, "10"))
+                .old(old.clone())
+                .build(),
+        );
+        !seals_for(&hook, &req, jiff::Timestamp::now()).is_empty()
+    };
+    assert!(!sealed(r#"{"RTX-4090":8,"*":9}"#));
+    assert!(sealed(r#"{"RTX-4090":8,"*":2}"#));
+    assert!(sealed(r#"{"RTX-4090":8,"*":8,"RTX-*":1}"#));
+    assert!(sealed(r#"{"RTX-4090":8}"#));
+}
+
 #[test]
 fn a_cut_on_a_parent_seals_every_queue_below_it_in_the_trees_ledger() {
     let org = queue("org", "", r#"{"RTX-4090":8}"#, "10");

@@ -117,16 +117,25 @@ fn change_of(snap: &Snapshot, req: &AdmissionRequest) -> Option<Change> {
 
 /// True when going from `old` to `new` lowers a limit the queue's charges are decided
 /// against: a model's quota or borrow goes down (a malformed annotation is 0 for every
-/// model), the queue goes, or its enforcement changes (warn to deny, or the install's
+/// model), a group cap goes down, comes or goes, the queue goes, or its enforcement changes (warn to deny, or the install's
 /// default to either). A raise needs no seal: a replica that has not seen it yet refuses
 /// what it would admit, never the reverse.
 pub fn lowers_limits(old: Option<&QueueRecord>, new: Option<&QueueRecord>) -> bool {
     let Some(old) = old else { return false };
     let Some(new) = new else { return true };
+    // Group caps: a cap added, removed (its models may lose their only limit and so
+    // their quota) or lowered counts as lowering.
     let lower = |a: &crate::cards::Quota, b: &crate::cards::Quota| {
         a.entries()
             .iter()
             .any(|(m, n)| *n > Cards::ZERO && b.get(m) < *n)
+            || a.caps().len() != b.caps().len()
+            || a.caps().iter().any(|(p, n)| {
+                b.caps()
+                    .iter()
+                    .find(|(q, _)| q == p)
+                    .is_none_or(|(_, m)| m < n)
+            })
     };
     let borrow = |r: &QueueRecord| match &r.borrow {
         Some(Ok(b)) => b.clone(),
