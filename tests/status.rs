@@ -313,3 +313,38 @@ spec: {nodeName: mi300-1, containers: [{name: c, image: x, resources: {limits: {
     );
     assert!(!plain.contains("node mi300-1 offers"), "{plain}");
 }
+
+/// A group cap is a row of its own, marked as one, with its room under the cap.
+#[test]
+fn a_group_cap_is_a_row_marked_as_a_cap() {
+    let objects = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: h200-1, labels: {nvidia.com/gpu.product: NVIDIA-H200}}
+status: {allocatable: {nvidia.com/gpu: "8"}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: q, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":4,"*":3}'}}
+status: {state: Open}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ml, annotations: {scheduling.volcano.sh/queue-name: q}}
+spec: {nodeName: h200-1, containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "2"}}}]}
+status: {phase: Running}
+"#;
+    let out = status_of(objects, &[]);
+    let cap = out
+        .lines()
+        .find(|l| l.starts_with("q ") && l.contains(" * "))
+        .unwrap_or_else(|| panic!("no row for the cap:\n{out}"));
+    let cells: Vec<&str> = cap.split_whitespace().collect();
+    // QUEUE MODEL QUOTA ALLOCATED PENDING RESERVED FREE OVER NOTE...
+    assert_eq!(
+        &cells[..8],
+        ["q", "*", "3", "2", "0", "0", "1", "0"],
+        "{out}"
+    );
+    assert!(cap.ends_with("group cap"), "{out}");
+}

@@ -270,7 +270,16 @@ pub fn rows(
             Some(numbers) => numbers
                 .iter()
                 .map(|(key, r)| {
-                    let mut row = StatusRow::of(&name, key.to_string(), key.has_quota(), r, &note);
+                    let cap_note;
+                    let note = match key {
+                        UsageKey::Cap(_) if note.is_empty() => "group cap",
+                        UsageKey::Cap(_) => {
+                            cap_note = format!("group cap; {note}");
+                            &cap_note
+                        }
+                        _ => &note,
+                    };
+                    let mut row = StatusRow::of(&name, key.to_string(), key.has_quota(), r, note);
                     if let (Some(room), Some(_)) =
                         (rooms.get(&(name.clone(), key.clone())), row.free)
                     {
@@ -389,7 +398,9 @@ pub fn written_rows(
                     shares: opt("shares"),
                     pool_free: v.get("free").and_then(serde_json::Value::as_i64),
                 };
-                StatusRow::of(q.name.as_str(), k.clone(), !k.contains('|'), &row, "")
+                // A key ending in '*' is a group cap (a model's name never ends so).
+                let note = if k.ends_with('*') { "group cap" } else { "" };
+                StatusRow::of(q.name.as_str(), k.clone(), !k.contains('|'), &row, note)
             })
             .collect();
         if written.is_none() {
