@@ -382,3 +382,22 @@ status: {{state: Open}}
         assert!(r.allowed, "{}", message(&r));
     }
 }
+
+/// Found by tests/model.rs: a bound charge (a binding, or a pod created on its node)
+/// passes the per-model line but not the cap's; the feasibility check sees only
+/// unbound demand, so the cap is held as a hard line of its own.
+#[test]
+fn a_binding_or_a_pod_on_its_node_past_a_cap_is_refused() {
+    let mut w = World::with(&[("q", r#"{"NVIDIA-H200":3,"NVIDIA-A100":2,"*":4}"#)]);
+    let p = pod("p1", "q", Some("NVIDIA-H200"), "3");
+    assert!(w.send(R::pod("CREATE", p).build()).allowed);
+    assert!(w.send(R::binding("ml", "p1", "h200-1").build()).allowed);
+    let mut on_node = pod("p2", "q", Some("NVIDIA-A100"), "2");
+    on_node["spec"]["nodeName"] = json!("a100-1");
+    let r = w.send(R::pod("CREATE", on_node).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "queue q has insufficient * quota (a group cap): requested 2, in use 3 (allocated 3, pending 0, reserved 0), quota 4"
+    );
+}

@@ -18,7 +18,10 @@
 //! reserved equal, per PodGroup, its request minus the most of it its own pods can draw
 //! on (the oracle's own max-flow).
 //!
-//! Cases: `CARD_QUOTA_MODEL_CASES` (CI runs 10,000 in release mode; 256 by default).
+//! Queue q1 also has a group cap (`"*":4` over its whole cards), checked by the oracle's
+//! own sum; counters report how often the cap was full and how many refusals named it.
+//!
+//! Cases: `CARD_QUOTA_MODEL_CASES` (CI runs 30,000; 256 by default).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -69,6 +72,14 @@ fn quota() -> BTreeMap<(&'static str, &'static str), u128> {
     ])
 }
 
+/// Group caps: (queue, prefix, cards). q1's `"*":4` caps its whole cards (A, B and
+/// X-NPU: 6 by their own quotas) at 4; a MIG slice is not a whole card.
+const CAPS: &[(&str, &str, u128)] = &[("q1", "", 4)];
+
+/// Coverage: steps where a cap was full, and refusals that named a cap.
+static CAP_FULL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static CAP_REFUSED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 fn initial_objects() -> String {
     let q = |name: &str, quota: &str| {
         format!("---\napiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {{name: {name}, annotations: {{volcano.sh/card.quota: '{quota}'}}}}\nstatus: {{state: Open}}\n")
@@ -82,7 +93,7 @@ fn initial_objects() -> String {
     }
     s.push_str(&q(
         "q1",
-        r#"{"A":3,"B":2,"A/mig-1g.10gb-mixed":2,"X-NPU":1}"#,
+        r#"{"A":3,"B":2,"A/mig-1g.10gb-mixed":2,"X-NPU":1,"*":4}"#,
     ));
     s.push_str(&q("q2", r#"{"A":1,"B":18446744073709551615}"#));
     s.push_str(&q("default", r#"{"A":2,"B":1,"X-NPU":1}"#));
@@ -348,6 +359,14 @@ impl Cluster {
         let m = review(&doc, &mut self.snap, &self.cfg, self.now, true);
         let resp = serde_json::to_value(&m.out.response).unwrap();
         if !m.out.response.allowed {
+            if m.out
+                .response
+                .status
+                .as_ref()
+                .is_some_and(|s| s.message.contains("(a group cap)"))
+            {
+                CAP_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             return None;
         }
         let mut obj = doc["request"]["object"].clone();
@@ -743,12 +762,28 @@ impl Cluster {
 
     fn check_invariant(&self, history: &[Op]) -> Result<(), TestCaseError> {
         let quota = quota();
-        for ((q, m), used) in self.bound() {
+        let bound = self.bound();
+        for ((q, m), used) in &bound {
             let limit = quota.get(&(q.as_str(), m.as_str())).copied().unwrap_or(0);
             prop_assert!(
-                used <= limit,
+                *used <= limit,
                 "queue {q} model {m}: {used} bound > quota {limit} after {history:#?}"
             );
+        }
+        for (cq, prefix, cap) in CAPS {
+            // The oracle's own reading of a pattern without '/': whole cards only.
+            let used: u128 = bound
+                .iter()
+                .filter(|((q, m), _)| q == cq && m.starts_with(prefix) && !m.contains('/'))
+                .map(|(_, n)| *n)
+                .sum();
+            prop_assert!(
+                used <= *cap,
+                "queue {cq} cap {prefix}*: {used} bound > {cap} after {history:#?}"
+            );
+            if used == *cap {
+                CAP_FULL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -843,7 +878,13 @@ impl Cluster {
             }
             let got: u128 = report
                 .get(*q)
-                .map(|rows| rows.values().map(|r| r.reserved.get()).sum())
+                // A group cap's row repeats its models' numbers: not summed.
+                .map(|rows| {
+                    rows.iter()
+                        .filter(|(k, _)| !k.to_string().ends_with('*'))
+                        .map(|(_, r)| r.reserved.get())
+                        .sum()
+                })
                 .unwrap_or(0);
             prop_assert_eq!(got, want, "queue {} reserved after {:#?}", q, history);
         }
@@ -964,6 +1005,20 @@ fn no_sequence_of_requests_binds_past_quota_or_misstates_reservations() {
     });
     if let Err(e) = result {
         panic!("{e}");
+    }
+    let (full, refused) = (
+        CAP_FULL.load(std::sync::atomic::Ordering::Relaxed),
+        CAP_REFUSED.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    println!(
+        "group cap coverage: {full} steps with q1's * cap full, {refused} refusals naming a cap"
+    );
+    // About one case in 500 fills the cap with bound pods; refusals are common.
+    if cases() >= 10_000 {
+        assert!(
+            full > 0 && refused > 0,
+            "the cases never reached the group cap: {full} full, {refused} refused"
+        );
     }
 }
 

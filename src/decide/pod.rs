@@ -592,6 +592,19 @@ pub fn allocate_with(
             ));
         }
     }
+    // The same hard line under every group cap over a charged model (the feasibility
+    // check below sees only unbound demand).
+    for cap in f.after.cap_rooms() {
+        if cap.room >= 0 {
+            continue;
+        }
+        if let Some((model, cards)) = charges.iter().find(|(m, _)| cap.pattern.matches(m)) {
+            return Err(Decision::deny(
+                INSUFFICIENT,
+                f.message(&Alternatives::single(model.clone()), *cards),
+            ));
+        }
+    }
     if !snap.is_flat() {
         let models: Vec<CardName> = charges.iter().map(|(m, _)| m.clone()).collect();
         let before = f.before();
