@@ -91,7 +91,7 @@ impl CardPattern {
         self.is_sub_card() == other.is_sub_card() && other.prefix.starts_with(&*self.prefix)
     }
 
-    /// Models longer first, then by text: how caps are listed from the most specific.
+    /// The prefix's length: of two nested patterns, the longer is the inner one.
     pub fn specificity(&self) -> usize {
         self.prefix.len()
     }
