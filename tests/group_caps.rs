@@ -401,3 +401,21 @@ fn a_binding_or_a_pod_on_its_node_past_a_cap_is_refused() {
         "queue q has insufficient * quota (a group cap): requested 2, in use 3 (allocated 3, pending 0, reserved 0), quota 4"
     );
 }
+
+/// Bindings that fill a cap exactly are admitted; one more card is not.
+#[test]
+fn bindings_fill_a_cap_exactly() {
+    let mut w = World::with(&[("q", r#"{"NVIDIA-H200":3,"NVIDIA-A100":2,"*":4}"#)]);
+    for (name, model, n, node) in [
+        ("p1", "NVIDIA-H200", "3", "h200-1"),
+        ("p2", "NVIDIA-A100", "1", "a100-1"),
+    ] {
+        let r = w.send(R::pod("CREATE", pod(name, "q", Some(model), n)).build());
+        assert!(r.allowed, "{}", message(&r));
+        let r = w.send(R::binding("ml", name, node).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    assert_eq!(w.usage("q", "*")["allocated"], 4);
+    let r = w.send(R::pod("CREATE", pod("p3", "q", Some("NVIDIA-A100"), "1")).build());
+    assert!(!r.allowed);
+}
