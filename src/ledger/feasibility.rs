@@ -661,6 +661,39 @@ mod tests {
         );
     }
 
+    /// The demands `raw` (model mask, cards, divisible, count) describe over `names`,
+    /// and the same as the brute force's items (a divisible demand as one-card items).
+    #[allow(clippy::type_complexity)]
+    fn instance(
+        names: &[CardName],
+        raw: Vec<(u8, u64, bool, u64)>,
+    ) -> (Vec<Demand>, Vec<(Vec<usize>, u64)>) {
+        let mut demands = Vec::new();
+        let mut items = Vec::new();
+        for (mask, cards, divisible, count) in raw {
+            let idx: Vec<usize> = (0..names.len()).filter(|i| mask & (1 << i) != 0).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let models =
+                Alternatives::from_models(idx.iter().map(|i| names[*i].clone()).collect()).unwrap();
+            demands.push(Demand {
+                models,
+                cards: Cards::new(cards),
+                divisible,
+                count,
+            });
+            for _ in 0..count {
+                if divisible {
+                    items.extend((0..cards).map(|_| (idx.clone(), 1)));
+                } else {
+                    items.push((idx.clone(), cards));
+                }
+            }
+        }
+        (demands, items)
+    }
+
     /// Brute force under caps: `caps` lists, per cap, its room and the models it covers.
     fn brute_capped(
         room: &[i128],
@@ -716,21 +749,7 @@ mod tests {
                     brute_caps.push((*r, (0..4).filter(|i| p.matches(&names[*i])).collect::<Vec<usize>>()));
                 }
             }
-            let mut demands = Vec::new();
-            let mut brute_items = Vec::new();
-            for (mask, cards, divisible, count) in raw {
-                let idx: Vec<usize> = (0..4).filter(|i| mask & (1 << i) != 0).collect();
-                if idx.is_empty() { continue; }
-                let models = Alternatives::from_models(idx.iter().map(|i| names[*i].clone()).collect()).unwrap();
-                demands.push(Demand { models, cards: Cards::new(cards), divisible, count });
-                for _ in 0..count {
-                    if divisible {
-                        for _ in 0..cards { brute_items.push((idx.clone(), 1)); }
-                    } else {
-                        brute_items.push((idx.clone(), cards));
-                    }
-                }
-            }
+            let (demands, brute_items) = instance(&names, raw);
             // Only the models some demand names are checked by the code under test;
             // the brute force is given the same (others' rooms are not its business).
             let used: Vec<bool> = (0..4).map(|i| brute_items.iter().any(|(m, _)| m.contains(&i))).collect();
@@ -753,21 +772,7 @@ mod tests {
         ) {
             let names: Vec<CardName> = (0..room.len()).map(|i| name(&format!("M{i}"))).collect();
             let rooms: BTreeMap<CardName, i128> = names.iter().cloned().zip(room.iter().copied()).collect();
-            let mut demands = Vec::new();
-            let mut brute_items = Vec::new();
-            for (mask, cards, divisible, count) in raw {
-                let idx: Vec<usize> = (0..room.len()).filter(|i| mask & (1 << i) != 0).collect();
-                if idx.is_empty() { continue; }
-                let models = Alternatives::from_models(idx.iter().map(|i| names[*i].clone()).collect()).unwrap();
-                demands.push(Demand { models, cards: Cards::new(cards), divisible, count });
-                for _ in 0..count {
-                    if divisible {
-                        for _ in 0..cards { brute_items.push((idx.clone(), 1)); }
-                    } else {
-                        brute_items.push((idx.clone(), cards));
-                    }
-                }
-            }
+            let (demands, brute_items) = instance(&names, raw);
             let want = brute(&room, &brute_items);
             let got = check(&rooms, &demands, DEFAULT_BUDGET);
             prop_assert_eq!(got == Verdict::Feasible, want, "{:?} {:?}", rooms, demands);
