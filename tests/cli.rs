@@ -49,6 +49,11 @@ fn the_demo_fits_100_columns_and_marks_every_verdict() {
     assert!(text.contains("patch: pins to nodes with nvidia.com/gpu.product=NVIDIA-H200"));
     assert!(!text.contains("\"op\""), "a raw JSON Patch: {text}");
     assert!(text.contains("usage: research NVIDIA-H200 allocated +2"));
+    // The group cap refuses with room left on the model (issue 60).
+    assert!(
+        text.contains("queue inference has insufficient * quota (a group cap)"),
+        "{text}"
+    );
 }
 
 /// `status` reads the cluster kubectl would, or the one `--kubeconfig` and `--context`

@@ -36,6 +36,20 @@ fn pod_in(ns: &str, name: &str, queue: &str, card: &str, gpus: u32) -> Value {
     p
 }
 
+/// A plain GPU pod (no card annotation) of `gpus` cards in `queue`.
+fn plain_in(ns: &str, name: &str, queue: &str, gpus: u32) -> Value {
+    let mut p = pod(ns, name, None, None, gpus);
+    p["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"] = json!(queue);
+    p
+}
+
+/// A top-level Queue with a quota.
+fn queue(name: &str, quota: &str) -> Value {
+    json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": name, "annotations": {"volcano.sh/card.quota": quota}},
+        "spec": {"weight": 1}})
+}
+
 /// A Queue under `parent` with a quota and, if given, a borrow limit.
 fn tree_queue(name: &str, parent: &str, quota: &str, borrow: Option<&str>) -> Value {
     let mut q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
@@ -172,7 +186,7 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
     };
     writeln!(
         out,
-        "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090),\nqueues research and serving, then a tree of queues.\n"
+        "card-quota demo: 3 nodes (8 H200, 14+4 H200 MIG slices, 4 RTX-4090),\nqueues research and serving, then a group cap and a tree of queues.\n"
     )?;
     writeln!(out, "{}", table(&snap))?;
     let steps: Vec<(&str, Value, &Config)> = vec![
@@ -240,6 +254,26 @@ pub fn run(out: &mut impl Write, color: bool) -> std::io::Result<()> {
         (
             "The HPA scales back down to 1: always allowed",
             R::scale("deployments", "serving", "infer", 2, 1).build(),
+            &clamp,
+        ),
+        (
+            "A group cap: queue inference may use 5 cards in all, whatever the model, and at most 4 of them H200 (\"*\":5 beside the per-model caps)",
+            R::queue("CREATE", queue("inference", r#"{"NVIDIA-H200":4,"NVIDIA-GeForce-RTX-4090":4,"*":5}"#)).build(),
+            &clamp,
+        ),
+        (
+            "A plain 3-card GPU pod in inference: H200 first, in the order of the quota",
+            R::pod("CREATE", plain_in("serving", "chat-0", "inference", 3)).build(),
+            &clamp,
+        ),
+        (
+            "Another plain pod asks for 3: RTX-4090 has room for 4, but the * cap leaves 2",
+            R::pod("CREATE", plain_in("serving", "chat-1", "inference", 3)).build(),
+            &clamp,
+        ),
+        (
+            "A 2-card plain pod fits under the cap: inference is at 5 of 5 cards",
+            R::pod("CREATE", plain_in("serving", "chat-2", "inference", 2)).build(),
             &clamp,
         ),
         (
