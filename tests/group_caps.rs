@@ -419,3 +419,70 @@ fn bindings_fill_a_cap_exactly() {
     let r = w.send(R::pod("CREATE", pod("p3", "q", Some("NVIDIA-A100"), "1")).build());
     assert!(!r.allowed);
 }
+
+/// A parent's cap, written as a Queue: warned when its children's shares together pass it
+/// (a child's own cap bounds its part) and when its subtree already uses more.
+#[test]
+fn a_parent_cap_under_its_childrens_shares_or_usage_is_warned() {
+    let tree = r#"
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: root}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: org, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":4,"NVIDIA-A100":4}'}}
+spec: {parent: root}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: team-a, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2,"NVIDIA-A100":2}'}}
+spec: {parent: org}
+status: {state: Open}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {name: team-b, annotations: {volcano.sh/card.quota: '{"NVIDIA-H200":2,"NVIDIA-A100":2,"*":1}'}}
+spec: {parent: org}
+status: {state: Open}
+"#;
+    let org = |quota: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "org", "annotations": {"volcano.sh/card.quota": quota}},
+            "spec": {"parent": "root"}, "status": {"state": "Open"}})
+    };
+    let mut w = World::with_yaml(&[], tree);
+    for i in 0..3 {
+        let p = pod(&format!("a{i}"), "team-a", None, "1");
+        let r = w.send(R::pod("CREATE", p).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    // Shares under "*": team-a 4, team-b 1 (its own "*":1): 5 fit a cap of 5.
+    let r = w.send(R::queue("UPDATE", org(r#"{"NVIDIA-H200":4,"NVIDIA-A100":4,"*":5}"#)).build());
+    assert!(r.allowed);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let r = w.send(R::queue("UPDATE", org(r#"{"NVIDIA-H200":4,"NVIDIA-A100":4,"*":2}"#)).build());
+    assert!(r.allowed, "a warning, not a refusal");
+    assert_eq!(
+        r.warnings,
+        vec![
+            "queue org: the shares of its children (team-a 4, team-b 1) add up to 5 cards under its group cap *, above the cap (2): nothing can be borrowed there and shares are first come, first served",
+            "queue org: group cap * (2) is below the current usage of its subtree (3); nothing is evicted, charges that raise it are refused",
+        ]
+    );
+    // A cap over one family counts only the shares of its models (team-b's "*":1 holds
+    // its part to 1); the subtree's 2 H200 in use are within it.
+    let r = w.send(
+        R::queue(
+            "UPDATE",
+            org(r#"{"NVIDIA-H200":4,"NVIDIA-A100":4,"NVIDIA-H*":2}"#),
+        )
+        .build(),
+    );
+    assert_eq!(
+        r.warnings,
+        vec!["queue org: the shares of its children (team-a 2, team-b 1) add up to 3 cards under its group cap NVIDIA-H*, above the cap (2): nothing can be borrowed there and shares are first come, first served"],
+    );
+}

@@ -1,12 +1,13 @@
 //! A Queue's place in the tree, checked at `kubectl apply` (docs/hierarchy.md): refused
 //! when it cannot hold (self-parent, a cycle through the object under admission, too
 //! deep, a parent with card pods of its own, a move whose subtree does not fit under its
-//! new ancestors); warned when GitOps may be mid-way (shares above the parent's quota, a
-//! child quota above its parent's, a borrow with nothing to borrow from).
+//! new ancestors); warned when GitOps may be mid-way (shares above the parent's quota or
+//! one of its group caps, a child quota above its parent's, a borrow with nothing to
+//! borrow from, a quota or cap below its subtree's usage).
 
 use std::collections::BTreeSet;
 
-use crate::cards::{CardName, Cards, QueueName, Quota};
+use crate::cards::{CardName, CardPattern, Cards, QueueName, Quota};
 use crate::cluster::QueueRecord;
 use crate::ledger::QueueUsage;
 use crate::snapshot::tree::WALK_LIMIT;
@@ -276,6 +277,14 @@ fn warnings(snap: &Snapshot, rec: &QueueRecord, c: &Chain, now: jiff::Timestamp)
                     ));
                 }
             }
+            for (p, n) in own.caps() {
+                let used = u.cap_row(p, *n).in_use();
+                if *n < used {
+                    out.push(format!(
+                        "queue {q}: group cap {p} ({n}) is below the current usage of its subtree ({used}); nothing is evicted, charges that raise it are refused"
+                    ));
+                }
+            }
         }
     }
     out
@@ -316,5 +325,41 @@ fn oversubscribed(
             ));
         }
     }
+    // A group cap of the parent caps its children's shares together.
+    for (p, cap) in quota.caps() {
+        let under: Vec<(&QueueName, Cards)> = shares
+            .iter()
+            .map(|(c, s)| (c, share_under(snap, s, p)))
+            .filter(|(_, n)| !n.is_zero())
+            .collect();
+        let total: Cards = under.iter().map(|(_, n)| *n).sum();
+        if total > *cap {
+            let parts: Vec<String> = under.iter().map(|(c, n)| format!("{c} {n}")).collect();
+            out.push(format!(
+                "queue {parent}: the shares of its children ({}) add up to {total} cards under its group cap {p}, above the cap ({cap}): nothing can be borrowed there and shares are first come, first served",
+                super::messages::short_list(&parts),
+            ));
+        }
+    }
     out
+}
+
+/// The most of a share `s` that counts under the pattern `p`: its models `p` matches
+/// (named, or reached through one of its own caps), at most any cap of its own that
+/// holds all of `p`.
+fn share_under(snap: &Snapshot, s: &Quota, p: &CardPattern) -> Cards {
+    let through_caps = snap
+        .known_models()
+        .filter(|m| s.caps_over(m).next().is_some());
+    let models: BTreeSet<&CardName> = s.entries().keys().chain(through_caps).collect();
+    let sum: Cards = models
+        .into_iter()
+        .filter(|m| p.matches(m))
+        .map(|m| s.get(m))
+        .sum();
+    s.caps()
+        .iter()
+        .filter(|(c, _)| c.contains(p))
+        .map(|(_, n)| *n)
+        .fold(sum, Cards::min)
 }
