@@ -1257,6 +1257,26 @@ out=$(card_pod "$Q-to-org" "$Q-org" NVIDIA-A100 nvidia.com/gpu 1 | k create -f -
 check "a card pod submitted to the org itself is refused: charges go to leaf queues" \
   contains "$out" "queue $Q-org has child queues ($Q-team-a, $Q-team-b): submit card workloads to a leaf queue"
 
+# A group cap in a two-level tree: the org caps its subtree at 3 cards in all; its team's
+# shares (2 H200 + 2 RTX-4090) would allow 4. A Deployment of 5 plain pods in the team
+# stops at 3, refused naming the org's cap.
+node "$Q-tc-h200" NVIDIA-H200 2 ',"cq-e2e-pool":"tcap"' ''
+node "$Q-tc-rtx" RTX-4090 2 ',"cq-e2e-pool":"tcap"' ''
+tree_queue "$Q-corg" root '{"NVIDIA-H200":2,"RTX-4090":2,"*":3}' '' | k apply -f - >/dev/null
+tree_queue "$Q-cteam" "$Q-corg" '{"NVIDIA-H200":2,"RTX-4090":2}' '' | k apply -f - >/dev/null
+sleep 1
+plain_deploy tcapped "$Q-cteam" 5 | sed 's/cq-e2e-pool: plain/cq-e2e-pool: tcap/' | k apply -f - >/dev/null 2>&1
+tree_cap_refused() {
+  kubectl -n "$NS" get events -o json | jq -e --arg q "queue $Q-cteam has insufficient * quota (a group cap) in ancestor $Q-corg" \
+    'any(.items[]; .reason == "FailedCreate" and (.message | contains($q)))' >/dev/null
+}
+export -f tree_cap_refused
+check "group cap in a tree: 5 plain pods of a team stop at its org's * cap of 3, all bound" wait_for 30 bash -c \
+  "[ \"\$(plain_bound tcapped)\" = 3 ] && [ \"\$(kubectl -n $NS get pods -l plain=tcapped -o name | wc -l)\" = 3 ] && tree_cap_refused"
+check "... the org's usage has the cap's row, 3 of 3 allocated from its team" wait_for 20 bash -c \
+  "usage_is $Q-corg '*' allocated 3 && usage_is $Q-corg '*' quota 3"
+k -n "$NS" delete deploy tcapped --wait=false >/dev/null 2>&1
+
 # Claim pods in a tree: the parent's H200 caps its team's claims.
 tree_queue "$Q-dra-org" root '{"NVIDIA-H200":1}' '' | k apply -f - >/dev/null
 tree_queue "$Q-dra-team" "$Q-dra-org" '{"NVIDIA-H200":2}' '' | k apply -f - >/dev/null
