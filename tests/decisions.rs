@@ -2999,3 +2999,98 @@ status: {state: Open}
         r.warnings
     );
 }
+
+/// Issue 59 #3: a Volcano Job of two 1-card workers that accept H200 or RTX-4090, in a
+/// queue with room for 1 of each: its pod set runs on one model, so it waits; with
+/// `volcano.sh/card.split: "true"` it may split; with room for both on RTX-4090 it
+/// reserves there and both pods are pinned there, though H200 comes first.
+#[test]
+fn a_jobs_pod_set_runs_on_one_model_unless_the_job_lets_it_split() {
+    let world = |quota: &str| {
+        let job = JOB_WORLD
+            .replace(r#"'{"NVIDIA-H200":1}'"#, &format!("'{quota}'"))
+            .replace(
+                "volcano.sh/card.name: NVIDIA-H200}",
+                "volcano.sh/card.name: NVIDIA-H200|RTX-4090}",
+            );
+        World::with(&format!("{CLUSTER}{job}"))
+    };
+    let created = |w: &mut World, split: Option<&str>| {
+        let mut g = job_group();
+        if let Some(s) = split {
+            g["metadata"]["annotations"] = json!({"volcano.sh/card.split": s});
+        }
+        let r = w.send(R::podgroup("CREATE", g.clone()).build());
+        assert!(r.allowed, "{}", message(&r));
+        let mut stored = g;
+        stored["metadata"]["annotations"]["volcano.sh/card.derived-request"] =
+            json!(r#"{"NVIDIA-H200|RTX-4090":2}"#);
+        stored
+    };
+    let mut w = world(r#"{"NVIDIA-H200":1,"RTX-4090":1}"#);
+    let stored = created(&mut w, None);
+    let r = enqueue(&mut w, &stored);
+    assert!(!r.allowed, "split across models");
+    assert_eq!(
+        message(&r),
+        "podgroup ml/train-job-uid waits: the pods of its Job that accept NVIDIA-H200|RTX-4090 (2 cards) run on one model, and none has room for all 2 in queue one (room now: NVIDIA-H200 1, RTX-4090 1); volcano.sh/card.split: \"true\" on the Job lets them split across models"
+    );
+    assert_eq!(w.usage("one", "NVIDIA-H200")["reserved"], 0);
+
+    let mut w = world(r#"{"NVIDIA-H200":1,"RTX-4090":1}"#);
+    let stored = created(&mut w, Some("true"));
+    let r = enqueue(&mut w, &stored);
+    assert!(r.allowed, "opted in: {}", message(&r));
+
+    let mut w = world(r#"{"NVIDIA-H200":1,"RTX-4090":2}"#);
+    let stored = created(&mut w, None);
+    let r = enqueue(&mut w, &stored);
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        patch(&r),
+        json!([{"op": "add", "path": "/metadata/annotations/volcano.sh~1card.derived-request",
+            "value": r#"{"RTX-4090":2}"#}]),
+        "the group reserves on the one model chosen"
+    );
+    assert_eq!(w.usage("one", "RTX-4090")["reserved"], 2);
+    for i in 0..2 {
+        let mut p = pod(
+            &format!("train-worker-{i}"),
+            "one",
+            Some("NVIDIA-H200|RTX-4090"),
+            "1",
+        );
+        p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("train-job-uid");
+        let r = w.send(R::pod("CREATE", p).build());
+        assert!(r.allowed, "{}", message(&r));
+        let pinned = patch(&r)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|op| op["path"] == "/spec/nodeSelector")
+            .map(|op| op["value"]["nvidia.com/gpu.product"].clone());
+        assert_eq!(pinned, Some(json!("RTX-4090")), "worker {i}");
+    }
+    // A third pod of the set (past its reservation) is not put on H200 beside them.
+    let mut p = pod("train-worker-2", "one", Some("NVIDIA-H200|RTX-4090"), "1");
+    p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("train-job-uid");
+    let r = w.send(R::pod("CREATE", p).build());
+    assert!(!r.allowed, "pinned beside the set on another model");
+    assert_eq!(
+        w.usage("one", "NVIDIA-H200"),
+        json!({"quota": 1, "allocated": 0, "pending": 0, "reserved": 0})
+    );
+}
+
+#[test]
+fn a_malformed_split_annotation_is_refused_naming_it() {
+    let mut w = World::with(&format!("{CLUSTER}{JOB_WORLD}"));
+    let mut g = job_group();
+    g["metadata"]["annotations"] = json!({"volcano.sh/card.split": "yes"});
+    let r = w.send(R::podgroup("CREATE", g).build());
+    assert!(!r.allowed);
+    assert_eq!(
+        message(&r),
+        "invalid volcano.sh/card.split on podgroup ml/train-job-uid (copied from its Job): expected \"true\" or \"false\", got \"yes\""
+    );
+}

@@ -20,6 +20,10 @@ pub const REQUEST: &str = "volcano.sh/card.request";
 /// Written by card-quota on a PodGroup whose Volcano Job has card demand but no
 /// `card.request`: the demand of the Job's tasks, in the grammar of `card.request`.
 pub const DERIVED_REQUEST: &str = "volcano.sh/card.derived-request";
+/// Volcano Job annotation (copied by Volcano to its PodGroup): `"true"` lets the pods of
+/// a task that accept several models land on several; by default each such pod set
+/// runs on one model, chosen at the enqueue.
+pub const SPLIT: &str = "volcano.sh/card.split";
 /// Queue annotation choosing the order among Jobs held at Volcano's enqueue:
 /// `best-effort` (the default: a Job that fits goes ahead of older held ones) or
 /// `strict` (a Job waits while an older Job of the queue is held).

@@ -101,6 +101,8 @@ pub struct PodGroupRecord {
     /// The request is card-quota's `card.derived-request` (from the Job's tasks), not
     /// one the user wrote.
     pub derived: bool,
+    /// `volcano.sh/card.split: "true"`: a derived demand may split across models.
+    pub split: bool,
     pub phase: Option<String>,
     /// `metadata.creationTimestamp`: how long a waiting group has waited.
     pub created: Option<jiff::Timestamp>,
@@ -697,6 +699,7 @@ pub fn podgroup_record(
     Ok(PodGroupRecord {
         request,
         derived,
+        split: a.get(annotations::SPLIT).map(String::as_str) == Some("true"),
         created: meta.creation_timestamp.as_ref().map(|t| t.0),
         phase: v
             .pointer("/status/phase")

@@ -1162,28 +1162,47 @@ fn choose_pin<'s>(
     let touched = models_of([&demand.alternatives]);
     // A pod of a PodGroup with a card.request goes first to the models its group's
     // reservation still holds room on: it then draws on the reservation.
-    let reserved: BTreeSet<CardName> = match &rec.group {
-        Some(g) => {
-            let key = crate::cards::ObjectKey::new(rec.key.namespace.clone(), g.clone());
-            match snap.group(&key).filter(|r| &r.queue == queue) {
-                Some(r) => r
-                    .live_request()
-                    .map(|req| reservation(req, &snap.group_members(&key, queue, now)))
-                    .unwrap_or_default()
-                    .into_iter()
-                    .flat_map(|(a, _)| a.models().to_vec())
-                    .collect(),
-                None => BTreeSet::new(),
-            }
-        }
+    let group = rec
+        .group
+        .as_ref()
+        .map(|g| crate::cards::ObjectKey::new(rec.key.namespace.clone(), g.clone()))
+        .and_then(|key| snap.group(&key).filter(|r| &r.queue == queue));
+    let reserved: BTreeSet<CardName> = match group {
+        Some(r) => r
+            .live_request()
+            .map(|req| reservation(req, &snap.group_members(&r.key, queue, now)))
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|(a, _)| a.models().to_vec())
+            .collect(),
         None => BTreeSet::new(),
     };
+    // A pod of a Job's pod set that runs on one model (a derived request resolved at
+    // the enqueue, docs/decisions.md) goes only to the models its group's request names.
+    let one_model: BTreeSet<CardName> = match group {
+        Some(r) if r.derived && !r.split => r
+            .live_request()
+            .map(|req| {
+                req.0
+                    .iter()
+                    .flat_map(|(a, _)| a.models().to_vec())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        _ => BTreeSet::new(),
+    };
+    let models: Vec<&CardName> = candidates.models().iter().collect();
+    let narrowed = models.iter().any(|m| one_model.contains(*m));
+    let models: Vec<&CardName> = models
+        .into_iter()
+        .filter(|m| !narrowed || one_model.contains(*m))
+        .collect();
     // Reserved models first, then the others, each in `card.name` order.
-    let models = candidates.models();
     let order = models
         .iter()
+        .copied()
         .filter(|m| reserved.contains(*m))
-        .chain(models.iter().filter(|m| !reserved.contains(*m)));
+        .chain(models.iter().copied().filter(|m| !reserved.contains(*m)));
     // One change, its pod re-pinned for each candidate in turn.
     let own_pins = rec.pinned.clone();
     let mut change = Change {

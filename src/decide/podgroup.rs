@@ -81,11 +81,124 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             }
         }
     }
+    if let Some(v) = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(crate::cards::annotations::SPLIT))
+    {
+        if !matches!(v.as_str(), Some("true" | "false")) && old.is_none() {
+            return Decision::deny(
+                INVALID,
+                format!(
+                    "invalid {} on podgroup {} (copied from its Job): expected \"true\" or \"false\", got {v}",
+                    crate::cards::annotations::SPLIT,
+                    rec.key
+                ),
+            );
+        }
+    }
+    // One model per pod set: taken out of line, a derived demand's alternatives are
+    // resolved to one model each, and the group reserves (and its pods are pinned to)
+    // that model.
+    let enqueues = !rec.is_waiting() && old.as_ref().is_none_or(PodGroupRecord::is_waiting);
+    if enqueues && rec.derived && !rec.split && gate(snap, &rec.queue).is_ok() {
+        if let Some(Ok(request)) = &rec.request {
+            if request.0.iter().any(|(a, _)| a.models().len() > 1) {
+                let (regarding, owner) = regarding(req, obj, &rec);
+                match one_model_each(&rec, request, snap, now) {
+                    Ok(r) => {
+                        derived_patch = Some(set_annotation(
+                            obj,
+                            crate::cards::annotations::DERIVED_REQUEST,
+                            &render_request(&r),
+                        ));
+                        rec.request = Some(Ok(r));
+                    }
+                    Err(d) => return d.with_event(regarding).with_event_also(owner),
+                }
+            }
+        }
+    }
     let mut d = decide_record(req, obj, rec, old, snap, now);
     if let (Some(p), true) = (derived_patch, d.allowed) {
         d.patch.push(p);
     }
     d
+}
+
+/// Whether `rec` with `request` reserved fits its queue now.
+fn fits_with(
+    rec: &PodGroupRecord,
+    request: CardRequest,
+    touched: &BTreeSet<crate::cards::CardName>,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> bool {
+    let mut r = rec.clone();
+    r.request = Some(Ok(request));
+    r.phase = Some("Inqueue".to_string());
+    let change = Change {
+        add_groups: vec![r],
+        ..Default::default()
+    };
+    fit(snap, &rec.queue, &change, touched, now).verdict == Verdict::Feasible
+}
+
+/// `entries` with equal keys added up, in first-seen order (a request names each key once).
+fn merged(entries: Vec<(Alternatives, Cards)>) -> CardRequest {
+    let mut out: Vec<(Alternatives, Cards)> = Vec::new();
+    for (a, n) in entries {
+        match out.iter_mut().find(|(k, _)| *k == a) {
+            Some((_, m)) => *m += n,
+            None => out.push((a, n)),
+        }
+    }
+    CardRequest(out)
+}
+
+/// One model per pod set (docs/decisions.md): each entry of a derived request that
+/// accepts several models goes whole on the first of them, in its order, on which it
+/// fits with the rest of the request; a Job with a pod set that no single model has
+/// room for waits at the enqueue.
+fn one_model_each(
+    rec: &PodGroupRecord,
+    request: &CardRequest,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Result<CardRequest, Decision> {
+    let touched = models_of(request.0.iter().map(|(k, _)| k));
+    let mut entries = request.0.clone();
+    for i in 0..entries.len() {
+        let (alts, n) = entries[i].clone();
+        if alts.models().len() < 2 {
+            continue;
+        }
+        let chosen = alts.models().iter().find_map(|m| {
+            let mut trial = entries.clone();
+            trial[i] = (Alternatives::single(m.clone()), n);
+            fits_with(rec, merged(trial.clone()), &touched, snap, now).then_some(trial)
+        });
+        match chosen {
+            Some(t) => entries = t,
+            None => {
+                let rooms: Vec<String> = alts
+                    .models()
+                    .iter()
+                    .map(|m| format!("{m} {}", super::room::room(snap, &rec.queue, m, n, now)))
+                    .collect();
+                return Err(Decision::deny(
+                    INSUFFICIENT,
+                    format!(
+                        "podgroup {} waits: the pods of its Job that accept {alts} ({n} cards) run on one model, and none has room for all {n} in queue {} (room now: {}); {}: \"true\" on the Job lets them split across models",
+                        rec.key,
+                        rec.queue,
+                        rooms.join(", "),
+                        crate::cards::annotations::SPLIT
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(merged(entries))
 }
 
 /// [`decide`] once the group's request is known.
@@ -236,14 +349,12 @@ fn held_before(
             {
                 return false;
             }
-            let mut enqueued = (*g).clone();
-            enqueued.phase = Some("Inqueue".to_string());
+            // Held as its own enqueue would be: one model per pod set unless it splits.
+            if g.derived && !g.split && req.0.iter().any(|(a, _)| a.models().len() > 1) {
+                return one_model_each(g, req, snap, now).is_err();
+            }
             let touched = models_of(req.0.iter().map(|(k, _)| k));
-            let change = Change {
-                add_groups: vec![enqueued],
-                ..Default::default()
-            };
-            fit(snap, &rec.queue, &change, &touched, now).verdict != Verdict::Feasible
+            !fits_with(g, req.clone(), &touched, snap, now)
         })
         .map(|g| g.key.clone())
 }

@@ -683,6 +683,7 @@ pub fn group_of(
         queue: queue.clone(),
         request: Some(Ok(CardRequest(request))),
         derived: false,
+        split: false,
         created: None,
         // An entry records a reservation: one without a phase is from before
         // reservations began at the enqueue, when every admitted group reserved.
