@@ -60,7 +60,7 @@ cleanup() {
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1
   k delete namespace "$NS" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete queue -l "card-quota-e2e=$RUN" --ignore-not-found >/dev/null 2>&1
-  k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
+  k delete node "$NODE" "$Q-a100" --ignore-not-found >/dev/null 2>&1
   k delete clusterrolebinding "$Q-vc" --ignore-not-found >/dev/null 2>&1
   e2e_remove_identity "$Q"
   if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
@@ -175,6 +175,37 @@ t0=$(date +%s)
 vc_finish jx
 check "... X finished: Y's pod is created within 15 s" wait_for 15 bash -c "[ \"\$(pods_of jy)\" = 1 ]"
 log "Y's pod $(( $(date +%s) - t0 )) s after X finished"
+
+# ---- one model per pod set: 2 workers that accept H200 or A100, room for 1 of each --------
+# The A100 node is tainted: only the stand-in's bindings (which taints do not stop) land
+# there, and kube-scheduler's pods below stay on NODE.
+k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$Q-a100","labels":{"nvidia.com/gpu.product":"NVIDIA-A100"}},"spec":{"taints":[{"key":"cq-e2e","value":"volcano-only","effect":"NoSchedule"}]}}
+EOF
+k get --raw "/api/v1/nodes/$Q-a100" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+  | k replace --raw "/api/v1/nodes/$Q-a100/status" -f - >/dev/null
+queue "$Q-m" '{"NVIDIA-H200":1,"NVIDIA-A100":1}' >/dev/null
+queue "$Q-s" '{"NVIDIA-H200":1,"NVIDIA-A100":1}' >/dev/null
+sleep 1
+# The models each bound worker of a Job was pinned to, sorted.
+bound_models() { kubectl -n "$NS" get pods -l "volcano.sh/job-name=$1" -o json | jq -r '[.items[] | select(.spec.nodeName != null) | .spec.nodeSelector["nvidia.com/gpu.product"]] | sort | join(",")'; }
+export -f bound_models
+vc_job jm "$Q-m" 2 '' 1 '' 'NVIDIA-H200|NVIDIA-A100'
+check "one model per pod set: a Job of 2 workers accepting H200 or A100, room for 1 of each, waits at the enqueue" wait_for 20 \
+  grep -qF "waits: the pods of its Job that accept NVIDIA-H200|NVIDIA-A100 (2 cards) run on one model, and none has room for all 2 in queue $Q-m (room now: NVIDIA-H200 1, NVIDIA-A100 1)" "$WORK/vc/jm.held"
+check "... with no pod created" [ "$(pods_of jm)" = 0 ]
+vc_job js "$Q-s" 2 '' 1 '' 'NVIDIA-H200|NVIDIA-A100' true
+check "... the same Job with volcano.sh/card.split: \"true\" runs split, one worker bound on each model" wait_for 30 bash -c \
+  "[ \"\$(bound_models js)\" = NVIDIA-A100,NVIDIA-H200 ]"
+queue "$Q-m" '{"NVIDIA-H200":1,"NVIDIA-A100":2}' >/dev/null
+t0=$(date +%s)
+check "... room for 2 A100: the held Job runs within 15 s, both workers bound on A100" wait_for 15 bash -c \
+  "[ \"\$(bound_models jm)\" = NVIDIA-A100,NVIDIA-A100 ]"
+log "the one-model Job's workers $(( $(date +%s) - t0 )) s after the raise"
+check "... its PodGroup reserves the model chosen" bash -c \
+  "kubectl -n $NS get podgroup \"\$(pg_of jm)\" -o jsonpath='{.metadata.annotations.volcano\\.sh/card\\.derived-request}' | grep -qx '{\"NVIDIA-A100\":2}'"
+vc_finish jm
+vc_finish js
 
 # ---- two CREATEs of one PodGroup; a PodGroup created Inqueue ---------------------------------
 vc_job jd "$Q-d" 2 '{"NVIDIA-H200":2}'

@@ -21,8 +21,9 @@ VC_CTRL=(kubectl --kubeconfig "${CP_DIR:-}/vc-controllers.kubeconfig")
 VC_SCHED=(kubectl --kubeconfig "${CP_DIR:-}/vc-scheduler.kubeconfig")
 mkdir -p "$WORK/vc"
 
-# Pod template parts of a worker with CARDS H200 (0: a cardless worker).
-worker_annotations() { [ "$1" = 0 ] && echo '{}' || echo '{volcano.sh/card.name: NVIDIA-H200}'; }
+# Pod template parts of a worker with CARDS cards of MODELS (default NVIDIA-H200; `A|B`
+# accepts either; 0 cards: a cardless worker).
+worker_annotations() { [ "$1" = 0 ] && echo '{}' || echo "{volcano.sh/card.name: \"${2:-NVIDIA-H200}\"}"; }
 worker_resources() { [ "$1" = 0 ] && echo '{}' || echo "{limits: {nvidia.com/gpu: \"$1\"}}"; }
 # A worker's container: pause (bound to a fake node, it never runs), or, given SECONDS,
 # one that runs that long and succeeds on a real node (its image loaded there).
@@ -34,12 +35,16 @@ worker_container() { # CARDS [SECONDS]
   fi
 }
 
-# vc_job NAME QUEUE REPLICAS CARD-REQUEST-JSON|'' [CARDS, default 1] [SECONDS]: a Volcano
-# Job of REPLICAS workers of CARDS H200 each (given SECONDS, workers that run that long
-# and finish); the user creates it, the job controller creates its PodGroup.
+# vc_job NAME QUEUE REPLICAS CARD-REQUEST-JSON|'' [CARDS, default 1] [SECONDS] [MODELS]
+# [SPLIT]: a Volcano Job of REPLICAS workers of CARDS cards each of MODELS (default
+# NVIDIA-H200; given SECONDS, workers that run that long and finish; SPLIT `true`: the
+# Job's volcano.sh/card.split); the user creates it, the job controller creates its
+# PodGroup.
 vc_job() {
-  local name=$1 queue=$2 replicas=$3 request=$4 cards=${5:-1} seconds=${6:-} anns=''
-  [ -z "$request" ] || anns="annotations: {volcano.sh/card.request: '$request'}"
+  local name=$1 queue=$2 replicas=$3 request=$4 cards=${5:-1} seconds=${6:-} models=${7:-NVIDIA-H200} split=${8:-} anns=()
+  [ -z "$request" ] || anns+=("volcano.sh/card.request: '$request'")
+  [ -z "$split" ] || anns+=("volcano.sh/card.split: \"$split\"")
+  anns=$(IFS=,; [ ${#anns[@]} = 0 ] || echo "annotations: {${anns[*]}}")
   k apply -f - >/dev/null <<EOF
 apiVersion: batch.volcano.sh/v1alpha1
 kind: Job
@@ -52,7 +57,7 @@ spec:
     - name: w
       replicas: $replicas
       template:
-        metadata: {annotations: $(worker_annotations "$cards")}
+        metadata: {annotations: $(worker_annotations "$cards" "$models")}
         spec:
           schedulerName: volcano
           restartPolicy: Never
@@ -79,7 +84,7 @@ EOF
   cat "$WORK/vc/$name.create.1" "$WORK/vc/$name.create.2" >> "$WORK/vc/$name.log"
   grep -q 'created' "$WORK/vc/$name.create.1" "$WORK/vc/$name.create.2" || sync_failed "$name" "PodGroup CREATE"
   # Only now does vc-scheduler's loop see the job.
-  echo "$queue $replicas $cards $seconds" > "$WORK/vc/$name.job"
+  echo "$queue $replicas $cards $models $seconds" > "$WORK/vc/$name.job"
 }
 
 # The job controller's failed sync: after 15 the real Volcano terminates the Job.
@@ -98,9 +103,9 @@ export -f pg_of phase_of pods_of
 vc_cycle() {
   local name=$1 pg phase queue replicas
   pg=$(pg_of "$name"); [ -n "$pg" ] || return 0
-  local cards seconds
+  local cards models seconds
   # The file goes when the Job finishes, maybe since the loop listed it.
-  { read -r queue replicas cards seconds < "$WORK/vc/$name.job"; } 2>/dev/null || return 0
+  { read -r queue replicas cards models seconds < "$WORK/vc/$name.job"; } 2>/dev/null || return 0
   phase=$(k -n "$NS" get podgroup "$pg" -o jsonpath='{.status.phase}')
   if [ -z "$phase" ] || [ "$phase" = Pending ]; then
     k -n "$NS" get podgroup "$pg" -o json | jq '.status.phase = "Inqueue"' > "$WORK/vc/$name.enqueue.json"
@@ -122,7 +127,7 @@ metadata:
   name: $name-w-$i
   namespace: $NS
   labels: {volcano.sh/queue-name: $queue, volcano.sh/job-name: $name}
-  annotations: $(sed "s|^{|{scheduling.k8s.io/group-name: $pg, volcano.sh/queue-name: $queue, volcano.sh/task-spec: w, |; s|, }|}|" <<<"$(worker_annotations "$cards")")
+  annotations: $(sed "s|^{|{scheduling.k8s.io/group-name: $pg, volcano.sh/queue-name: $queue, volcano.sh/task-spec: w, |; s|, }|}|" <<<"$(worker_annotations "$cards" "$models")")
   ownerReferences: [{apiVersion: batch.volcano.sh/v1alpha1, kind: Job, name: $name, uid: "$(k -n "$NS" get vcjob "$name" -o jsonpath='{.metadata.uid}')", controller: true, blockOwnerDeletion: true}]
 spec:
   schedulerName: volcano
@@ -133,10 +138,14 @@ EOF
     [ "$ok" = 1 ] || { sync_failed "$name" "pod CREATE: $(tr '\n' ' ' < "$WORK/vc/$name.pod.out")"; return 0; }
     echo "$(date +%s) pods created" >> "$WORK/vc/$name.log"
   fi
-  # vc-scheduler binds what is unbound, every cycle, and then runs the group.
-  local p
-  for p in $(k -n "$NS" get pods -l "volcano.sh/job-name=$name" -o json | jq -r '.items[] | select(.spec.nodeName == null) | .metadata.name'); do
-    echo "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$p\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$NODE\"}}" > "$WORK/vc/$name.bind.json"
+  # vc-scheduler binds what is unbound, every cycle, and then runs the group: on a node
+  # of the model the pod is pinned to (the nodeSelector card-quota wrote), else on NODE.
+  local p pin on
+  for p in $(k -n "$NS" get pods -l "volcano.sh/job-name=$name" -o json | jq -r '.items[] | select(.spec.nodeName == null) | "\(.metadata.name)/\(.spec.nodeSelector["nvidia.com/gpu.product"] // "")"'); do
+    pin=${p#*/} p=${p%%/*} on=$NODE
+    [ -z "$pin" ] || on=$(k get nodes -l "nvidia.com/gpu.product=$pin" -o name | grep -m1 "$RUN" | sed 's|^node/||')
+    on=${on:-$NODE}
+    echo "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"$p\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$on\"}}" > "$WORK/vc/$name.bind.json"
     "${VC_SCHED[@]}" create --raw "/api/v1/namespaces/$NS/pods/$p/binding" -f "$WORK/vc/$name.bind.json" > "$WORK/vc/$name.bind.out" 2>&1 \
       || echo "$(date +%s) bind of $p: $(tr '\n' ' ' < "$WORK/vc/$name.bind.out")" >> "$WORK/vc/$name.log"
   done
