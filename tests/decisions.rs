@@ -3076,6 +3076,19 @@ fn a_jobs_pod_set_runs_on_one_model_unless_the_job_lets_it_split() {
     p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!("train-job-uid");
     let r = w.send(R::pod("CREATE", p).build());
     assert!(!r.allowed, "pinned beside the set on another model");
+    // Raising the running Job's workers adds pods the set's model must hold: refused,
+    // though H200 has room for the third.
+    let job = |workers: u32| {
+        json!({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+            "metadata": {"name": "train", "namespace": "ml", "uid": "job-uid"},
+            "spec": {"queue": "one", "minAvailable": 3, "tasks": [
+                {"name": "worker", "replicas": workers, "template": {
+                    "metadata": {"annotations": {"volcano.sh/card.name": "NVIDIA-H200|RTX-4090"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}})
+    };
+    let r = w.send(R::job("UPDATE", job(3)).old(job(2)).build());
+    assert!(!r.allowed, "a raise past the set's model");
+    assert!(message(&r).contains("insufficient RTX-4090 quota"), "{}", message(&r));
     assert_eq!(
         w.usage("one", "NVIDIA-H200"),
         json!({"quota": 1, "allocated": 0, "pending": 0, "reserved": 0})

@@ -55,7 +55,8 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         return Decision::allow();
     }
     let queue = group.queue.clone();
-    let added = match added_pods(&old, &new, snap, &queue) {
+    let held = super::podgroup::held_to_models(group);
+    let added = match added_pods(&old, &new, snap, &queue, held.as_ref()) {
         Ok(a) => a,
         Err(d) => return d,
     };
@@ -105,6 +106,7 @@ fn added_pods(
     new: &JobRecord,
     snap: &Snapshot,
     queue: &crate::cards::QueueName,
+    held: Option<&std::collections::BTreeSet<crate::cards::CardName>>,
 ) -> Result<Vec<(String, Demand)>, Decision> {
     let mut out = Vec::new();
     for (task, replicas, template) in &new.tasks {
@@ -121,8 +123,9 @@ fn added_pods(
         };
         out.push((
             task.clone(),
+            // A pod set held to one model adds its pods there (its pods are pinned there).
             Demand::pods(
-                demand.alternatives,
+                super::podgroup::narrowed(&demand.alternatives, held),
                 demand.cards,
                 u64::from(replicas - before),
             ),

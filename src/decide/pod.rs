@@ -1179,30 +1179,14 @@ fn choose_pin<'s>(
     };
     // A pod of a Job's pod set that runs on one model (a derived request resolved at
     // the enqueue, docs/decisions.md) goes only to the models its group's request names.
-    let one_model: BTreeSet<CardName> = match group {
-        Some(r) if r.derived && !r.split => r
-            .live_request()
-            .map(|req| {
-                req.0
-                    .iter()
-                    .flat_map(|(a, _)| a.models().to_vec())
-                    .collect()
-            })
-            .unwrap_or_default(),
-        _ => BTreeSet::new(),
-    };
-    let models: Vec<&CardName> = candidates.models().iter().collect();
-    let narrowed = models.iter().any(|m| one_model.contains(*m));
-    let models: Vec<&CardName> = models
-        .into_iter()
-        .filter(|m| !narrowed || one_model.contains(*m))
-        .collect();
+    let held = group.and_then(super::podgroup::held_to_models);
+    let candidates = super::podgroup::narrowed(&candidates, held.as_ref());
+    let models = candidates.models();
     // Reserved models first, then the others, each in `card.name` order.
     let order = models
         .iter()
-        .copied()
         .filter(|m| reserved.contains(*m))
-        .chain(models.iter().copied().filter(|m| !reserved.contains(*m)));
+        .chain(models.iter().filter(|m| !reserved.contains(*m)));
     // One change, its pod re-pinned for each candidate in turn.
     let own_pins = rec.pinned.clone();
     let mut change = Change {

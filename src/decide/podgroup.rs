@@ -125,6 +125,39 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     d
 }
 
+/// One model per pod set, for the pods of `g`: the models its resolved derived request
+/// holds them to (`None`: a group whose pods may go anywhere their `card.name` allows).
+/// The one rule that the pod CREATE and a running Job's raise both apply.
+pub(super) fn held_to_models(g: &PodGroupRecord) -> Option<BTreeSet<crate::cards::CardName>> {
+    if !g.derived || g.split {
+        return None;
+    }
+    g.live_request().map(|req| {
+        req.0
+            .iter()
+            .flat_map(|(a, _)| a.models().to_vec())
+            .collect()
+    })
+}
+
+/// `alts` narrowed to the models of `held` (unchanged when none of them is one).
+pub(super) fn narrowed(
+    alts: &Alternatives,
+    held: Option<&BTreeSet<crate::cards::CardName>>,
+) -> Alternatives {
+    let Some(held) = held else {
+        return alts.clone();
+    };
+    Alternatives::from_models(
+        alts.models()
+            .iter()
+            .filter(|m| held.contains(*m))
+            .cloned()
+            .collect(),
+    )
+    .unwrap_or_else(|| alts.clone())
+}
+
 /// Whether `rec` with `request` reserved fits its queue now.
 fn fits_with(
     rec: &PodGroupRecord,
