@@ -3088,7 +3088,11 @@ fn a_jobs_pod_set_runs_on_one_model_unless_the_job_lets_it_split() {
     };
     let r = w.send(R::job("UPDATE", job(3)).old(job(2)).build());
     assert!(!r.allowed, "a raise past the set's model");
-    assert!(message(&r).contains("insufficient RTX-4090 quota"), "{}", message(&r));
+    assert!(
+        message(&r).contains("insufficient RTX-4090 quota"),
+        "{}",
+        message(&r)
+    );
     assert_eq!(
         w.usage("one", "NVIDIA-H200"),
         json!({"quota": 1, "allocated": 0, "pending": 0, "reserved": 0})

@@ -1,5 +1,6 @@
 //! Subcommands: thin shells over the core.
 
+pub mod check;
 pub mod demo;
 pub mod manifests;
 pub mod preflight;

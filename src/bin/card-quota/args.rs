@@ -36,6 +36,35 @@ pub enum Command {
     Serve(ServeArgs),
     /// Per-queue, per-model usage table.
     Status(StatusArgs),
+    /// Would a manifest's Pods, Deployments, Jobs or Volcano Jobs be admitted now, on
+    /// which models, and if not, why? Nothing is written to the cluster.
+    #[command(
+        after_help = "Exit status: 0 when every object would run whole now, 2 when one would be refused (or partly), or would wait at Volcano's enqueue, 1 on an error."
+    )]
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// The manifest (YAML or JSON, several documents) to check; `-` reads stdin.
+    #[arg(short = 'f', long = "filename")]
+    pub filename: PathBuf,
+    /// The namespace of objects that name none (as kubectl's -n).
+    #[arg(short = 'n', long = "namespace", default_value = "default")]
+    pub namespace: String,
+    /// Check against a snapshot file (same input as replay) instead of the live cluster.
+    #[arg(long)]
+    pub objects: Option<PathBuf>,
+    /// What a queue without volcano.sh/card.enforcement does: the install's
+    /// --enforcement (a warn install admits with a warning what deny refuses).
+    #[arg(long, value_enum, default_value = "deny")]
+    pub enforcement: EnforcementArg,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: status::Format,
+    #[command(flatten)]
+    pub cards: CardArgs,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 #[derive(Args)]

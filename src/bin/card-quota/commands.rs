@@ -1,10 +1,48 @@
 //! The short subcommands: each turns its flags into a call to the library.
 
-use card_quota::cli::{manifests, preflight, replay, status};
+use card_quota::cli::{check, manifests, preflight, replay, status};
 use card_quota::decide::{Config, NamespaceEnforcement};
 
-use crate::args::{no_scheduler_filter, CertsArgs, ManifestsArgs, ReplayArgs, StatusArgs};
+use crate::args::{
+    no_scheduler_filter, CertsArgs, CheckArgs, ManifestsArgs, ReplayArgs, StatusArgs,
+};
 use crate::snapshots::{live_queues, live_snapshot, namespace_snapshot, snapshot_file};
+
+pub fn check(a: CheckArgs) -> anyhow::Result<()> {
+    let cards = a.cards.settings()?;
+    let manifest = if a.filename.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        crate::snapshots::read_objects(&a.filename)?
+    };
+    let mut snap = match &a.objects {
+        Some(path) => snapshot_file(path, &cards)?,
+        None => tokio::runtime::Runtime::new()?.block_on(live_snapshot(&cards, &a.cluster))?,
+    };
+    let cfg = Config {
+        enforcement: a.enforcement.into(),
+        ..Config::default()
+    };
+    let verdicts = check::check(
+        &mut snap,
+        &manifest,
+        &a.namespace,
+        &cfg,
+        jiff::Timestamp::now(),
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", a.filename.display()))?;
+    match a.output {
+        status::Format::Table => print!("{}", check::table(&verdicts)),
+        status::Format::Json => println!("{}", serde_json::to_string_pretty(&verdicts)?),
+        status::Format::Yaml => print!("{}", serde_norway::to_string(&verdicts)?),
+    }
+    if verdicts.iter().any(|v| v.outcome.holds_back()) {
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        std::process::exit(2);
+    }
+    Ok(())
+}
 
 pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
     let cfg = Config {

@@ -49,6 +49,7 @@ fn main() -> anyhow::Result<()> {
         Command::Certs(a) => commands::certs(a),
         Command::Manifests(a) => commands::manifests(a),
         Command::Status(a) => commands::status(a),
+        Command::Check(a) => commands::check(a),
     };
     // A reader that stops early (`card-quota status | head`) is not a failure of the
     // command that printed for it.
