@@ -207,6 +207,47 @@ check "... its PodGroup reserves the model chosen" bash -c \
 vc_finish jm
 vc_finish js
 
+# ---- card-quota check before submitting: a Deployment and a Volcano Job, live ------------
+queue "$Q-k" '{"NVIDIA-H200":1,"NVIDIA-A100":1}' >/dev/null
+vc_template() { # CARD-NAME
+  echo "{metadata: {annotations: {volcano.sh/card.name: \"$1\"}}, spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: \"1\"}}}]}}"
+}
+cat > "$WORK/check-job.yaml" <<EOF
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: chk-train, namespace: $NS}
+spec:
+  queue: $Q-k
+  minAvailable: 1
+  tasks: [{name: w, replicas: 1, template: $(vc_template 'NVIDIA-H200|NVIDIA-A100')}]
+EOF
+cat > "$WORK/check-both.yaml" <<EOF
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: chk-web, namespace: $NS}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: chk-web}}
+  template:
+    metadata: {labels: {app: chk-web}, annotations: {scheduling.volcano.sh/queue-name: $Q-k}}
+    spec: {containers: [{name: c, image: x, resources: {limits: {nvidia.com/gpu: "1"}}}]}
+---
+$(cat "$WORK/check-job.yaml")
+EOF
+rc=0; out=$("$BIN" check -f "$WORK/check-both.yaml" 2>&1) || rc=$?
+log "card-quota check:
+$out"
+check "card-quota check, live: a Deployment of 3 plain pods in a queue of 1 H200 + 1 A100: 2 admitted, one on each" \
+  bash -c 'grep -E "^Deployment +$1/chk-web +partly +2/3 +NVIDIA-A100:1,NVIDIA-H200:1\$" <<<"$2" >/dev/null' _ "$NS" "$out"
+check "... then a Volcano Job would wait at its enqueue, and says why" \
+  bash -c 'grep -E "^Job.batch.volcano.sh +$1/chk-train +waits" <<<"$2" >/dev/null && grep -qF "queue $3 has insufficient NVIDIA-H200|NVIDIA-A100 quota: requested 1, in use 2" <<<"$2"' _ "$NS" "$out" "$Q-k"
+check "... exit status 2" [ "$rc" = 2 ]
+rc=0; out=$("$BIN" check -f "$WORK/check-job.yaml" 2>&1) || rc=$?
+check "... the Job alone would start: its pod admitted on H200, exit 0" \
+  bash -c '[ "$1" = 0 ] && grep -E "^Job.batch.volcano.sh +$2/chk-train +admitted +1/1 +NVIDIA-H200:1\$" <<<"$3" >/dev/null' _ "$rc" "$NS" "$out"
+check "... and nothing was written to the cluster" bash -c \
+  "! kubectl -n $NS get deploy chk-web >/dev/null 2>&1 && ! kubectl -n $NS get vcjob chk-train >/dev/null 2>&1 && [ -z \"\$(pg_of chk-train)\" ] && usage_is $Q-k NVIDIA-H200 pending 0"
+
 # ---- two CREATEs of one PodGroup; a PodGroup created Inqueue ---------------------------------
 vc_job jd "$Q-d" 2 '{"NVIDIA-H200":2}'
 check "D's duplicate CREATE was refused by the API server (409), not by card-quota" grep -q AlreadyExists "$WORK/vc/jd.log"

@@ -97,8 +97,10 @@ fn a_volcano_job_is_enqueued_as_volcano_would_and_its_pods_land_on_one_model() {
         "the launcher has no cards"
     );
     assert_eq!(v[0].models.get("NVIDIA-H200"), Some(&2));
-    // After the Deployment took the room, the same Job waits at the enqueue.
-    let v = run(&format!("{DEPLOYMENT}---{JOB}"));
+    // After one replica took an H200, 1 H200 and 1 A100 are left: the same Job waits at
+    // the enqueue, its two workers on one model.
+    let one = DEPLOYMENT.replace("replicas: 4", "replicas: 1");
+    let v = run(&format!("{one}---{JOB}"));
     assert_eq!(v[1].outcome, Outcome::Waits);
     let m = v[1].message.as_deref().unwrap_or("");
     assert!(

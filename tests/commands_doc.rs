@@ -3,7 +3,15 @@
 
 use std::process::Command;
 
-const SUBCOMMANDS: [&str; 7] = ["serve", "status", "check", "replay", "certs", "manifests", "demo"];
+const SUBCOMMANDS: [&str; 7] = [
+    "serve",
+    "status",
+    "check",
+    "replay",
+    "certs",
+    "manifests",
+    "demo",
+];
 
 fn help(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_card-quota"))

@@ -199,6 +199,10 @@ fn one_model_each(
     now: jiff::Timestamp,
 ) -> Result<CardRequest, Decision> {
     let touched = models_of(request.0.iter().map(|(k, _)| k));
+    // Not even split does it fit: the enqueue's own check says why, in its own words.
+    if !fits_with(rec, request.clone(), &touched, snap, now) {
+        return Ok(request.clone());
+    }
     let mut entries = request.0.clone();
     for i in 0..entries.len() {
         let (alts, n) = entries[i].clone();
