@@ -226,7 +226,7 @@ fn would_refuse_lists_the_objects_enforcement_would_refuse() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "KIND  NAME    REASON                 WARN  WOULD BE REFUSED WITH\nPod   ml/big  InsufficientCardQuota  adm.  queue research has insufficient NVIDIA-H200 quota: requested 3, in use 0 (allocated 0, pending 0, reserved 0), quota 2\nWARN: what warn does with it (adm.: admits it with a warning; ref.: refuses it too)\n"
+        "KIND  NAME    REASON                 WARN  WOULD BE REFUSED WITH\nPod   ml/big  InsufficientCardQuota  adm.  queue research has insufficient NVIDIA-H200 quota: requested 3, in use 0 (allocated 0, pending 0, reserved 0), quota 2\nWARN: what warn does with it (adm.: admits it with a warning; ref.: refuses it too)\n\nQuotas under which nothing above is refused (today's, each model and group cap raised to its cards in use; a pod that accepts several models counted on its first):\n  kubectl annotate queue research volcano.sh/card.quota='{\"NVIDIA-H200\":3,\"NVIDIA-H200/mig-1g.18gb-mixed\":4}' --overwrite   # now {\"NVIDIA-H200\":2,\"NVIDIA-H200/mig-1g.18gb-mixed\":4}\n"
     );
     let json = status(&["--would-refuse", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();

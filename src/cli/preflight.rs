@@ -4,12 +4,15 @@
 //! decisions as the webhook under `deny`; each that would be refused is listed, and
 //! counted anyway (it exists), so that the ones after it in a full queue are listed too.
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
 
 use crate::admission::apply;
 use crate::decide::enforcement::refused_by_quota;
 use crate::decide::review::{parse_review, ReviewBuilder};
 use crate::decide::{decide, Config, Enforcement};
+use crate::ledger::UsageKey;
 use crate::snapshot::load::{describe, documents, upsert, LoadError};
 use crate::snapshot::Snapshot;
 
@@ -28,6 +31,84 @@ pub struct WouldRefuse {
     pub message: String,
 }
 
+/// A quota per queue under which nothing in the dump is refused: today's, each model
+/// and group cap raised to its cards in use once every card pod and PodGroup is counted
+/// (pods that accept several models and are not bound yet counted on their first), and
+/// the models in use it does not name added. Never lower than today's.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Suggestion {
+    pub queue: String,
+    /// The `volcano.sh/card.quota` to write.
+    pub quota: BTreeMap<String, u128>,
+    /// What the queue has today (`None`: no `card.quota`).
+    pub current: Option<BTreeMap<String, u128>>,
+    /// Today's quota (its models and group caps) already holds what is in use.
+    pub holds: bool,
+}
+
+impl Suggestion {
+    /// The annotation's value.
+    pub fn annotation(&self) -> String {
+        serde_json::to_string(&self.quota).unwrap_or_default()
+    }
+}
+
+/// The suggestions of a snapshot in which every card pod and PodGroup is counted.
+fn suggestions(snap: &Snapshot, now: jiff::Timestamp) -> Vec<Suggestion> {
+    let report = crate::admission::usage_report(snap, now);
+    let mut out = Vec::new();
+    for (queue, rows) in report {
+        // Charges go to leaves; a parent's rows sum its subtree.
+        let q = crate::cards::QueueName::new(&queue);
+        if snap.has_children(&q) {
+            continue;
+        }
+        let mut used: BTreeMap<String, u128> = BTreeMap::new();
+        for (k, r) in &rows {
+            let n = r.in_use().get();
+            if n == 0 {
+                continue;
+            }
+            let key = match k {
+                UsageKey::Model(m) => m.to_string(),
+                UsageKey::Alternatives(a) => a.first().to_string(),
+                UsageKey::Cap(p) => p.to_string(),
+            };
+            *used.entry(key).or_default() += n;
+        }
+        if used.is_empty() {
+            continue;
+        }
+        let holds = rows
+            .iter()
+            .filter(|(k, _)| k.has_quota())
+            .all(|(_, r)| r.in_use() <= r.quota);
+        let current = snap
+            .queue(&q)
+            .and_then(|r| r.quota.as_ref())
+            .and_then(|q| q.as_ref().ok())
+            .map(|q| {
+                q.entries()
+                    .iter()
+                    .map(|(m, n)| (m.to_string(), n.get()))
+                    .chain(q.caps().iter().map(|(p, n)| (p.to_string(), n.get())))
+                    .collect::<BTreeMap<String, u128>>()
+            });
+        let mut quota = current.clone().unwrap_or_default();
+        for (k, n) in used {
+            let q = quota.entry(k).or_default();
+            *q = (*q).max(n);
+        }
+        out.push(Suggestion {
+            holds: holds && current.is_some(),
+            queue,
+            quota,
+            current,
+        });
+    }
+    out
+}
+
 /// When an object was created, for the replay's order (RFC 3339 sorts as text; objects
 /// without one keep their place after those with one).
 fn created(v: &Value) -> &str {
@@ -36,13 +117,22 @@ fn created(v: &Value) -> &str {
         .unwrap_or("~")
 }
 
+/// What the pre-flight found: what would be refused, a quota per queue that would
+/// refuse nothing, and the objects that could not be read.
+#[derive(Debug, Clone, Default)]
+pub struct Preflight {
+    pub refused: Vec<WouldRefuse>,
+    pub suggestions: Vec<Suggestion>,
+    pub skipped: Vec<String>,
+}
+
 /// Lists what enforcement (`deny`, whatever `cfg` and the queues say) would refuse among
-/// the Pods and PodGroups of `text`; also returns the objects that could not be read.
-pub fn would_refuse(
+/// the Pods and PodGroups of `text`, and suggests per queue a quota that would not.
+pub fn preflight(
     text: &str,
     cards: &crate::cards::CardResources,
     cfg: &Config,
-) -> Result<(Vec<WouldRefuse>, Vec<String>), LoadError> {
+) -> Result<Preflight, LoadError> {
     let docs = documents(text)?;
     let kind = |v: &Value| {
         v.get("kind")
@@ -128,7 +218,43 @@ pub fn would_refuse(
             skipped.push(format!("{}: {e}", describe(v)));
         }
     }
-    Ok((refused, skipped))
+    Ok(Preflight {
+        refused,
+        suggestions: suggestions(&snap, now),
+        skipped,
+    })
+}
+
+/// [`preflight`]'s refusals and unreadable objects alone.
+pub fn would_refuse(
+    text: &str,
+    cards: &crate::cards::CardResources,
+    cfg: &Config,
+) -> Result<(Vec<WouldRefuse>, Vec<String>), LoadError> {
+    preflight(text, cards, cfg).map(|p| (p.refused, p.skipped))
+}
+
+/// The suggestions as lines to run: only queues whose quota does not hold their usage.
+pub fn suggestions_table(s: &[Suggestion]) -> String {
+    let short: Vec<&Suggestion> = s.iter().filter(|s| !s.holds).collect();
+    if short.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\nQuotas under which nothing above is refused (today's, each model and group cap raised to its cards in use; a pod that accepts several models counted on its first):\n",
+    );
+    for s in short {
+        let now = match &s.current {
+            Some(c) => format!("now {}", serde_json::to_string(c).unwrap_or_default()),
+            None => "no card.quota now".to_string(),
+        };
+        out.push_str(&format!(
+            "  kubectl annotate queue {} volcano.sh/card.quota='{}' --overwrite   # {now}\n",
+            s.queue,
+            s.annotation()
+        ));
+    }
+    out
 }
 
 /// The list as a table, or a sentence when nothing would be refused.
@@ -216,5 +342,31 @@ spec: {containers: [{name: c}]}
         let (refused, _) = would_refuse(&fits, &Default::default(), &Config::default()).unwrap();
         assert!(refused.is_empty());
         assert!(table(&refused).starts_with("Nothing would be refused"));
+    }
+
+    #[test]
+    fn a_quota_that_refuses_nothing_is_suggested_per_queue() {
+        let p = preflight(DUMP, &Default::default(), &Config::default()).unwrap();
+        assert_eq!(
+            p.suggestions,
+            vec![Suggestion {
+                queue: "q".into(),
+                quota: BTreeMap::from([("NVIDIA-H200".to_string(), 3)]),
+                current: Some(BTreeMap::from([("NVIDIA-H200".to_string(), 2)])),
+                holds: false,
+            }]
+        );
+        assert!(suggestions_table(&p.suggestions).contains(
+            r#"  kubectl annotate queue q volcano.sh/card.quota='{"NVIDIA-H200":3}' --overwrite   # now {"NVIDIA-H200":2}"#
+        ));
+        // A quota that holds it: nothing to suggest.
+        let fits = DUMP.replace(r#"'{"NVIDIA-H200":2}'"#, r#"'{"NVIDIA-H200":3}'"#);
+        let p = preflight(&fits, &Default::default(), &Config::default()).unwrap();
+        assert!(p.suggestions.iter().all(|s| s.holds));
+        assert_eq!(suggestions_table(&p.suggestions), "");
+        // A group cap below the usage does not hold it either.
+        let capped = DUMP.replace(r#"'{"NVIDIA-H200":2}'"#, r#"'{"NVIDIA-H200":3,"*":2}'"#);
+        let p = preflight(&capped, &Default::default(), &Config::default()).unwrap();
+        assert!(!p.suggestions[0].holds);
     }
 }

@@ -139,12 +139,17 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     let cards = a.cards.settings()?;
     if let (true, Some(path)) = (a.would_refuse, &a.objects) {
         let text = crate::snapshots::read_objects(path)?;
-        let (refused, skipped) = preflight::would_refuse(&text, &cards, &Config::default())?;
-        for s in skipped {
+        let found = preflight::preflight(&text, &cards, &Config::default())?;
+        for s in &found.skipped {
             tracing::warn!("{}: {s}", path.display());
         }
+        let refused = found.refused;
         match a.output {
-            status::Format::Table => print!("{}", preflight::table(&refused)),
+            status::Format::Table => print!(
+                "{}{}",
+                preflight::table(&refused),
+                preflight::suggestions_table(&found.suggestions)
+            ),
             status::Format::Json => println!("{}", serde_json::to_string_pretty(&refused)?),
             status::Format::Yaml => print!("{}", serde_norway::to_string(&refused)?),
         }
