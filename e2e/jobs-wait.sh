@@ -163,13 +163,13 @@ out=$(k -n "$NS" patch vcjob jc --type json -p '[{"op":"replace","path":"/spec/t
 check "... and a scale-down of it goes through" contains "$out" "job.batch.volcano.sh/jc patched"
 check "usage of queue a: B's 2 cards" wait_for 20 bash -c "usage_is $Q-a NVIDIA-H200 allocated 2 && usage_is $Q-a NVIDIA-H200 reserved 0"
 
-# ---- a group cap holds a Job at the enqueue: 4 H200 of room, 2 cards in all ("*") --------
-queue "$Q-g" '{"NVIDIA-H200":4,"*":2}' >/dev/null
+# ---- a group cap holds a Job at the enqueue: room on H200 and A100, 2 cards in all ("*") -
+queue "$Q-g" '{"NVIDIA-H200":4,"NVIDIA-A100":4,"*":2}' >/dev/null
 sleep 1
 vc_job jx "$Q-g" 2 '{"NVIDIA-H200":2}'
 check "group cap: job X's 2 pods fill queue g's * cap" wait_for 30 bash -c "[ \"\$(pods_of jx)\" = 2 ]"
-vc_job jy "$Q-g" 1 '{"NVIDIA-H200":1}'
-check "... job Y is held at the enqueue by the cap, though H200 has room" wait_for 20 \
+vc_job jy "$Q-g" 1 '{"NVIDIA-H200|NVIDIA-A100":1}' 1 '' 'NVIDIA-H200|NVIDIA-A100'
+check "... job Y (H200 or A100) is held at the enqueue by the cap, though both models have room" wait_for 20 \
   grep -qF "queue $Q-g has insufficient * quota (a group cap): requested 1, in use 2" "$WORK/vc/jy.held"
 t0=$(date +%s)
 vc_finish jx
