@@ -115,6 +115,8 @@ grep -q -- '--enforcement=warn' "$WORK/args" || { FAILED=$((FAILED + 1)); log "F
 out=$(pod p2 | k apply -f - 2>&1)
 check "under warn the pod past the quota is created with a warning" contains "$out" \
   "Warning: card-quota admitted this because queue $Q's enforcement is warn (the install's default); under deny: queue $Q has insufficient RTX-4090 quota"
+check "... and is not pinned: warn never steers where a pod runs" bash -c \
+  "[ -z \"\$(kubectl -n $APP get pod p2 -o jsonpath='{.spec.nodeSelector}')\" ]"
 k annotate queue "$Q" volcano.sh/card.enforcement=deny --overwrite >/dev/null
 check "a queue in deny under a warn (fail-open) install is reported by a metric" wait_for 30 bash -c \
   "curl -s http://127.0.0.1:$((PORT + 1000))/metrics | grep -qx 'card_quota_queue_deny_fail_open{queue_name=\"$Q\"} 1'"

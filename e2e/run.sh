@@ -688,13 +688,14 @@ sleep 1
 queue "$Q-cap" '{"NVIDIA-H200":2,"RTX-4090":2,"NVIDIA-A100":2,"*":3}' | k apply -f - >/dev/null 2>&1
 sleep 1
 plain_deploy capped "$Q-cap" 5 | sed 's/cq-e2e-pool: plain/cq-e2e-pool: cap/' | k apply -f - >/dev/null 2>&1
-cap_refused() {
-  kubectl -n "$NS" get events -o json | jq -e --arg q "queue $Q-cap has insufficient * quota (a group cap)" \
+# A controller's FailedCreate Event in $NS quotes MESSAGE.
+failed_create_says() {
+  kubectl -n "$NS" get events -o json | jq -e --arg q "$1" \
     'any(.items[]; .reason == "FailedCreate" and (.message | contains($q)))' >/dev/null
 }
-export -f cap_refused
+export -f failed_create_says
 check "group cap: a Deployment of 5 plain pods over three models stops at the * cap of 3, all bound" wait_for 30 bash -c \
-  "[ \"\$(plain_bound capped)\" = 3 ] && [ \"\$(kubectl -n $NS get pods -l plain=capped -o name | wc -l)\" = 3 ] && cap_refused"
+  "[ \"\$(plain_bound capped)\" = 3 ] && [ \"\$(kubectl -n $NS get pods -l plain=capped -o name | wc -l)\" = 3 ] && failed_create_says 'queue $Q-cap has insufficient * quota (a group cap)'"
 check "... the queue's usage has a row for the cap: 3 of 3 allocated" wait_for 20 bash -c \
   "usage_is $Q-cap '*' allocated 3 && usage_is $Q-cap '*' quota 3"
 k -n "$NS" delete deploy capped --wait=false >/dev/null 2>&1
@@ -1266,13 +1267,8 @@ tree_queue "$Q-corg" root '{"NVIDIA-H200":2,"RTX-4090":2,"*":3}' '' | k apply -f
 tree_queue "$Q-cteam" "$Q-corg" '{"NVIDIA-H200":2,"RTX-4090":2}' '' | k apply -f - >/dev/null
 sleep 1
 plain_deploy tcapped "$Q-cteam" 5 | sed 's/cq-e2e-pool: plain/cq-e2e-pool: tcap/' | k apply -f - >/dev/null 2>&1
-tree_cap_refused() {
-  kubectl -n "$NS" get events -o json | jq -e --arg q "queue $Q-cteam has insufficient * quota (a group cap) in ancestor $Q-corg" \
-    'any(.items[]; .reason == "FailedCreate" and (.message | contains($q)))' >/dev/null
-}
-export -f tree_cap_refused
 check "group cap in a tree: 5 plain pods of a team stop at its org's * cap of 3, all bound" wait_for 30 bash -c \
-  "[ \"\$(plain_bound tcapped)\" = 3 ] && [ \"\$(kubectl -n $NS get pods -l plain=tcapped -o name | wc -l)\" = 3 ] && tree_cap_refused"
+  "[ \"\$(plain_bound tcapped)\" = 3 ] && [ \"\$(kubectl -n $NS get pods -l plain=tcapped -o name | wc -l)\" = 3 ] && failed_create_says 'queue $Q-cteam has insufficient * quota (a group cap) in ancestor $Q-corg'"
 check "... the org's usage has the cap's row, 3 of 3 allocated from its team" wait_for 20 bash -c \
   "usage_is $Q-corg '*' allocated 3 && usage_is $Q-corg '*' quota 3"
 k -n "$NS" delete deploy tcapped --wait=false >/dev/null 2>&1
