@@ -3033,7 +3033,7 @@ fn a_jobs_pod_set_runs_on_one_model_unless_the_job_lets_it_split() {
     assert!(!r.allowed, "split across models");
     assert_eq!(
         message(&r),
-        "podgroup ml/train-job-uid waits: the pods of its Job that accept NVIDIA-H200|RTX-4090 (2 cards) run on one model, and none has room for all 2 in queue one (room now: NVIDIA-H200 1, RTX-4090 1); volcano.sh/card.split: \"true\" on the Job lets them split across models"
+        "podgroup ml/train-job-uid waits: the pods of its Job that accept NVIDIA-H200|RTX-4090 (2 cards) run on one model, and none has room for all 2 in queue one (room now: NVIDIA-H200 1, RTX-4090 1); no one of them could ever hold it under the queue's quota; volcano.sh/card.split: \"true\" on the Job lets them split across models"
     );
     assert_eq!(w.usage("one", "NVIDIA-H200")["reserved"], 0);
 
@@ -3110,4 +3110,69 @@ fn a_malformed_split_annotation_is_refused_naming_it() {
         message(&r),
         "invalid volcano.sh/card.split on podgroup ml/train-job-uid (copied from its Job): expected \"true\" or \"false\", got \"yes\""
     );
+}
+
+/// Strict order with pod sets held to one model: an older Job that waits for room it
+/// could have (as one model) holds a younger one back, even when it does not fit split
+/// either; an older Job whose set no single model could ever hold holds nobody back.
+#[test]
+fn strict_order_judges_a_held_job_as_its_one_model_enqueue_would() {
+    let world = |old_request: &str, busy: bool| {
+        let yaml = format!(
+            r#"{CLUSTER}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: Queue
+metadata: {{name: strict, annotations: {{volcano.sh/card.quota: '{{"NVIDIA-H200":2,"RTX-4090":2}}', volcano.sh/card.order: strict}}}}
+status: {{state: Open}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: busy-h200, namespace: ml, annotations: {{scheduling.volcano.sh/queue-name: strict, volcano.sh/card.name: NVIDIA-H200}}}}
+spec: {{schedulerName: volcano, nodeName: h200-1, containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: "2"}}}}}}]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: busy-rtx, namespace: ml, annotations: {{scheduling.volcano.sh/queue-name: strict, volcano.sh/card.name: RTX-4090}}}}
+spec: {{schedulerName: volcano, nodeName: rtx-1, containers: [{{name: c, image: x, resources: {{limits: {{nvidia.com/gpu: "1"}}}}}}]}}
+---
+apiVersion: scheduling.volcano.sh/v1beta1
+kind: PodGroup
+metadata: {{name: old, namespace: ml, creationTimestamp: "2026-12-01T00:00:00Z", annotations: {{volcano.sh/card.derived-request: '{old_request}'}}}}
+spec: {{queue: strict, minMember: 1}}
+status: {{phase: Pending}}
+"#
+        );
+        let yaml = if busy {
+            yaml
+        } else {
+            yaml.replace("nodeName: h200-1", "nodeName: gone-1")
+                .replace("nodeName: rtx-1", "nodeName: gone-2")
+        };
+        World::with(&yaml)
+    };
+    let young = || {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "young", "namespace": "ml", "creationTimestamp": "2026-12-02T00:00:00Z",
+                "annotations": {"volcano.sh/card.derived-request": "{\"RTX-4090\":1}"}},
+            "spec": {"queue": "strict", "minMember": 1}, "status": {"phase": "Pending"}})
+    };
+    // 1 RTX-4090 free. The old Job's 2 cards fit neither split nor on one model now, but
+    // would on one model once room comes: the young Job waits behind it.
+    let mut w = world(r#"{"NVIDIA-H200|RTX-4090":2}"#, true);
+    assert!(w.send(R::podgroup("CREATE", young()).build()).allowed);
+    let r = enqueue(&mut w, &young());
+    assert!(!r.allowed, "the young Job went ahead of the old one");
+    assert!(
+        message(&r).contains("enqueues jobs in order"),
+        "{}",
+        message(&r)
+    );
+    // The old Job's 3 cards: no model's quota (2) ever holds them whole (split, they
+    // would fit the empty queue now), so it waits for a quota change or the split opt-in
+    // and holds nobody back.
+    let mut w = world(r#"{"NVIDIA-H200|RTX-4090":3}"#, false);
+    assert!(w.send(R::podgroup("CREATE", young()).build()).allowed);
+    let r = enqueue(&mut w, &young());
+    assert!(r.allowed, "{}", message(&r));
 }

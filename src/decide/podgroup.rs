@@ -102,7 +102,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let enqueues = !rec.is_waiting() && old.as_ref().is_none_or(PodGroupRecord::is_waiting);
     if enqueues && rec.derived && !rec.split && gate(snap, &rec.queue).is_ok() {
         if let Some(Ok(request)) = &rec.request {
-            if request.0.iter().any(|(a, _)| a.models().len() > 1) {
+            if has_alternatives(request) {
                 let (regarding, owner) = regarding(req, obj, &rec);
                 match one_model_each(&rec, request, snap, now) {
                     Ok(r) => {
@@ -158,6 +158,50 @@ pub(super) fn narrowed(
     .unwrap_or_else(|| alts.clone())
 }
 
+/// True when an entry of `r` accepts several models.
+fn has_alternatives(r: &CardRequest) -> bool {
+    r.0.iter().any(|(a, _)| a.models().len() > 1)
+}
+
+/// Each entry of `entries` that accepts several models resolved to the first model on
+/// which `fits` holds with the rest; `Err` with the entry no model takes whole.
+fn resolve_each(
+    entries: &[(Alternatives, Cards)],
+    fits: impl Fn(&CardRequest) -> bool,
+) -> Result<CardRequest, (Alternatives, Cards)> {
+    let mut entries = entries.to_vec();
+    for i in 0..entries.len() {
+        let (alts, n) = entries[i].clone();
+        if alts.models().len() < 2 {
+            continue;
+        }
+        let chosen = alts.models().iter().find_map(|m| {
+            let mut trial = entries.clone();
+            trial[i] = (Alternatives::single(m.clone()), n);
+            fits(&merged(trial.clone())).then_some(trial)
+        });
+        match chosen {
+            Some(t) => entries = t,
+            None => return Err((alts, n)),
+        }
+    }
+    Ok(merged(entries))
+}
+
+/// Whether one model per pod set could ever hold `request` in its queue, with nothing
+/// else in use (its quota and what it may borrow): a set larger than every one of its
+/// models' limits runs only split, so nobody waits behind it.
+fn one_model_could_ever_fit(rec: &PodGroupRecord, request: &CardRequest, snap: &Snapshot) -> bool {
+    let quota = &*snap.cap_of(&rec.queue);
+    let touched = models_of(request.0.iter().map(|(k, _)| k));
+    resolve_each(&request.0, |r| {
+        let mut alone = QueueUsage::new(quota.clone());
+        alone.add_reservation(&r.0);
+        feasible(&alone, &touched) == Verdict::Feasible
+    })
+    .is_ok()
+}
+
 /// Whether `rec` with `request` reserved fits its queue now.
 fn fits_with(
     rec: &PodGroupRecord,
@@ -203,39 +247,30 @@ fn one_model_each(
     if !fits_with(rec, request.clone(), &touched, snap, now) {
         return Ok(request.clone());
     }
-    let mut entries = request.0.clone();
-    for i in 0..entries.len() {
-        let (alts, n) = entries[i].clone();
-        if alts.models().len() < 2 {
-            continue;
-        }
-        let chosen = alts.models().iter().find_map(|m| {
-            let mut trial = entries.clone();
-            trial[i] = (Alternatives::single(m.clone()), n);
-            fits_with(rec, merged(trial.clone()), &touched, snap, now).then_some(trial)
-        });
-        match chosen {
-            Some(t) => entries = t,
-            None => {
-                let rooms: Vec<String> = alts
-                    .models()
-                    .iter()
-                    .map(|m| format!("{m} {}", super::room::room(snap, &rec.queue, m, n, now)))
-                    .collect();
-                return Err(Decision::deny(
-                    INSUFFICIENT,
-                    format!(
-                        "podgroup {} waits: the pods of its Job that accept {alts} ({n} cards) run on one model, and none has room for all {n} in queue {} (room now: {}); {}: \"true\" on the Job lets them split across models",
-                        rec.key,
-                        rec.queue,
-                        rooms.join(", "),
-                        crate::cards::annotations::SPLIT
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(merged(entries))
+    resolve_each(&request.0, |r| fits_with(rec, r.clone(), &touched, snap, now)).map_err(
+        |(alts, n)| {
+            let rooms: Vec<String> = alts
+                .models()
+                .iter()
+                .map(|m| format!("{m} {}", super::room::room(snap, &rec.queue, m, n, now)))
+                .collect();
+            let never = if one_model_could_ever_fit(rec, request, snap) {
+                ""
+            } else {
+                "; no one of them could ever hold it under the queue's quota"
+            };
+            Decision::deny(
+                INSUFFICIENT,
+                format!(
+                    "podgroup {} waits: the pods of its Job that accept {alts} ({n} cards) run on one model, and none has room for all {n} in queue {} (room now: {}){never}; {}: \"true\" on the Job lets them split across models",
+                    rec.key,
+                    rec.queue,
+                    rooms.join(", "),
+                    crate::cards::annotations::SPLIT
+                ),
+            )
+        },
+    )
 }
 
 /// [`decide`] once the group's request is known.
@@ -387,11 +422,15 @@ fn held_before(
                 return false;
             }
             // Held as its own enqueue would be: one model per pod set unless it splits.
-            if g.derived && !g.split && req.0.iter().any(|(a, _)| a.models().len() > 1) {
-                return one_model_each(g, req, snap, now).is_err();
+            let one_model = g.derived && !g.split && has_alternatives(req);
+            if one_model && !one_model_could_ever_fit(g, req, snap) {
+                return false;
             }
             let touched = models_of(req.0.iter().map(|(k, _)| k));
-            !fits_with(g, req.clone(), &touched, snap, now)
+            if !fits_with(g, req.clone(), &touched, snap, now) {
+                return true;
+            }
+            one_model && one_model_each(g, req, snap, now).is_err()
         })
         .map(|g| g.key.clone())
 }
