@@ -361,17 +361,10 @@ pub fn table(verdicts: &[Verdict]) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..5)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
+    // The padded rows, each object's message indented under its own.
     let mut out = String::new();
-    for (i, r) in rows.iter().enumerate() {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
+    for (i, line) in crate::admission::padded(&rows).lines().enumerate() {
+        out.push_str(line);
         out.push('\n');
         if let Some(m) = i.checked_sub(1).and_then(|j| verdicts[j].message.as_ref()) {
             out.push_str(&format!("  {m}\n"));
