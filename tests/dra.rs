@@ -888,6 +888,113 @@ fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
     );
 }
 
+/// Queue `one`: one H200.
+fn queue_one() -> Value {
+    json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "one", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-H200\":1}"}}})
+}
+
+/// Issue 57 #3: a claim shared by pods of two queues was paid in one of them; when its
+/// payer went, the cards landed in the other, full queue (2 of 1) and nothing was
+/// refused. Who pays is decided per queue: every queue with a user of the claim counts
+/// its cards once, so a queue's sharer is charged, and checked, like any claim pod.
+#[test]
+fn a_claim_shared_across_queues_is_paid_in_each_queue_that_uses_it() {
+    let mut w = World::new();
+    w.seen(queue_one());
+    w.seen(shared_claim(None));
+    // s1 of q takes the claim; z of `one` takes `one`'s one H200.
+    let r = w.send(R::pod("CREATE", sharer("s1", "q")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let r = w.send(R::pod("CREATE", claim_pod("z", "one", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    // s2 of the full `one` asks for the same claim: it would be `one`'s second H200.
+    let r = w.send(R::pod("CREATE", sharer("s2", "one")).build());
+    assert!(!r.allowed, "the shared claim's H200 would be one's second");
+    assert!(
+        message(&r)
+            .starts_with("queue one has insufficient NVIDIA-H200 quota: requested 1, in use 1"),
+        "{}",
+        message(&r)
+    );
+    // z gone, s2 fits: admitted, and paid in one as well as in q.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "z");
+    let r = w.send(R::pod("CREATE", sharer("s2", "one")).build());
+    assert!(r.allowed, "{}", message(&r));
+    w.seen(shared_claim(Some(("gpu-0", &["s1", "s2"]))));
+    for name in ["s1", "s2"] {
+        let r = w.send(R::binding("ml", name, "h200-1").build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    let one = json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0});
+    assert_eq!(w.usage("one", "NVIDIA-H200"), one);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+    // q's sharer gone: one still counts the card once, and q no more.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "s1");
+    w.seen(shared_claim(Some(("gpu-0", &["s2"]))));
+    assert_eq!(w.usage("one", "NVIDIA-H200"), one);
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 0);
+}
+
+/// A sharer whose PodGroup moves to another queue pays for the claim there (and its
+/// old queue, with a sharer left, still does): shared claims are paid per queue.
+#[test]
+fn a_sharer_moved_to_another_queue_pays_for_the_claim_there() {
+    let mut w = World::new();
+    w.seen(queue_one());
+    let group = |name: &str, queue: &str| {
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
+            "spec": {"queue": queue, "minMember": 1}, "status": {"phase": "Running"}})
+    };
+    w.seen(group("g1", "q"));
+    w.seen(group("g2", "q"));
+    w.seen(shared_claim(Some(("gpu-0", &["s1", "s2"]))));
+    // Bound as a watch shows them (made while card-quota was away: not stamped).
+    for (name, g) in [("s1", "g1"), ("s2", "g2")] {
+        let mut p = sharer(name, "q");
+        p["metadata"]["annotations"] = json!({"scheduling.k8s.io/group-name": g});
+        p["spec"]["nodeName"] = json!("h200-1");
+        p["status"] = json!({"phase": "Running"});
+        w.seen(p);
+    }
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("one", "NVIDIA-H200")["allocated"], 0);
+    w.seen(group("g2", "one"));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("one", "NVIDIA-H200")["allocated"], 1);
+    // And back: counted once, in q.
+    w.seen(group("g2", "q"));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("one", "NVIDIA-H200")["allocated"], 0);
+}
+
+/// Issue 57 #2: a claim as a stalled ResourceClaim watch shows it, still reserved for a
+/// pod the pod watch shows deleted: the gone pod named as the payer left the claim's
+/// cards counted nowhere, and another pod of the full queue was admitted. A payer is a
+/// pod held, of the queue, not finished.
+#[test]
+fn a_claim_reserved_for_a_pod_gone_is_paid_by_a_sharer_held() {
+    let mut w = World::new();
+    w.seen(queue_one());
+    w.seen(shared_claim(None));
+    for name in ["s1", "s2"] {
+        let r = w.send(R::pod("CREATE", sharer(name, "one")).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    // Allocated for s1 and bound; s2 not bound yet.
+    w.seen(shared_claim(Some(("gpu-0", &["s1", "s2"]))));
+    let r = w.send(R::binding("ml", "s1", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    // s1 deleted; the claim's watch stalls before the claim controller's write.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "s1");
+    let r = w.send(R::pod("CREATE", claim_pod("t", "one", "one-gpu")).build());
+    assert!(
+        !r.allowed,
+        "one's one H200 is in use through the claim s2 uses"
+    );
+}
+
 #[test]
 fn a_terminating_sharer_hands_the_claim_to_one_that_stays_when_it_is_deleted() {
     let mut w = World::new();

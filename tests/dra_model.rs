@@ -11,9 +11,11 @@
 //! makes for a claim pod (through card-quota's claim hook), an allocation written by a
 //! scheduler that ignores every pin (any free devices, of any model), checked by the
 //! allocation hook or not (it fails open), bindings onto any node, and deletions. Pods
-//! of queue q1 may also share one claim made apart from any pod: the scheduler
+//! of either queue may also share one claim made apart from any pod: the scheduler
 //! allocates it for the first and reserves it for the others, the claim controller
-//! deallocates it when no pod is left; its cards count once, while any of them is bound.
+//! drops a deleted pod from it (sometimes seen a step late, as a stalled claim watch
+//! shows it) and deallocates it when no pod is left; its cards count once in each queue
+//! while a pod of that queue using it is bound.
 //! One template asks with `firstAvailable` (two H200, else one GPU of any model): the
 //! scheduler takes either way.
 //!
@@ -68,7 +70,7 @@ const PODS: usize = 6;
 /// What the runs exercised: bindings of claim pods and of device-plugin pods, and
 /// allocation writes, let through and refused (each must happen, or the test proves
 /// nothing).
-static SEEN: [AtomicUsize; 11] = [const { AtomicUsize::new(0) }; 11];
+static SEEN: [AtomicUsize; 13] = [const { AtomicUsize::new(0) }; 13];
 const CLAIM_BOUND: usize = 0;
 const CLAIM_REFUSED: usize = 1;
 const PLUGIN_BOUND: usize = 2;
@@ -83,7 +85,10 @@ const SHARER_BOUND: usize = 8;
 /// A firstAvailable claim allocated its first way (two H200), or its second.
 const FIRST_WAY: usize = 9;
 const SECOND_WAY: usize = 10;
-/// The claim pods of [`Op::CreateShared`] use, made apart from any pod; its pods are q1's.
+/// A sharer bound while a sharer of the other queue is bound, or refused then.
+const ACROSS_BOUND: usize = 11;
+const ACROSS_REFUSED: usize = 12;
+/// The claim pods of [`Op::CreateShared`] use, made apart from any pod.
 const SHARED: &str = "shared";
 
 fn quota(queue: &str, model: &str) -> u32 {
@@ -154,10 +159,8 @@ enum Op {
         queue: usize,
         template: usize,
     },
-    /// A pod of q1 whose GPU comes from the shared claim.
-    CreateShared {
-        pod: usize,
-    },
+    /// A pod of `QUEUES[queue]` whose GPU comes from the shared claim.
+    CreateShared { pod: usize, queue: usize },
     /// The scheduler allocates the pod's claim free devices of one node, starting at the
     /// `pick`-th free device, whatever the claim's selectors and pin say; the write
     /// reaches card-quota's allocation hook when `checked` (else it failed open).
@@ -168,10 +171,7 @@ enum Op {
     },
     /// The scheduler binds the pod: a claim pod on its devices' node, a device-plugin pod
     /// on `DP_NODES[node]`.
-    Bind {
-        pod: usize,
-        node: usize,
-    },
+    Bind { pod: usize, node: usize },
     /// The scheduler's cycle for one pod: its claim allocated (and reserved), then its
     /// binding, with nothing between (the separate ops above give the interleavings).
     Schedule {
@@ -180,9 +180,9 @@ enum Op {
         checked: bool,
         node: usize,
     },
-    Delete {
-        pod: usize,
-    },
+    /// The pod deleted; with `lag`, the claim controller's write of the shared claim
+    /// reaches card-quota one step late (its claim watch stalled).
+    Delete { pod: usize, lag: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -202,7 +202,7 @@ fn op() -> impl Strategy<Value = Op> {
                 template,
             }
         }),
-        2 => (0..PODS).prop_map(|pod| Op::CreateShared { pod }),
+        2 => (0..PODS, 0..QUEUES.len()).prop_map(|(pod, queue)| Op::CreateShared { pod, queue }),
         4 => (0..PODS, 0..DEVICES.len(), any::<bool>())
             .prop_map(|(pod, pick, checked)| Op::Allocate { pod, pick, checked }),
         4 => (0..PODS, 0..DP_NODES.len()).prop_map(|(pod, node)| Op::Bind { pod, node }),
@@ -214,7 +214,7 @@ fn op() -> impl Strategy<Value = Op> {
                 node
             }
         ),
-        1 => (0..PODS).prop_map(|pod| Op::Delete { pod }),
+        1 => (0..PODS, any::<bool>()).prop_map(|(pod, lag)| Op::Delete { pod, lag }),
     ]
 }
 
@@ -247,6 +247,8 @@ struct Cluster {
     shared: Value,
     shared_devices: Vec<usize>,
     reserved: Vec<String>,
+    /// Steps until the shared claim as stored reaches the snapshot (0: it has).
+    claim_lag: u8,
     now: jiff::Timestamp,
 }
 
@@ -309,6 +311,7 @@ impl Cluster {
                 "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}),
             shared_devices: Vec::new(),
             reserved: Vec::new(),
+            claim_lag: 0,
             now: jiff::Timestamp::now(),
         }
     }
@@ -412,14 +415,15 @@ impl Cluster {
                     {"name": "gpu", "resourceClaimName": claim_name(&pname)}]});
                 self.store_pod(&pname, stored);
             }
-            Op::CreateShared { pod } => {
+            Op::CreateShared { pod, queue } => {
                 let pname = format!("p{pod}");
                 if self.pods.contains_key(&pname) {
                     return;
                 }
+                let queue = QUEUES[queue];
                 let p = json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pname, "namespace": NS,
-                        "annotations": {"scheduling.volcano.sh/queue-name": "q1"}},
+                        "annotations": {"scheduling.volcano.sh/queue-name": queue}},
                     "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
                         "resourceClaims": [{"name": "gpu", "resourceClaimName": SHARED}]}});
                 if let Some(stored) = self.admit(R::pod("CREATE", p).build()) {
@@ -427,7 +431,7 @@ impl Cluster {
                     self.truth.insert(
                         pname,
                         Truth {
-                            queue: "q1",
+                            queue,
                             kind: Kind::Shared,
                             allocated: vec![],
                             node: None,
@@ -488,6 +492,9 @@ impl Cluster {
                     .truth
                     .values()
                     .any(|o| matches!(o.kind, Kind::Shared) && o.node.is_some());
+                let other_queue_bound = self.truth.values().any(|o| {
+                    matches!(o.kind, Kind::Shared) && o.node.is_some() && o.queue != t.queue
+                });
                 let target = match t.kind {
                     Kind::Plugin(_) => DP_NODES[node].0,
                     // Only once the claim is allocated and reserved for it.
@@ -508,6 +515,14 @@ impl Cluster {
                     self.now,
                     true,
                 );
+                if matches!(t.kind, Kind::Shared) && other_queue_bound {
+                    let across = if r.out.response.allowed {
+                        ACROSS_BOUND
+                    } else {
+                        ACROSS_REFUSED
+                    };
+                    SEEN[across].fetch_add(1, Ordering::Relaxed);
+                }
                 let seen = match (t.kind, r.out.response.allowed) {
                     (Kind::Shared, true) if sharers_bound => SHARER_BOUND,
                     (Kind::Shared, true) => SHARED_BOUND,
@@ -536,7 +551,7 @@ impl Cluster {
                 self.step(&Op::Allocate { pod, pick, checked });
                 self.step(&Op::Bind { pod, node });
             }
-            Op::Delete { pod } => {
+            Op::Delete { pod, lag } => {
                 let pname = format!("p{pod}");
                 if self.pods.remove(&pname).is_none() {
                     return;
@@ -558,7 +573,11 @@ impl Cluster {
                         self.shared["status"] =
                             allocation(&self.shared_devices, &self.reserved, "gpu");
                     }
-                    upsert(&mut self.snap, &self.shared).unwrap();
+                    if lag {
+                        self.claim_lag = 2;
+                    } else {
+                        upsert(&mut self.snap, &self.shared).unwrap();
+                    }
                 }
             }
         }
@@ -630,8 +649,19 @@ impl Cluster {
             claim["status"] = allocation(&self.shared_devices, &reserved, "gpu");
         }
         upsert(&mut self.snap, &claim).unwrap();
+        self.claim_lag = 0;
         self.shared = claim;
         self.reserved = reserved;
+    }
+
+    /// After a step: a shared claim write held back reaches the snapshot a step late.
+    fn settle(&mut self) {
+        if self.claim_lag > 0 {
+            self.claim_lag -= 1;
+            if self.claim_lag == 0 {
+                upsert(&mut self.snap, &self.shared).unwrap();
+            }
+        }
     }
 
     /// The oracle: cards bound per (queue, model), recounted from its own tables.
@@ -656,14 +686,17 @@ impl Cluster {
                 Kind::Shared => {}
             }
         }
-        // The shared claim's cards, once, while any of its pods is bound.
-        if self
-            .truth
-            .values()
-            .any(|t| matches!(t.kind, Kind::Shared) && t.node.is_some())
-        {
-            for &i in &self.shared_devices {
-                *out.entry(("q1", DEVICES[i].2)).or_default() += 1;
+        // The shared claim's cards, once in each queue while a pod of that queue using
+        // it is bound (the invariant counts a card in every queue with a pod on it).
+        for queue in QUEUES {
+            if self
+                .truth
+                .values()
+                .any(|t| matches!(t.kind, Kind::Shared) && t.node.is_some() && t.queue == *queue)
+            {
+                for &i in &self.shared_devices {
+                    *out.entry((*queue, DEVICES[i].2)).or_default() += 1;
+                }
             }
         }
         out
@@ -699,6 +732,7 @@ fn no_sequence_binds_past_quota_on_device_plugin_and_dra_nodes_together() {
         let mut c = Cluster::new();
         for (i, o) in ops.iter().enumerate() {
             c.step(o);
+            c.settle();
             c.check(&ops[..=i])?;
         }
         Ok(())
@@ -708,8 +742,8 @@ fn no_sequence_binds_past_quota_on_device_plugin_and_dra_nodes_together() {
     }
     let seen: Vec<usize> = SEEN.iter().map(|s| s.load(Ordering::Relaxed)).collect();
     println!(
-        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused; shared claim: pods {} bound, {} refused, {} bound beside one bound already; firstAvailable claims allocated {} its first way, {} its second",
-        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5], seen[6], seen[7], seen[8], seen[9], seen[10]
+        "bindings: claim pods {} bound, {} refused; device-plugin pods {} bound, {} refused; allocation writes {} allowed, {} refused; shared claim: pods {} bound, {} refused, {} bound beside one bound already, beside one of the other queue {} bound and {} refused; firstAvailable claims allocated {} its first way, {} its second",
+        seen[0], seen[1], seen[2], seen[3], seen[4], seen[5], seen[6], seen[7], seen[8], seen[11], seen[12], seen[9], seen[10]
     );
     assert!(
         seen.iter().all(|&n| n > 0),

@@ -83,11 +83,17 @@ impl Snapshot {
         (bound, sharers)
     }
 
-    /// Who pays for a shared `claim`, as `seen[0]` (one of its users, held yet or not,
-    /// as it is read now) sees it, with the pods of `seen` as given rather than as
-    /// held: the first pod it is reserved for that is bound (one not terminating before
-    /// one that is), else the first it is reserved for, else (reserved for none yet)
-    /// the first of its users by name.
+    /// Who pays for a shared `claim` in the queue of `seen[0]` (one of its users, held
+    /// yet or not, as it is read now), with the pods of `seen` as given rather than as
+    /// held: of the claim's users held in that queue and not finished, the first it is
+    /// reserved for that is bound (one not terminating before one that is), else the
+    /// first it is reserved for, else the first by name.
+    /// Per queue: the invariant counts a card in every queue with a pod that uses it, so
+    /// a claim shared across queues is paid once in each, and a sharer of another queue
+    /// is charged and checked like any claim pod (paid in one queue only, the cards
+    /// moved into the other unchecked when their payer went).
+    /// Held pods only: a claim as a lagging watch shows it may still be reserved for a
+    /// pod gone, which would pay for nothing.
     /// Bound first: the pod whose binding puts the claim's cards to use pays for them,
     /// and is checked for them at that binding (paid by a pending sharer, they went
     /// into use unchecked when another bound first). Not terminating first: a sharer's
@@ -96,32 +102,35 @@ impl Snapshot {
     /// reads no clock, so every replica and every recount picks the same payer.
     fn payer(&self, seen: &[&PodRecord], claim: &ClaimRecord) -> Option<String> {
         let pod = seen[0];
+        // A pod whose queue cannot be told (its PodGroup not held) shares with no one:
+        // it pays, which only counts more.
+        let queue = self.resolve_queue(pod).ok();
+        let sharer = |p: &PodRecord| {
+            !p.is_finished()
+                && uses(p, &claim.key)
+                && queue.is_some()
+                && self.resolve_queue(p).ok() == queue
+        };
         let find = |name: &String| match seen.iter().find(|s| s.key.name == *name) {
             Some(s) => Some(*s),
             None => self
                 .pods
                 .get(&ObjectKey::new(pod.key.namespace.clone(), name.clone())),
         };
-        // Only a pod that uses the claim: changes of others read no sharer again.
-        let bound = |name: &&String, staying: bool| {
-            find(name).is_some_and(|p| {
-                p.node.is_some()
-                    && !p.is_finished()
-                    && (!staying || !p.is_terminating())
-                    && uses(p, &claim.key)
+        let reserved = |bound: bool, staying: bool| {
+            claim.reserved_for.iter().find(|n| {
+                find(n).is_some_and(|p| {
+                    sharer(p) && (!bound || p.node.is_some()) && (!staying || !p.is_terminating())
+                })
             })
         };
-        let reserved = || claim.reserved_for.iter();
-        if let Some(payer) = reserved()
-            .find(|n| bound(n, true))
-            .or_else(|| reserved().find(|n| bound(n, false)))
+        if let Some(payer) = reserved(true, true)
+            .or_else(|| reserved(true, false))
+            .or_else(|| reserved(false, false))
         {
             return Some(payer.clone());
         }
-        if let Some(first) = claim.reserved_for.first() {
-            return Some(first.clone());
-        }
-        self.first_user(seen, &claim.key)
+        self.first_user(seen, sharer)
             .or_else(|| Some(pod.key.name.clone()))
     }
 
@@ -141,18 +150,22 @@ impl Snapshot {
         };
     }
 
-    /// The first by name of the unfinished pods that use `claim` (one not terminating
-    /// before one that is), the pods of `seen` as given: who pays for a shared claim
-    /// not reserved yet. By name, not by arrival: every replica, and a restarted one,
+    /// The first by name of the pods `sharer` picks (one not terminating before one
+    /// that is), the pods of `seen` as given: who pays for a shared claim not reserved
+    /// for one of them yet. By name, not by arrival: every replica, and a restarted one,
     /// charges the same pod.
-    fn first_user(&self, seen: &[&PodRecord], claim: &ObjectKey) -> Option<String> {
+    fn first_user(
+        &self,
+        seen: &[&PodRecord],
+        sharer: impl Fn(&PodRecord) -> bool,
+    ) -> Option<String> {
         let held = self
             .claim_pods
             .iter()
             .filter(|k| !seen.iter().any(|s| s.key == **k))
             .filter_map(|k| self.pods.get(k));
         held.chain(seen.iter().copied())
-            .filter(|p| !p.is_finished() && uses(p, claim))
+            .filter(|p| sharer(p))
             .map(|p| (p.is_terminating(), &p.key.name))
             .min()
             .map(|(_, name)| name.clone())

@@ -769,10 +769,21 @@ impl Snapshot {
     /// Files `pods` again under the queue each resolves to now, and counts them there.
     fn refile_pods(&mut self, pods: Vec<ObjectKey>) {
         for k in pods {
-            if let Some(p) = self.pods.get(&k).cloned() {
+            if let Some(mut p) = self.pods.get(&k).cloned() {
                 let previous = self.tally.queue_of(&k).cloned();
+                // Shared claims are paid per queue: a pod that moves may pay for one
+                // now, or no longer, and so may the sharers it leaves and joins.
+                let sharer = !p.claims.is_empty()
+                    && previous.as_ref() != self.resolve_queue(&p).ok().as_ref();
+                if sharer {
+                    self.read_claims(&mut p);
+                    self.pods.insert(k.clone(), p.clone());
+                }
                 let q = self.index_pod(&p, previous);
                 self.retally_pod(&k, Some(q));
+                if sharer {
+                    self.reread_sharers(&p);
+                }
             }
         }
     }
@@ -921,14 +932,17 @@ impl Snapshot {
                 .or_default()
                 .insert(p.key.clone());
         }
+        let was = previous.clone();
         let q = self.index_pod(&p, previous);
         // Counted before it is stored: the record is at hand, and its key is cloned once.
         for g in self.tally.pod(&p.key, Some((&q, &p)), &self.nodes) {
             self.tally.group(&g, self.groups.get(&g));
         }
-        // A pod new to shared claims, or one that is bound (or stops) now, may now pay
-        // for one another pod paid for, or no longer.
-        let sharer = ((new_here || runs_otherwise) && !p.claims.is_empty()).then(|| p.clone());
+        // A pod new to shared claims, one that is bound (or stops) now, or one in
+        // another queue now may pay for one another pod paid for, or no longer.
+        let moved = was.as_ref() != Some(&q);
+        let sharer =
+            ((new_here || runs_otherwise || moved) && !p.claims.is_empty()).then(|| p.clone());
         self.pods.insert(p.key.clone(), p);
         if let Some(p) = sharer {
             self.reread_sharers(&p);
