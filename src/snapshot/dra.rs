@@ -237,8 +237,8 @@ impl Snapshot {
     pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) {
         let mut nodes = self.slice_nodes(&name);
         nodes.extend(devices.iter().filter_map(|d| d.node.clone()));
-        if self.dra.upsert_slice(name, devices) {
-            self.reread_claim_pods(|_| true);
+        if let Some(r) = self.dra.upsert_slice(name, devices) {
+            self.reread_claim_pods(|p| r.touches(&p.key.namespace, &p.claims));
             nodes.iter().for_each(|n| self.reread_extended(n));
         }
     }
@@ -246,8 +246,8 @@ impl Snapshot {
     /// Forgets a ResourceSlice.
     pub fn remove_slice(&mut self, name: &str) {
         let nodes = self.slice_nodes(name);
-        if self.dra.remove_slice(name) {
-            self.reread_claim_pods(|_| true);
+        if let Some(r) = self.dra.remove_slice(name) {
+            self.reread_claim_pods(|p| r.touches(&p.key.namespace, &p.claims));
             nodes.iter().for_each(|n| self.reread_extended(n));
         }
     }

@@ -24,6 +24,17 @@ pub struct DeviceClass {
     pub extended_resource: Option<String>,
 }
 
+impl DeviceClass {
+    /// True when `device` is a card driver's and this class's selectors may match it.
+    pub fn may_select_a_card(&self, device: &Device) -> bool {
+        device.model.is_some()
+            && self
+                .selectors
+                .iter()
+                .all(|s| s.matches(device) != Match::No)
+    }
+}
+
 /// Parses a `resource.k8s.io/v1` DeviceClass.
 pub fn device_class(v: &Value) -> Result<DeviceClass, DraError> {
     let name = v
@@ -214,11 +225,7 @@ pub fn card_classes<'a>(
         if out.contains(&c.name) {
             continue;
         }
-        let selects_a_card = devices
-            .clone()
-            .filter(|d| d.model.is_some())
-            .any(|d| c.selectors.iter().all(|s| s.matches(d) != Match::No));
-        if selects_a_card {
+        if devices.clone().any(|d| c.may_select_a_card(d)) {
             out.insert(c.name.clone());
         }
     }
@@ -226,15 +233,15 @@ pub fn card_classes<'a>(
 }
 
 /// The card demand of a claim: one entry per request of a card class ([`card_classes`]).
-/// A request whose every way is of another class asks for no card. `classes` are the
-/// DeviceClasses the cluster has (a card class not among them adds no selector),
-/// `devices` every device published.
-pub fn claim_demand<'a>(
+/// A request whose every way is of another class asks for no card. `models_of` gives
+/// the models a way of a card class may get, sorted
+/// ([`super::matches::matching_models`] against the devices published, or what
+/// [`super::matches::Matches`] keeps of it).
+pub fn claim_demand(
     spec: &ClaimSpec,
     object: &str,
     card: &BTreeSet<String>,
-    classes: &BTreeMap<String, DeviceClass>,
-    devices: impl Iterator<Item = &'a Device> + Clone,
+    mut models_of: impl FnMut(&Subrequest) -> Vec<CardName>,
 ) -> Result<Vec<RequestDemand>, DraError> {
     let card_classes = card;
     let mut out = Vec::new();
@@ -261,19 +268,7 @@ pub fn claim_demand<'a>(
                 }
             };
             count = count.max(n);
-            let class_selectors = classes.get(&o.class).map(|c| c.selectors.as_slice());
-            let mut found: Vec<CardName> = devices
-                .clone()
-                .filter(|d| {
-                    let allowed = |s: &Selector| s.matches(d) != Match::No;
-                    class_selectors.unwrap_or_default().iter().all(allowed)
-                        && o.selectors.iter().all(allowed)
-                })
-                .filter_map(|d| d.model.as_ref()?.as_ref().ok().cloned())
-                .collect();
-            found.sort();
-            found.dedup();
-            for m in found {
+            for m in models_of(o) {
                 if !models.contains(&m) {
                     models.push(m);
                 }
@@ -497,16 +492,20 @@ mod tests {
     fn demand(spec: Value) -> Result<Vec<(String, String, u128)>, DraError> {
         let spec = claim_spec(&spec, "ResourceClaim ml/c")?;
         let card = card_classes(&DraSettings::default(), &classes(), devices().iter());
-        Ok(claim_demand(
-            &spec,
-            "ResourceClaim ml/c",
-            &card,
-            &classes(),
-            devices().iter(),
-        )?
-        .into_iter()
-        .map(|d| (d.request, d.models.to_string(), d.count.get()))
-        .collect())
+        let classes = classes();
+        let devices = devices();
+        let models_of = |o: &Subrequest| {
+            let class = classes.get(&o.class).map(|c| c.selectors.as_slice());
+            crate::cards::dra::matches::matching_models(
+                class.unwrap_or_default(),
+                &o.selectors,
+                devices.iter(),
+            )
+        };
+        Ok(claim_demand(&spec, "ResourceClaim ml/c", &card, models_of)?
+            .into_iter()
+            .map(|d| (d.request, d.models.to_string(), d.count.get()))
+            .collect())
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod claims;
 pub mod devices;
+pub mod matches;
 pub mod pin;
 pub mod pods;
 pub mod selectors;

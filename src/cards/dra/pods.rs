@@ -4,10 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::claims::{
-    allocated_models, card_classes, claim_demand, ClaimRecord, ClaimSpec, DeviceClass,
+    allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass, Subrequest,
 };
 use super::devices::{Device, DeviceId};
-use super::selectors::Match;
+use super::matches::{key_of, matching_models, Matches};
+use super::selectors::{Match, Selector};
 use super::settings::DraSettings;
 use super::DraError;
 use crate::cards::names::{Alternatives, CardName, ObjectKey};
@@ -131,14 +132,48 @@ struct ClaimEntry {
 pub struct DraObjects {
     settings: DraSettings,
     classes: BTreeMap<String, DeviceClass>,
-    /// The classes whose requests ask for cards ([`card_classes`]), read again with
-    /// every demand when devices or classes change.
+    /// The classes whose requests ask for cards ([`super::claims::card_classes`]): those
+    /// the install lists and those `class_cards` counts devices for.
     card_classes: BTreeSet<String>,
+    /// How many devices of a card driver each class may select, kept device by device.
+    class_cards: BTreeMap<String, usize>,
     /// Devices by slice, and by id for allocations.
     slices: BTreeMap<String, Vec<Device>>,
     devices: BTreeMap<DeviceId, Device>,
+    /// The models each way of a card request held may get, kept device by device.
+    matches: Matches,
     templates: BTreeMap<ObjectKey, TemplateEntry>,
     claims: BTreeMap<ObjectKey, ClaimEntry>,
+}
+
+/// What a change of devices or classes made worth reading again: the pods that use
+/// these claims or templates (or every claim pod).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reread {
+    pub all: bool,
+    pub claims: BTreeSet<ObjectKey>,
+    pub templates: BTreeSet<ObjectKey>,
+}
+
+impl Reread {
+    fn all() -> Self {
+        Self {
+            all: true,
+            ..Self::default()
+        }
+    }
+
+    /// True when a pod of `namespace` with `claims` may read otherwise now.
+    pub fn touches(&self, namespace: &str, claims: &[PodClaim]) -> bool {
+        self.all
+            || claims.iter().any(|c| {
+                let named = |set: &BTreeSet<ObjectKey>, name: &str| {
+                    set.contains(&ObjectKey::new(namespace, name))
+                };
+                c.claim_name().is_some_and(|n| named(&self.claims, n))
+                    || matches!(&c.source, ClaimSource::Template { template, .. } if named(&self.templates, template))
+            })
+    }
 }
 
 impl DraObjects {
@@ -165,35 +200,45 @@ impl DraObjects {
         &self.slices
     }
 
-    /// Adds or replaces one slice's devices; false when nothing changed.
-    pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) -> bool {
+    /// Adds or replaces one slice's devices: what to read again, `None` when nothing
+    /// changed. Costs the slice's own devices (CEL against each requirement held) and
+    /// map lookups over the claims, never every claim against every device.
+    pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) -> Option<Reread> {
         if self.slices.get(&name) == Some(&devices) {
-            return false;
+            return None;
         }
-        for d in self.slices.remove(&name).into_iter().flatten() {
+        let old = self.slices.remove(&name).unwrap_or_default();
+        for d in &old {
             self.devices.remove(&d.id);
         }
         for d in &devices {
             self.devices.insert(d.id.clone(), d.clone());
         }
+        let gone: Vec<Device> = old
+            .iter()
+            .filter(|d| !devices.contains(d))
+            .cloned()
+            .collect();
+        let came: Vec<Device> = devices
+            .iter()
+            .filter(|d| !old.contains(d))
+            .cloned()
+            .collect();
         self.slices.insert(name, devices);
-        self.reread();
-        true
+        Some(self.devices_changed(&gone, &came))
     }
 
-    /// Forgets a slice; false when it was not held.
-    pub fn remove_slice(&mut self, name: &str) -> bool {
-        let Some(old) = self.slices.remove(name) else {
-            return false;
-        };
-        for d in old {
+    /// Forgets a slice: what to read again, `None` when it was not held.
+    pub fn remove_slice(&mut self, name: &str) -> Option<Reread> {
+        let old = self.slices.remove(name)?;
+        for d in &old {
             self.devices.remove(&d.id);
         }
-        self.reread();
-        true
+        Some(self.devices_changed(&old, &[]))
     }
 
-    /// Adds or replaces a DeviceClass; false when nothing changed.
+    /// Adds or replaces a DeviceClass; false when nothing changed. Every demand is read
+    /// again (an admin's object, rarely written).
     pub fn upsert_class(&mut self, class: DeviceClass) -> bool {
         if self.classes.get(&class.name) == Some(&class) {
             return false;
@@ -213,12 +258,20 @@ impl DraObjects {
 
     /// Adds or replaces a ResourceClaimTemplate (its `spec.spec` read already).
     pub fn upsert_template(&mut self, key: ObjectKey, spec: Result<ClaimSpec, DraError>) {
+        if let Some(old) = self.templates.remove(&key) {
+            self.forget(&old.spec);
+        }
+        self.remember(&spec);
         let demand = self.demand_of(&spec, &format!("ResourceClaimTemplate {key}"));
         self.templates.insert(key, TemplateEntry { spec, demand });
     }
 
     pub fn remove_template(&mut self, key: &ObjectKey) -> bool {
-        self.templates.remove(key).is_some()
+        let Some(old) = self.templates.remove(key) else {
+            return false;
+        };
+        self.forget(&old.spec);
+        true
     }
 
     /// Adds or replaces a ResourceClaim; false when nothing card-quota reads changed.
@@ -226,13 +279,21 @@ impl DraObjects {
         if self.claims.get(&record.key).map(|e| &e.record) == Some(&record) {
             return false;
         }
+        if let Some(old) = self.claims.remove(&record.key) {
+            self.forget(&old.record.spec);
+        }
+        self.remember(&record.spec);
         let entry = self.entry(record);
         self.claims.insert(entry.record.key.clone(), entry);
         true
     }
 
     pub fn remove_claim(&mut self, key: &ObjectKey) -> bool {
-        self.claims.remove(key).is_some()
+        let Some(old) = self.claims.remove(key) else {
+            return false;
+        };
+        self.forget(&old.record.spec);
+        true
     }
 
     /// Every claim held, by key.
@@ -311,19 +372,58 @@ impl DraObjects {
             .filter(|d| matches!(&d.model, Some(Ok(m)) if models.contains(m)))
     }
 
+    /// The selectors of DeviceClass `class` (none for a class not held).
+    fn class_selectors(&self, class: &str) -> &[Selector] {
+        self.classes
+            .get(class)
+            .map(|c| c.selectors.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// The ways of `spec`'s requests that are of a card class.
+    fn card_options<'s>(&'s self, spec: &'s ClaimSpec) -> impl Iterator<Item = &'s Subrequest> {
+        spec.requests
+            .iter()
+            .flat_map(|r| &r.options)
+            .filter(|o| self.card_classes.contains(&o.class))
+    }
+
+    /// Holds what `spec`'s card ways may get, kept as devices change.
+    fn remember(&mut self, spec: &Result<ClaimSpec, DraError>) {
+        let Ok(spec) = spec else { return };
+        let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
+        for o in &options {
+            let class = self.class_selectors(&o.class).to_vec();
+            self.matches.acquire(o, &class, self.devices.values());
+        }
+    }
+
+    fn forget(&mut self, spec: &Result<ClaimSpec, DraError>) {
+        let Ok(spec) = spec else { return };
+        let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
+        for o in &options {
+            self.matches.release(o);
+        }
+    }
+
     fn demand_of(
         &self,
         spec: &Result<ClaimSpec, DraError>,
         object: &str,
     ) -> Result<Demand, DraError> {
         let spec = spec.as_ref().map_err(Clone::clone)?;
-        let requests = claim_demand(
-            spec,
-            object,
-            &self.card_classes,
-            &self.classes,
-            self.devices.values(),
-        )?;
+        // A way not held (a claim as a status write would make it) is read against
+        // every device.
+        let models_of = |o: &Subrequest| {
+            self.matches.models(&key_of(o)).unwrap_or_else(|| {
+                matching_models(
+                    self.class_selectors(&o.class),
+                    &o.selectors,
+                    self.devices.values(),
+                )
+            })
+        };
+        let requests = claim_demand(spec, object, &self.card_classes, models_of)?;
         Ok(Demand {
             requests: requests
                 .into_iter()
@@ -346,19 +446,107 @@ impl DraObjects {
         }
     }
 
-    /// Devices or classes changed: which classes ask for cards, and every demand, are
-    /// read again.
+    /// Classes changed (or a class came to select cards or stopped): which classes ask
+    /// for cards, what every way may get, and every demand are read again.
     fn reread(&mut self) {
-        self.card_classes = card_classes(&self.settings, &self.classes, self.devices.values());
+        self.class_cards = self
+            .classes
+            .values()
+            .map(|c| {
+                let n = self
+                    .devices
+                    .values()
+                    .filter(|d| c.may_select_a_card(d))
+                    .count();
+                (c.name.clone(), n)
+            })
+            .collect();
+        self.card_classes = self.card_classes_now();
+        self.matches = Matches::default();
         let templates = std::mem::take(&mut self.templates);
         for (k, t) in templates {
             self.upsert_template(k, t.spec);
         }
         let claims = std::mem::take(&mut self.claims);
         for (_, e) in claims {
-            let entry = self.entry(e.record);
-            self.claims.insert(entry.record.key.clone(), entry);
+            self.upsert_claim(e.record);
         }
+    }
+
+    /// The install's classes and every class that may select a card driver's device.
+    fn card_classes_now(&self) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = self.settings.classes().map(str::to_string).collect();
+        out.extend(
+            self.class_cards
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(c, _)| c.clone()),
+        );
+        out
+    }
+
+    /// Devices `gone` and `came` (a slice's change): counts follow them; the claims and
+    /// templates whose demand or allocation they change are read again. When a class
+    /// comes to select cards or stops, everything is.
+    fn devices_changed(&mut self, gone: &[Device], came: &[Device]) -> Reread {
+        for c in self.classes.values() {
+            let n = self.class_cards.entry(c.name.clone()).or_default();
+            let selects = |d: &&Device| c.may_select_a_card(d);
+            *n = n.saturating_sub(gone.iter().filter(selects).count());
+            *n += came.iter().filter(selects).count();
+        }
+        if self.card_classes_now() != self.card_classes {
+            self.reread();
+            return Reread::all();
+        }
+        let gone_refs: Vec<&Device> = gone.iter().collect();
+        let came_refs: Vec<&Device> = came.iter().collect();
+        let keys = self.matches.devices_changed(&gone_refs, &came_refs);
+        let ids: BTreeSet<&DeviceId> = gone.iter().chain(came).map(|d| &d.id).collect();
+        let uses_changed = |spec: &Result<ClaimSpec, DraError>| {
+            !keys.is_empty()
+                && spec.as_ref().is_ok_and(|s| {
+                    s.requests
+                        .iter()
+                        .flat_map(|r| &r.options)
+                        .any(|o| keys.contains(&key_of(o)))
+                })
+        };
+        let templates = self
+            .templates
+            .iter()
+            .filter(|(_, t)| uses_changed(&t.spec))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let claims = self
+            .claims
+            .iter()
+            .filter(|(_, e)| {
+                uses_changed(&e.record.spec)
+                    || matches!(&e.record.allocation, Some(Ok(a)) if a.iter().any(|r| ids.contains(&r.device)))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let out = Reread {
+            all: false,
+            claims,
+            templates,
+        };
+        for k in &out.templates {
+            if let Some(t) = self.templates.get(k) {
+                let demand = self.demand_of(&t.spec, &format!("ResourceClaimTemplate {k}"));
+                if let Some(t) = self.templates.get_mut(k) {
+                    t.demand = demand;
+                }
+            }
+        }
+        for k in &out.claims {
+            if let Some(e) = self.claims.remove(k) {
+                let entry = self.entry(e.record);
+                self.claims.insert(k.clone(), entry);
+            }
+        }
+        out
     }
 
     /// What `pod`'s claims add up to: `None` when none of them asks for a card. A claim

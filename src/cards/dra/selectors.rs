@@ -60,6 +60,11 @@ impl Selector {
         })
     }
 
+    /// The CEL expression as written.
+    pub fn expression(&self) -> &str {
+        &self.expression
+    }
+
     /// Evaluates the selector for `device`.
     pub fn matches(&self, device: &Device) -> Match {
         let mut ctx = Context::with_env(ENV.clone());
