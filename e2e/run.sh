@@ -942,6 +942,62 @@ k -n "$NS" delete pod -l app=dra-train --grace-period=0 --force >/dev/null 2>&1
 check "the Deployment's pods gone, the queue's H200 are free again" wait_for 30 usage_is "$Q-dra" NVIDIA-H200 allocated 0
 k -n "$NS" delete pod dra-hand dra-warn dra-together dra-shared-1 dra-shared-2 --grace-period=0 --force >/dev/null 2>&1
 
+# ---- 4e'. A node's slice joining under many claims: admissions go on -------------------------
+# One slice's event costs its own devices, not every claim against every device (3 s at
+# 64 nodes and 500 claims before). 500 claims, each with a selector of its own, and 48
+# nodes' slices of 8 GPUs with a uuid each (as NVIDIA's driver publishes them: no two
+# alike); pod reviews are sent straight to a replica (dry runs, timed by curl), one after
+# another, while one more node's slice joins and then leaves.
+many_slices=48 many_claims=500
+many_slice() { # index -> a ResourceSlice of 8 H200 with uuids
+  jq -cn --arg n "$Q-many-$1" --arg run "$RUN" '{apiVersion: "resource.k8s.io/v1", kind: "ResourceSlice",
+    metadata: {name: $n, labels: {"card-quota-e2e": $run}},
+    spec: {driver: "gpu.nvidia.com", nodeName: $n, pool: {name: $n, generation: 1, resourceSliceCount: 1},
+      devices: [range(8) as $i | {name: "gpu-\($i)", attributes: {type: {string: "gpu"},
+        productName: {string: "NVIDIA H200"}, uuid: {string: "GPU-\($n)-\($i)"}, index: {int: $i}}}]}}'
+}
+{ for i in $(seq 1 "$many_slices"); do many_slice "$i"; done; } | jq -s '{apiVersion: "v1", kind: "List", items: .}' > "$WORK/many-slices.json"
+jq -n --arg ns "$NS" --arg run "$RUN" --argjson n "$many_claims" '{apiVersion: "v1", kind: "List", items: [range($n) as $i |
+  {apiVersion: "resource.k8s.io/v1", kind: "ResourceClaim", metadata: {name: "many-\($i)", namespace: $ns, labels: {"card-quota-e2e": $run}},
+   spec: {devices: {requests: [{name: "gpu", exactly: {deviceClassName: "gpu.nvidia.com",
+     selectors: [{cel: {expression: "device.attributes[\"gpu.nvidia.com\"].index != \(1000 + $i)"}}]}}]}}}]}' > "$WORK/many-claims.json"
+t0=$(date +%s)
+k create -f "$WORK/many-slices.json" >/dev/null && k create -f "$WORK/many-claims.json" >/dev/null
+log "DRA at size: $many_slices slices of 8 GPUs and $many_claims claims created in $(( $(date +%s) - t0 )) s"
+# A claim pod's review, as the API server sends it (a dry run: nothing is charged).
+jq --arg ns "$NS" --arg q "$Q-dra" '.request.namespace = $ns | .request.dryRun = true | .request.name = "timed"
+  | .request.object = {apiVersion: "v1", kind: "Pod", metadata: {name: "timed", namespace: $ns,
+      annotations: {"scheduling.volcano.sh/queue-name": $q}},
+      spec: {containers: [{name: "c", image: "x", resources: {claims: [{name: "gpu"}]}}],
+        resourceClaims: [{name: "gpu", resourceClaimTemplateName: "one-gpu"}]}}' \
+  "$REPO/tests/fixtures/apiserver-pod-create-review.json" > "$WORK/timed-review.json"
+if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
+  wait_for 30 bash -c "curl -s --cacert '$WORK/certs/ca.crt' --cert '$WH_CRT' --key '$WH_KEY' -H 'content-type: application/json' \
+    --data-binary @'$WORK/timed-review.json' https://127.0.0.1:$PORT_A/validate | jq -e '.response.allowed' >/dev/null" || true
+  timed_reviews() { # seconds -> one line per review: seconds taken, HTTP code
+    local end=$(( $(date +%s) + $1 ))
+    while [ "$(date +%s)" -lt "$end" ]; do
+      curl -s -o /dev/null -w '%{time_total} %{http_code}\n' --max-time 15 --cacert "$WORK/certs/ca.crt" --cert "$WH_CRT" --key "$WH_KEY" \
+        -H 'content-type: application/json' --data-binary @"$WORK/timed-review.json" "https://127.0.0.1:$PORT_A/validate"
+    done
+  }
+  timed_reviews 8 > "$WORK/timed.txt" &
+  timer=$!
+  sleep 2
+  many_slice join | k create -f - >/dev/null
+  sleep 2
+  k delete resourceslice "$Q-many-join" >/dev/null
+  wait "$timer"
+  read -r n slowest ok < <(awk '{n++; if ($1 > m) m = $1; if ($2 == 200) ok++} END {printf "%d %.3f %d\n", n, m, ok}' "$WORK/timed.txt")
+  log "DRA at size: $n pod reviews over 8 s while a node's slice joined and left: slowest ${slowest} s, $ok answered 200"
+  CONTEXT="slowest review ${slowest} s of $n; $(sort -rn "$WORK/timed.txt" | head -3 | tr '\n' ';')"
+  check "a node's slice joining and leaving beside $many_claims claims and $many_slices nodes: every pod review answered within 1 s" \
+    awk -v s="$slowest" -v n="$n" -v ok="$ok" 'BEGIN {exit !(s < 1.0 && n >= 10 && ok == n)}'
+else
+  log "SKIP the timed reviews: no client certificate signed by the cluster CA at $WH_CRT"
+fi
+k delete -f "$WORK/many-claims.json" -f "$WORK/many-slices.json" --wait=false >/dev/null 2>&1
+
 # ---- 4f. Plain GPU pods served through DRA (Kubernetes 1.37+) -----------------------------
 # A DeviceClass with extendedResourceName nvidia.com/gpu: kube-scheduler serves a pod
 # asking nvidia.com/gpu: 1 with a DRA device on a node whose allocatable does not list
