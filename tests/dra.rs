@@ -1025,6 +1025,58 @@ fn a_terminating_sharer_hands_the_claim_to_one_that_stays_when_it_is_deleted() {
     assert_eq!(w.usage_at("both", "NVIDIA-H200", later), counted);
 }
 
+/// Issue 57 #6: a watcher counts a claim's requirements against every device without the
+/// lock, on a view of the snapshot's devices; stored after a slice changed, the count is
+/// of an older generation and the claim is counted again, so a node that joined between
+/// is not missed.
+#[test]
+fn a_claim_counted_without_the_lock_is_counted_again_when_devices_changed_since() {
+    use card_quota::snapshot::DraRecord;
+    let mut w = World::new();
+    w.seen(json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "b200", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-B200\":1}"}}}));
+    // Selectors of their own: requirements no other object holds yet.
+    let claim = |name: &str| {
+        let selector = format!("device.attributes['gpu.nvidia.com'].type != '{name}'");
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                "selectors": [{"cel": {"expression": selector}}]}}]}}})
+    };
+    let pod = |name: &str, claim: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ml", "annotations": {"scheduling.volcano.sh/queue-name": "b200"}},
+            "spec": {"containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]}})
+    };
+    let read = |v: &Value, w: &World| DraRecord::read(v, "", w.snap.dra()).unwrap().unwrap();
+    // Both counted before a B200 node joins; "fresh" counted again after it.
+    let (stale, fresh) = (read(&claim("stale"), &w), read(&claim("fresh"), &w));
+    let before = w.snap.dra_view();
+    let stale_count = stale.prepare(&before);
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "b200-1-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}}));
+    let fresh_count = fresh.prepare(&w.snap.dra_view());
+    w.snap
+        .store_dra_record(stale, stale_count.as_ref())
+        .unwrap();
+    w.snap
+        .store_dra_record(fresh, fresh_count.as_ref())
+        .unwrap();
+    // Each may get a B200: a pod of the B200-only queue is admitted with either.
+    for (p, c) in [("p1", "stale"), ("p2", "fresh")] {
+        let r = w.send(R::pod("CREATE", pod(p, c)).build());
+        assert!(
+            r.allowed || message(&r).contains("insufficient NVIDIA-B200"),
+            "{p}: {}",
+            message(&r)
+        );
+        assert!(!message(&r).contains("allow only"), "{p}: {}", message(&r));
+    }
+}
+
 /// Issue 57 #4: cards asked for through a DeviceClass the install does not list (an
 /// admin's own class selecting the NVIDIA driver's H200s) are cards all the same: the
 /// class's selectors match a card driver's devices. A class that selects only another

@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cards::dra::{DraError, Prepared};
 use crate::cards::{NodeCards, ObjectKey, QueueName};
 use crate::cluster::pod_parts::PodParts;
 use crate::cluster::records::{
@@ -28,7 +29,7 @@ use crate::cluster::records::{
 use crate::cluster::{PodGroupRecord, PodRecord, WorkloadKind};
 use crate::ledger::entries::{Stream, Watermark};
 use crate::ledger::{ledger_record, LedgerRecord};
-use crate::snapshot::{KeyPick, Snapshot};
+use crate::snapshot::{DraRecord, KeyPick, Snapshot};
 
 use super::freshness::{Freshness, Probe};
 use super::ledgers::{object_name, selector};
@@ -115,6 +116,9 @@ struct Mirror<K, R> {
     /// sweep of 100k pods copies the deleted ones, not every key.
     keys: fn(&Snapshot, KeyPick<'_>) -> Vec<ObjectKey>,
     remove: fn(&mut Snapshot, &ObjectKey),
+    /// Work on the record that needs what the snapshot holds but not the lock held while
+    /// it runs (it takes the lock for a moment to copy what it needs).
+    prepare: Option<fn(&mut R, &Mutex<Snapshot>)>,
     /// The stream whose progress ledger watermarks are compared with.
     stream: Option<Stream>,
     /// The object's key as `keys` lists it.
@@ -209,15 +213,57 @@ fn store_pod(s: &mut Snapshot, mut rec: PodRecord) {
     s.upsert_pod(rec);
 }
 
-fn store_dra(s: &mut Snapshot, v: Value) {
-    if let Err(e) = s.store_dra(&v, "") {
+/// A DRA object as its watcher brings it, read (and a claim's or template's requirements
+/// counted against every device) without the lock when the snapshot's devices could be
+/// had ([`prepare_dra`]): a tenant's costly selectors hold back no decision.
+struct DraEvent {
+    value: Value,
+    read: Option<(DraRead, Option<Prepared>)>,
+}
+
+/// [`DraRecord::read`]'s answer.
+type DraRead = Result<Option<DraRecord>, DraError>;
+
+fn dra_event(o: &DynamicObject, kind: &str) -> Result<DraEvent, MirrorError> {
+    Ok(DraEvent {
+        value: as_value(o, kind)?,
+        read: None,
+    })
+}
+
+fn prepare_dra(ev: &mut DraEvent, snapshot: &Mutex<Snapshot>) {
+    let view = snapshot
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .dra_view();
+    let record = DraRecord::read(&ev.value, "", view.settings());
+    let prepared = match &record {
+        Ok(Some(r)) => r.prepare(&view),
+        _ => None,
+    };
+    ev.read = Some((record, prepared));
+}
+
+fn store_dra(s: &mut Snapshot, ev: DraEvent) {
+    let stored = match ev.read {
+        // Counted at an older generation (a slice or class changed since), the
+        // requirements are counted here again: `store_dra_record` checks.
+        Some((Ok(Some(r)), prepared)) => s.store_dra_record(r, prepared.as_ref()),
+        Some((Ok(None), _)) => Ok(()),
+        Some((Err(e), _)) => Err(e),
+        None => s.store_dra(&ev.value, "").map(|_| ()),
+    };
+    if let Err(e) = stored {
         // What it said before is no longer what it says: forgotten by store_dra.
-        tracing::warn!("{} not cached: {e}", crate::snapshot::load::describe(&v));
+        tracing::warn!(
+            "{} not cached: {e}",
+            crate::snapshot::load::describe(&ev.value)
+        );
     }
 }
 
 /// The mirror of one DRA kind (see [`super::dra::KINDS`]).
-fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, Value> {
+fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, DraEvent> {
     let mirror = |read, keys, remove| Mirror {
         kind,
         read,
@@ -225,27 +271,28 @@ fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, Value> {
         keys,
         remove,
         stream: None,
+        prepare: Some(prepare_dra),
         key: key_of,
     };
     match kind {
         "ResourceSlice" => mirror(
-            |o| as_value(o, "ResourceSlice"),
+            |o| dra_event(o, "ResourceSlice"),
             |s, pick| cluster_keys(s.slice_names(), pick),
             |s, k| s.remove_slice(&k.name),
         ),
         "DeviceClass" => mirror(
-            |o| as_value(o, "DeviceClass"),
+            |o| dra_event(o, "DeviceClass"),
             |s, pick| cluster_keys(s.class_names(), pick),
             |s, k| s.remove_class(&k.name),
         ),
         "ResourceClaimTemplate" => mirror(
-            |o| as_value(o, "ResourceClaimTemplate"),
+            |o| dra_event(o, "ResourceClaimTemplate"),
             |s, pick| s.template_keys().into_iter().filter(|k| pick(k)).collect(),
             |s, k| s.remove_template(k),
         ),
         // ResourceClaim, the last of KINDS.
         _ => mirror(
-            |o| as_value(o, "ResourceClaim"),
+            |o| dra_event(o, "ResourceClaim"),
             |s, pick| s.claim_keys().into_iter().filter(|k| pick(k)).collect(),
             |s, k| s.remove_claim(k),
         ),
@@ -345,6 +392,7 @@ fn pod_mirror() -> Mirror<PodParts, PodRecord> {
         keys: Snapshot::pod_keys_picked,
         remove: |s, k| s.delete_pod(k),
         stream: Some(Stream::Pods),
+        prepare: None,
         key: key_of,
     }
 }
@@ -385,7 +433,17 @@ impl<K: Resource, R> Follower<K, R> {
                     seen.insert((m.key)(&o));
                     self.listed_version = self.listed_version.max(version);
                 }
-                let read = (m.read)(&o);
+                let mut read = (m.read)(&o);
+                if let (Ok(r), Some(prepare)) = (read.as_mut(), m.prepare) {
+                    // CPU work (a claim's selectors against every device): off the
+                    // runtime's worker, so the webhook's tasks move to another.
+                    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                            tokio::task::block_in_place(|| prepare(r, snapshot))
+                        }
+                        _ => prepare(r, snapshot),
+                    }
+                }
                 let mut snap = lock();
                 if self.listed.is_none() {
                     advance(&mut snap, m.stream, version, false);
@@ -574,6 +632,7 @@ pub async fn start(
                 keys: |s, pick| cluster_keys(s.node_names(), pick),
                 remove: |s, k| s.remove_node(&k.name),
                 stream: None,
+                prepare: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -609,6 +668,7 @@ pub async fn start(
                         keys: ledger_keys,
                         remove: remove_ledger,
                         stream: None,
+                        prepare: None,
                         // Ledgers are kept by queue; the namespace is always card-quota's own.
                         key: |o| ObjectKey::new("", o.name_any()),
                     },
@@ -632,6 +692,7 @@ pub async fn start(
                 keys: |s, pick| cluster_keys(s.namespaces_naming_queues(), pick),
                 remove: |s, k| s.set_namespace_queue(&k.name, None),
                 stream: None,
+                prepare: None,
                 key: |o| ObjectKey::new("", o.name_any()),
             },
             snapshot.clone(),
@@ -653,6 +714,7 @@ pub async fn start(
                 },
                 remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
                 stream: None,
+                prepare: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -672,6 +734,7 @@ pub async fn start(
                 keys: Snapshot::group_keys,
                 remove: |s, k| s.delete_group(k),
                 stream: Some(Stream::PodGroups),
+                prepare: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -711,6 +774,7 @@ pub async fn start(
                 keys: |s, pick| s.workload_keys(WorkloadKind::Deployment, pick),
                 remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
                 stream: None,
+                prepare: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -730,6 +794,7 @@ pub async fn start(
                 keys: |s, pick| s.workload_keys(WorkloadKind::ReplicaSet, pick),
                 remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
                 stream: None,
+                prepare: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -753,6 +818,7 @@ pub async fn start(
             keys: Snapshot::job_keys,
             remove: |s, k| s.remove_job(k),
             stream: None,
+            prepare: None,
             key: key_of,
         },
         snapshot.clone(),
@@ -791,6 +857,7 @@ pub async fn start(
                 keys: |s, pick| s.workload_keys(WorkloadKind::StatefulSet, pick),
                 remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
                 stream: None,
+                prepare: None,
                 key: key_of,
             },
             snapshot,

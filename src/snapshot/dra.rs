@@ -8,7 +8,8 @@ use serde_json::Value;
 
 use crate::cards::dra::{
     claim_spec, device_class, is_claim_resource, slice_devices, ClaimCards, ClaimRecord,
-    ClaimSource, ClaimSpec, Device, DeviceClass, DraError, DraObjects, DraSettings,
+    ClaimSource, ClaimSpec, Device, DeviceClass, DraError, DraObjects, DraSettings, DraView,
+    Prepared,
 };
 use crate::cards::ObjectKey;
 use crate::cluster::PodRecord;
@@ -296,9 +297,14 @@ impl Snapshot {
     }
 
     /// Adds or replaces a ResourceClaimTemplate (`spec`: its `spec.spec` read).
-    pub fn upsert_template(&mut self, key: ObjectKey, spec: Result<ClaimSpec, DraError>) {
+    pub fn upsert_template(
+        &mut self,
+        key: ObjectKey,
+        spec: Result<ClaimSpec, DraError>,
+        prepared: Option<&Prepared>,
+    ) {
         let ns = key.namespace.clone();
-        self.dra.upsert_template(key, spec);
+        self.dra.upsert_template(key, spec, prepared);
         self.reread_claim_pods(|p| p.key.namespace == ns);
     }
 
@@ -316,9 +322,9 @@ impl Snapshot {
     }
 
     /// Adds or replaces a ResourceClaim; the pods that use it are read again.
-    pub fn upsert_claim(&mut self, claim: ClaimRecord) {
+    pub fn upsert_claim(&mut self, claim: ClaimRecord, prepared: Option<&Prepared>) {
         let key = claim.key.clone();
-        if self.dra.upsert_claim(claim) {
+        if self.dra.upsert_claim(claim, prepared) {
             self.reread_claim_pods(|p| uses(p, &key));
         }
     }
@@ -344,12 +350,25 @@ pub const DRA_KINDS: [&str; 4] = [
     "ResourceClaim",
 ];
 
-impl Snapshot {
-    /// Stores a DRA object of one of [`DRA_KINDS`] (`namespace`: for an object that
-    /// names none); `Ok(false)` for another kind. An object that cannot be read is an
-    /// error naming it, and what was held under its name is forgotten: it no longer says
-    /// that.
-    pub fn store_dra(&mut self, v: &Value, namespace: &str) -> Result<bool, DraError> {
+/// A DRA object of one of [`DRA_KINDS`] as read from its JSON, with no snapshot at hand
+/// (its selectors compiled, a slice's devices and their models read): the watchers read
+/// it, and count a claim's requirements, without the lock.
+#[derive(Debug, Clone)]
+pub enum DraRecord {
+    Slice(String, Result<Vec<Device>, DraError>),
+    Class(String, Result<DeviceClass, DraError>),
+    Template(ObjectKey, Result<ClaimSpec, DraError>),
+    Claim(ObjectKey, Result<ClaimRecord, DraError>),
+}
+
+impl DraRecord {
+    /// Reads `v` (`namespace`: for an object that names none); `Ok(None)` for another
+    /// kind, an error for an object of these kinds without a name.
+    pub fn read(
+        v: &Value,
+        namespace: &str,
+        settings: &DraSettings,
+    ) -> Result<Option<Self>, DraError> {
         let kind = v.get("kind").and_then(Value::as_str).unwrap_or_default();
         let name = v
             .pointer("/metadata/name")
@@ -369,41 +388,83 @@ impl Snapshot {
                 expected: "a name".into(),
             });
         }
-        match kind {
-            "ResourceSlice" => match slice_devices(v, self.dra()) {
-                Ok(devices) => {
-                    for d in &devices {
-                        if let Some(Err(e)) = &d.model {
-                            tracing::warn!("ResourceSlice {name}: {e}");
-                        }
-                    }
-                    self.upsert_slice(name, devices);
-                }
-                Err(e) => {
-                    self.remove_slice(&name);
-                    return Err(e);
-                }
-            },
-            "DeviceClass" => match device_class(v) {
-                Ok(c) => self.upsert_class(c),
-                Err(e) => {
-                    self.remove_class(&name);
-                    return Err(e);
-                }
-            },
+        Ok(Some(match kind {
+            "ResourceSlice" => Self::Slice(name, slice_devices(v, settings)),
+            "DeviceClass" => Self::Class(name, device_class(v)),
             "ResourceClaimTemplate" => {
                 let object = format!("ResourceClaimTemplate {key}");
                 let spec = claim_spec(v.pointer("/spec/spec").unwrap_or(&Value::Null), &object);
-                self.upsert_template(key, spec);
+                Self::Template(key, spec)
             }
             "ResourceClaim" => {
-                let mut c = ClaimRecord::parse(v)?;
-                c.key = key;
-                self.upsert_claim(c);
+                let claim = ClaimRecord::parse(v).map(|mut c| {
+                    c.key = key.clone();
+                    c
+                });
+                Self::Claim(key, claim)
             }
-            _ => return Ok(false),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// A claim's or template's requirements counted against `view` (none for the
+    /// other kinds).
+    pub fn prepare(&self, view: &DraView) -> Option<Prepared> {
+        match self {
+            Self::Template(_, Ok(spec)) => Some(view.prepare(spec)),
+            Self::Claim(_, Ok(c)) => c.spec.as_ref().ok().map(|spec| view.prepare(spec)),
+            _ => None,
         }
-        Ok(true)
+    }
+}
+
+impl Snapshot {
+    /// What a DRA record's requirements may be counted against without the lock.
+    pub fn dra_view(&self) -> DraView {
+        self.dra.view()
+    }
+
+    /// Stores a DRA object of one of [`DRA_KINDS`] (`namespace`: for an object that
+    /// names none); `Ok(false)` for another kind. An object that cannot be read is an
+    /// error naming it, and what was held under its name is forgotten: it no longer says
+    /// that.
+    pub fn store_dra(&mut self, v: &Value, namespace: &str) -> Result<bool, DraError> {
+        match DraRecord::read(v, namespace, self.dra())? {
+            Some(r) => self.store_dra_record(r, None).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Stores a DRA object read already, with its requirements counted (`prepared`) when
+    /// the watcher could; as [`Self::store_dra`] for what cannot be read.
+    pub fn store_dra_record(
+        &mut self,
+        record: DraRecord,
+        prepared: Option<&Prepared>,
+    ) -> Result<(), DraError> {
+        match record {
+            DraRecord::Slice(name, Ok(devices)) => {
+                for d in &devices {
+                    if let Some(Err(e)) = &d.model {
+                        tracing::warn!("ResourceSlice {name}: {e}");
+                    }
+                }
+                self.upsert_slice(name, devices);
+            }
+            DraRecord::Slice(name, Err(e)) => {
+                self.remove_slice(&name);
+                return Err(e);
+            }
+            DraRecord::Class(_, Ok(c)) => self.upsert_class(c),
+            DraRecord::Class(name, Err(e)) => {
+                self.remove_class(&name);
+                return Err(e);
+            }
+            DraRecord::Template(key, spec) => self.upsert_template(key, spec, prepared),
+            DraRecord::Claim(_, Ok(c)) => self.upsert_claim(c, prepared),
+            DraRecord::Claim(_, Err(e)) => return Err(e),
+        }
+        Ok(())
     }
 
     /// Forgets a DRA object by kind and key; false for another kind.

@@ -21,6 +21,7 @@ use crate::cluster::NodeModels;
 use crate::ledger::LedgerRecord;
 
 mod dra;
+pub use dra::DraRecord;
 pub mod gone;
 pub mod load;
 pub mod overlay;

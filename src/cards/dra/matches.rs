@@ -50,6 +50,23 @@ pub fn matching_models<'a>(
     found
 }
 
+/// Card devices `class_selectors` and `selectors` allow, per model.
+pub fn count_models<'a>(
+    class_selectors: &[Selector],
+    selectors: &[Selector],
+    devices: impl Iterator<Item = &'a Device>,
+) -> BTreeMap<CardName, usize> {
+    let mut models: BTreeMap<CardName, usize> = BTreeMap::new();
+    for d in devices {
+        if let Some(Ok(m)) = &d.model {
+            if allows(class_selectors, selectors, d) {
+                *models.entry(m.clone()).or_default() += 1;
+            }
+        }
+    }
+    models
+}
+
 #[derive(Debug, Clone)]
 struct Held {
     class_selectors: Vec<Selector>,
@@ -73,29 +90,24 @@ impl Matches {
         Some(h.models.keys().cloned().collect())
     }
 
-    /// One more user of `option` (of a class with `class_selectors`), read against every
-    /// device when it is new: the cost of a new requirement is its own.
+    /// One more user of `option` (of a class with `class_selectors`). A new requirement
+    /// takes `counted` when given (counted against these very devices, without the
+    /// lock: see [`count_models`]), else it is read against every device here.
     pub fn acquire<'a>(
         &mut self,
         option: &Subrequest,
         class_selectors: &[Selector],
         devices: impl Iterator<Item = &'a Device>,
+        counted: Option<&BTreeMap<CardName, usize>>,
     ) {
-        let held = self.held.entry(key_of(option)).or_insert_with(|| {
-            let mut models: BTreeMap<CardName, usize> = BTreeMap::new();
-            for d in devices {
-                if let Some(Ok(m)) = &d.model {
-                    if allows(class_selectors, &option.selectors, d) {
-                        *models.entry(m.clone()).or_default() += 1;
-                    }
-                }
-            }
-            Held {
-                class_selectors: class_selectors.to_vec(),
-                selectors: option.selectors.clone(),
-                models,
-                users: 0,
-            }
+        let held = self.held.entry(key_of(option)).or_insert_with(|| Held {
+            class_selectors: class_selectors.to_vec(),
+            selectors: option.selectors.clone(),
+            models: match counted {
+                Some(c) => c.clone(),
+                None => count_models(class_selectors, &option.selectors, devices),
+            },
+            users: 0,
         });
         held.users += 1;
     }
@@ -192,9 +204,9 @@ mod tests {
         let h200 = option(Some(
             "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'",
         ));
-        m.acquire(&any, &[], a.iter());
-        m.acquire(&h200, &[], a.iter());
-        m.acquire(&h200, &[], a.iter());
+        m.acquire(&any, &[], a.iter(), None);
+        m.acquire(&h200, &[], a.iter(), None);
+        m.acquire(&h200, &[], a.iter(), None);
         assert_eq!(m.len(), 2);
         let h = CardName::parse("NVIDIA-H200").unwrap();
         assert_eq!(m.models(&key_of(&any)), Some(vec![h.clone()]));

@@ -16,7 +16,8 @@ pub use claims::{
 };
 pub use devices::{slice_devices, Device, DeviceId};
 pub use pods::{
-    claim_resource, is_claim_resource, pod_claims, ClaimCards, ClaimSource, DraObjects, PodClaim,
+    claim_resource, is_claim_resource, pod_claims, ClaimCards, ClaimSource, DraObjects, DraView,
+    PodClaim, Prepared,
 };
 pub use settings::{DraSettings, DriverModel};
 

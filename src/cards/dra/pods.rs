@@ -2,12 +2,13 @@
 //! and from its status the claims made for it from templates), and what they add up to.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::claims::{
     allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass, Subrequest,
 };
 use super::devices::{Device, DeviceId};
-use super::matches::{key_of, matching_models, Matches};
+use super::matches::{count_models, key_of, matching_models, Matches, RequirementKey};
 use super::selectors::{Match, Selector};
 use super::settings::DraSettings;
 use super::DraError;
@@ -137,9 +138,13 @@ pub struct DraObjects {
     card_classes: BTreeSet<String>,
     /// How many devices of a card driver each class may select, kept device by device.
     class_cards: BTreeMap<String, usize>,
-    /// Devices by slice, and by id for allocations.
+    /// Devices by slice, and by id for allocations (shared with [`DraView`]s: a change
+    /// copies the map only while one is out).
     slices: BTreeMap<String, Vec<Device>>,
-    devices: BTreeMap<DeviceId, Device>,
+    devices: Arc<BTreeMap<DeviceId, Device>>,
+    /// Counts the changes of devices and classes: a [`Prepared`] count is taken only at
+    /// the generation it was counted at.
+    generation: u64,
     /// The models each way of a card request held may get, kept device by device.
     matches: Matches,
     templates: BTreeMap<ObjectKey, TemplateEntry>,
@@ -153,6 +158,54 @@ pub struct Reread {
     pub all: bool,
     pub claims: BTreeSet<ObjectKey>,
     pub templates: BTreeSet<ObjectKey>,
+}
+
+/// What a claim's or template's requirements are read against, taken under the lock in
+/// O(classes) and used without it: a new requirement is counted against every device
+/// there, so that no decision waits on it (issue 57 #6).
+#[derive(Debug, Clone)]
+pub struct DraView {
+    generation: u64,
+    settings: DraSettings,
+    classes: BTreeMap<String, DeviceClass>,
+    card_classes: BTreeSet<String>,
+    devices: Arc<BTreeMap<DeviceId, Device>>,
+}
+
+/// Requirements counted against a [`DraView`]: what [`DraObjects::upsert_claim`] and
+/// [`DraObjects::upsert_template`] take instead of counting under the lock, when nothing
+/// changed since.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    generation: u64,
+    counted: BTreeMap<RequirementKey, BTreeMap<CardName, usize>>,
+}
+
+impl DraView {
+    /// The install's DRA settings (to read slices with).
+    pub fn settings(&self) -> &DraSettings {
+        &self.settings
+    }
+
+    /// Counts the card ways of `spec` against every device of the view.
+    pub fn prepare(&self, spec: &ClaimSpec) -> Prepared {
+        let mut counted = BTreeMap::new();
+        let options = spec.requests.iter().flat_map(|r| &r.options);
+        for o in options.filter(|o| self.card_classes.contains(&o.class)) {
+            let class = self
+                .classes
+                .get(&o.class)
+                .map(|c| c.selectors.as_slice())
+                .unwrap_or_default();
+            counted
+                .entry(key_of(o))
+                .or_insert_with(|| count_models(class, &o.selectors, self.devices.values()));
+        }
+        Prepared {
+            generation: self.generation,
+            counted,
+        }
+    }
 }
 
 impl Reread {
@@ -208,11 +261,12 @@ impl DraObjects {
             return None;
         }
         let old = self.slices.remove(&name).unwrap_or_default();
+        let held = Arc::make_mut(&mut self.devices);
         for d in &old {
-            self.devices.remove(&d.id);
+            held.remove(&d.id);
         }
         for d in &devices {
-            self.devices.insert(d.id.clone(), d.clone());
+            held.insert(d.id.clone(), d.clone());
         }
         let gone: Vec<Device> = old
             .iter()
@@ -231,8 +285,9 @@ impl DraObjects {
     /// Forgets a slice: what to read again, `None` when it was not held.
     pub fn remove_slice(&mut self, name: &str) -> Option<Reread> {
         let old = self.slices.remove(name)?;
+        let held = Arc::make_mut(&mut self.devices);
         for d in &old {
-            self.devices.remove(&d.id);
+            held.remove(&d.id);
         }
         Some(self.devices_changed(&old, &[]))
     }
@@ -256,12 +311,18 @@ impl DraObjects {
         gone
     }
 
-    /// Adds or replaces a ResourceClaimTemplate (its `spec.spec` read already).
-    pub fn upsert_template(&mut self, key: ObjectKey, spec: Result<ClaimSpec, DraError>) {
+    /// Adds or replaces a ResourceClaimTemplate (its `spec.spec` read already), with its
+    /// requirements counted without the lock when `prepared` is of this generation.
+    pub fn upsert_template(
+        &mut self,
+        key: ObjectKey,
+        spec: Result<ClaimSpec, DraError>,
+        prepared: Option<&Prepared>,
+    ) {
         if let Some(old) = self.templates.remove(&key) {
             self.forget(&old.spec);
         }
-        self.remember(&spec);
+        self.remember(&spec, prepared);
         let demand = self.demand_of(&spec, &format!("ResourceClaimTemplate {key}"));
         self.templates.insert(key, TemplateEntry { spec, demand });
     }
@@ -274,15 +335,16 @@ impl DraObjects {
         true
     }
 
-    /// Adds or replaces a ResourceClaim; false when nothing card-quota reads changed.
-    pub fn upsert_claim(&mut self, record: ClaimRecord) -> bool {
+    /// Adds or replaces a ResourceClaim (see [`Self::upsert_template`] for `prepared`);
+    /// false when nothing card-quota reads changed.
+    pub fn upsert_claim(&mut self, record: ClaimRecord, prepared: Option<&Prepared>) -> bool {
         if self.claims.get(&record.key).map(|e| &e.record) == Some(&record) {
             return false;
         }
         if let Some(old) = self.claims.remove(&record.key) {
             self.forget(&old.record.spec);
         }
-        self.remember(&record.spec);
+        self.remember(&record.spec, prepared);
         let entry = self.entry(record);
         self.claims.insert(entry.record.key.clone(), entry);
         true
@@ -389,12 +451,26 @@ impl DraObjects {
     }
 
     /// Holds what `spec`'s card ways may get, kept as devices change.
-    fn remember(&mut self, spec: &Result<ClaimSpec, DraError>) {
+    fn remember(&mut self, spec: &Result<ClaimSpec, DraError>, prepared: Option<&Prepared>) {
         let Ok(spec) = spec else { return };
+        let prepared = prepared.filter(|p| p.generation == self.generation);
         let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
         for o in &options {
             let class = self.class_selectors(&o.class).to_vec();
-            self.matches.acquire(o, &class, self.devices.values());
+            let counted = prepared.and_then(|p| p.counted.get(&key_of(o)));
+            self.matches
+                .acquire(o, &class, self.devices.values(), counted);
+        }
+    }
+
+    /// What a claim's requirements may be counted against without the lock.
+    pub fn view(&self) -> DraView {
+        DraView {
+            generation: self.generation,
+            settings: self.settings.clone(),
+            classes: self.classes.clone(),
+            card_classes: self.card_classes.clone(),
+            devices: Arc::clone(&self.devices),
         }
     }
 
@@ -462,14 +538,15 @@ impl DraObjects {
             })
             .collect();
         self.card_classes = self.card_classes_now();
+        self.generation += 1;
         self.matches = Matches::default();
         let templates = std::mem::take(&mut self.templates);
         for (k, t) in templates {
-            self.upsert_template(k, t.spec);
+            self.upsert_template(k, t.spec, None);
         }
         let claims = std::mem::take(&mut self.claims);
         for (_, e) in claims {
-            self.upsert_claim(e.record);
+            self.upsert_claim(e.record, None);
         }
     }
 
@@ -489,6 +566,7 @@ impl DraObjects {
     /// templates whose demand or allocation they change are read again. When a class
     /// comes to select cards or stops, everything is.
     fn devices_changed(&mut self, gone: &[Device], came: &[Device]) -> Reread {
+        self.generation += 1;
         for c in self.classes.values() {
             let n = self.class_cards.entry(c.name.clone()).or_default();
             let selects = |d: &&Device| c.may_select_a_card(d);
@@ -716,7 +794,7 @@ mod tests {
     }
 
     fn template(o: &mut DraObjects, name: &str, requests: serde_json::Value) {
-        o.upsert_template(ObjectKey::new("ml", name), spec(requests));
+        o.upsert_template(ObjectKey::new("ml", name), spec(requests), None);
     }
 
     fn from_template(name: &str, template: &str) -> PodClaim {
@@ -818,7 +896,7 @@ mod tests {
                     "reservedFor": reserved}}))
             .unwrap()
         };
-        o.upsert_claim(claim(json!([{"resource": "pods", "name": "p1", "uid": "1"}, {"resource": "pods", "name": "p2", "uid": "2"}])));
+        o.upsert_claim(claim(json!([{"resource": "pods", "name": "p1", "uid": "1"}, {"resource": "pods", "name": "p2", "uid": "2"}])), None);
         let cards = |pod: &str| {
             o.pod_cards(&ObjectKey::new("ml", pod), &[shared("g", "s")], none)
                 .unwrap()
@@ -831,9 +909,10 @@ mod tests {
         );
         assert_eq!(cards("p2"), None);
         // p1 gone from it: p2 pays.
-        o.upsert_claim(claim(
-            json!([{"resource": "pods", "name": "p2", "uid": "2"}]),
-        ));
+        o.upsert_claim(
+            claim(json!([{"resource": "pods", "name": "p2", "uid": "2"}])),
+            None,
+        );
         let c = o
             .pod_cards(&ObjectKey::new("ml", "p2"), &[shared("g", "s")], none)
             .unwrap()
