@@ -947,7 +947,9 @@ k -n "$NS" delete pod dra-hand dra-warn dra-together dra-shared-1 dra-shared-2 -
 # 64 nodes and 500 claims before). 500 claims, each with a selector of its own, and 48
 # nodes' slices of 8 GPUs with a uuid each (as NVIDIA's driver publishes them: no two
 # alike); pod reviews are sent straight to a replica (dry runs, timed by curl), one after
-# another, while one more node's slice joins and then leaves.
+# another, while one more node's slice joins and then leaves, and then while a tenant
+# creates a claim whose selector costs 10,000 steps per device (within Kubernetes' cost
+# limit, seconds over every device): counted by its watcher, without the lock.
 many_slices=48 many_claims=500
 many_slice() { # index -> a ResourceSlice of 8 H200 with uuids
   jq -cn --arg n "$Q-many-$1" --arg run "$RUN" '{apiVersion: "resource.k8s.io/v1", kind: "ResourceSlice",
@@ -981,22 +983,29 @@ if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
         -H 'content-type: application/json' --data-binary @"$WORK/timed-review.json" "https://127.0.0.1:$PORT_A/validate"
     done
   }
-  timed_reviews 8 > "$WORK/timed.txt" &
+  costly=$(jq -cn --arg ns "$NS" --arg run "$RUN" '[range(100)] as $l | {apiVersion: "resource.k8s.io/v1", kind: "ResourceClaim",
+    metadata: {name: "costly", namespace: $ns, labels: {"card-quota-e2e": $run}},
+    spec: {devices: {requests: [{name: "gpu", exactly: {deviceClassName: "gpu.nvidia.com",
+      selectors: [{cel: {expression: "\($l | tostring).all(i, \($l | tostring).all(j, device.attributes[\"gpu.nvidia.com\"].productName.size() + i + j >= 0))"}}]}}]}}}')
+  timed_reviews 12 > "$WORK/timed.txt" &
   timer=$!
   sleep 2
   many_slice join | k create -f - >/dev/null
   sleep 2
   k delete resourceslice "$Q-many-join" >/dev/null
+  sleep 1
+  echo "$costly" | k create -f - >/dev/null || log "the costly claim was not created"
   wait "$timer"
   read -r n slowest ok < <(awk '{n++; if ($1 > m) m = $1; if ($2 == 200) ok++} END {printf "%d %.3f %d\n", n, m, ok}' "$WORK/timed.txt")
-  log "DRA at size: $n pod reviews over 8 s while a node's slice joined and left: slowest ${slowest} s, $ok answered 200"
+  log "DRA at size: $n pod reviews over 12 s while a node's slice joined and left and a costly claim came: slowest ${slowest} s, $ok answered 200"
   CONTEXT="slowest review ${slowest} s of $n; $(sort -rn "$WORK/timed.txt" | head -3 | tr '\n' ';')"
-  check "a node's slice joining and leaving beside $many_claims claims and $many_slices nodes: every pod review answered within 1 s" \
+  check "a node's slice joining and leaving beside $many_claims claims and $many_slices nodes, then a costly claim: every pod review answered within 1 s" \
     awk -v s="$slowest" -v n="$n" -v ok="$ok" 'BEGIN {exit !(s < 1.0 && n >= 10 && ok == n)}'
 else
   log "SKIP the timed reviews: no client certificate signed by the cluster CA at $WH_CRT"
 fi
 k delete -f "$WORK/many-claims.json" -f "$WORK/many-slices.json" --wait=false >/dev/null 2>&1
+k -n "$NS" delete resourceclaim costly --wait=false >/dev/null 2>&1
 
 # ---- 4f. Plain GPU pods served through DRA (Kubernetes 1.37+) -----------------------------
 # A DeviceClass with extendedResourceName nvidia.com/gpu: kube-scheduler serves a pod
