@@ -1059,12 +1059,35 @@ fn a_claim_counted_without_the_lock_is_counted_again_when_devices_changed_since(
         "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
             "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}}));
     let fresh_count = fresh.prepare(&w.snap.dra_view());
+    let here = |w: &World| w.snap.dra_objects().requirements_counted_here();
+    let before = here(&w);
     w.snap
         .store_dra_record(stale, stale_count.as_ref())
         .unwrap();
+    assert_eq!(
+        here(&w),
+        before + 1,
+        "a count of an older generation is counted again"
+    );
     w.snap
         .store_dra_record(fresh, fresh_count.as_ref())
         .unwrap();
+    assert_eq!(
+        here(&w),
+        before + 1,
+        "a count of this generation is taken as it is"
+    );
+    // A status write (an allocation) of a held claim counts nothing again: its
+    // requirement is held before the old record lets it go.
+    let mut allocated = claim("fresh");
+    allocated["status"] = json!({"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "b200-1", "device": "gpu-0"}]}}});
+    w.seen(allocated);
+    assert_eq!(
+        here(&w),
+        before + 1,
+        "a status write counts no requirement again"
+    );
     // Each may get a B200: a pod of the B200-only queue is admitted with either.
     for (p, c) in [("p1", "stale"), ("p2", "fresh")] {
         let r = w.send(R::pod("CREATE", pod(p, c)).build());

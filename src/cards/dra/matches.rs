@@ -81,6 +81,9 @@ struct Held {
 #[derive(Debug, Clone, Default)]
 pub struct Matches {
     held: BTreeMap<RequirementKey, Held>,
+    /// Requirements counted here against every device (none given counted): the work a
+    /// caller holding a lock wants to see stay flat.
+    counted_here: u64,
 }
 
 impl Matches {
@@ -100,12 +103,16 @@ impl Matches {
         devices: impl Iterator<Item = &'a Device>,
         counted: Option<&BTreeMap<CardName, usize>>,
     ) {
+        let counted_here = &mut self.counted_here;
         let held = self.held.entry(key_of(option)).or_insert_with(|| Held {
             class_selectors: class_selectors.to_vec(),
             selectors: option.selectors.clone(),
             models: match counted {
                 Some(c) => c.clone(),
-                None => count_models(class_selectors, &option.selectors, devices),
+                None => {
+                    *counted_here += 1;
+                    count_models(class_selectors, &option.selectors, devices)
+                }
             },
             users: 0,
         });
@@ -154,6 +161,11 @@ impl Matches {
             }
         }
         changed
+    }
+
+    /// How many requirements were counted here against every device, so far.
+    pub fn counted_here(&self) -> u64 {
+        self.counted_here
     }
 
     /// How many requirements are held.

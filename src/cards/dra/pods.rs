@@ -319,10 +319,11 @@ impl DraObjects {
         spec: Result<ClaimSpec, DraError>,
         prepared: Option<&Prepared>,
     ) {
+        // Held before the old one lets go: an unchanged requirement is not counted again.
+        self.remember(&spec, prepared);
         if let Some(old) = self.templates.remove(&key) {
             self.forget(&old.spec);
         }
-        self.remember(&spec, prepared);
         let demand = self.demand_of(&spec, &format!("ResourceClaimTemplate {key}"));
         self.templates.insert(key, TemplateEntry { spec, demand });
     }
@@ -341,10 +342,12 @@ impl DraObjects {
         if self.claims.get(&record.key).map(|e| &e.record) == Some(&record) {
             return false;
         }
+        // Held before the old one lets go: a status write (an allocation, a reservation)
+        // counts no requirement again.
+        self.remember(&record.spec, prepared);
         if let Some(old) = self.claims.remove(&record.key) {
             self.forget(&old.record.spec);
         }
-        self.remember(&record.spec, prepared);
         let entry = self.entry(record);
         self.claims.insert(entry.record.key.clone(), entry);
         true
@@ -461,6 +464,12 @@ impl DraObjects {
             self.matches
                 .acquire(o, &class, self.devices.values(), counted);
         }
+    }
+
+    /// How many requirements were counted against every device by this holder (not
+    /// given counted by a watcher), so far.
+    pub fn requirements_counted_here(&self) -> u64 {
+        self.matches.counted_here()
     }
 
     /// What a claim's requirements may be counted against without the lock.
