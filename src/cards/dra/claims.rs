@@ -2,7 +2,7 @@
 //! devices its DeviceClass and selectors allow, in the order the request prefers them)
 //! and how many; and, once the scheduler has allocated it, the models it got.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::Value;
 
@@ -211,28 +211,8 @@ pub struct RequestDemand {
     pub count: Cards,
 }
 
-/// The DeviceClasses whose requests are card requests: those the install lists
-/// (`--dra-class`), and every other DeviceClass of the cluster whose selectors may match
-/// a device of a card driver (an admin's own class selecting the NVIDIA driver's H200s):
-/// a card is counted however it is asked for, as its allocation is checked by driver.
-pub fn card_classes<'a>(
-    settings: &DraSettings,
-    classes: &BTreeMap<String, DeviceClass>,
-    devices: impl Iterator<Item = &'a Device> + Clone,
-) -> BTreeSet<String> {
-    let mut out: BTreeSet<String> = settings.classes().map(str::to_string).collect();
-    for c in classes.values() {
-        if out.contains(&c.name) {
-            continue;
-        }
-        if devices.clone().any(|d| c.may_select_a_card(d)) {
-            out.insert(c.name.clone());
-        }
-    }
-    out
-}
-
-/// The card demand of a claim: one entry per request of a card class ([`card_classes`]).
+/// The card demand of a claim: one entry per request of a card class (`card`: see
+/// [`super::pods::DraObjects::is_card_class`]).
 /// A request whose every way is of another class asks for no card. `models_of` gives
 /// the models a way of a card class may get, sorted
 /// ([`super::matches::matching_models`] against the devices published, or what
@@ -434,6 +414,8 @@ pub fn allocated_models<'a>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
     use crate::cards::dra::devices::slice_devices;
 
@@ -491,9 +473,13 @@ mod tests {
 
     fn demand(spec: Value) -> Result<Vec<(String, String, u128)>, DraError> {
         let spec = claim_spec(&spec, "ResourceClaim ml/c")?;
-        let card = card_classes(&DraSettings::default(), &classes(), devices().iter());
         let classes = classes();
         let devices = devices();
+        let card: BTreeSet<String> = classes
+            .values()
+            .filter(|c| devices.iter().any(|d| c.may_select_a_card(d)))
+            .map(|c| c.name.clone())
+            .collect();
         let models_of = |o: &Subrequest| {
             let class = classes.get(&o.class).map(|c| c.selectors.as_slice());
             crate::cards::dra::matches::matching_models(

@@ -40,14 +40,9 @@ pub fn matching_models<'a>(
     selectors: &[Selector],
     devices: impl Iterator<Item = &'a Device>,
 ) -> Vec<CardName> {
-    let mut found: Vec<CardName> = devices
-        .filter(|d| matches!(d.model, Some(Ok(_))))
-        .filter(|d| allows(class_selectors, selectors, d))
-        .filter_map(|d| d.model.as_ref()?.as_ref().ok().cloned())
-        .collect();
-    found.sort();
-    found.dedup();
-    found
+    count_models(class_selectors, selectors, devices)
+        .into_keys()
+        .collect()
 }
 
 /// Card devices `class_selectors` and `selectors` allow, per model.

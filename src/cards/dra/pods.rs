@@ -133,8 +133,8 @@ struct ClaimEntry {
 pub struct DraObjects {
     settings: DraSettings,
     classes: BTreeMap<String, DeviceClass>,
-    /// The classes whose requests ask for cards ([`super::claims::card_classes`]): those
-    /// the install lists and those `class_cards` counts devices for.
+    /// The classes whose requests ask for cards (`card_classes_now`): those the install
+    /// lists and those `class_cards` counts devices for.
     card_classes: BTreeSet<String>,
     /// How many devices of a card driver each class may select, kept device by device.
     class_cards: BTreeMap<String, usize>,
@@ -559,7 +559,11 @@ impl DraObjects {
         }
     }
 
-    /// The install's classes and every class that may select a card driver's device.
+    /// The DeviceClasses whose requests are card requests: those the install lists
+    /// (`--dra-class`), and every other DeviceClass of the cluster whose selectors may
+    /// match a device of a card driver (an admin's own class selecting the NVIDIA
+    /// driver's H200s): a card is counted however it is asked for, as its allocation is
+    /// checked by driver.
     fn card_classes_now(&self) -> BTreeSet<String> {
         let mut out: BTreeSet<String> = self.settings.classes().map(str::to_string).collect();
         out.extend(
