@@ -32,6 +32,14 @@ pub const ORDER: &str = "volcano.sh/card.order";
 /// queue's quota: `deny` (refuse it) or `warn` (admit it with a warning, an Event and a
 /// metric). Absent: the install's `--enforcement`.
 pub const ENFORCEMENT: &str = "volcano.sh/card.enforcement";
+/// Queue annotation choosing what happens to a pod that does not fit the queue's room
+/// now but could fit its quota: `refuse` (the default) or `wait` (admitted behind
+/// [`WAIT_GATE`], released in the queue's order as room appears). Absent: the
+/// install's `--card-full`.
+pub const FULL: &str = "volcano.sh/card.full";
+/// The scheduling gate card-quota owns: a pod carrying it waits for room and holds no
+/// quota. Removing it is a charge, decided as a CREATE is.
+pub const WAIT_GATE: &str = "volcano.sh/card-quota";
 /// Pod annotation naming the acceptable models.
 pub const CARD_NAME: &str = "volcano.sh/card.name";
 /// Pod / Binding annotation recording the model a bound pod is charged for.
@@ -667,6 +675,45 @@ impl std::str::FromStr for Enforcement {
     }
 }
 
+/// What a queue does with a pod that does not fit its room now (`volcano.sh/card.full`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Full {
+    /// Refuse it (its controller retries with its own backoff).
+    #[default]
+    Refuse,
+    /// Admit it behind card-quota's scheduling gate; release it when room appears.
+    Wait,
+}
+
+impl Full {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Refuse => "refuse",
+            Self::Wait => "wait",
+        }
+    }
+}
+
+impl std::str::FromStr for Full {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "refuse" => Ok(Self::Refuse),
+            "wait" => Ok(Self::Wait),
+            other => Err(format!(
+                "expected \"refuse\" or \"wait\", got {:?}",
+                shown(other)
+            )),
+        }
+    }
+}
+
+/// Parses `volcano.sh/card.full` of `object`.
+pub fn parse_full(object: &str, raw: &str) -> Result<Full, String> {
+    raw.parse()
+        .map_err(|e| format!("invalid {FULL} on {object}: {e}"))
+}
+
 /// Parses `volcano.sh/card.enforcement` of `object`.
 pub fn parse_enforcement(object: &str, raw: &str) -> Result<Enforcement, String> {
     raw.parse()
@@ -680,6 +727,12 @@ mod enforcement_tests {
     #[test]
     fn enforcement_parses_deny_and_warn_and_names_the_rest() {
         assert_eq!(parse_enforcement("queue q", "warn"), Ok(Enforcement::Warn));
+        assert_eq!(parse_full("queue q", "wait"), Ok(Full::Wait));
+        assert_eq!(parse_full("queue q", "refuse"), Ok(Full::Refuse));
+        assert_eq!(
+            parse_full("queue q", "queue"),
+            Err(r#"invalid volcano.sh/card.full on queue q: expected "refuse" or "wait", got "queue""#.to_string())
+        );
         assert_eq!(parse_enforcement("queue q", "deny"), Ok(Enforcement::Deny));
         assert_eq!(
             parse_enforcement("queue q", "Warn"),

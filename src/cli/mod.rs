@@ -20,6 +20,26 @@ pub enum ScalePolicyArg {
     Deny,
 }
 
+/// `--card-full`: what a queue without `volcano.sh/card.full` does with a pod that
+/// does not fit its room now but could fit its quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FullArg {
+    /// Refuse it (its controller retries with its own backoff).
+    #[default]
+    Refuse,
+    /// Admit it behind card-quota's scheduling gate and release it when room appears.
+    Wait,
+}
+
+impl From<FullArg> for crate::cards::annotations::Full {
+    fn from(a: FullArg) -> Self {
+        match a {
+            FullArg::Refuse => Self::Refuse,
+            FullArg::Wait => Self::Wait,
+        }
+    }
+}
+
 /// `--enforcement`: what a queue without `volcano.sh/card.enforcement` does with a
 /// request that does not fit its quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -189,6 +189,7 @@ fn queue_problem(q: &crate::cluster::QueueRecord) -> Option<String> {
             .map(ToString::to_string),
         q.enforcement.as_ref().err().map(ToString::to_string),
         q.order.as_ref().err().map(ToString::to_string),
+        q.full.as_ref().err().map(ToString::to_string),
     ]
     .into_iter()
     .flatten()
@@ -224,6 +225,11 @@ fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
     }
     if q.order.is_err() {
         notes.push("card.order invalid".into());
+    }
+    match &q.full {
+        Ok(Some(crate::cards::annotations::Full::Wait)) => notes.push("full: pods wait".into()),
+        Err(_) => notes.push("card.full invalid".into()),
+        _ => {}
     }
     notes.join("; ")
 }
@@ -397,6 +403,7 @@ pub fn written_rows(
                     borrowed: opt("borrowed"),
                     shares: opt("shares"),
                     pool_free: v.get("free").and_then(serde_json::Value::as_i64),
+                    waiting: opt("waiting"),
                 };
                 // A key ending in '*' is a group cap (a model's name never ends so).
                 let note = if k.ends_with('*') { "group cap" } else { "" };
@@ -527,9 +534,13 @@ pub fn problems(snap: &Snapshot, scope: &Scope) -> String {
                 "\nqueue {name}: quota 0 for every model until its annotation is fixed: {e}\n"
             ));
         }
-        for e in [q.enforcement.as_ref().err(), q.order.as_ref().err()]
-            .into_iter()
-            .flatten()
+        for e in [
+            q.enforcement.as_ref().err(),
+            q.order.as_ref().err(),
+            q.full.as_ref().err(),
+        ]
+        .into_iter()
+        .flatten()
         {
             out.push_str(&format!("\nqueue {name}: {e}\n"));
         }

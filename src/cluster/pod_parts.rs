@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodResourceClaim, PodResourceClaimStatus, ResourceRequirements,
+    Affinity, Container, Pod, PodResourceClaim, PodResourceClaimStatus, PodSchedulingGate,
+    ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::Deserialize;
@@ -40,6 +41,7 @@ pub struct SpecParts {
     pub node_selector: Option<BTreeMap<String, String>>,
     pub scheduler_name: Option<String>,
     pub resource_claims: Option<Vec<PodResourceClaim>>,
+    pub scheduling_gates: Option<Vec<PodSchedulingGate>>,
 }
 
 /// A container's name, resources and restart policy (a sidecar's is `Always`).
@@ -74,6 +76,7 @@ impl SpecParts {
             scheduler_name: self.scheduler_name.as_deref(),
             resource_claims: self.resource_claims.as_deref().unwrap_or_default(),
             claims_made: &[],
+            scheduling_gates: self.scheduling_gates.as_deref().unwrap_or_default(),
         }
     }
 }
@@ -124,6 +127,7 @@ impl From<Pod> for PodParts {
                 node_selector: s.node_selector,
                 scheduler_name: s.scheduler_name,
                 resource_claims: s.resource_claims,
+                scheduling_gates: s.scheduling_gates,
             }),
             claims_made: p
                 .status

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Node, Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec,
-    PodTemplateSpec,
+    Affinity, Container, Node, Pod, PodResourceClaim, PodResourceClaimStatus, PodSchedulingGate,
+    PodSpec, PodTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
@@ -44,6 +44,8 @@ pub struct QueueRecord {
     /// `volcano.sh/card.enforcement` (`None`: the install's default), or why it does
     /// not parse.
     pub enforcement: Result<Option<annotations::Enforcement>, String>,
+    /// `volcano.sh/card.full` (`None`: the install's default), or why it does not parse.
+    pub full: Result<Option<annotations::Full>, String>,
     /// `spec.parent`; `None` when empty or `root` (the queue is under `root`).
     pub parent: Option<QueueName>,
     /// `volcano.sh/card.borrow`: cards per model the queue's subtree may use beyond its
@@ -178,6 +180,11 @@ pub struct PodRecord {
     /// a card, or they have not been read). Their cards are in `demand` under
     /// [`ClaimCards::resource`].
     pub claimed: Option<Result<ClaimCards, Box<DraError>>>,
+    /// Carries card-quota's scheduling gate ([`annotations::WAIT_GATE`]): waits for
+    /// room and holds no quota until it is released.
+    pub gated: bool,
+    /// `metadata.creationTimestamp`: a waiting pod's place in its queue's order.
+    pub created: Option<jiff::Timestamp>,
     pub seq: u64,
     pub version: Version,
 }
@@ -411,6 +418,8 @@ pub struct SpecView<'a, C> {
     pub resource_claims: &'a [PodResourceClaim],
     /// `status.resourceClaimStatuses`: the claims made for the pod from templates.
     pub claims_made: &'a [PodResourceClaimStatus],
+    /// `spec.schedulingGates`.
+    pub scheduling_gates: &'a [PodSchedulingGate],
 }
 
 // By hand: derived, they would ask `C: Copy` of the borrowed containers.
@@ -433,6 +442,7 @@ impl<'a> SpecView<'a, Container> {
             scheduler_name: s.scheduler_name.as_deref(),
             resource_claims: s.resource_claims.as_deref().unwrap_or_default(),
             claims_made: &[],
+            scheduling_gates: s.scheduling_gates.as_deref().unwrap_or_default(),
         }
     }
 }
@@ -569,6 +579,12 @@ fn record_from_parts<C: ContainerResources>(
         )),
         claims: spec.map(|s| s.claims()).unwrap_or_default(),
         claimed: None,
+        gated: spec.is_some_and(|s| {
+            s.scheduling_gates
+                .iter()
+                .any(|g| g.name == annotations::WAIT_GATE)
+        }),
+        created: meta.creation_timestamp.as_ref().map(|t| t.0),
         seq,
         version: Version::of(meta),
     }
@@ -641,6 +657,10 @@ pub fn queue_record(v: &Value) -> Result<QueueRecord, RecordError> {
         enforcement: a
             .get(annotations::ENFORCEMENT)
             .map(|raw| annotations::parse_enforcement(&object, raw))
+            .transpose(),
+        full: a
+            .get(annotations::FULL)
+            .map(|raw| annotations::parse_full(&object, raw))
             .transpose(),
         quota: a
             .get(QUOTA)

@@ -429,6 +429,8 @@ mod tests {
             scheduler: None,
             claims: Vec::new(),
             claimed: None,
+            gated: false,
+            created: None,
             seq: 0,
             version: Default::default(),
         }));

@@ -21,6 +21,7 @@ pub mod room;
 pub mod scale;
 pub mod seal;
 pub mod tree;
+pub mod wait;
 
 pub use crate::cards::annotations::Enforcement;
 use crate::cards::QueueName;
@@ -58,6 +59,9 @@ pub struct Config {
     /// A binding takes its node's model whatever its pod names: set only for warn's
     /// second decision of a binding its pod's name refuses (nothing pinned the pod).
     pub any_model: bool,
+    /// What a queue without `volcano.sh/card.full` does with a pod that does not fit
+    /// its room now (`--card-full`).
+    pub full: crate::cards::annotations::Full,
 }
 
 impl Default for Config {
@@ -69,6 +73,7 @@ impl Default for Config {
             max_queue_depth: DEFAULT_MAX_QUEUE_DEPTH,
             namespace_enforcement: NamespaceEnforcement::default(),
             any_model: false,
+            full: crate::cards::annotations::Full::default(),
         }
     }
 }

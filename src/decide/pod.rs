@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::cards::annotations::{CARD_NAME, CARD_QUEUE, CHARGED, PINNED, QUOTA};
+use crate::cards::annotations::{Full, CARD_NAME, CARD_QUEUE, CHARGED, PINNED, QUOTA};
 use crate::cards::dra::is_claim_resource;
 use crate::cards::names::shown;
 use crate::cards::nodes::product_of;
@@ -27,7 +27,7 @@ use super::messages::{
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
 use super::review::{AdmissionRequest, Object, Operation};
 use super::tree::check_allocated;
-use super::{raw_object_of, Config, Decision, ObjectRef};
+use super::{raw_object_of, wait, Config, Decision, ObjectRef};
 
 /// What a card pod asks for, once parsed and checked.
 #[derive(Debug, Clone)]
@@ -68,7 +68,7 @@ pub fn decide(
 ) -> Decision {
     match req.operation {
         Operation::Create => create(req, snap, cfg, now),
-        Operation::Update => update(req, snap, now),
+        Operation::Update => update(req, snap, cfg, now),
         Operation::Delete | Operation::Connect => Decision::allow(),
     }
 }
@@ -803,6 +803,86 @@ fn admit(
     d.with_event(owner)
 }
 
+/// How a pending pod of `queue` is steered. A pod whose cards come from claims is not
+/// pinned by node labels: its devices' models are its claims' to say, and a DRA node
+/// need not carry the product label.
+fn steer_of(
+    pod: &PodParts,
+    rec: &PodRecord,
+    queue: &QueueName,
+    snap: &Snapshot,
+    cfg: &Config,
+) -> Steer {
+    if !cfg.pin
+        || rec.node.is_some()
+        || rec.claimed.is_some()
+        || names_its_node(pod)
+        || owned_by_daemonset(pod)
+    {
+        Steer::Off
+    } else if super::enforcement::observed_only(snap, cfg, &rec.key.namespace, queue) {
+        Steer::Advise
+    } else {
+        Steer::Pin
+    }
+}
+
+/// A pod CREATE that may wait (its queue's `card.full` is `wait`, or it carries the
+/// gate already): `Some` when it waits behind the gate, charging nothing; `None` when it
+/// is decided as any pod (it fits and nobody waits before it).
+fn wait_at_create(
+    pod: &PodParts,
+    rec: &PodRecord,
+    queue: &QueueName,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+    steer: Steer,
+) -> Option<Decision> {
+    let demand = match card_demand(rec, snap, Some(queue)) {
+        Ok(Some(d)) => d,
+        // Nothing to charge, or a demand refused for what it is: decided as any pod.
+        _ => return None,
+    };
+    let first = if rec.gated {
+        // Gated already: the pod waits whatever its room, for its release.
+        admit(pod, rec.clone(), queue.clone(), snap, now, true, Steer::Off)
+    } else if wait::strict_line(snap, queue, now) {
+        Decision::deny(
+            INSUFFICIENT,
+            format!(
+                "queue {queue} releases waiting pods in order ({}: strict): pods wait before this one",
+                crate::cards::annotations::ORDER
+            ),
+        )
+    } else {
+        let d = admit(pod, rec.clone(), queue.clone(), snap, now, true, steer);
+        if d.allowed {
+            return Some(d);
+        }
+        d
+    };
+    let waits = first.allowed
+        || (wait::for_room(&first)
+            && wait::could_ever_fit(snap, queue, &demand.alternatives, demand.cards));
+    if !waits {
+        return Some(first);
+    }
+    let mut annotations: Vec<(&str, String)> = vec![(CARD_QUEUE, queue.to_string())];
+    if demand.is_inferred() {
+        annotations.push((CARD_NAME, demand.alternatives.to_string()));
+    }
+    let mut patch = annotations_at(AnnotationsAt::of_meta(&pod.metadata), annotations);
+    if !rec.gated {
+        patch.push(wait::add_gate(pod));
+    }
+    if first.allowed {
+        let mut d = Decision::allow();
+        d.patch = patch;
+        return Some(d);
+    }
+    Some(wait::waiting(&first, patch, queue))
+}
+
 /// True when card levels lie above `queue`.
 fn in_a_tree(snap: &Snapshot, queue: &QueueName) -> bool {
     !snap.is_flat() && snap.ancestry(queue).is_ok_and(|a| !a.levels.is_empty())
@@ -852,20 +932,19 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
             );
         }
     }
-    // A pod whose cards come from claims is not pinned by node labels: its devices'
-    // models are its claims' to say, and a DRA node need not carry the product label.
-    let steer = if !cfg.pin
-        || rec.node.is_some()
-        || rec.claimed.is_some()
-        || names_its_node(pod)
-        || owned_by_daemonset(pod)
-    {
-        Steer::Off
-    } else if super::enforcement::observed_only(snap, cfg, &key.namespace, &queue) {
-        Steer::Advise
-    } else {
-        Steer::Pin
-    };
+    let steer = steer_of(pod, &rec, &queue, snap, cfg);
+    let may_wait = rec.node.is_none()
+        && rec.claimed.is_none()
+        && !names_its_node(pod)
+        && !owned_by_daemonset(pod)
+        && (rec.gated
+            || (wait::policy(snap, cfg, &queue) == Full::Wait
+                && !super::enforcement::observed_only(snap, cfg, &key.namespace, &queue)));
+    if may_wait {
+        if let Some(d) = wait_at_create(pod, &rec, &queue, snap, now, steer) {
+            return d;
+        }
+    }
     let d = admit(pod, rec, queue, snap, now, true, steer);
     // A pod created on its node is charged its node's model, whatever it claims.
     if let (true, Some(claimed)) = (d.allowed, annotation(pod, CHARGED)) {
@@ -889,7 +968,7 @@ fn create(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Time
 /// that no UPDATE may change on a pod with card demand (docs/annotations.md).
 const IMMUTABLE_ANNOTATIONS: [&str; 3] = [CARD_QUEUE, CHARGED, CARD_NAME];
 
-fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+fn update(req: &AdmissionRequest, snap: &Snapshot, cfg: &Config, now: jiff::Timestamp) -> Decision {
     let obj = match raw_object_of(req) {
         Ok(o) => o,
         Err(d) => return d,
@@ -939,6 +1018,9 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
     if !new.is_card_pod() {
         return Decision::allow();
     }
+    if old.gated && !new.gated && new.node.is_none() {
+        return release(pod, new, snap, cfg, now);
+    }
     let same_demand = new.demand == old.demand && new.card_name == old.card_name;
     let queue = match &old.stamped_queue {
         // Stamped: its queue is fixed; only a changed demand is a new charge.
@@ -976,6 +1058,39 @@ fn update(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Deci
         changed.seq = stored.seq;
     }
     admit(pod, changed, queue, snap, now, false, Steer::Off)
+}
+
+/// The UPDATE that removes card-quota's gate from a waiting pod: decided as its CREATE
+/// would be (pinned, charged, recorded before the answer), in its queue's order. A
+/// refusal leaves the pod gated; the releaser tries again when room appears.
+fn release(
+    pod: &PodParts,
+    mut rec: PodRecord,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
+    let queue = match rec.stamped_queue.clone() {
+        Some(q) => q,
+        None => match snap.volcano_queue(&rec) {
+            Ok(q) => q,
+            Err(UnknownGroup(g)) => return unknown_group(&rec.key, g),
+        },
+    };
+    if let Some(stored) = snap.pod(&rec.key) {
+        rec.seq = stored.seq;
+    }
+    if let Some(first) = wait::held_behind(snap, &queue, &rec, now) {
+        return Decision::deny(
+            INSUFFICIENT,
+            format!(
+                "queue {queue} releases waiting pods in order ({}: strict): pod {first} waits for its cards first",
+                crate::cards::annotations::ORDER
+            ),
+        );
+    }
+    let steer = steer_of(pod, &rec, &queue, snap, cfg);
+    admit(pod, rec, queue, snap, now, false, steer)
 }
 
 /// A pod that names its node (`nodeName`, or a required `matchFields metadata.name`

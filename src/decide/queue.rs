@@ -41,6 +41,9 @@ pub fn decide(
     if let Err(e) = &rec.enforcement {
         return Decision::deny(INVALID, e.clone());
     }
+    if let Err(e) = &rec.full {
+        return Decision::deny(INVALID, e.clone());
+    }
     let old = match req.operation {
         Operation::Update => req
             .old_object

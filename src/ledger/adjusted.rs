@@ -122,6 +122,8 @@ impl<'a> Adjusted<'a> {
                 let w = side.of(moved(&mut self.diff.waiting, &(a.clone(), *n)));
                 *w = w.saturating_add(1);
             }
+            // Waiting behind the gate holds no quota: no decision's room changes.
+            Share::Gated(..) => {}
             Share::Problem(e) => {
                 let set = (side == Side::Added).then(|| e.clone());
                 self.diff.problems.push((key.clone(), set));

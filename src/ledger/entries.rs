@@ -649,6 +649,8 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         scheduler: None,
         claims: Vec::new(),
         claimed: None,
+        gated: false,
+        created: None,
         seq,
         version: e.version(id),
     })
@@ -720,6 +722,8 @@ mod tests {
             scheduler: None,
             claims: Vec::new(),
             claimed: None,
+            gated: false,
+            created: None,
             seq: 7,
             version: Version {
                 uid: uid.map(str::to_string),

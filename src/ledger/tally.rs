@@ -391,6 +391,8 @@ pub fn same_usage(a: &QueueUsage, b: &QueueUsage) -> bool {
         && a.pending == b.pending
         && a.reserved == b.reserved
         && a.waiting == b.waiting
+        && a.gated == b.gated
+        && a.gated_pods == b.gated_pods
         && a.problems == b.problems
 }
 
@@ -400,6 +402,7 @@ pub fn is_empty(u: &QueueUsage) -> bool {
         && u.pending.is_empty()
         && u.reserved.is_empty()
         && u.waiting.is_empty()
+        && u.gated.is_empty()
         && u.problems.is_empty()
         && u.planned.is_empty()
 }

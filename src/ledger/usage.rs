@@ -31,6 +31,11 @@ pub struct QueueUsage {
     pub reserved: BTreeMap<Alternatives, Cards>,
     /// Pending pods (indivisible): how many wait with these models and cards each.
     pub waiting: BTreeMap<(Alternatives, Cards), u64>,
+    /// Pods behind card-quota's scheduling gate: cards per models they may use. They
+    /// hold no quota (a figure of their own, never part of a decision's room).
+    pub gated: BTreeMap<Alternatives, Cards>,
+    /// How many pods wait behind the gate.
+    pub gated_pods: u64,
     /// Demands with no object yet (replicas a scale-up would add).
     pub planned: Vec<Demand>,
     /// Pods that could not be charged, for logs. Shared: every decision copies its
@@ -47,6 +52,8 @@ pub enum Share {
     Allocated(Vec<(CardName, Cards)>),
     /// Unbound: the models it may land on, and its cards.
     Pending(Alternatives, Cards),
+    /// Unbound behind card-quota's scheduling gate: waits, holds no quota.
+    Gated(Alternatives, Cards),
     /// It cannot be charged; the reason is logged.
     Problem(String),
 }
@@ -69,6 +76,9 @@ impl Share {
             return Self::Nothing;
         }
         match pod.effective_alternatives() {
+            Some(a) if pod.gated => Self::Gated(a, cards),
+            // Waiting without models to name (its card.name broken): still nothing held.
+            None if pod.gated => Self::Nothing,
             Some(a) => Self::Pending(a, cards),
             None => Self::Problem(format!(
                 "pending pod {} names no valid card model; it is charged when bound",
@@ -85,7 +95,7 @@ impl Share {
                 .map(|(m, n)| (Alternatives::single(m.clone()), *n))
                 .collect(),
             Self::Pending(a, n) => vec![(a.clone(), *n)],
-            Self::Nothing | Self::Problem(_) => Vec::new(),
+            Self::Nothing | Self::Gated(..) | Self::Problem(_) => Vec::new(),
         }
     }
 }
@@ -163,6 +173,10 @@ pub struct Row {
     /// children's shares over-subscribe it.
     #[serde(default, rename = "free", skip_serializing_if = "Option::is_none")]
     pub pool_free: Option<i64>,
+    /// Cards of pods waiting behind card-quota's gate for these models: a figure of its
+    /// own, not in use (they hold no quota).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Cards>,
 }
 
 impl Row {
@@ -202,6 +216,10 @@ impl QueueUsage {
                 add_to(&mut self.pending, a, *n);
                 *self.waiting.entry((a.clone(), *n)).or_default() += 1;
             }
+            Share::Gated(a, n) => {
+                add_to(&mut self.gated, a, *n);
+                self.gated_pods += 1;
+            }
             Share::Problem(e) => {
                 Arc::make_mut(&mut self.problems).insert(key.clone(), e.clone());
             }
@@ -228,6 +246,11 @@ impl QueueUsage {
                 }
                 ok
             }
+            Share::Gated(a, n) => {
+                let ok = take_from(&mut self.gated, a, *n) && self.gated_pods > 0;
+                self.gated_pods = self.gated_pods.saturating_sub(1);
+                ok
+            }
             Share::Problem(_) => {
                 self.problems.contains_key(key)
                     && Arc::make_mut(&mut self.problems).remove(key).is_some()
@@ -249,6 +272,10 @@ impl QueueUsage {
         for (k, c) in &other.waiting {
             *self.waiting.entry(k.clone()).or_default() += *c;
         }
+        for (a, n) in &other.gated {
+            add_to(&mut self.gated, a, *n);
+        }
+        self.gated_pods += other.gated_pods;
         self.planned.extend(other.planned.iter().cloned());
         if !other.problems.is_empty() {
             let p = Arc::make_mut(&mut self.problems);
@@ -267,6 +294,10 @@ impl QueueUsage {
         for (a, n) in &other.reserved {
             take_from(&mut self.reserved, a, *n);
         }
+        for (a, n) in &other.gated {
+            take_from(&mut self.gated, a, *n);
+        }
+        self.gated_pods = self.gated_pods.saturating_sub(other.gated_pods);
         for (k, c) in &other.waiting {
             if let Some(have) = self.waiting.get_mut(k) {
                 *have = have.saturating_sub(*c);
@@ -405,6 +436,11 @@ impl QueueUsage {
                 out.entry(UsageKey::of(k)).or_default().reserved = *r;
             }
         }
+        for (k, w) in &self.gated {
+            if !w.is_zero() {
+                out.entry(UsageKey::of(k)).or_default().waiting = Some(*w);
+            }
+        }
         if !self.quota.caps().is_empty() {
             // A model only a cap names is limited by it.
             for (k, row) in out.iter_mut() {
@@ -430,6 +466,7 @@ impl QueueUsage {
             borrowed: None,
             shares: None,
             pool_free: None,
+            waiting: None,
             quota: cap,
             allocated: self
                 .allocated
@@ -460,6 +497,7 @@ impl QueueUsage {
             borrowed: None,
             shares: None,
             pool_free: None,
+            waiting: None,
             quota: key.models().iter().map(|m| self.quota.get(m)).sum(),
             allocated: key
                 .models()

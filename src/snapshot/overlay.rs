@@ -71,13 +71,21 @@ fn pod_reflected(
     e: &Entry,
 ) -> bool {
     match held.filter(|p| same(&p.version, id)) {
-        Some(p) => e.node.is_none() || p.node.is_some(),
+        Some(p) => shows_entry(p, e),
         None if gone(snap, id, e).is_some() => true,
         None => match held {
             Some(other) => name_held(other, id),
             None => snap.is_known_cardless_pod(k),
         },
     }
+}
+
+/// True when the cached pod (the entry's incarnation) shows what the entry records: its
+/// node when the entry is a binding, and no wait gate (an entry is always a charge, and
+/// a pod behind card-quota's gate holds none: its cache still shows the gate until the
+/// release that the entry records reaches it; gates are never added back).
+fn shows_entry(p: &PodRecord, e: &Entry) -> bool {
+    (e.node.is_none() || p.node.is_some()) && !p.gated
 }
 
 /// True when another incarnation holds the entry's name and is not going away: a CREATE
@@ -133,11 +141,12 @@ pub fn fate(
         EntryKey::Pod(k) => match cached_pod(snap, id, k) {
             // A finished pod holds no cards, whether or not another cache shows it.
             Some(p) if !p.is_active(now) => Fate::Drop,
-            Some(p) if e.node.is_none() || p.node.is_some() => match p.version.resource_version {
+            Some(p) if shows_entry(p, e) => match p.version.resource_version {
                 Some(rv) => Fate::Reflected(Stream::Pods, rv),
                 None => expired(),
             },
-            // Still unbound long after its binding was admitted: the bind failed after
+            // Still unbound (or still gated) long after its binding (or release) was
+            // admitted: the write failed after
             // us (another webhook refused it, or the pod was bound elsewhere). Only
             // behind a fence read after the grace: a cache that lags (a stalled watch)
             // shows the pod unbound too, and dropping the entry then forgot a bind that
@@ -251,6 +260,16 @@ impl Overlay {
                     // cached pod of another uid is gone: names are unique, so the
                     // charged incarnation replaces it.)
                     let mut bound = p.clone();
+                    if p.gated {
+                        // A release the cache does not show yet: it counts as released,
+                        // on the pin the release wrote.
+                        bound.gated = false;
+                        bound.pinned = std::mem::take(&mut rec.pinned);
+                        bound.excluded = std::mem::take(&mut rec.excluded);
+                        if rec.card_name.is_some() {
+                            bound.card_name = rec.card_name.take();
+                        }
+                    }
                     bound.node = rec.node.take();
                     bound.bind_unseen = rec.bind_unseen;
                     bound.charged = rec.charged.take();
@@ -433,6 +452,51 @@ status: {phase: Succeeded}
         p.node = node.map(str::to_string);
         let effect = Effect::Pod(Box::new(p));
         (effect.id(), effect.entry())
+    }
+
+    #[test]
+    fn a_release_counts_until_the_cache_shows_the_pod_without_its_gate() {
+        let (mut snap, _) = load(SNAP).unwrap();
+        let now = jiff::Timestamp::now();
+        let key = ObjectKey::new("ml", "seen");
+        // The release of "seen" was admitted and recorded; this cache still shows it
+        // behind card-quota's gate (holding nothing).
+        let (id, e) = entry(&snap, "seen", "u-seen", None);
+        let mut waiting = snap.pod(&key).unwrap().clone();
+        waiting.gated = true;
+        snap.upsert_pod(waiting);
+        assert!(!reflected(&snap, &id, &e));
+        let young = Duration::from_secs(1);
+        assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Keep);
+        let q = QueueName::new("q");
+        let counted = |s: &mut Snapshot| {
+            let mut ledger = Ledger::default();
+            ledger.insert(id.clone(), e.clone());
+            Overlay::scoped(s, |s, o| {
+                o.lay(s, &q, &ledger);
+                s.usage(&q, now)
+                    .pending
+                    .values()
+                    .map(|n| n.get())
+                    .sum::<u128>()
+            })
+        };
+        assert_eq!(
+            counted(&mut snap),
+            1,
+            "the release counts over the gated cache"
+        );
+        // Released in this cache too: reflected, counted once.
+        let mut released = snap.pod(&key).unwrap().clone();
+        released.gated = false;
+        released.version.resource_version = Some(80);
+        snap.upsert_pod(released);
+        assert!(reflected(&snap, &id, &e));
+        assert_eq!(
+            fate(&snap, &id, &e, young, now, None),
+            Fate::Reflected(Stream::Pods, 80)
+        );
+        assert_eq!(counted(&mut snap), 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use card_quota::cli::{replay, status};
-use card_quota::cli::{EnforcementArg, ScalePolicyArg};
+use card_quota::cli::{EnforcementArg, FullArg, ScalePolicyArg};
 
 #[derive(Parser)]
 #[command(
@@ -91,6 +91,11 @@ pub struct ReplayArgs {
     /// metric (warn: roll out first in warn, then switch).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
+    /// What a queue without `volcano.sh/card.full` does with a pod that does not fit its
+    /// room now but could fit its quota: refuse it, or admit it behind card-quota's
+    /// scheduling gate and release it in the queue's order when room appears (wait).
+    #[arg(long = "card-full", value_enum, default_value = "refuse")]
+    pub card_full: FullArg,
     /// Per namespace (repeatable NAMESPACE=deny|warn): may only tighten. A namespace in
     /// deny is refused even in a queue in warn (roll out namespace by namespace); warn
     /// never loosens a queue in deny, whoever charges it.
@@ -240,6 +245,11 @@ pub struct ServeArgs {
     /// metric (warn: roll out first in warn, then switch).
     #[arg(long, value_enum, default_value = "deny")]
     pub enforcement: EnforcementArg,
+    /// What a queue without `volcano.sh/card.full` does with a pod that does not fit its
+    /// room now but could fit its quota: refuse it, or admit it behind card-quota's
+    /// scheduling gate and release it in the queue's order when room appears (wait).
+    #[arg(long = "card-full", value_enum, default_value = "refuse")]
+    pub card_full: FullArg,
     /// Per namespace (repeatable NAMESPACE=deny|warn): may only tighten. A namespace in
     /// deny is refused even in a queue in warn (roll out namespace by namespace); warn
     /// never loosens a queue in deny, whoever charges it.

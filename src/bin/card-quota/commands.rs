@@ -49,6 +49,7 @@ pub fn replay(a: ReplayArgs) -> anyhow::Result<()> {
         scale_policy: a.scale_policy.into(),
         pin: !a.no_pin,
         enforcement: a.enforcement.into(),
+        full: a.card_full.into(),
         namespace_enforcement: NamespaceEnforcement::parse(&a.namespace_enforcement)?,
         max_queue_depth: a.max_queue_depth,
         any_model: false,

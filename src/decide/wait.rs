@@ -1,0 +1,186 @@
+//! Waiting instead of refusal (docs/decisions.md, "Pods that wait for room"). Under
+//! `volcano.sh/card.full: wait` a pod that does not fit its queue's room now but could
+//! fit its quota is admitted behind card-quota's scheduling gate ([`WAIT_GATE`]) and
+//! holds no quota while it waits. Removing the gate (the releaser's write, or anyone's)
+//! is a pod UPDATE decided as its CREATE would be: pinned, charged and recorded before
+//! the answer (rule R1), or refused, and the pod stays gated. No replica can release
+//! past the quota because a release is one more charge through the one commit path.
+
+use json_patch::{AddOperation, PatchOperation};
+use serde_json::{json, Value};
+
+use crate::cards::annotations::{Full, Order, WAIT_GATE};
+use crate::cards::{Alternatives, Cards, ObjectKey, QueueName};
+use crate::cluster::pod_parts::PodParts;
+use crate::cluster::PodRecord;
+use crate::ledger::usage::Share;
+use crate::ledger::{QueueUsage, Verdict};
+use crate::snapshot::Snapshot;
+
+use super::fit::{feasible, models_of};
+use super::messages::INSUFFICIENT;
+use super::patch::pointer;
+use super::{Config, Decision};
+
+/// What `queue` does with a pod that does not fit now: its own `card.full`, else the
+/// install's. A queue whose annotation does not parse refuses (the Queue hook refuses
+/// such a write; one stored before is reported by `status`).
+pub fn policy(snap: &Snapshot, cfg: &Config, queue: &QueueName) -> Full {
+    match snap.queue(queue).map(|q| &q.full) {
+        Some(Ok(Some(f))) => *f,
+        Some(Err(_)) => Full::Refuse,
+        _ => cfg.full,
+    }
+}
+
+/// True when a pod of `cards` on one of `alternatives` fits `queue`'s quota (and every
+/// card level above it) with nothing else in use: only such a pod may wait; one that
+/// never could is refused at once rather than held forever.
+pub fn could_ever_fit(
+    snap: &Snapshot,
+    queue: &QueueName,
+    alternatives: &Alternatives,
+    cards: Cards,
+) -> bool {
+    let touched = models_of([alternatives]);
+    let alone = |quota: crate::cards::Quota| {
+        let mut u = QueueUsage::new(quota);
+        u.add_share(
+            &ObjectKey::new("", ""),
+            &Share::Pending(alternatives.clone(), cards),
+        );
+        feasible(&u, &touched) == Verdict::Feasible
+    };
+    if !snap.quota_lifted(queue) && !alone(snap.cap_of(queue).into_owned()) {
+        return false;
+    }
+    let levels = snap.ancestry(queue).map(|a| a.levels).unwrap_or_default();
+    levels
+        .iter()
+        .filter(|l| !snap.quota_lifted(l))
+        .all(|l| alone(snap.cap_of(l).into_owned()))
+}
+
+/// The order waiting pods of a queue are released in: oldest first (creation time, then
+/// the order this replica saw them, then name).
+pub fn place(p: &PodRecord) -> (Option<jiff::Timestamp>, u64, &ObjectKey) {
+    (p.created, p.seq, &p.key)
+}
+
+/// The waiting pods of `queue`, in their order.
+pub fn waiting_in<'s>(
+    snap: &'s Snapshot,
+    queue: &QueueName,
+    now: jiff::Timestamp,
+) -> Vec<&'s PodRecord> {
+    let mut out: Vec<&PodRecord> = snap
+        .queue_pods(queue)
+        .filter(|p| p.gated && p.node.is_none() && p.is_active(now))
+        .collect();
+    out.sort_by(|a, b| place(a).cmp(&place(b)));
+    out
+}
+
+/// Under strict order (`card.order: strict`), the oldest pod of `queue` waiting before
+/// `pod` that could fit the quota: `pod` is released only after it. Best-effort order
+/// lets a pod that fits go.
+pub fn held_behind(
+    snap: &Snapshot,
+    queue: &QueueName,
+    pod: &PodRecord,
+    now: jiff::Timestamp,
+) -> Option<ObjectKey> {
+    let strict = snap
+        .queue(queue)
+        .is_some_and(|q| q.order == Ok(Order::Strict));
+    if !strict {
+        return None;
+    }
+    let mine = place(pod);
+    waiting_in(snap, queue, now)
+        .into_iter()
+        .take_while(|w| place(w) < mine)
+        .find(|w| {
+            w.key != pod.key
+                && w.effective_alternatives()
+                    .is_some_and(|a| could_ever_fit(snap, queue, &a, w.cards()))
+        })
+        .map(|w| w.key.clone())
+}
+
+/// True when `queue` is strict and has pods waiting: a new pod queues behind them.
+pub fn strict_line(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> bool {
+    snap.queue(queue)
+        .is_some_and(|q| q.order == Ok(Order::Strict))
+        && snap.usage(queue, now).gated_pods > 0
+}
+
+/// Adds [`WAIT_GATE`] to a pod's `spec.schedulingGates`.
+pub fn add_gate(pod: &PodParts) -> PatchOperation {
+    let has_gates = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some();
+    let gate: Value = json!({ "name": WAIT_GATE });
+    if has_gates {
+        PatchOperation::Add(AddOperation {
+            path: pointer(&["spec", "schedulingGates", "-"]),
+            value: gate,
+        })
+    } else {
+        PatchOperation::Add(AddOperation {
+            path: pointer(&["spec", "schedulingGates"]),
+            value: Value::Array(vec![gate]),
+        })
+    }
+}
+
+/// The pod is admitted to wait: `refused` says for what. Charges nothing.
+pub fn waiting(refused: &Decision, patch: Vec<PatchOperation>, queue: &QueueName) -> Decision {
+    let why = refused
+        .message
+        .clone()
+        .unwrap_or_else(|| format!("queue {queue} has no room"));
+    let mut d = Decision::allow();
+    d.patch = patch;
+    d.warnings.push(super::messages::cap(format!(
+        "the pod waits for room (volcano.sh/card.full: wait; gate {WAIT_GATE}): {why}"
+    )));
+    d
+}
+
+/// True when a refusal is only for room: a pod refused so may wait.
+pub fn for_room(d: &Decision) -> bool {
+    !d.allowed && d.reason == Some(INSUFFICIENT) && !d.undecided
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_goes_in_whether_or_not_the_pod_has_gates() {
+        let bare: PodParts = serde_json::from_value(json!({"spec": {"containers": []}})).unwrap();
+        let gated: PodParts = serde_json::from_value(
+            json!({"spec": {"containers": [], "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}),
+        )
+        .unwrap();
+        let apply = |p: &PodParts, doc: Value| {
+            let mut doc = doc;
+            json_patch::patch(&mut doc, &[add_gate(p)]).unwrap();
+            doc["spec"]["schedulingGates"].clone()
+        };
+        assert_eq!(
+            apply(&bare, json!({"spec": {"containers": []}})),
+            json!([{"name": "volcano.sh/card-quota"}])
+        );
+        assert_eq!(
+            apply(
+                &gated,
+                json!({"spec": {"containers": [], "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})
+            ),
+            json!([{"name": "kueue.x-k8s.io/admission"}, {"name": "volcano.sh/card-quota"}])
+        );
+    }
+}
