@@ -591,7 +591,7 @@ mod tests {
             .filter(|o| is_webhook_config(o))
             .flat_map(|o| o["webhooks"].as_array().unwrap())
             .collect();
-        assert_eq!(hooks.len(), 15);
+        assert_eq!(hooks.len(), 16);
         for h in &hooks {
             assert_eq!(h["clientConfig"]["caBundle"], json!(ca), "{h}");
             assert_eq!(h["clientConfig"]["service"]["name"], "card-quota");

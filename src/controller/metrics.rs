@@ -65,6 +65,10 @@ pub struct ReconcilerMetrics {
     pub reconciles: Family<ModeLabel, Counter>,
     pub reconcile_duration: Family<ModeLabel, Histogram>,
     pub usage_writes: Family<ResultLabel, Counter>,
+    /// Waiting pods' releases by outcome (released, refused by the webhook, error).
+    pub releases: Family<ResultLabel, Counter>,
+    /// Cards of pods waiting behind card-quota's gate per queue and models.
+    pub waiting_cards: Family<QueueCardLabels, Gauge>,
     /// Queues whose incremental usage disagreed with a full recount (then rebuilt).
     pub tally_mismatches: Counter,
     /// Jobs held at Volcano's enqueue, per queue and request key.
@@ -131,6 +135,17 @@ impl ReconcilerMetrics {
             "card_quota_reconcile_duration_seconds",
             "Time of one reconciler pass, API writes included",
             reconcile_duration.clone(),
+        );
+        let releases = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "card_quota_pod_releases",
+            "Removals of card-quota's scheduling gate from waiting pods by outcome (released, refused: the webhook found no room, error)",
+            releases.clone(),
+        );
+        let waiting_cards = gauge(
+            registry,
+            "card_quota_queue_card_waiting",
+            "Cards of pods waiting behind card-quota's scheduling gate (volcano.sh/card.full: wait) per queue and model or alternatives; they hold no quota",
         );
         let usage_writes = Family::<ResultLabel, Counter>::default();
         registry.register(
@@ -224,6 +239,8 @@ impl ReconcilerMetrics {
             reconciles,
             reconcile_duration,
             usage_writes,
+            releases,
+            waiting_cards,
             tally_mismatches,
             published: Mutex::new(HashMap::new()),
         }
@@ -286,6 +303,7 @@ impl ReconcilerMetrics {
                 &self.reserved,
                 &self.borrowed,
                 &self.borrow_limit,
+                &self.waiting_cards,
             ] {
                 f.remove(&l);
             }
@@ -306,6 +324,14 @@ impl ReconcilerMetrics {
             }
             self.pending.get_or_create(&l).set(gauge(r.pending));
             self.reserved.get_or_create(&l).set(gauge(r.reserved));
+            match r.waiting {
+                Some(w) => {
+                    self.waiting_cards.get_or_create(&l).set(gauge(w));
+                }
+                None => {
+                    self.waiting_cards.remove(&l);
+                }
+            }
             match r.borrowed {
                 Some(b) => {
                     self.borrowed.get_or_create(&l).set(gauge(b));

@@ -6,3 +6,4 @@ pub mod events;
 pub mod metrics;
 pub mod plan;
 pub mod reconciler;
+pub mod releaser;

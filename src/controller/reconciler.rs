@@ -32,6 +32,7 @@ use super::plan::{
     exceeded_message, invalid_message, queue_state, recount_queues, recount_slice, unstamped,
     usage_write, EventMemory, QueueState, Stamp, EXCEEDED, INVALID, TREE,
 };
+use super::releaser::Releaser;
 
 use crate::live::FIELD_MANAGER;
 
@@ -56,6 +57,8 @@ pub struct Pass {
     pub ledger_entries_pruned: usize,
     /// Pods stamped with the queue they are counted in.
     pub stamped: usize,
+    /// Waiting pods released (their gate removed, the webhook admitting it).
+    pub released: usize,
     pub errors: usize,
     pub leader: bool,
 }
@@ -86,6 +89,8 @@ pub struct Reconciler {
     /// The install fails open (its enforcement is warn): a queue in deny is enforced
     /// only while card-quota answers, which the metrics say per queue.
     fail_open: bool,
+    /// Releases waiting pods (on the leader).
+    releaser: Releaser,
 }
 
 /// The wait after `n` failed usage writes in a row: 1 s doubling to a minute.
@@ -139,6 +144,7 @@ impl Reconciler {
             fail_open: false,
             failing: HashMap::new(),
             lease: None,
+            releaser: Releaser::default(),
         }
     }
 
@@ -389,6 +395,28 @@ impl Reconciler {
             }
         }
         if leader {
+            // Releases first: a waiting pod's room is there now.
+            let r = self
+                .releaser
+                .pass(&self.client, &self.snapshot, &self.events, now)
+                .await;
+            pass.released += r.released;
+            pass.events += r.events;
+            pass.errors += r.errors;
+            for (result, n) in [
+                ("released", r.released),
+                ("refused", r.refused),
+                ("error", r.errors),
+            ] {
+                if n > 0 {
+                    self.metrics
+                        .releases
+                        .get_or_create(&ResultLabel {
+                            result: result.into(),
+                        })
+                        .inc_by(n as u64);
+                }
+            }
             for s in &states {
                 if let Some(text) = usage_write(s, now) {
                     let waiting = self
@@ -553,7 +581,14 @@ impl Reconciler {
             if full {
                 last_full = Some(Instant::now());
             }
-            if p.usage_written + p.events + p.ledger_entries_pruned + p.stamped + p.errors > 0 {
+            if p.usage_written
+                + p.events
+                + p.ledger_entries_pruned
+                + p.stamped
+                + p.released
+                + p.errors
+                > 0
+            {
                 tracing::info!(?p, "reconciled");
             }
             tokio::select! {

@@ -155,6 +155,114 @@ pub fn for_room(d: &Decision) -> bool {
     !d.allowed && d.reason == Some(INSUFFICIENT) && !d.undecided
 }
 
+/// A waiting pod to release now: its room is there (as this snapshot counts it, with
+/// the releases before it in the same plan counted too). The release itself is decided
+/// by the webhook; the plan only says which UPDATEs are worth sending, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release {
+    pub pod: ObjectKey,
+    pub uid: Option<String>,
+    pub queue: QueueName,
+}
+
+/// A pod that stays waiting, and why (what `kubectl describe pod` shows as its Event).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Still {
+    pub pod: ObjectKey,
+    pub uid: Option<String>,
+    pub queue: QueueName,
+    /// What it waits for (the same while it waits for the same thing).
+    pub why: String,
+    /// Waiting pods of its queue before it.
+    pub ahead: usize,
+}
+
+impl Still {
+    /// The message of its Event.
+    pub fn message(&self) -> String {
+        match self.ahead {
+            0 => self.why.clone(),
+            n => format!("{}; {n} waiting pods ahead", self.why),
+        }
+    }
+}
+
+/// What the releaser does in one pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub releases: Vec<Release>,
+    pub waiting: Vec<Still>,
+}
+
+/// Plans the releases of every queue with waiting pods, oldest first: a pod whose room
+/// is there is released; under strict order the first that does not fit holds every
+/// younger one (a pod that could never fit the quota as it is now holds nobody).
+pub fn plan(snap: &Snapshot, now: jiff::Timestamp) -> Plan {
+    let mut out = Plan::default();
+    for queue in snap.queue_names() {
+        if snap.counted(&queue, now).gated_pods == 0 {
+            continue;
+        }
+        let strict = snap
+            .queue(&queue)
+            .is_some_and(|q| q.order == Ok(Order::Strict));
+        let mut change = super::fit::Change::default();
+        let mut blocked: Option<&ObjectKey> = None;
+        let waiting = waiting_in(snap, &queue, now);
+        for (ahead, p) in waiting.iter().enumerate() {
+            let still = |why: String| Still {
+                pod: p.key.clone(),
+                uid: p.version.uid.clone(),
+                queue: queue.clone(),
+                why,
+                ahead,
+            };
+            let Some(alternatives) = p.effective_alternatives() else {
+                out.waiting.push(still(format!(
+                    "pod {} names no valid card model; it is released when that is fixed",
+                    p.key
+                )));
+                continue;
+            };
+            let cards = p.cards();
+            if let Some(first) = blocked {
+                out.waiting.push(still(format!(
+                    "waiting for {cards} {alternatives} of queue {queue} in order ({}: strict): pod {first} is released first",
+                    crate::cards::annotations::ORDER
+                )));
+                continue;
+            }
+            if !could_ever_fit(snap, &queue, &alternatives, cards) {
+                out.waiting.push(still(format!(
+                    "waiting for {cards} {alternatives} of queue {queue}: more than its quota allows now; released once the quota is raised"
+                )));
+                continue;
+            }
+            let mut released = (*p).clone();
+            released.gated = false;
+            change.add_pods.push(released);
+            let refused = {
+                let f = super::fit::fit(snap, &queue, &change, &models_of([&alternatives]), now);
+                (f.verdict != Verdict::Feasible).then(|| f.message(&alternatives, cards))
+            };
+            let Some(why) = refused else {
+                out.releases.push(Release {
+                    pod: p.key.clone(),
+                    uid: p.version.uid.clone(),
+                    queue: queue.clone(),
+                });
+                continue;
+            };
+            change.add_pods.pop();
+            out.waiting.push(still(format!("waiting: {why}")));
+            if strict {
+                blocked = Some(&p.key);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,28 @@ pub enum Command {
         after_help = "Exit status: 0 when every object would run whole now, 2 when one would be refused (or partly), or would wait at Volcano's enqueue, 1 on an error."
     )]
     Check(CheckArgs),
+    /// Remove card-quota's scheduling gate (volcano.sh/card-quota) from every pod that
+    /// waits behind it: run it when uninstalling, after removing the webhooks (pods then
+    /// go to the scheduler as if card-quota had never held them). Other owners' gates
+    /// stay.
+    Ungate(UngateArgs),
+}
+
+#[derive(Args)]
+pub struct UngateArgs {
+    /// Only pods of this namespace (default: every namespace).
+    #[arg(short = 'n', long = "namespace")]
+    pub namespace: Option<String>,
+    /// List the pods that wait, change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The kubeconfig file to read (default: $KUBECONFIG, ~/.kube/config, or the
+    /// in-cluster config).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
 }
 
 #[derive(Args)]

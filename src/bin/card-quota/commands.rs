@@ -189,3 +189,70 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `ungate`: removes card-quota's gate from every waiting pod (an uninstall's last step).
+pub fn ungate(a: crate::args::UngateArgs) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    let cluster = crate::args::ClusterArgs {
+        kubeconfig: a.kubeconfig,
+        context: a.context,
+    };
+    tokio::runtime::Runtime::new()?.block_on(async move {
+        let client = crate::snapshots::client_for(&cluster).await?;
+        let api: kube::Api<Pod> = match &a.namespace {
+            Some(ns) => kube::Api::namespaced(client.clone(), ns),
+            None => kube::Api::all(client.clone()),
+        };
+        let mut params = kube::api::ListParams::default().limit(500);
+        let mut waiting = Vec::new();
+        loop {
+            let page = anyhow::Context::context(api.list(&params).await, "listing pods")?;
+            for p in &page.items {
+                let gated = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.scheduling_gates.as_ref())
+                    .is_some_and(|g| {
+                        g.iter()
+                            .any(|g| g.name == card_quota::cards::annotations::WAIT_GATE)
+                    });
+                if gated {
+                    let ns = p.metadata.namespace.clone().unwrap_or_default();
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    waiting.push((
+                        card_quota::cards::ObjectKey::new(ns, name),
+                        p.metadata.uid.clone(),
+                    ));
+                }
+            }
+            match page.metadata.continue_.as_deref() {
+                Some(c) if !c.is_empty() => params = params.continue_token(c),
+                _ => break,
+            }
+        }
+        let mut failed = 0;
+        for (pod, uid) in &waiting {
+            if a.dry_run {
+                println!("pod {pod} waits behind {}", card_quota::cards::annotations::WAIT_GATE);
+                continue;
+            }
+            match card_quota::controller::releaser::ungate(&client, pod, uid.as_deref()).await {
+                Ok(()) => println!("pod {pod} ungated"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("pod {pod}: {e}");
+                }
+            }
+        }
+        println!(
+            "{} pods {}",
+            waiting.len(),
+            if a.dry_run { "wait" } else { "were waiting" }
+        );
+        if failed > 0 {
+            anyhow::bail!("{failed} pods could not be ungated (is card-quota's pod webhook still installed? remove it first)");
+        }
+        Ok(())
+    })
+}

@@ -50,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         Command::Manifests(a) => commands::manifests(a),
         Command::Status(a) => commands::status(a),
         Command::Check(a) => commands::check(a),
+        Command::Ungate(a) => commands::ungate(a),
     };
     // A reader that stops early (`card-quota status | head`) is not a failure of the
     // command that printed for it.
