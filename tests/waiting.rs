@@ -300,3 +300,78 @@ fn an_invalid_card_full_is_refused_naming_it() {
         r#"invalid volcano.sh/card.full on queue wq: expected "refuse" or "wait", got "queue""#
     );
 }
+
+#[test]
+fn a_new_pod_waits_when_the_room_is_a_waiting_pods() {
+    let mut w = World::new(WAIT);
+    w.create("a", "1");
+    w.create("b", "1");
+    let (_, c) = w.create("c", "1");
+    assert!(gated(&c));
+    // c's room appears; the releaser is a moment behind: a newcomer does not take it.
+    w.delete("a");
+    let (r, d) = w.create("d", "1");
+    assert!(r.allowed && gated(&d), "{r:?}");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|x| x.contains("queue wq has room for pod ml/c that waits before this one")),
+        "{:?}",
+        r.warnings
+    );
+    assert!(w.release(&c).0.allowed);
+}
+
+#[test]
+fn the_release_plan_takes_waiting_pods_oldest_first_within_the_room() {
+    let now = jiff::Timestamp::now();
+    let mut w = World::new(WAIT);
+    w.create("a", "1");
+    w.create("b", "1");
+    for name in ["c", "d", "e"] {
+        assert!(gated(&w.create(name, "1").1));
+    }
+    let plan = card_quota::decide::wait::plan(&w.snap, now);
+    assert!(plan.releases.is_empty());
+    assert_eq!(plan.waiting.len(), 3);
+    assert_eq!(
+        plan.waiting[2].message(),
+        "waiting: queue wq has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 0, pending 2, reserved 0), quota 2; 2 waiting pods ahead"
+    );
+    w.delete("a");
+    w.delete("b");
+    let plan = card_quota::decide::wait::plan(&w.snap, now);
+    let released: Vec<String> = plan.releases.iter().map(|r| r.pod.name.clone()).collect();
+    assert_eq!(released, ["c", "d"]);
+    assert_eq!(plan.waiting.len(), 1);
+    assert_eq!(plan.waiting[0].pod.name, "e");
+}
+
+#[test]
+fn under_strict_order_the_plan_holds_younger_pods_behind_one_that_does_not_fit() {
+    let now = jiff::Timestamp::now();
+    for (order, small_released) in [("strict", false), ("best-effort", true)] {
+        let mut w = World::new(&format!("{WAIT}, volcano.sh/card.order: {order}"));
+        w.create("a", "1");
+        w.create("b", "1");
+        assert!(gated(&w.create("big", "2").1));
+        assert!(gated(&w.create("small", "1").1));
+        w.delete("a");
+        let plan = card_quota::decide::wait::plan(&w.snap, now);
+        let released: Vec<&str> = plan.releases.iter().map(|r| r.pod.name.as_str()).collect();
+        assert_eq!(
+            released.contains(&"small"),
+            small_released,
+            "{order}: {plan:?}"
+        );
+        assert!(!released.contains(&"big"));
+        if !small_released {
+            let small = plan.waiting.iter().find(|s| s.pod.name == "small").unwrap();
+            assert!(
+                small.why.contains("pod ml/big is released first"),
+                "{}",
+                small.why
+            );
+        }
+    }
+}

@@ -846,14 +846,8 @@ fn wait_at_create(
     let first = if rec.gated {
         // Gated already: the pod waits whatever its room, for its release.
         admit(pod, rec.clone(), queue.clone(), snap, now, true, Steer::Off)
-    } else if wait::strict_line(snap, queue, now) {
-        Decision::deny(
-            INSUFFICIENT,
-            format!(
-                "queue {queue} releases waiting pods in order ({}: strict): pods wait before this one",
-                crate::cards::annotations::ORDER
-            ),
-        )
+    } else if let Some(why) = wait::line_ahead(snap, queue, now) {
+        Decision::deny(INSUFFICIENT, why)
     } else {
         let d = admit(pod, rec.clone(), queue.clone(), snap, now, true, steer);
         if d.allowed {

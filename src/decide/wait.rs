@@ -108,11 +108,52 @@ pub fn held_behind(
         .map(|w| w.key.clone())
 }
 
-/// True when `queue` is strict and has pods waiting: a new pod queues behind them.
-pub fn strict_line(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> bool {
-    snap.queue(queue)
-        .is_some_and(|q| q.order == Ok(Order::Strict))
-        && snap.usage(queue, now).gated_pods > 0
+/// Why a new pod of `queue` waits behind pods already waiting, though it may fit: under
+/// strict order any waiting pod goes first; under best-effort order a waiting pod goes
+/// first when the room is there for it (the room is the older pod's; the releaser is a
+/// moment behind the pod that freed it). `None`: nobody waits before it. Costs nothing
+/// unless the queue has waiting pods; then one pass over the queue's pods and one fit
+/// per distinct waiting demand.
+pub fn line_ahead(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> Option<String> {
+    let waiting = snap.counted(queue, now).gated_pods;
+    if waiting == 0 {
+        return None;
+    }
+    let strict = snap
+        .queue(queue)
+        .is_some_and(|q| q.order == Ok(Order::Strict));
+    if strict {
+        return Some(format!(
+            "queue {queue} releases waiting pods in order ({}: strict): {waiting} pods wait before this one",
+            crate::cards::annotations::ORDER
+        ));
+    }
+    let mut shapes: Vec<(Alternatives, Cards, &PodRecord)> = Vec::new();
+    for p in waiting_in(snap, queue, now) {
+        let Some(a) = p.effective_alternatives() else {
+            continue;
+        };
+        let cards = p.cards();
+        if !shapes.iter().any(|(b, n, _)| *b == a && *n == cards) {
+            shapes.push((a, cards, p));
+        }
+    }
+    shapes.into_iter().find_map(|(a, cards, p)| {
+        let mut released = p.clone();
+        released.gated = false;
+        let change = super::fit::Change {
+            add_pods: vec![released],
+            ..Default::default()
+        };
+        let fits = super::fit::fit(snap, queue, &change, &models_of([&a]), now).verdict
+            == Verdict::Feasible;
+        fits.then(|| {
+            format!(
+                "queue {queue} has room for pod {} that waits before this one ({cards} {a}); it goes first",
+                p.key
+            )
+        })
+    })
 }
 
 /// Adds [`WAIT_GATE`] to a pod's `spec.schedulingGates`.
