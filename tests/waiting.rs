@@ -163,6 +163,23 @@ fn a_pod_past_the_room_waits_behind_the_gate_and_holds_no_quota() {
     let u = w.usage();
     assert_eq!(u["NVIDIA-H200"]["pending"], 2, "{u}");
     assert_eq!(u["NVIDIA-H200"]["waiting"], 1, "{u}");
+    use card_quota::cli::status::{render, Format, Scope};
+    let table = render(
+        &w.snap,
+        &Scope::queue(Some("wq")),
+        Format::Table,
+        jiff::Timestamp::now(),
+    )
+    .unwrap();
+    assert!(table.contains("1 waiting"), "{table}");
+    let json = render(
+        &w.snap,
+        &Scope::queue(Some("wq")),
+        Format::Json,
+        jiff::Timestamp::now(),
+    )
+    .unwrap();
+    assert!(json.contains("\"waiting\": 1"), "{json}");
 }
 
 #[test]

@@ -112,6 +112,9 @@ pub struct StatusRow {
     pub shares: Option<u128>,
     #[serde(rename = "subtreeFree", skip_serializing_if = "Option::is_none")]
     pub subtree_free: Option<i64>,
+    /// Cards of pods waiting behind card-quota's gate (`card.full: wait`): not in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<u128>,
     /// What does not parse on the queue (`card.quota`, `card.enforcement`,
     /// `card.order`), in full: the table prints it below itself instead.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -140,14 +143,18 @@ impl StatusRow {
             borrowed: r.borrowed.map(|c| c.get()),
             shares: r.shares.map(|c| c.get()),
             subtree_free: r.pool_free,
+            waiting: r.waiting.map(|c| c.get()),
             problem: None,
             depth: 0,
         }
     }
 
-    /// The tree part of the NOTE column.
+    /// The tree part of the NOTE column (and the cards waiting behind the gate).
     fn tree_note(&self) -> String {
         let mut parts = Vec::new();
+        if let Some(w) = self.waiting {
+            parts.push(format!("{w} waiting"));
+        }
         if let Some(s) = self.shares {
             parts.push(format!("subtree; children's shares {s}"));
         }
