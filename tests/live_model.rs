@@ -163,6 +163,20 @@ enum Step {
     /// the retry a new uid, the webhooks run, then it answers 409 AlreadyExists, so
     /// nothing is stored whatever card-quota answered (and recorded).
     Retry { r: usize, pod: usize },
+    /// A pod CREATE at replica `r` of a pod that waits for room behind card-quota's
+    /// scheduling gate (`card.full: wait`): admitted, charging nothing, stored.
+    Wait {
+        r: usize,
+        queue: usize,
+        name: usize,
+        cards: u32,
+    },
+    /// A waiting pod (by index) is released at replica `r`: the UPDATE that removes the
+    /// gate, decided as its CREATE (mutating call, patch, validating call and its ledger
+    /// write). `stored: false` is a release card-quota admitted and recorded that never
+    /// reached the API server (the releaser killed mid-release, another webhook
+    /// refusing it).
+    Release { r: usize, pod: usize, stored: bool },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -181,6 +195,10 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..2usize, 0..8usize).prop_map(|(r, group)| Step::Enqueue { r, group }),
         2 => (0..2usize, 0..64usize, 0..NODES.len()).prop_map(|(r, pod, node)| Step::Rebind { r, pod, node }),
         2 => (0..2usize, 0..64usize).prop_map(|(r, pod)| Step::Retry { r, pod }),
+        2 => (0..2usize, 0..QUEUES.len(), 0..NAMES.len(), 1..3u32)
+            .prop_map(|(r, queue, name, cards)| Step::Wait { r, queue, name, cards }),
+        3 => (0..2usize, 0..64usize, prop::bool::weighted(0.85))
+            .prop_map(|(r, pod, stored)| Step::Release { r, pod, stored }),
         1 => (0..2usize, 0..2usize).prop_map(|(r, stream)| Step::Stall { r, stream }),
         1 => (0..2usize, 0..2usize).prop_map(|(r, stream)| Step::Relist { r, stream }),
         2 => (0..2usize).prop_map(|r| Step::Fence { r }),
@@ -347,6 +365,21 @@ struct World {
     /// PodGroups admitted, and pods of a PodGroup stored.
     groups_admitted: usize,
     group_pods: usize,
+    /// Pods stored waiting behind the gate; releases admitted (stored or lost) and
+    /// refused.
+    waiting_stored: usize,
+    releases_admitted: usize,
+    releases_refused: usize,
+    releases_lost: usize,
+}
+
+/// card-quota's scheduling gate.
+const GATE: &str = "volcano.sh/card-quota";
+
+fn is_gated(p: &Value) -> bool {
+    p.pointer("/spec/schedulingGates")
+        .and_then(Value::as_array)
+        .is_some_and(|g| g.iter().any(|g| g["name"] == GATE))
 }
 
 fn request(doc: &Value) -> AdmissionRequest {
@@ -406,6 +439,10 @@ impl World {
             seals_written: 0,
             groups_admitted: 0,
             group_pods: 0,
+            waiting_stored: 0,
+            releases_admitted: 0,
+            releases_refused: 0,
+            releases_lost: 0,
         }
     }
 
@@ -856,7 +893,8 @@ impl World {
                 let pending: Vec<(String, Option<Value>)> = self
                     .pods
                     .iter()
-                    .filter(|(_, p)| p.pointer("/spec/nodeName").is_none())
+                    // The scheduler leaves gated pods alone.
+                    .filter(|(_, p)| p.pointer("/spec/nodeName").is_none() && !is_gated(p))
                     .map(|(n, p)| (n.clone(), queue_of(p)))
                     .collect();
                 if pending.is_empty() {
@@ -926,6 +964,73 @@ impl World {
                     .expect("card-quota's own patch applies");
                 if self.validate(r, &[R::pod("CREATE", body).build()])[0].is_some() {
                     self.admitted_retries += 1;
+                }
+            }
+            Step::Wait {
+                r,
+                queue,
+                name,
+                cards,
+            } => {
+                self.next += 1;
+                let pod_name = format!("w{}", self.next);
+                let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod_name, "namespace": NS, "annotations": {
+                        "scheduling.volcano.sh/queue-name": QUEUES[queue], "volcano.sh/card.name": NAMES[name]}},
+                    "spec": {"schedulerName": "volcano", "schedulingGates": [{"name": GATE}],
+                        "containers": [{"name": "c", "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpu": cards.to_string()}}}]}});
+                let doc = R::pod("CREATE", pod.clone()).build();
+                let m = self.mutate(r, &request(&doc));
+                if !m.allowed {
+                    return;
+                }
+                let mut obj = pod;
+                json_patch::patch(&mut obj, &json_patch::Patch(m.patch.clone()))
+                    .expect("card-quota's own patch applies");
+                // Waiting charges nothing: the validating call records nothing.
+                let charged = self.validate(r, &[R::pod("CREATE", obj.clone()).build()]);
+                assert!(charged[0].is_none(), "a waiting pod is charged nothing");
+                obj["metadata"]["uid"] = json!(format!("uid-{pod_name}"));
+                self.waiting_stored += 1;
+                self.store_pod(&pod_name, Some(obj));
+            }
+            Step::Release { r, pod, stored } => {
+                let gated: Vec<String> = self
+                    .pods
+                    .iter()
+                    .filter(|(_, p)| is_gated(p))
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                if gated.is_empty() {
+                    return;
+                }
+                let name = gated[pod % gated.len()].clone();
+                let old = self.pods[&name].clone();
+                let mut new = old.clone();
+                if let Some(g) = new["spec"]["schedulingGates"].as_array_mut() {
+                    g.retain(|g| g["name"] != GATE);
+                }
+                let m = self.mutate(
+                    r,
+                    &request(&R::pod("UPDATE", new.clone()).old(old.clone()).build()),
+                );
+                if !m.allowed {
+                    self.releases_refused += 1;
+                    return;
+                }
+                json_patch::patch(&mut new, &json_patch::Patch(m.patch.clone()))
+                    .expect("card-quota's own patch applies");
+                let doc = R::pod("UPDATE", new.clone()).old(old).build();
+                if self.validate(r, &[doc])[0].is_none() {
+                    self.releases_refused += 1;
+                    return;
+                }
+                self.releases_admitted += 1;
+                if stored {
+                    self.store_pod(&name, Some(new));
+                } else {
+                    self.releases_lost += 1;
                 }
             }
             Step::Rebind { r, pod, node } => {
@@ -1134,7 +1239,8 @@ impl World {
     /// keeps the allocated cards within quota, so pending plus bound may pass it.)
     fn committed(pods: &BTreeMap<String, Value>) -> BTreeMap<(String, String), u64> {
         let mut out = BTreeMap::new();
-        for p in pods.values() {
+        // A pod waiting behind card-quota's gate holds nothing until it is released.
+        for p in pods.values().filter(|p| !is_gated(p)) {
             let model = match p.pointer("/spec/nodeName").and_then(Value::as_str) {
                 Some(_) => None,
                 None => p
@@ -1222,7 +1328,7 @@ fn configmap(queue: &str, rv: u64, text: &str) -> Value {
 /// Binds admitted and refused, conflicts, groups admitted and their pods, rebinds and
 /// retries admitted, charges held, ledger re-reads, pods stored, root budgets changed
 /// while a replica's Queue watch lagged, seals written.
-type Tally = [usize; 12];
+type Tally = [usize; 16];
 
 /// Runs `steps`; `pin` is `serve`'s steering (off: pods accepting `A|B` stay unpinned
 /// until bound, and a binding chooses the model).
@@ -1298,6 +1404,10 @@ fn run_world(
         w.pods.len(),
         w.lagged_changes,
         w.seals_written,
+        w.waiting_stored,
+        w.releases_admitted,
+        w.releases_refused,
+        w.releases_lost,
     ])
 }
 
@@ -1312,7 +1422,7 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         failure_persistence: None,
         ..RunnerConfig::default()
     });
-    let totals = std::cell::Cell::new([0usize; 12]);
+    let totals = std::cell::Cell::new([0usize; 16]);
     runner
         .run(
             &(
@@ -1331,8 +1441,13 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
         .unwrap();
     // The runs must have reached the line from both sides, raced on the ledger, and
     // charged pods against PodGroups' reservations.
-    let [admitted, refused, conflicts, groups, group_pods, rebinds, retries, held, _, _, lagged, seals] =
+    let [admitted, refused, conflicts, groups, group_pods, rebinds, retries, held, _, _, lagged, seals, waiting, released, release_refused, release_lost] =
         totals.get();
+    eprintln!("{cases} cases: {waiting} pods stored waiting behind the gate, {released} releases admitted ({release_lost} of them never stored), {release_refused} refused");
+    assert!(
+        waiting > 0 && released > 0 && release_refused > 0 && release_lost > 0,
+        "{waiting} waiting, {released} released ({release_lost} lost), {release_refused} refused, in {cases} cases"
+    );
     assert!(
         lagged > 0 && seals > 0,
         "{lagged} tree changes behind a lagging Queue watch, {seals} seals, in {cases} cases"

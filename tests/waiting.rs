@@ -392,3 +392,19 @@ fn under_strict_order_the_plan_holds_younger_pods_behind_one_that_does_not_fit()
         }
     }
 }
+
+#[test]
+fn a_pod_created_with_the_gate_that_could_never_fit_is_refused() {
+    let mut w = World::new("");
+    let mut p = support::pod("g")
+        .queue("wq")
+        .gpus("3")
+        .stored("uid-g", "1")
+        .build();
+    p["spec"]["schedulingGates"] = json!([{"name": GATE}]);
+    let m = w.hook(&R::pod("CREATE", p.clone()).build(), true);
+    assert!(!m.allowed, "mutate: {m:?}");
+    let (r, _) = w.write("CREATE", p, None);
+    assert!(!r.allowed, "{r:?}");
+    assert!(message(&r).contains("requested 3"), "{}", message(&r));
+}

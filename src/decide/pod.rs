@@ -844,8 +844,11 @@ fn wait_at_create(
         _ => return None,
     };
     let first = if rec.gated {
-        // Gated already: the pod waits whatever its room, for its release.
-        admit(pod, rec.clone(), queue.clone(), snap, now, true, Steer::Off)
+        // Gated already: the pod waits whatever its room, for its release; decided as
+        // released (a gated record counts nothing) only to tell room from never.
+        let mut released = rec.clone();
+        released.gated = false;
+        admit(pod, released, queue.clone(), snap, now, true, Steer::Off)
     } else if let Some(why) = wait::line_ahead(snap, queue, now) {
         Decision::deny(INSUFFICIENT, why)
     } else {
