@@ -124,6 +124,7 @@ pub fn review(
     match parse_review(doc) {
         Ok(req) => {
             let d = decide_enforcing(&req, snap, cfg, now);
+            let d = if with_patch { d } else { d.validated() };
             let out = ReviewOut::new(response(&req.uid, &d, with_patch));
             Reviewed {
                 request: Some(req),

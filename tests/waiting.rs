@@ -408,3 +408,24 @@ fn a_pod_created_with_the_gate_that_could_never_fit_is_refused() {
     assert!(!r.allowed, "{r:?}");
     assert!(message(&r).contains("requested 3"), "{}", message(&r));
 }
+
+#[test]
+fn a_pod_without_the_gate_at_the_validating_call_is_refused_when_it_does_not_fit() {
+    // The mutating call saw room and pinned it; the room went before the validating
+    // call, which cannot add the gate: the pod is refused (its controller retries, and
+    // waits then), never admitted unmarked and uncharged.
+    let mut w = World::new(WAIT);
+    w.create("a", "1");
+    w.create("b", "1");
+    let late = support::pod("late")
+        .queue("wq")
+        .gpus("1")
+        .stored("uid-late", "1")
+        .build();
+    let mutate = w.hook(&R::pod("CREATE", late.clone()).build(), true);
+    assert!(mutate.allowed, "the mutating call lets it wait: {mutate:?}");
+    let validate = w.hook(&R::pod("CREATE", late).build(), false);
+    assert!(!validate.allowed, "{validate:?}");
+    assert!(message(&validate).contains("insufficient NVIDIA-H200 quota"));
+    assert_eq!(w.usage()["NVIDIA-H200"]["pending"], 2);
+}

@@ -192,9 +192,21 @@ pub struct Decision {
     /// Admitted only because the queue's enforcement is `warn`: why `deny` would
     /// refuse it.
     pub would_refuse: Option<messages::Reason>,
+    /// The answer when the patch cannot take effect (the validating call, which sees
+    /// the object as the mutating call left it): an admission that holds only with its
+    /// patch (a pod let in to wait behind the gate the patch adds) is then this refusal.
+    pub unless_patched: Option<Box<Decision>>,
 }
 
 impl Decision {
+    /// The answer of the validating call: [`Decision::unless_patched`] when there is one.
+    pub fn validated(mut self) -> Self {
+        match self.unless_patched.take() {
+            Some(d) => *d,
+            None => self,
+        }
+    }
+
     pub fn allow() -> Self {
         Self {
             allowed: true,

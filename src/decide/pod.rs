@@ -877,7 +877,13 @@ fn wait_at_create(
         d.patch = patch;
         return Some(d);
     }
-    Some(wait::waiting(&first, patch, queue))
+    let mut d = wait::waiting(&first, patch, queue);
+    if !rec.gated {
+        // Only the mutating call can add the gate: a pod that reaches the validating
+        // call without it (the mutating call saw room that is gone) is refused.
+        d.unless_patched = Some(Box::new(first));
+    }
+    Some(d)
 }
 
 /// True when card levels lie above `queue`.

@@ -479,6 +479,7 @@ pub async fn handle_review_from(
             Answer::Forwarded(answer) => return Ok(answer),
         },
     };
+    let d = if mutate { d } else { d.validated() };
 
     if d.undecided {
         state.metrics.webhook.budget_exhausted.inc();
