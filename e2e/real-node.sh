@@ -42,7 +42,7 @@ export MODEL
 cleanup() {
   "$HELM" uninstall card-quota -n "$NS" --wait >/dev/null 2>&1
   k delete namespace "$APP" "$NS" --wait=false --ignore-not-found >/dev/null 2>&1
-  k delete queue "$Q" "$Q-burst" "$Q-roll" --ignore-not-found >/dev/null 2>&1
+  k delete queue "$Q" "$Q-burst" "$Q-roll" "$Q-wait" --ignore-not-found >/dev/null 2>&1
   k delete clusterrolebinding "$APP-vc" --ignore-not-found >/dev/null 2>&1
   k label node "$NODE" nvidia.com/gpu.product- >/dev/null 2>&1
   k patch node "$NODE" --subresource=status --type=json \
@@ -150,6 +150,56 @@ else
 fi
 check "both Jobs complete, and the queue's usage goes back to 0" wait_for 40 bash -c \
   "[ \"\$(job_pod second Succeeded)\" = 1 ] && usage_is $Q allocated 0 && usage_is $Q pending 0"
+
+# ---- pods that wait for room (volcano.sh/card.full: wait), released as cards come back ------
+out=$(retried queue "$Q-wait" "{\"$MODEL\":1}")
+k annotate queue "$Q-wait" volcano.sh/card.full=wait --overwrite >/dev/null
+k -n "$APP" apply -f - >/dev/null <<EOF
+apiVersion: batch/v1
+kind: Job
+metadata: {name: waits}
+spec:
+  parallelism: 3
+  completions: 3
+  backoffLimit: 0
+  template:
+    metadata: {annotations: {scheduling.volcano.sh/queue-name: $Q-wait}}
+    spec:
+      restartPolicy: Never
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: work
+          image: localhost/kl-busybox:1
+          imagePullPolicy: Never
+          command: [sh, -c, "sleep 4"]
+          resources: {limits: {nvidia.com/gpu: 1}}
+EOF
+gated_pods() { k -n "$APP" get pods -l job-name=waits -o json | jq '[.items[] | select(any(.spec.schedulingGates[]?; .name == "volcano.sh/card-quota"))] | length'; }
+export -f gated_pods
+check "a Job of 3 parallel GPU pods into a quota of 1 (card.full: wait): 1 runs on the node, 2 wait behind card-quota's gate (none refused)" \
+  wait_for 30 bash -c "[ \"\$(job_pod waits Running)\" = 1 ] && [ \"\$(gated_pods)\" = 2 ]"
+check "... counted as waiting, not in use" wait_for 20 bash -c "usage_is $Q-wait waiting 2"
+# From each pod's end (its phase Succeeded: its card is free) to the next pod's binding.
+lat=()
+prev_s=0
+prev_b=1
+t_done=""
+end=$(( $(date +%s) + 90 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  j=$(k -n "$APP" get pods -l job-name=waits -o json)
+  now=$(date +%s%N)
+  s=$(jq '[.items[] | select(.status.phase == "Succeeded")] | length' <<<"$j")
+  b=$(jq '[.items[] | select(.spec.nodeName != null)] | length' <<<"$j")
+  if [ "$s" -gt "$prev_s" ]; then t_done=$now; prev_s=$s; fi
+  if [ "$b" -gt "$prev_b" ] && [ -n "$t_done" ]; then lat+=($(( (now - t_done) / 1000000 ))); prev_b=$b; t_done=""; fi
+  [ "$s" = 3 ] && break
+  sleep 0.2
+done
+log "a pod's end -> the next waiting pod bound on the node, ms: ${lat[*]:-none}"
+check "... each waiting pod released and bound within 5 s of the card coming back (${lat[*]:-none} ms)" \
+  bash -c "[ ${#lat[@]} = 2 ] && [ ${lat[0]:-99999} -le 5000 ] && [ ${lat[1]:-99999} -le 5000 ]"
+check "... all 3 complete, and the queue has nothing in use or waiting" wait_for 30 bash -c \
+  "[ \"\$(job_pod waits Succeeded)\" = 3 ] && usage_is $Q-wait allocated 0 && usage_is $Q-wait waiting 0"
 
 # ---- Volcano Jobs that run and finish ---------------------------------------------------
 # Volcano's programs are played from their recorded writes (e2e/volcano-standin.sh, with
