@@ -7,7 +7,7 @@
 //! on the pod, what `kubectl describe pod` shows).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
@@ -89,7 +89,7 @@ impl Releaser {
         &mut self,
         client: &Client,
         snapshot: &Mutex<Snapshot>,
-        events: &EventSink,
+        events: &Arc<EventSink>,
         now: jiff::Timestamp,
     ) -> Released {
         let plan = {
@@ -105,16 +105,15 @@ impl Releaser {
                 Ok(()) => {
                     out.released += 1;
                     self.told.remove(pod);
-                    let intent = EventIntent {
+                    // In the background: the next release does not wait for it.
+                    events.publish_in_background(EventIntent {
                         regarding: pod_ref(pod, uid),
                         reason: RELEASED,
                         message: format!("released: queue {queue} has room for it"),
                         warning: false,
                         also: None,
-                    };
-                    if events.publish(&intent, "Release").await.is_ok() {
-                        out.events += 1;
-                    }
+                    });
+                    out.events += 1;
                 }
                 // The webhook refused: the plan counted less than the ledger holds.
                 Err(kube::Error::Api(e)) if e.code == 403 || e.code == 400 => {
