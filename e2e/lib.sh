@@ -64,3 +64,26 @@ e2e_serve_release() {
   SERVE=$!
   wait_for 30 curl -sf "http://127.0.0.1:$((PORT + 1000))/readyz"
 }
+
+# e2e_single_node_setup GPUS PODS: what the one-node scripts (waiting.sh,
+# measure-refused-retry.sh) start from: their namespaces (NS labelled for the hooks),
+# certificates for 127.0.0.1 and the API server's client CA in WORK, a Ready fake node
+# NODE of NVIDIA-H200 offering GPUS cards and PODS pods (no kubelet: pods bind, nothing
+# runs), and card-quota's identity. Needs BIN, NS, SYS, Q, RUN, NODE, WORK, wait_for;
+# exits 100 when the cluster is not fit to test.
+e2e_single_node_setup() {
+  local gpus=$1 pods=$2
+  e2e_sweep_stale_hooks
+  for ns in "$NS" "$SYS"; do k create namespace "$ns" >/dev/null; done
+  k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
+  wait_for 60 k -n "$NS" get sa default || { echo "no default ServiceAccount in $NS"; exit 100; }
+  "$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
+  k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
+  k create -f - >/dev/null <<JSON
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}
+JSON
+  k get --raw "/api/v1/nodes/$NODE" | jq --arg g "$gpus" --arg p "$pods" \
+    '.status = {capacity: {cpu: "256", memory: "1Ti", pods: $p, "nvidia.com/gpu": $g}, allocatable: {cpu: "256", memory: "1Ti", pods: $p, "nvidia.com/gpu": $g}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+    | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
+  e2e_install_identity "$BIN" "$SYS" "$Q"
+}

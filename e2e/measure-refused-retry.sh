@@ -39,18 +39,7 @@ trap cleanup EXIT
 # shellcheck source=e2e/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-e2e_sweep_stale_hooks
-for ns in "$NS" "$SYS"; do k create namespace "$ns" >/dev/null; done
-k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
-wait_for 60 k -n "$NS" get sa default || { echo "no default ServiceAccount in $NS"; exit 100; }
-"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
-k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
-k create -f - >/dev/null <<JSON
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}
-JSON
-k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500", "nvidia.com/gpu": "8"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
-  | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
-e2e_install_identity "$BIN" "$SYS" "$Q"
+e2e_single_node_setup 8 500
 KUBECONFIG="$WORK/card-quota.kubeconfig" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$PORT" \
   --metrics-listen "127.0.0.1:$((PORT + 1000))" --client-ca "$WORK/client-ca.crt" \
   --client-name kube-apiserver-webhook-client --lease-namespace "$SYS" --lease-name card-quota-retry \

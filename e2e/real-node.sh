@@ -109,15 +109,17 @@ out=$(retried queue "$Q" "{\"$MODEL\":1}")
 check "a Queue's card quota is validated through the Service" [ -z "$out" ]
 
 # ---- batch Jobs that run and finish ---------------------------------------------------
-job() { # name seconds
+job() { # name seconds [queue [pods at once]]
   k -n "$APP" apply -f - >/dev/null <<EOF
 apiVersion: batch/v1
 kind: Job
 metadata: {name: $1}
 spec:
+  parallelism: ${4:-1}
+  completions: ${4:-1}
   backoffLimit: 0
   template:
-    metadata: {annotations: {scheduling.volcano.sh/queue-name: $Q}}
+    metadata: {annotations: {scheduling.volcano.sh/queue-name: ${3:-$Q}}}
     spec:
       restartPolicy: Never
       terminationGracePeriodSeconds: 1
@@ -154,26 +156,7 @@ check "both Jobs complete, and the queue's usage goes back to 0" wait_for 40 bas
 # ---- pods that wait for room (volcano.sh/card.full: wait), released as cards come back ------
 out=$(retried queue "$Q-wait" "{\"$MODEL\":1}")
 k annotate queue "$Q-wait" volcano.sh/card.full=wait --overwrite >/dev/null
-k -n "$APP" apply -f - >/dev/null <<EOF
-apiVersion: batch/v1
-kind: Job
-metadata: {name: waits}
-spec:
-  parallelism: 3
-  completions: 3
-  backoffLimit: 0
-  template:
-    metadata: {annotations: {scheduling.volcano.sh/queue-name: $Q-wait}}
-    spec:
-      restartPolicy: Never
-      terminationGracePeriodSeconds: 1
-      containers:
-        - name: work
-          image: localhost/kl-busybox:1
-          imagePullPolicy: Never
-          command: [sh, -c, "sleep 4"]
-          resources: {limits: {nvidia.com/gpu: 1}}
-EOF
+job waits 4 "$Q-wait" 3
 gated_pods() { k -n "$APP" get pods -l job-name=waits -o json | jq '[.items[] | select(any(.spec.schedulingGates[]?; .name == "volcano.sh/card-quota"))] | length'; }
 export -f gated_pods
 check "a Job of 3 parallel GPU pods into a quota of 1 (card.full: wait): 1 runs on the node, 2 wait behind card-quota's gate (none refused)" \

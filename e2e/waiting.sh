@@ -51,18 +51,7 @@ trap cleanup EXIT
 
 k get crd queues.scheduling.volcano.sh >/dev/null 2>&1 || { echo "no Volcano Queue CRD"; exit 100; }
 e2e_build_burst "$REPO" || { echo "could not build the round-robin proxy"; exit 100; }
-e2e_sweep_stale_hooks
-for ns in "$NS" "$SYS"; do k create namespace "$ns" >/dev/null; done
-k label namespace "$NS" "card-quota-e2e=$RUN" >/dev/null
-wait_for 60 k -n "$NS" get sa default || { echo "no default ServiceAccount in $NS"; exit 100; }
-"$BIN" certs --service card-quota --namespace "$SYS" --ip 127.0.0.1 --out "$WORK/certs" >/dev/null 2>&1
-k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/client-ca.crt"
-k create -f - >/dev/null <<JSON
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$NODE","labels":{"nvidia.com/gpu.product":"NVIDIA-H200"}}}
-JSON
-k get --raw "/api/v1/nodes/$NODE" | jq '.status = {capacity: {cpu: "256", memory: "1Ti", pods: "1000", "nvidia.com/gpu": "64"}, allocatable: {cpu: "256", memory: "1Ti", pods: "1000", "nvidia.com/gpu": "64"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
-  | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
-e2e_install_identity "$BIN" "$SYS" "$Q"
+e2e_single_node_setup 64 1000
 replica() { # i: starts replica i (port PORT+i) as the install's ServiceAccount
   local p=$((PORT + $1))
   KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME="wait-replica-$1" "$BIN" serve --cert-dir "$WORK/certs" \
