@@ -128,17 +128,43 @@ pub fn line_ahead(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> O
             crate::cards::annotations::ORDER
         ));
     }
-    let mut shapes: Vec<(Alternatives, Cards, &PodRecord)> = Vec::new();
-    for p in waiting_in(snap, queue, now) {
-        let Some(a) = p.effective_alternatives() else {
-            continue;
+    // The common case, a full queue, costs one fit per distinct set of models waiting:
+    // when not even one card on those models fits, no waiting pod does (more cards and
+    // node constraints only make it harder; a pod of a PodGroup draws on its group's
+    // reservation, which no newcomer can take).
+    let u = snap.counted(queue, now);
+    let one = Cards::new(1);
+    let any_room = u.gated.keys().any(|a| {
+        let change = super::fit::Change {
+            extra: vec![crate::ledger::Demand::pod(a.clone(), one)],
+            ..Default::default()
         };
-        let cards = p.cards();
-        if !shapes.iter().any(|(b, n, _)| *b == a && *n == cards) {
-            shapes.push((a, cards, p));
+        super::fit::fit(snap, queue, &change, &models_of([a]), now).verdict == Verdict::Feasible
+    });
+    if !any_room {
+        return None;
+    }
+    // One pod of each distinct demand (models, cards, constraints, group); no order
+    // needed: whichever fits, a waiting pod goes first.
+    let mut shapes: Vec<&PodRecord> = Vec::new();
+    for p in snap
+        .queue_pods(queue)
+        .filter(|p| p.gated && p.node.is_none() && p.is_active(now))
+    {
+        let same = |q: &&PodRecord| {
+            q.card_name == p.card_name
+                && q.cards() == p.cards()
+                && q.pinned == p.pinned
+                && q.excluded == p.excluded
+                && q.group == p.group
+        };
+        if !shapes.iter().any(same) {
+            shapes.push(p);
         }
     }
-    shapes.into_iter().find_map(|(a, cards, p)| {
+    shapes.into_iter().find_map(|p| {
+        let a = p.effective_alternatives()?;
+        let cards = p.cards();
         let mut released = p.clone();
         released.gated = false;
         let change = super::fit::Change {
@@ -196,6 +222,17 @@ pub fn for_room(d: &Decision) -> bool {
     !d.allowed && d.reason == Some(INSUFFICIENT) && !d.undecided
 }
 
+/// What decides whether a waiting pod fits: its models, cards, node constraints and
+/// the PodGroup whose reservation it may draw on.
+#[derive(Debug, PartialEq)]
+struct Shape<'p> {
+    alternatives: Alternatives,
+    cards: Cards,
+    pinned: &'p std::collections::BTreeMap<String, Vec<String>>,
+    excluded: &'p std::collections::BTreeMap<String, Vec<String>>,
+    group: Option<&'p String>,
+}
+
 /// A waiting pod to release now: its room is there (as this snapshot counts it, with
 /// the releases before it in the same plan counted too). The release itself is decided
 /// by the webhook; the plan only says which UPDATEs are worth sending, in order.
@@ -249,6 +286,10 @@ pub fn plan(snap: &Snapshot, now: jiff::Timestamp) -> Plan {
             .is_some_and(|q| q.order == Ok(Order::Strict));
         let mut change = super::fit::Change::default();
         let mut blocked: Option<&ObjectKey> = None;
+        // Demands found without room this pass, with why: releases only take room, so
+        // a pod of the same demand and constraints is not checked again (a pass costs
+        // one check per distinct demand that does not fit, not one per waiting pod).
+        let mut no_room: Vec<(Shape<'_>, String)> = Vec::new();
         let waiting = waiting_in(snap, &queue, now);
         for (ahead, p) in waiting.iter().enumerate() {
             let still = |why: String| Still {
@@ -273,6 +314,17 @@ pub fn plan(snap: &Snapshot, now: jiff::Timestamp) -> Plan {
                 )));
                 continue;
             }
+            let shape = Shape {
+                alternatives: alternatives.clone(),
+                cards,
+                pinned: &p.pinned,
+                excluded: &p.excluded,
+                group: p.group.as_ref(),
+            };
+            if let Some((_, why)) = no_room.iter().find(|(s, _)| *s == shape) {
+                out.waiting.push(still(why.clone()));
+                continue;
+            }
             if !could_ever_fit(snap, &queue, &alternatives, cards) {
                 out.waiting.push(still(format!(
                     "waiting for {cards} {alternatives} of queue {queue}: more than its quota allows now; released once the quota is raised"
@@ -295,7 +347,9 @@ pub fn plan(snap: &Snapshot, now: jiff::Timestamp) -> Plan {
                 continue;
             };
             change.add_pods.pop();
-            out.waiting.push(still(format!("waiting: {why}")));
+            let why = format!("waiting: {why}");
+            out.waiting.push(still(why.clone()));
+            no_room.push((shape, why));
             if strict {
                 blocked = Some(&p.key);
             }
