@@ -115,7 +115,8 @@ pub fn held_behind(
 /// unless the queue has waiting pods; then one pass over the queue's pods and one fit
 /// per distinct waiting demand.
 pub fn line_ahead(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> Option<String> {
-    let waiting = snap.counted(queue, now).gated_pods;
+    let u = snap.counted(queue, now);
+    let waiting = u.gated_pods;
     if waiting == 0 {
         return None;
     }
@@ -132,7 +133,6 @@ pub fn line_ahead(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> O
     // when not even one card on those models fits, no waiting pod does (more cards and
     // node constraints only make it harder; a pod of a PodGroup draws on its group's
     // reservation, which no newcomer can take).
-    let u = snap.counted(queue, now);
     let one = Cards::new(1);
     let any_room = u.gated.keys().any(|a| {
         let change = super::fit::Change {
@@ -151,14 +151,7 @@ pub fn line_ahead(snap: &Snapshot, queue: &QueueName, now: jiff::Timestamp) -> O
         .queue_pods(queue)
         .filter(|p| p.gated && p.node.is_none() && p.is_active(now))
     {
-        let same = |q: &&PodRecord| {
-            q.card_name == p.card_name
-                && q.cards() == p.cards()
-                && q.pinned == p.pinned
-                && q.excluded == p.excluded
-                && q.group == p.group
-        };
-        if !shapes.iter().any(same) {
+        if !shapes.iter().any(|q| Shape::of(q) == Shape::of(p)) {
             shapes.push(p);
         }
     }
@@ -222,15 +215,28 @@ pub fn for_room(d: &Decision) -> bool {
     !d.allowed && d.reason == Some(INSUFFICIENT) && !d.undecided
 }
 
-/// What decides whether a waiting pod fits: its models, cards, node constraints and
-/// the PodGroup whose reservation it may draw on.
+/// What decides whether a waiting pod fits: its models, its card resources, its node
+/// constraints and the PodGroup whose reservation it may draw on. Waiting pods of one
+/// shape fit or do not fit together.
 #[derive(Debug, PartialEq)]
-struct Shape<'p> {
-    alternatives: Alternatives,
-    cards: Cards,
-    pinned: &'p std::collections::BTreeMap<String, Vec<String>>,
-    excluded: &'p std::collections::BTreeMap<String, Vec<String>>,
-    group: Option<&'p String>,
+struct Shape<'p>(
+    &'p Option<Result<Alternatives, Box<crate::cards::AnnotationError>>>,
+    &'p Result<crate::cards::demand::ResourceDemand, Box<crate::cards::demand::PodDemandError>>,
+    &'p std::collections::BTreeMap<String, Vec<String>>,
+    &'p std::collections::BTreeMap<String, Vec<String>>,
+    Option<&'p String>,
+);
+
+impl<'p> Shape<'p> {
+    fn of(p: &'p PodRecord) -> Self {
+        Self(
+            &p.card_name,
+            &p.demand,
+            &p.pinned,
+            &p.excluded,
+            p.group.as_ref(),
+        )
+    }
 }
 
 /// A waiting pod to release now: its room is there (as this snapshot counts it, with
@@ -314,13 +320,7 @@ pub fn plan(snap: &Snapshot, now: jiff::Timestamp) -> Plan {
                 )));
                 continue;
             }
-            let shape = Shape {
-                alternatives: alternatives.clone(),
-                cards,
-                pinned: &p.pinned,
-                excluded: &p.excluded,
-                group: p.group.as_ref(),
-            };
+            let shape = Shape::of(p);
             if let Some((_, why)) = no_room.iter().find(|(s, _)| *s == shape) {
                 out.waiting.push(still(why.clone()));
                 continue;
