@@ -103,6 +103,12 @@ pub struct Snapshot {
     pods_by_queue: Map<QueueName, Set<ObjectKey>>,
     groups_by_queue: Map<QueueName, BTreeSet<ObjectKey>>,
     pods_by_group: Map<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Node -> the card pods bound to it: a node whose cards change counts its own pods
+    /// again, not every pod of the cluster (one event, bounded work under the lock).
+    pods_by_node: Map<String, Set<ObjectKey>>,
+    /// Namespace -> its card pods that take their queue from the namespace's annotation
+    /// ([`takes_namespace_queue`]): what a change of that annotation files again.
+    namespace_pods: Map<String, Set<ObjectKey>>,
     ledgers: BTreeMap<QueueName, Arc<LedgerRecord>>,
     /// Ledgers holding charges of other queues (a tree's, or one left by a change of
     /// the tree): in a flat cluster, the only ones another ledger's decisions may need.
@@ -116,6 +122,13 @@ pub struct Snapshot {
     lifting: Option<Enforcement>,
     seq: u64,
     dirty: Dirty,
+}
+
+/// A pod whose queue is its namespace's `scheduling.volcano.sh/queue-name`: no queue
+/// stamped, no PodGroup named, Volcano's scheduler (its PodGroup is made in the
+/// namespace's queue).
+fn takes_namespace_queue(p: &PodRecord) -> bool {
+    p.stamped_queue.is_none() && p.group.is_none() && p.volcano_scheduled()
 }
 
 /// Queues whose usage may have changed since the reconciler last looked.
@@ -264,15 +277,13 @@ impl Snapshot {
         self.retally_node(name);
     }
 
-    /// Bound pods may be charged by their node's model: count them again. (A scan:
-    /// a node's cards change rarely, and an index would cost memory for every pod.)
+    /// Bound pods may be charged by their node's model: count them again.
     fn retally_node(&mut self, name: &str) {
         let on: Vec<ObjectKey> = self
-            .pods
-            .values()
-            .filter(|p| p.node.as_deref() == Some(name))
-            .map(|p| p.key.clone())
-            .collect();
+            .pods_by_node
+            .get(name)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
         for k in on {
             let q = self.tally.queue_of(&k).cloned();
             self.retally_pod(&k, q);
@@ -778,7 +789,7 @@ impl Snapshot {
                     && previous.as_ref() != self.resolve_queue(&p).ok().as_ref();
                 if sharer {
                     self.read_claims(&mut p);
-                    self.pods.insert(k.clone(), p.clone());
+                    self.put_pod(p.clone());
                 }
                 let q = self.index_pod(&p, previous);
                 self.retally_pod(&k, Some(q));
@@ -851,16 +862,10 @@ impl Snapshot {
             return;
         }
         let moved: Vec<ObjectKey> = self
-            .pods
-            .values()
-            .filter(|p| {
-                p.key.namespace == namespace
-                    && p.stamped_queue.is_none()
-                    && p.group.is_none()
-                    && p.volcano_scheduled()
-            })
-            .map(|p| p.key.clone())
-            .collect();
+            .namespace_pods
+            .get(namespace)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
         self.refile_pods(moved);
     }
 
@@ -921,7 +926,7 @@ impl Snapshot {
         // A card pod replacing one: the tally swaps the old share for the new in the one
         // re-count below, so the old pod leaves only the indexes here.
         self.other_pods.remove(&p.key);
-        let old_group = self.pods.remove(&p.key).and_then(|old| old.group);
+        let old_group = self.take_pod(&p.key).and_then(|old| old.group);
         if old_group != p.group {
             if let Some(g) = old_group {
                 self.leave_group(&ObjectKey::new(p.key.namespace.clone(), g), &p.key);
@@ -944,7 +949,7 @@ impl Snapshot {
         let moved = was.as_ref() != Some(&q);
         let sharer =
             ((new_here || runs_otherwise || moved) && !p.claims.is_empty()).then(|| p.clone());
-        self.pods.insert(p.key.clone(), p);
+        self.put_pod(p);
         if let Some(p) = sharer {
             self.reread_sharers(&p);
         }
@@ -978,7 +983,7 @@ impl Snapshot {
     pub fn remove_pod(&mut self, key: &ObjectKey) {
         self.other_pods.remove(key);
         self.claim_pods.remove(key);
-        if let Some(old) = self.pods.remove(key) {
+        if let Some(old) = self.take_pod(key) {
             self.unindex_pod(key);
             self.retally_pod(key, None);
             self.reread_sharers(&old);
@@ -986,6 +991,45 @@ impl Snapshot {
                 self.leave_group(&ObjectKey::new(old.key.namespace.clone(), g.clone()), key);
             }
         }
+    }
+
+    /// Stores a card pod's record. With [`Snapshot::take_pod`], the only writes of
+    /// `pods`: they keep the indexes by node and by namespace with it.
+    fn put_pod(&mut self, p: PodRecord) {
+        self.take_pod(&p.key);
+        if let Some(n) = &p.node {
+            self.pods_by_node
+                .entry(n.clone())
+                .or_default()
+                .insert(p.key.clone());
+        }
+        if takes_namespace_queue(&p) {
+            self.namespace_pods
+                .entry(p.key.namespace.clone())
+                .or_default()
+                .insert(p.key.clone());
+        }
+        self.pods.insert(p.key.clone(), p);
+    }
+
+    /// Takes a card pod's record out of `pods` and of the indexes by node and namespace.
+    fn take_pod(&mut self, key: &ObjectKey) -> Option<PodRecord> {
+        let old = self.pods.remove(key)?;
+        let unindex = |index: &mut Map<String, Set<ObjectKey>>, at: &str| {
+            if let Some(s) = index.get_mut(at) {
+                s.remove(key);
+                if s.is_empty() {
+                    index.remove(at);
+                }
+            }
+        };
+        if let Some(n) = &old.node {
+            unindex(&mut self.pods_by_node, n);
+        }
+        if takes_namespace_queue(&old) {
+            unindex(&mut self.namespace_pods, &key.namespace);
+        }
+        Some(old)
     }
 
     fn leave_group(&mut self, group: &ObjectKey, pod: &ObjectKey) {
