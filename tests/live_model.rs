@@ -37,7 +37,7 @@ use card_quota::decide::escrow::{Escrow, Holding};
 use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
 use card_quota::decide::seal::{inbound_for, seals_for, sources_to_read};
 use card_quota::decide::Config;
-use card_quota::ledger::clock::EntryClock;
+use card_quota::ledger::clock::{hold_usable, EntryClock, HoldClock};
 use card_quota::ledger::entries::{Entry, EntryId, Fence, Hold, Ledger, Watermark};
 use card_quota::ledger::seal::Inbound;
 use card_quota::ledger::{ledger_record, Effect};
@@ -53,12 +53,16 @@ const QUEUES: &[&str] = &["q1", "q2", "q3"];
 const NODES: &[(&str, &str)] = &[("a1", "A"), ("a2", "A"), ("b1", "B")];
 const NAMES: &[&str] = &["A", "B", "A|B", "B|A"];
 /// The longest a watch event waits before a replica's cache gets it, in steps.
+/// `serve`'s own hold clocks run here (`ledger::clock`, a step is a second): a holder
+/// admits under one write of its hold for `HOLD_USE` (10 s); another replica counts it
+/// for `HOLD_TTL` (40 s) from when it first saw it. What was admitted reaches every
+/// cache within `MAX_LAG`, inside the gap.
 const MAX_LAG: u64 = 20;
-/// `serve`'s hold clocks in steps (seconds): a holder admits under one write of its
-/// hold for `HOLD_USE`; another replica counts it for `HOLD_TTL` from when it first
-/// saw it. What was admitted reaches every cache within `MAX_LAG`, inside the gap.
-const HOLD_USE: u64 = 10;
-const HOLD_TTL: u64 = 40;
+
+/// A step on a replica's clock, as `serve`'s clocks take it.
+fn at(step: u64) -> Duration {
+    Duration::from_secs(step)
+}
 
 fn quota(queue: &str, model: &str) -> u64 {
     match (queue, model) {
@@ -227,8 +231,8 @@ struct Replica {
     escrows: HashMap<QueueName, Escrow>,
     /// The step each hold of this replica was written at.
     sent: BTreeMap<QueueName, u64>,
-    /// When this replica first saw each renewal of another's hold, in steps.
-    hold_seen: RefCell<BTreeMap<(QueueName, String, u64), u64>>,
+    /// When this replica first saw each renewal of another's hold (`serve`'s clock).
+    hold_seen: RefCell<HoldClock<Duration>>,
     snap: Snapshot,
     /// Events not delivered yet, per stream.
     streams: [VecDeque<Event>; 3],
@@ -331,10 +335,12 @@ struct World {
     ledgers: BTreeMap<String, (u64, String)>,
     replicas: Vec<Replica>,
     cfg: Config,
-    /// Replicas take holds; a hold is used for `use_steps` after its write, and another
-    /// replica's counts for [`HOLD_TTL`] steps after it first saw it.
+    /// Replicas take holds (used for `HOLD_USE` after its write; another replica's
+    /// counts for `HOLD_TTL` after it first saw it). `sent_late`: steps a replica
+    /// records its hold's write as later than it was sent (0; the negative control's
+    /// replica admits under its hold past the readers' clocks).
     holds: bool,
-    use_steps: u64,
+    sent_late: u64,
     /// Charges admitted under a hold, crashes.
     held: usize,
     crashes: usize,
@@ -403,7 +409,7 @@ impl World {
             me: format!("r{r}.0"),
             escrows: HashMap::new(),
             sent: BTreeMap::new(),
-            hold_seen: RefCell::new(BTreeMap::new()),
+            hold_seen: RefCell::new(HoldClock::default()),
             snap: snap.clone(),
             streams: Default::default(),
             seen: RefCell::new(EntryClock::default()),
@@ -421,7 +427,7 @@ impl World {
             replicas: vec![replica(0), replica(1)],
             cfg: Config::default(),
             holds: false,
-            use_steps: HOLD_USE,
+            sent_late: 0,
             held: 0,
             crashes: 0,
             next: 0,
@@ -500,11 +506,11 @@ impl World {
         let step = self.now;
         for (i, req) in reqs.iter().enumerate() {
             if self.holds {
-                let use_steps = self.use_steps;
+                let late = self.sent_late;
                 let rep = &mut self.replicas[r];
                 // A hold is not used past its time, whatever the keeper did.
-                for (q, at) in &rep.sent {
-                    if step.saturating_sub(*at) >= use_steps {
+                for (q, sent) in &rep.sent {
+                    if !hold_usable(at(sent + late), at(step)) {
                         if let Some(e) = rep.escrows.get_mut(q) {
                             e.spare.clear();
                         }
@@ -1273,19 +1279,16 @@ impl World {
 
     /// True when replica-side clock `seen` still counts `who`'s hold on `queue` at `step`.
     fn counts(
-        seen: &RefCell<BTreeMap<(QueueName, String, u64), u64>>,
+        seen: &RefCell<HoldClock<Duration>>,
         queue: &QueueName,
         who: &str,
         h: &Hold,
         step: u64,
         fence: Option<u64>,
     ) -> bool {
-        let first = *seen
-            .borrow_mut()
-            .entry((queue.clone(), who.to_string(), h.renewal))
-            .or_insert(step);
-        // Past its clock, a hold stops counting only behind a fence read after that.
-        step - first < HOLD_TTL || fence.is_none_or(|at| at < first + HOLD_TTL)
+        seen.borrow_mut()
+            .counts(queue, who, h, at(step), fence.map(at))
+            .counts()
     }
 
     /// Cards bound per (queue, model), from the API server's objects alone.
@@ -1333,17 +1336,18 @@ type Tally = [usize; 16];
 /// Runs `steps`; `pin` is `serve`'s steering (off: pods accepting `A|B` stay unpinned
 /// until bound, and a binding chooses the model).
 fn run(steps: &[Step], pin: bool) -> Result<Tally, TestCaseError> {
-    run_with(steps, pin, false, HOLD_USE)
+    run_with(steps, pin, false, 0)
 }
 
-/// [`run`] with replicas that take holds (`holds`), each used for `use_steps`.
+/// [`run`] with replicas that take holds (`holds`), each recording its hold's write
+/// `sent_late` steps late (0 but in the negative control).
 fn run_with(
     steps: &[Step],
     pin: bool,
     holds: bool,
-    use_steps: u64,
+    sent_late: u64,
 ) -> Result<Tally, TestCaseError> {
-    run_world(World::new(), steps, pin, holds, use_steps)
+    run_world(World::new(), steps, pin, holds, sent_late)
 }
 
 fn run_world(
@@ -1351,11 +1355,11 @@ fn run_world(
     steps: &[Step],
     pin: bool,
     holds: bool,
-    use_steps: u64,
+    sent_late: u64,
 ) -> Result<Tally, TestCaseError> {
     w.cfg.pin = pin;
     w.holds = holds;
-    w.use_steps = use_steps;
+    w.sent_late = sent_late;
     let trace = std::env::var_os("LIVE_MODEL_TRACE").is_some();
     for (i, s) in steps.iter().enumerate() {
         w.apply(s);
@@ -1431,7 +1435,7 @@ fn no_interleaving_of_two_replicas_with_lagging_caches_binds_past_a_quota() {
                 prop::collection::vec(step(), 1..80),
             ),
             |(pin, holds, steps)| {
-                let t = run_with(&steps, pin, holds, HOLD_USE)?;
+                let t = run_with(&steps, pin, holds, 0)?;
                 let mut sum = totals.get();
                 sum.iter_mut().zip(t).for_each(|(s, t)| *s += t);
                 totals.set(sum);
@@ -1557,12 +1561,13 @@ fn a_hold_used_after_readers_stopped_counting_it_admits_past_the_quota() {
     // Under r0's old hold, if it still uses it; r1's cache does not show them yet.
     steps.extend([create(0, 1), create(0, 1)]);
     steps.extend((0..12).map(|_| create(1, 1)));
-    let broken = run_with(&steps, true, true, 60);
+    // Its hold used for 60 s in place of 10.
+    let broken = run_with(&steps, true, true, 50);
     assert!(
         broken.is_err(),
         "a hold used past the readers' clocks must be caught: {broken:?}"
     );
-    let sound = run_with(&steps, true, true, HOLD_USE);
+    let sound = run_with(&steps, true, true, 0);
     assert!(sound.is_ok(), "{sound:?}");
 }
 
@@ -1750,8 +1755,8 @@ fn holds_keep_the_create_line_after_a_crash() {
             lands: 0,
         },
     ];
-    assert!(run_with(&steps, true, false, HOLD_USE).is_ok());
-    let held = run_with(&steps, true, true, HOLD_USE);
+    assert!(run_with(&steps, true, false, 0).is_ok());
+    let held = run_with(&steps, true, true, 0);
     assert!(held.is_ok(), "{held:?}");
 }
 
@@ -1786,7 +1791,7 @@ fn a_hold_given_back_makes_readers_catch_up_first() {
             stored: true,
         },
     ];
-    let out = run_with(&steps, true, true, HOLD_USE);
+    let out = run_with(&steps, true, true, 0);
     assert!(out.is_ok(), "{out:?}");
 }
 
@@ -1853,7 +1858,7 @@ fn pods_of_a_podgroup_are_recorded_not_held() {
         group: Some(0),
         stored: true,
     });
-    let out = run_with(&steps, true, true, HOLD_USE);
+    let out = run_with(&steps, true, true, 0);
     assert!(out.is_ok(), "{out:?}");
 }
 
@@ -1904,7 +1909,7 @@ fn a_dead_holders_admissions_count_until_caches_are_proven_current() {
         for r in &mut w.replicas {
             r.trust_clocks = trust;
         }
-        run_world(w, steps, true, true, HOLD_USE)
+        run_world(w, steps, true, true, 0)
     };
     let old = held(true, &steps);
     assert!(old.is_err(), "trusting clocks must be caught: {old:?}");
@@ -1958,19 +1963,19 @@ fn a_root_budget_given_while_a_ledger_watch_lags_keeps_the_quota() {
     // Without seals too: the hook's seal of q1's ledger would bring that ledger to r0.
     let mut w = World::watching_ledgers(false);
     w.seals = false;
-    let before = run_world(w, &steps, true, true, HOLD_USE);
+    let before = run_world(w, &steps, true, true, 0);
     assert!(
         before.is_err(),
         "without the re-read the quota is passed: {before:?}"
     );
-    let tally = run_with(&steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    let tally = run_with(&steps, true, true, 0).unwrap_or_else(|e| panic!("{e}"));
     assert!(tally[8] >= 1, "r0 read the ledgers again: {tally:?}");
     assert_eq!(tally[9], 3, "q1 (2 A, 1 B) filled, not past: {tally:?}");
     // Without the re-read, the core answers "try again" rather than decide blind.
     let mut w = World::new();
     w.reread = false;
     w.seals = false;
-    let tally = run_world(w, &steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    let tally = run_world(w, &steps, true, true, 0).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         tally[9], 1,
         "nothing decided from unread ledgers: {tally:?}"
@@ -2016,7 +2021,7 @@ fn a_binding_a_stalled_cache_shows_unbound_is_not_dropped_on_a_clock() {
         Step::Bind { r: 0, pod: 6, node: 0, pods: 1, lands: 0 },
         Step::Create { r: 0, queue: 0, name: 0, cards: 1, pods: 1, group: None, stored: false },
     ];
-    run_with(&steps, false, false, HOLD_USE).unwrap();
+    run_with(&steps, false, false, 0).unwrap();
 }
 
 /// Found by the 30,000-case run (it fails without the fix, at f16aa2e too): p4 names
@@ -2033,7 +2038,7 @@ fn a_bind_off_the_pin_does_not_free_the_pinned_card() {
         Step::Create { r: 0, queue: 2, name: 1, cards: 1, pods: 1, group: None, stored: true },
         Step::Create { r: 0, queue: 2, name: 1, cards: 2, pods: 1, group: None, stored: true },
     ];
-    run_with(&steps, true, false, HOLD_USE).unwrap();
+    run_with(&steps, true, false, 0).unwrap();
 }
 
 /// Issue 46 #3, second half: root is given a budget while replica 1's Queue watch lags.
@@ -2063,19 +2068,19 @@ fn a_root_budget_behind_a_lagging_queue_watch_seals_the_old_ledger() {
     ];
     let mut w = World::new();
     w.seals = false;
-    let without = run_world(w, &steps, true, false, HOLD_USE);
+    let without = run_world(w, &steps, true, false, 0);
     assert!(
         without.is_err(),
         "without seals the quota is passed: {without:?}"
     );
-    let tally = run_with(&steps, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    let tally = run_with(&steps, true, false, 0).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(tally[9], 2, "q1's 2 A cards, not 3: {tally:?}");
     assert!(tally[11] >= 1, "the hook sealed q1: {tally:?}");
     // Once its Queue watch delivers, replica 1 charges root's ledger and is refused
     // for the quota, not asked to try again.
     let mut more = steps.to_vec();
     more.extend([Step::Sleep, create(1, 1)]);
-    let tally = run_with(&more, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    let tally = run_with(&more, true, false, 0).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(tally[9], 2, "{tally:?}");
 }
 
@@ -2122,9 +2127,9 @@ fn a_tree_change_a_replica_never_saw_still_counts_its_charges() {
     ];
     let mut w = World::new();
     w.seals = false;
-    let without = run_world(w, &steps, true, false, HOLD_USE);
+    let without = run_world(w, &steps, true, false, 0);
     assert!(without.is_err(), "without seals and marks: {without:?}");
-    run_with(&steps, true, false, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    run_with(&steps, true, false, 0).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Found by this test (30,000 cases, about one run in eight, 2026-11-29): r0's cache
@@ -2177,5 +2182,5 @@ fn a_retried_create_unseen_beside_the_first_does_not_hide_it() {
         Retry { r: 0, pod: 11 },
         create(0, 1, 0, 2, true),
     ];
-    run_with(&steps, true, true, HOLD_USE).unwrap_or_else(|e| panic!("{e}"));
+    run_with(&steps, true, true, 0).unwrap_or_else(|e| panic!("{e}"));
 }

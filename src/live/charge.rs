@@ -18,7 +18,7 @@ use crate::decide::escrow::{self, Escrow, Holding};
 use crate::decide::messages::RETRY;
 use crate::decide::review::{AdmissionRequest, Operation};
 use crate::decide::{Config, Decision};
-use crate::ledger::clock::EntryClock;
+use crate::ledger::clock::{hold_usable, EntryClock, HoldClock, HoldCount};
 use crate::ledger::entries::{Entry, EntryId, Fence, Hold, Ledger, Watermark};
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
@@ -65,20 +65,6 @@ pub trait CommitMetrics: Send + Sync + 'static {
     fn held(&self) {}
 }
 
-/// The longest an object card-quota admitted may take to be stored after the answer:
-/// the other validating webhooks of its request run beside card-quota's, each within
-/// the API's maximum timeout of 30 s.
-pub const STORE_LAG: Duration = Duration::from_secs(30);
-/// How long another replica's hold counts after this replica first saw its renewal: its
-/// holder admits under it for [`HOLD_USE`] at most, and what it admitted is stored
-/// within [`STORE_LAG`]. Past this, a fence read afterwards is needed before the hold
-/// stops counting (see `live::freshness`): a replica that dies holding stops blocking
-/// anyone once caches are known to show what it admitted.
-pub const HOLD_TTL: Duration = Duration::from_secs(40);
-/// How long a holder admits under one write of its hold, from when it sent the
-/// write: far inside [`HOLD_TTL`], so what it admitted is in every cache before any
-/// reader's clock runs out.
-pub const HOLD_USE: Duration = Duration::from_secs(10);
 /// A hold with spare that nothing used for this long is written down.
 const HOLD_IDLE: Duration = Duration::from_secs(1);
 /// After answering a release request, a holder takes no spare on that queue for this
@@ -208,7 +194,7 @@ pub struct Committer {
     escrows: Mutex<HashMap<QueueName, Escrow>>,
     times: Mutex<HashMap<QueueName, HoldTimes>>,
     /// When this replica first saw each renewal of another replica's hold.
-    hold_clock: Mutex<HashMap<(QueueName, String, u64), Instant>>,
+    hold_clock: Mutex<HoldClock<Instant>>,
     /// Fences and relists; without them nothing stops counting on a clock.
     freshness: Option<Arc<Freshness>>,
     /// One re-read of every ledger at a time after a change of the queue tree.
@@ -344,12 +330,13 @@ impl Committer {
         self
     }
 
-    /// A hold is used for [`HOLD_USE`] after its write was sent, whatever the keeper
+    /// A hold is used for `HOLD_USE` after its write was sent, whatever the keeper
     /// managed meanwhile: readers' clocks run out after that.
     fn freeze_stale(&self, escrows: &mut HashMap<QueueName, Escrow>) {
         let times = locked(&self.times);
+        let now = Instant::now();
         for (q, e) in escrows.iter_mut() {
-            let stale = times.get(q).is_none_or(|t| t.sent.elapsed() >= HOLD_USE);
+            let stale = times.get(q).is_none_or(|t| !hold_usable(t.sent, now));
             if stale && !e.spare.is_empty() {
                 e.spare.clear();
             }
@@ -361,9 +348,8 @@ impl Committer {
         self.me.is_some()
     }
 
-    /// True when another replica's hold still counts: within [`HOLD_TTL`] of when this
-    /// replica first saw it, and after that until a fence read past its expiry (`fence`,
-    /// reached by the caches deciding) shows whatever its holder admitted.
+    /// True when another replica's hold still counts (`HoldClock::counts`); past its
+    /// clock, a fence read after it ran out is asked for.
     fn hold_counts(
         &self,
         queue: &QueueName,
@@ -371,55 +357,19 @@ impl Committer {
         hold: &Hold,
         fence: Option<Instant>,
     ) -> bool {
-        let now = Instant::now();
-        let first = *locked(&self.hold_clock)
-            .entry((queue.clone(), replica.to_string(), hold.renewal))
-            .or_insert(now);
-        let expiry = first + HOLD_TTL;
-        if now < expiry {
-            return true;
-        }
-        if fence.is_some_and(|t| t >= expiry) {
-            return false;
-        }
-        if let Some(f) = &self.freshness {
+        let count = locked(&self.hold_clock).counts(queue, replica, hold, Instant::now(), fence);
+        if let (HoldCount::UntilFence { expiry }, Some(f)) = (count, &self.freshness) {
             f.want(expiry);
         }
-        true
+        count.counts()
     }
 
     /// When the last of the charges in `ledger` (of `queue`) that ran out on this
     /// replica's clocks expired (entries no cache showed, others' holds), if any did.
     fn expired_since(&self, queue: &QueueName, ledger: &Ledger) -> Option<Instant> {
         let now = Instant::now();
-        let ran_out = |t: Instant| (t <= now).then_some(t);
-        let entries = {
-            let clock = locked(&self.clock);
-            ledger
-                .iter()
-                .filter_map(|(id, e)| {
-                    // A binding shown unbound stops counting after its grace (behind a
-                    // fence); any other entry after its TTL.
-                    let limit = if e.node.is_some() {
-                        crate::ledger::entries::UNBOUND_GRACE
-                    } else {
-                        crate::ledger::entries::TTL
-                    };
-                    clock.get(queue, id, e).map(|first| first + limit)
-                })
-                .filter_map(ran_out)
-                .max()
-        };
-        let holds = {
-            let clock = locked(&self.hold_clock);
-            ledger
-                .holds()
-                .iter()
-                .filter(|(r, _)| self.me.as_deref() != Some(r.as_str()))
-                .filter_map(|(r, h)| clock.get(&(queue.clone(), r.clone(), h.renewal)))
-                .filter_map(|first| ran_out(*first + HOLD_TTL))
-                .max()
-        };
+        let entries = locked(&self.clock).expired_since(queue, ledger, now);
+        let holds = locked(&self.hold_clock).expired_since(queue, ledger, self.me.as_deref(), now);
         entries.max(holds)
     }
 
@@ -1144,13 +1094,12 @@ impl Committer {
         // The snapshot first, as everywhere (see [`Committer`]): the other order
         // deadlocked against a plan, which asks for `hold_clock` under the snapshot.
         let snap = locked(snapshot);
-        let mut clock = locked(&self.hold_clock);
-        clock.retain(|(q, r, renewal), _| {
+        locked(&self.hold_clock).retain_held(|q, r, renewal| {
             snap.ledger(q)
                 .ledger
                 .holds()
                 .get(r)
-                .is_some_and(|h| h.renewal == *renewal)
+                .is_some_and(|h| h.renewal == renewal)
         });
     }
 
@@ -1173,7 +1122,7 @@ impl Committer {
             let age = now.saturating_duration_since(t.sent);
             if escrow::release_asked(&stored.ledger, e) && holds.is_some_and(|h| !h.is_empty()) {
                 out.push((q.clone(), HoldMove::Shrink));
-            } else if age >= HOLD_USE && !e.spare.is_empty() {
+            } else if !hold_usable(t.sent, now) && !e.spare.is_empty() {
                 // No more admissions under this write: its spare is spent or renewed.
                 out.push((
                     q.clone(),
