@@ -11,7 +11,9 @@
 //! with N. The table gives the median and the slowest of REPS events at each size and
 //! the median's growth from the smallest size to the largest; a growth over 8x (for a
 //! 100x larger cluster) is flagged, and the bench exits non-zero.
-//! DRA kinds have their own bench (`cargo bench --bench dra_events`).
+//! The ledger ConfigMap is one with no entries (a ledger's event costs O(its entries),
+//! which its own bounds cap: 5,000 entries, 900 KiB). DRA kinds have their own bench
+//! (`cargo bench --bench dra_events`).
 //!
 //! `cargo bench --bench watch_events` (`WATCH_BENCH_SIZES=1000,10000,100000`,
 //! `WATCH_BENCH_REPS=200` change it).
@@ -20,11 +22,14 @@ use std::time::{Duration, Instant};
 
 use card_quota::cards::{CardResources, ObjectKey, QueueName};
 use card_quota::cluster::records::{
-    namespace_record, node_record, pod_record, podgroup_record, queue_record,
+    job_record, namespace_record, node_record, pod_record, podgroup_record, queue_record,
+    workload_record, WorkloadKind,
 };
+use card_quota::ledger::entries::Ledger;
+use card_quota::ledger::ledger_record;
 use card_quota::snapshot::load::upsert;
 use card_quota::snapshot::Snapshot;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use serde_json::{json, Value};
 
 const QUEUES: usize = 100;
@@ -109,6 +114,25 @@ fn pod(
     v
 }
 
+fn volcano_job(replicas: usize) -> Value {
+    let task = |name: &str| {
+        json!({"name": name, "replicas": replicas, "template": {"spec": {"containers": [{"name": "c",
+        "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}})
+    };
+    json!({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+        "metadata": {"name": "train", "namespace": "ns0", "uid": "uid-job"},
+        "spec": {"queue": "q0", "minAvailable": replicas, "tasks": [task("master"), task("worker")]}})
+}
+
+fn deployment(replicas: u32) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "serve", "namespace": "ns0", "uid": "uid-deploy",
+            "annotations": {"volcano.sh/card.queue": "q0"}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "serve"}},
+            "template": {"metadata": {"labels": {"app": "serve"}}, "spec": {"containers": [{"name": "c",
+                "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+}
+
 fn world(n: usize) -> Snapshot {
     let mut s = Snapshot::default();
     let mut add = |v: Value| {
@@ -179,6 +203,29 @@ fn store_of(v: &Value) -> Store {
         "PodGroup" => {
             let rec = podgroup_record(v, "", 0).expect("podgroup record");
             Box::new(move |s: &mut Snapshot| s.upsert_group(rec))
+        }
+        "ConfigMap" => {
+            let cm: ConfigMap = serde_json::from_value(v.clone()).expect("configmap");
+            let rec = ledger_record(&cm).expect("ledger record");
+            Box::new(move |s: &mut Snapshot| s.upsert_ledger(rec))
+        }
+        "Job" => {
+            let mut rec = job_record(v, "", &cards, 0).expect("job record");
+            Box::new(move |s: &mut Snapshot| {
+                for (_, _, t) in &mut rec.tasks {
+                    t.reclassify(|r| s.is_card_resource(r));
+                }
+                s.upsert_job(rec);
+            })
+        }
+        "Deployment" => {
+            let mut rec = workload_record(WorkloadKind::Deployment, v, "", &cards, 0)
+                .expect("workload record");
+            Box::new(move |s: &mut Snapshot| {
+                rec.template.reclassify(|r| s.is_card_resource(r));
+                rec.template.seq = s.next_seq();
+                s.upsert_workload(rec);
+            })
         }
         "Namespace" => {
             let ns: Namespace = serde_json::from_value(v.clone()).expect("namespace");
@@ -256,6 +303,24 @@ fn cases() -> Vec<Case> {
         Case {
             name: "Node leaves (the same nodes)",
             event: |i, _| Ev::DeleteNode(format!("node-{}", 10_000_000 + i)),
+        },
+        Case {
+            name: "ledger ConfigMap written (its queue's)",
+            event: |i, _| {
+                Ev::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "card-quota-ledger-q0", "namespace": "card-quota",
+                        "resourceVersion": (100 + i).to_string(),
+                        "labels": {"app.kubernetes.io/name": "card-quota", "app.kubernetes.io/component": "ledger"}},
+                    "data": {"queue": "q0", "ledger": Ledger::default().render()}}))
+            },
+        },
+        Case {
+            name: "Volcano Job changed (2 tasks)",
+            event: |i, _| Ev::Apply(volcano_job(1 + i % 2)),
+        },
+        Case {
+            name: "Deployment scaled",
+            event: |i, _| Ev::Apply(deployment(1 + (i % 2) as u32)),
         },
         Case {
             name: "Namespace queue annotation changed (8 pods)",
