@@ -1,0 +1,83 @@
+//! Changes of the queue tree: an admitted Queue write seals the ledgers it affects
+//! before it is answered, and every ledger is read again before anything is decided
+//! after the tree changed.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::decide::messages::RETRY;
+use crate::decide::review::AdmissionRequest;
+use crate::decide::Decision;
+use crate::snapshot::Snapshot;
+
+use super::locks::{self, Held};
+use super::Committer;
+
+impl Committer {
+    /// Before an admitted Queue write is answered: seals the queues it moves to another
+    /// ledger in the ledgers they leave, and the queues whose limits it lowers in their
+    /// own ([`crate::decide::seal`]). "Try again" when a ledger could not be sealed.
+    pub async fn seal_ledgers(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        req: &AdmissionRequest,
+    ) -> Option<Decision> {
+        let none = Held::unlocked().await;
+        let store = |rec| self.keep(&none, snapshot, rec);
+        match crate::live::seals::seal_ledgers(&self.api, snapshot, req, store).await {
+            Ok(()) => None,
+            Err(e) => Some(Decision::deny(
+                RETRY,
+                format!(
+                    "card-quota could not seal the queues this change affects ({e}); try again"
+                ),
+            )),
+        }
+    }
+
+    /// After a change of the queue tree, reads every ledger from the API server before
+    /// anything is decided: a queue's charges may now go to a ledger beside one whose
+    /// watch has not delivered the charges recorded before the change. When the read
+    /// fails, the core answers "try again" (the snapshot still says the tree changed).
+    pub(super) async fn read_ledgers_if_tree_changed(&self, snapshot: &Mutex<Snapshot>) {
+        let none = Held::unlocked().await;
+        if !locks::snapshot(snapshot, &none).ledgers_behind_tree() {
+            return;
+        }
+        let _one = self.reread.lock().await;
+        let none = Held::unlocked().await;
+        let epoch = {
+            let snap = locks::snapshot(snapshot, &none);
+            if !snap.ledgers_behind_tree() {
+                return;
+            }
+            snap.tree_epoch()
+        };
+        // The list starts after the tree's change was seen: it shows every ledger write
+        // stored before that change.
+        match tokio::time::timeout(self.budget, self.api.list()).await {
+            Ok(Ok(ledgers)) => {
+                let mut snap = locks::snapshot(snapshot, &none);
+                let n = ledgers.len();
+                for l in ledgers {
+                    snap.upsert_ledger(l);
+                }
+                snap.ledgers_read_at(epoch);
+                tracing::info!(
+                    ledgers = n,
+                    "the queue tree changed: every ledger read again"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("reading the ledgers again after a change of the queue tree: {e}");
+                // Held, so that the requests waiting do not read again at once.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "reading the ledgers again after a change of the queue tree timed out"
+                );
+            }
+        }
+    }
+}
