@@ -275,6 +275,41 @@ fn a_claim_that_allows_several_models_may_use_each_its_queue_names() {
     assert!(!r.allowed, "two cards of quota, a third pod");
 }
 
+/// Issue 57 #6: a tenant's selector that Kubernetes accepts (its cost is under
+/// Kubernetes' 1,000,000 per device) but would cost card-quota's watchers seconds over the
+/// cluster's devices is refused before it runs: its pods are refused with the reason, and
+/// nobody else's decisions wait on it.
+#[test]
+fn a_selector_past_the_cost_limit_is_refused_with_its_cost() {
+    let mut w = World::new();
+    let list = format!(
+        "[{}]",
+        (0..100)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let expression = format!(
+        "{list}.all(i, {list}.all(j, device.attributes['gpu.nvidia.com'].productName.size() + i + j >= 0))"
+    );
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "costly", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": expression}}]}}]}}}}));
+    let r = w.send(R::pod("CREATE", claim_pod("costly", "q", "costly")).build());
+    assert!(!r.allowed);
+    let m = message(&r);
+    assert!(
+        m.starts_with("ResourceClaimTemplate ml/costly request gpu: selector ")
+            && m.contains("costs about 350803 per device, past card-quota's limit of 10000")
+            && m.ends_with("simplify it"),
+        "{m}"
+    );
+    // Others' pods are decided as before.
+    let r = w.send(R::pod("CREATE", claim_pod("plain", "q", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+}
+
 #[test]
 fn claims_of_no_card_class_and_unreadable_claims() {
     let mut w = World::new();

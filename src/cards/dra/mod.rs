@@ -3,6 +3,7 @@
 //! requests, DeviceClasses and CEL selectors. Pure: the objects come in as JSON.
 
 pub mod claims;
+pub mod cost;
 pub mod devices;
 pub mod matches;
 pub mod pin;
@@ -45,6 +46,13 @@ pub enum DraError {
         origin: String,
         expression: String,
         reason: String,
+    },
+    #[error("{origin}: selector {expression:?} costs about {cost} per device, past card-quota's limit of {limit} (card-quota reads every selector against every card device of the cluster; Kubernetes' own limit is 1,000,000 per device): simplify it")]
+    SelectorCost {
+        origin: String,
+        expression: String,
+        cost: u64,
+        limit: u64,
     },
     #[error("{object} request {request} asks for every device of DeviceClass {class} (allocationMode: All): card-quota cannot bound its cards; ask for a count")]
     AllDevices {

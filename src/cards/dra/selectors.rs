@@ -54,6 +54,15 @@ impl Selector {
             expression: expression.to_string(),
             reason: e.to_string(),
         })?;
+        let cost = super::cost::estimate(program.expression()).cost;
+        if cost > super::cost::MAX_COST_PER_DEVICE {
+            return Err(DraError::SelectorCost {
+                origin: source.to_string(),
+                expression: expression.to_string(),
+                cost,
+                limit: super::cost::MAX_COST_PER_DEVICE,
+            });
+        }
         Ok(Self {
             expression: expression.to_string(),
             program: Arc::new(program),
