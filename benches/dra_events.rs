@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use card_quota::snapshot::load::{remove, upsert};
-use card_quota::snapshot::Snapshot;
+use card_quota::snapshot::{DraRecord, Snapshot};
 use serde_json::{json, Value};
 
 const GPUS: usize = 8;
@@ -111,45 +111,51 @@ fn main() {
     let joined = slice(nodes, "NVIDIA H200");
     let mut changed = joined.clone();
     changed["spec"]["devices"][3]["attributes"]["uuid"] = json!({"string": "GPU-replaced"});
-    let rows = [
-        (
-            "a node joins (its slice of 8 GPUs)",
-            ms(|| {
-                upsert(&mut s, &joined).unwrap();
-            }),
-        ),
+    let other = slice(nodes + 1, "NVIDIA GeForce RTX 4090");
+    let new_claim = claim(claims, nodes);
+    let leaving = format!("node-{nodes}-gpu.nvidia.com");
+    // The same events twice: all under the lock (`replay`, `load`), and as `serve`'s
+    // watchers store them (read and prepared against a view without the lock, then
+    // stored under it).
+    let mut served = s.clone();
+    let events: [(&str, Option<&serde_json::Value>); 5] = [
+        ("a node joins (its slice of 8 GPUs)", Some(&joined)),
         (
             "its slice written again, one device changed",
-            ms(|| {
-                upsert(&mut s, &changed).unwrap();
-            }),
+            Some(&changed),
         ),
-        (
-            "the node leaves (its slice deleted)",
-            ms(|| {
-                remove(
-                    &mut s,
-                    "ResourceSlice",
-                    "",
-                    &format!("node-{nodes}-gpu.nvidia.com"),
-                )
-            }),
-        ),
-        (
-            "a slice of another model joins (RTX 4090)",
-            ms(|| {
-                upsert(&mut s, &slice(nodes + 1, "NVIDIA GeForce RTX 4090")).unwrap();
-            }),
-        ),
-        (
-            "one new claim with its own selector",
-            ms(|| {
-                upsert(&mut s, &claim(claims, nodes)).unwrap();
-            }),
-        ),
+        ("the node leaves (its slice deleted)", None),
+        ("a slice of another model joins (RTX 4090)", Some(&other)),
+        ("one new claim with its own selector", Some(&new_claim)),
     ];
-    println!("{:<48} {:>10}", "event (under the snapshot lock)", "ms");
-    for (what, t) in rows {
-        println!("{what:<48} {t:>10.2}");
+    let mut rows = Vec::new();
+    for (what, event) in events {
+        let (under, without, stored) = match event {
+            Some(v) => {
+                let under = ms(|| {
+                    upsert(&mut s, v).unwrap();
+                });
+                let t = Instant::now();
+                let view = served.dra_view();
+                let record = DraRecord::read(v, "", view.settings()).unwrap().unwrap();
+                let prepared = record.prepare(&view);
+                let without = t.elapsed().as_secs_f64() * 1e3;
+                let stored = ms(|| served.store_dra_record(record, prepared.as_ref()).unwrap());
+                (under, without, stored)
+            }
+            None => {
+                let under = ms(|| remove(&mut s, "ResourceSlice", "", &leaving));
+                let stored = ms(|| remove(&mut served, "ResourceSlice", "", &leaving));
+                (under, 0.0, stored)
+            }
+        };
+        rows.push((what, under, without, stored));
+    }
+    println!(
+        "{:<48} {:>16} {:>26}",
+        "event", "all under lock", "serve: without / under"
+    );
+    for (what, under, without, stored) in rows {
+        println!("{what:<48} {under:>13.2} ms {without:>13.2} / {stored:>6.2} ms");
     }
 }

@@ -1001,6 +1001,16 @@ if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
   CONTEXT="slowest review ${slowest} s of $n; $(sort -rn "$WORK/timed.txt" | head -3 | tr '\n' ';')"
   check "a node's slice joining and leaving beside $many_claims claims and $many_slices nodes, then a costly claim: every pod review answered within 1 s" \
     awk -v s="$slowest" -v n="$n" -v ok="$ok" 'BEGIN {exit !(s < 1.0 && n >= 10 && ok == n)}'
+  # The costly claim is accepted by Kubernetes (its cost is within Kubernetes' own limit)
+  # and refused by card-quota before it runs: a pod using it is told why.
+  jq '.request.object.spec.resourceClaims = [{name: "gpu", resourceClaimName: "costly"}]' "$WORK/timed-review.json" > "$WORK/costly-review.json"
+  costly_refused() {
+    curl -s --cacert "$WORK/certs/ca.crt" --cert "$WH_CRT" --key "$WH_KEY" -H 'content-type: application/json' \
+      --data-binary @"$WORK/costly-review.json" "https://127.0.0.1:$PORT_A/validate" |
+      jq -e '.response.allowed == false and (.response.status.message | contains("past card-quota'"'"'s limit of 10000"))' >/dev/null
+  }
+  check "... the costly claim's selector is refused before it runs (its estimated cost past card-quota's limit), a pod using it told why" \
+    wait_for 20 costly_refused
 else
   log "SKIP the timed reviews: no client certificate signed by the cluster CA at $WH_CRT"
 fi

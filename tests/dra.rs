@@ -488,6 +488,7 @@ mod incremental {
 
     use card_quota::cards::QueueName;
     use card_quota::snapshot::load::{load, remove, upsert};
+    use card_quota::snapshot::DraRecord;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
@@ -692,11 +693,34 @@ items:
             let (mut s, _) = load(BASE).unwrap();
             let mut world = World::new();
             let now = jiff::Timestamp::now();
-            for e in &events {
+            // What a watcher works out without the lock (`serve`): against the devices
+            // and requirements as they are, or as they were one event before (another
+            // watcher's event landed meanwhile); `replay`'s way, everything under the lock.
+            let mut earlier = s.dra_view();
+            for (i, e) in events.iter().enumerate() {
+                let view_before = s.dra_view();
                 if let Some((kind, name, obj)) = object(e) {
                     match obj {
                         Some(v) => {
-                            upsert(&mut s, &v).unwrap();
+                            let view = match i % 3 {
+                                0 => None,
+                                1 => Some(s.dra_view()),
+                                _ => Some(earlier.clone()),
+                            };
+                            match view {
+                                None => {
+                                    upsert(&mut s, &v).unwrap();
+                                }
+                                Some(view) => match DraRecord::read(&v, "ml", view.settings()).unwrap() {
+                                    Some(r) => {
+                                        let prepared = r.prepare(&view);
+                                        s.store_dra_record(r, prepared.as_ref()).unwrap();
+                                    }
+                                    None => {
+                                        upsert(&mut s, &v).unwrap();
+                                    }
+                                },
+                            }
                             world.insert((kind, name), v);
                         }
                         None => {
@@ -705,6 +729,7 @@ items:
                         }
                     }
                 }
+                earlier = view_before;
                 let f = fresh(&world);
                 for q in ["q0", "q1"] {
                     let q = QueueName::new(q);

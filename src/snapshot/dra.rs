@@ -235,10 +235,15 @@ impl Snapshot {
     }
 
     /// Adds or replaces the devices of one ResourceSlice.
-    pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) {
+    pub fn upsert_slice(
+        &mut self,
+        name: String,
+        devices: Vec<Device>,
+        prepared: Option<&Prepared>,
+    ) {
         let mut nodes = self.slice_nodes(&name);
         nodes.extend(devices.iter().filter_map(|d| d.node.clone()));
-        if let Some(r) = self.dra.upsert_slice(name, devices) {
+        if let Some(r) = self.dra.upsert_slice(name, devices, prepared) {
             self.reread_claim_pods(|p| r.touches(&p.key.namespace, &p.claims));
             nodes.iter().for_each(|n| self.reread_extended(n));
         }
@@ -407,10 +412,11 @@ impl DraRecord {
         }))
     }
 
-    /// A claim's or template's requirements counted against `view` (none for the
-    /// other kinds).
+    /// What can be worked out against `view` without the lock: a claim's or template's
+    /// requirements counted, a slice's changed devices judged (nothing for a class).
     pub fn prepare(&self, view: &DraView) -> Option<Prepared> {
         match self {
+            Self::Slice(name, Ok(devices)) => Some(view.prepare_slice(name, devices)),
             Self::Template(_, Ok(spec)) => Some(view.prepare(spec)),
             Self::Claim(_, Ok(c)) => c.spec.as_ref().ok().map(|spec| view.prepare(spec)),
             _ => None,
@@ -449,7 +455,7 @@ impl Snapshot {
                         tracing::warn!("ResourceSlice {name}: {e}");
                     }
                 }
-                self.upsert_slice(name, devices);
+                self.upsert_slice(name, devices, prepared);
             }
             DraRecord::Slice(name, Err(e)) => {
                 self.remove_slice(&name);

@@ -5,10 +5,11 @@
 //! requirement held, never a re-read of every claim against every device (issue 57 #6:
 //! 14 s under the snapshot lock for one slice at 128 nodes and 1,000 claims).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use super::claims::Subrequest;
-use super::devices::Device;
+use super::devices::{Device, DeviceId};
 use super::selectors::{Match, Selector};
 use crate::cards::names::CardName;
 
@@ -62,10 +63,68 @@ pub fn count_models<'a>(
     models
 }
 
-#[derive(Debug, Clone)]
-struct Held {
+/// A requirement's selectors: its DeviceClass's and its own.
+#[derive(Debug)]
+pub struct Rule {
     class_selectors: Vec<Selector>,
     selectors: Vec<Selector>,
+}
+
+impl Rule {
+    fn allows(&self, device: &Device) -> bool {
+        allows(&self.class_selectors, &self.selectors, device)
+    }
+}
+
+/// The requirements held, by key (shared with the views a watcher reads without the
+/// lock; a change copies the map only while one is out).
+pub type Rules = Arc<BTreeMap<RequirementKey, Arc<Rule>>>;
+
+/// What rules say of card devices, found without the lock by the watcher of a
+/// ResourceSlice ([`Verdicts::of`]); under the lock [`Matches::devices_changed`] takes a
+/// verdict only for the very rule (the same `Arc`) and the very device it was reached
+/// for, and evaluates whatever else is new there.
+#[derive(Debug, Clone, Default)]
+pub struct Verdicts {
+    rules: HashMap<RequirementKey, (Arc<Rule>, HashMap<DeviceId, bool>)>,
+    devices: HashMap<DeviceId, Device>,
+}
+
+impl Verdicts {
+    /// Every rule of `rules` on every card device of `devices`.
+    pub fn of<'a>(
+        rules: &BTreeMap<RequirementKey, Arc<Rule>>,
+        devices: impl Iterator<Item = &'a Device>,
+    ) -> Self {
+        let devices: HashMap<DeviceId, Device> = devices
+            .filter(|d| matches!(d.model, Some(Ok(_))))
+            .map(|d| (d.id.clone(), d.clone()))
+            .collect();
+        let rules = rules
+            .iter()
+            .map(|(key, rule)| {
+                let by_device = devices
+                    .iter()
+                    .map(|(id, d)| (id.clone(), rule.allows(d)))
+                    .collect();
+                (key.clone(), (Arc::clone(rule), by_device))
+            })
+            .collect();
+        Self { rules, devices }
+    }
+
+    fn get(&self, key: &RequirementKey, rule: &Arc<Rule>, device: &Device) -> Option<bool> {
+        let (r, by_device) = self.rules.get(key)?;
+        if !Arc::ptr_eq(r, rule) || self.devices.get(&device.id) != Some(device) {
+            return None;
+        }
+        by_device.get(&device.id).copied()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    rule: Arc<Rule>,
     /// Card devices it allows, per model.
     models: BTreeMap<CardName, usize>,
     /// Claims and templates that use it: at zero it is dropped.
@@ -76,6 +135,8 @@ struct Held {
 #[derive(Debug, Clone, Default)]
 pub struct Matches {
     held: BTreeMap<RequirementKey, Held>,
+    /// The rules of `held`, for views.
+    rules: Rules,
     /// Requirements counted here against every device (none given counted): the work a
     /// caller holding a lock wants to see stay flat.
     counted_here: u64,
@@ -99,9 +160,17 @@ impl Matches {
         counted: Option<&BTreeMap<CardName, usize>>,
     ) {
         let counted_here = &mut self.counted_here;
-        let held = self.held.entry(key_of(option)).or_insert_with(|| Held {
-            class_selectors: class_selectors.to_vec(),
-            selectors: option.selectors.clone(),
+        let rules = &mut self.rules;
+        let key = key_of(option);
+        let held = self.held.entry(key.clone()).or_insert_with(|| Held {
+            rule: {
+                let rule = Arc::new(Rule {
+                    class_selectors: class_selectors.to_vec(),
+                    selectors: option.selectors.clone(),
+                });
+                Arc::make_mut(rules).insert(key, Arc::clone(&rule));
+                rule
+            },
             models: match counted {
                 Some(c) => c.clone(),
                 None => {
@@ -121,16 +190,24 @@ impl Matches {
             h.users = h.users.saturating_sub(1);
             if h.users == 0 {
                 self.held.remove(&key);
+                Arc::make_mut(&mut self.rules).remove(&key);
             }
         }
     }
 
+    /// The rules held (an `Arc`: a view of them costs nothing).
+    pub fn rules(&self) -> Rules {
+        Arc::clone(&self.rules)
+    }
+
     /// Devices gone and come: each requirement's counts follow, and the keys whose set of
-    /// models changed are returned. Costs the changed devices times the requirements.
+    /// models changed are returned. Costs the changed devices times the requirements:
+    /// CEL evaluations, except the verdicts a watcher reached without the lock.
     pub fn devices_changed(
         &mut self,
         gone: &[&Device],
         came: &[&Device],
+        verdicts: Option<&Verdicts>,
     ) -> BTreeSet<RequirementKey> {
         let mut changed = BTreeSet::new();
         for (key, h) in &mut self.held {
@@ -138,7 +215,10 @@ impl Matches {
             for (devices, add) in [(gone, false), (came, true)] {
                 for d in devices {
                     let Some(Ok(m)) = &d.model else { continue };
-                    if !allows(&h.class_selectors, &h.selectors, d) {
+                    let allowed = verdicts
+                        .and_then(|v| v.get(key, &h.rule, d))
+                        .unwrap_or_else(|| h.rule.allows(d));
+                    if !allowed {
                         continue;
                     }
                     if add {
@@ -220,18 +300,18 @@ mod tests {
         // A node of H200s joins: counts grow, no set of models changes.
         let b = devices("b", &["NVIDIA H200"]);
         assert!(m
-            .devices_changed(&[], &b.iter().collect::<Vec<_>>())
+            .devices_changed(&[], &b.iter().collect::<Vec<_>>(), None)
             .is_empty());
         // An RTX node joins: only the requirement that allows it changes.
         let c = devices("c", &["NVIDIA GeForce RTX 4090"]);
-        let changed = m.devices_changed(&[], &c.iter().collect::<Vec<_>>());
+        let changed = m.devices_changed(&[], &c.iter().collect::<Vec<_>>(), None);
         assert_eq!(changed, BTreeSet::from([key_of(&any)]));
         // Node a leaves: H200s remain on b.
         assert!(m
-            .devices_changed(&a.iter().collect::<Vec<_>>(), &[])
+            .devices_changed(&a.iter().collect::<Vec<_>>(), &[], None)
             .is_empty());
         // b leaves: no H200 is left anywhere.
-        let changed = m.devices_changed(&b.iter().collect::<Vec<_>>(), &[]);
+        let changed = m.devices_changed(&b.iter().collect::<Vec<_>>(), &[], None);
         assert_eq!(changed.len(), 2);
         assert_eq!(m.models(&key_of(&h200)), Some(vec![]));
         // Released by every user, a requirement is dropped.

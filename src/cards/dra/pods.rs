@@ -8,7 +8,9 @@ use super::claims::{
     allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass, Subrequest,
 };
 use super::devices::{Device, DeviceId};
-use super::matches::{count_models, key_of, matching_models, Matches, RequirementKey};
+use super::matches::{
+    count_models, key_of, matching_models, Matches, RequirementKey, Rules, Verdicts,
+};
 use super::selectors::{Match, Selector};
 use super::settings::DraSettings;
 use super::DraError;
@@ -140,7 +142,7 @@ pub struct DraObjects {
     class_cards: BTreeMap<String, usize>,
     /// Devices by slice, and by id for allocations (shared with [`DraView`]s: a change
     /// copies the map only while one is out).
-    slices: BTreeMap<String, Vec<Device>>,
+    slices: Arc<BTreeMap<String, Vec<Device>>>,
     devices: Arc<BTreeMap<DeviceId, Device>>,
     /// Counts the changes of devices and classes: a [`Prepared`] count is taken only at
     /// the generation it was counted at.
@@ -170,15 +172,22 @@ pub struct DraView {
     classes: BTreeMap<String, DeviceClass>,
     card_classes: BTreeSet<String>,
     devices: Arc<BTreeMap<DeviceId, Device>>,
+    slices: Arc<BTreeMap<String, Vec<Device>>>,
+    rules: Rules,
 }
 
-/// Requirements counted against a [`DraView`]: what [`DraObjects::upsert_claim`] and
-/// [`DraObjects::upsert_template`] take instead of counting under the lock, when nothing
-/// changed since.
-#[derive(Debug, Clone, Default)]
-pub struct Prepared {
-    generation: u64,
-    counted: BTreeMap<RequirementKey, BTreeMap<CardName, usize>>,
+/// What a watcher worked out against a [`DraView`] without the lock: a claim's or
+/// template's requirements counted ([`DraObjects::upsert_claim`] and
+/// [`DraObjects::upsert_template`] take them when no device or class changed since), or
+/// a slice's changed devices judged by every requirement ([`DraObjects::upsert_slice`]
+/// takes each verdict reached for the very requirement and device it meets).
+#[derive(Debug, Clone)]
+pub enum Prepared {
+    Counted {
+        generation: u64,
+        counted: BTreeMap<RequirementKey, BTreeMap<CardName, usize>>,
+    },
+    Slice(Verdicts),
 }
 
 impl DraView {
@@ -201,10 +210,21 @@ impl DraView {
                 .entry(key_of(o))
                 .or_insert_with(|| count_models(class, &o.selectors, self.devices.values()));
         }
-        Prepared {
+        Prepared::Counted {
             generation: self.generation,
             counted,
         }
+    }
+
+    /// Judges the devices a slice `name` now publishing `devices` adds or takes away by
+    /// every requirement held (a node joining: its own devices times the requirements).
+    pub fn prepare_slice(&self, name: &str, devices: &[Device]) -> Prepared {
+        let old = self.slices.get(name).map(Vec::as_slice).unwrap_or_default();
+        let changed = old
+            .iter()
+            .filter(|d| !devices.contains(d))
+            .chain(devices.iter().filter(|d| !old.contains(d)));
+        Prepared::Slice(Verdicts::of(&self.rules, changed))
     }
 }
 
@@ -254,13 +274,21 @@ impl DraObjects {
     }
 
     /// Adds or replaces one slice's devices: what to read again, `None` when nothing
-    /// changed. Costs the slice's own devices (CEL against each requirement held) and
-    /// map lookups over the claims, never every claim against every device.
-    pub fn upsert_slice(&mut self, name: String, devices: Vec<Device>) -> Option<Reread> {
+    /// changed. Costs the slice's own devices (CEL against each requirement held, but
+    /// for the verdicts `prepared` brings) and map lookups over the claims, never every
+    /// claim against every device.
+    pub fn upsert_slice(
+        &mut self,
+        name: String,
+        devices: Vec<Device>,
+        prepared: Option<&Prepared>,
+    ) -> Option<Reread> {
         if self.slices.get(&name) == Some(&devices) {
             return None;
         }
-        let old = self.slices.remove(&name).unwrap_or_default();
+        let old = Arc::make_mut(&mut self.slices)
+            .remove(&name)
+            .unwrap_or_default();
         let held = Arc::make_mut(&mut self.devices);
         for d in &old {
             held.remove(&d.id);
@@ -278,18 +306,22 @@ impl DraObjects {
             .filter(|d| !old.contains(d))
             .cloned()
             .collect();
-        self.slices.insert(name, devices);
-        Some(self.devices_changed(&gone, &came))
+        Arc::make_mut(&mut self.slices).insert(name, devices);
+        let verdicts = match prepared {
+            Some(Prepared::Slice(v)) => Some(v),
+            _ => None,
+        };
+        Some(self.devices_changed(&gone, &came, verdicts))
     }
 
     /// Forgets a slice: what to read again, `None` when it was not held.
     pub fn remove_slice(&mut self, name: &str) -> Option<Reread> {
-        let old = self.slices.remove(name)?;
+        let old = Arc::make_mut(&mut self.slices).remove(name)?;
         let held = Arc::make_mut(&mut self.devices);
         for d in &old {
             held.remove(&d.id);
         }
-        Some(self.devices_changed(&old, &[]))
+        Some(self.devices_changed(&old, &[], None))
     }
 
     /// Adds or replaces a DeviceClass; false when nothing changed. Every demand is read
@@ -456,11 +488,17 @@ impl DraObjects {
     /// Holds what `spec`'s card ways may get, kept as devices change.
     fn remember(&mut self, spec: &Result<ClaimSpec, DraError>, prepared: Option<&Prepared>) {
         let Ok(spec) = spec else { return };
-        let prepared = prepared.filter(|p| p.generation == self.generation);
+        let prepared = match prepared {
+            Some(Prepared::Counted {
+                generation,
+                counted,
+            }) if *generation == self.generation => Some(counted),
+            _ => None,
+        };
         let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
         for o in &options {
             let class = self.class_selectors(&o.class).to_vec();
-            let counted = prepared.and_then(|p| p.counted.get(&key_of(o)));
+            let counted = prepared.and_then(|p| p.get(&key_of(o)));
             self.matches
                 .acquire(o, &class, self.devices.values(), counted);
         }
@@ -480,6 +518,8 @@ impl DraObjects {
             classes: self.classes.clone(),
             card_classes: self.card_classes.clone(),
             devices: Arc::clone(&self.devices),
+            slices: Arc::clone(&self.slices),
+            rules: self.matches.rules(),
         }
     }
 
@@ -578,7 +618,12 @@ impl DraObjects {
     /// Devices `gone` and `came` (a slice's change): counts follow them; the claims and
     /// templates whose demand or allocation they change are read again. When a class
     /// comes to select cards or stops, everything is.
-    fn devices_changed(&mut self, gone: &[Device], came: &[Device]) -> Reread {
+    fn devices_changed(
+        &mut self,
+        gone: &[Device],
+        came: &[Device],
+        verdicts: Option<&Verdicts>,
+    ) -> Reread {
         self.generation += 1;
         for c in self.classes.values() {
             let n = self.class_cards.entry(c.name.clone()).or_default();
@@ -592,7 +637,9 @@ impl DraObjects {
         }
         let gone_refs: Vec<&Device> = gone.iter().collect();
         let came_refs: Vec<&Device> = came.iter().collect();
-        let keys = self.matches.devices_changed(&gone_refs, &came_refs);
+        let keys = self
+            .matches
+            .devices_changed(&gone_refs, &came_refs, verdicts);
         let ids: BTreeSet<&DeviceId> = gone.iter().chain(came).map(|d| &d.id).collect();
         let uses_changed = |spec: &Result<ClaimSpec, DraError>| {
             !keys.is_empty()
@@ -785,7 +832,7 @@ mod tests {
         ] {
             let s = json!({"metadata": {"name": node}, "spec": {"driver": "gpu.nvidia.com",
                 "nodeName": node, "pool": {"name": node}, "devices": devs}});
-            o.upsert_slice(node.into(), slice_devices(&s, &o.settings).unwrap());
+            o.upsert_slice(node.into(), slice_devices(&s, &o.settings).unwrap(), None);
         }
         o.upsert_class(
             device_class(
