@@ -527,6 +527,11 @@ mod incremental {
             node: usize,
             product: usize,
         },
+        /// Node `node`'s slice deleted (`serve` stores it as a slice publishing nothing,
+        /// judged without the lock).
+        DeleteSlice {
+            node: usize,
+        },
         Class {
             h200_only: bool,
         },
@@ -542,6 +547,7 @@ mod incremental {
                 .prop_map(|(which, alloc, reserved)| Ev::Claim { which, alloc, reserved }),
             1 => (0..7usize).prop_map(|which| Ev::DeleteClaim { which }),
             1 => (0..2usize, 0..2usize).prop_map(|(node, product)| Ev::Slice { node, product }),
+            1 => (0..2usize).prop_map(|node| Ev::DeleteSlice { node }),
             1 => any::<bool>().prop_map(|h200_only| Ev::Class { h200_only }),
         ]
     }
@@ -653,6 +659,7 @@ items:
                     ),
                 )
             }
+            Ev::DeleteSlice { node } => ("ResourceSlice", format!("n{node}-gpu"), None),
             Ev::Class { h200_only } => {
                 let expr = if *h200_only {
                     "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"
@@ -724,7 +731,16 @@ items:
                             world.insert((kind, name), v);
                         }
                         None => {
-                            remove(&mut s, kind, "ml", &name);
+                            if kind == "ResourceSlice" && i % 3 != 0 {
+                                // As the slice watcher stores a deletion: its devices
+                                // judged through a view (maybe a stale one).
+                                let view = if i % 3 == 1 { s.dra_view() } else { earlier.clone() };
+                                let r = DraRecord::SliceGone(name.clone());
+                                let prepared = r.prepare(&view);
+                                s.store_dra_record(r, prepared.as_ref()).unwrap();
+                            } else {
+                                remove(&mut s, kind, "ml", &name);
+                            }
                             world.remove(&(kind, name));
                         }
                     }

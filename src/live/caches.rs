@@ -106,10 +106,13 @@ pub enum MirrorError {
 /// How one kind is stored in the snapshot. An object is read into its record before
 /// the snapshot is locked; the lock is held only to store the record, so a watcher
 /// never makes a decision wait while it decodes an object.
+/// Reads an object's record with no lock held.
+type ReadFn<K, R> = fn(&K) -> Result<R, MirrorError>;
+
 struct Mirror<K, R> {
     kind: &'static str,
     /// The object's record, read from the object alone (no lock held).
-    read: fn(&K) -> Result<R, MirrorError>,
+    read: ReadFn<K, R>,
     /// Stores a record, adjusting it to what the snapshot knows (under the lock).
     store: fn(&mut Snapshot, R),
     /// The keys held that the predicate picks: only those are copied, so a relist's
@@ -119,10 +122,29 @@ struct Mirror<K, R> {
     /// Work on the record that needs what the snapshot holds but not the lock held while
     /// it runs (it takes the lock for a moment to copy what it needs).
     prepare: Option<fn(&mut R, &Mutex<Snapshot>)>,
+    /// The record a deletion is stored as, prepared like a read (`None`: `remove` it
+    /// under the lock). A ResourceSlice deleted is a slice publishing nothing: what its
+    /// devices meant to every requirement is worked out without the lock.
+    removal: Option<ReadFn<K, R>>,
     /// The stream whose progress ledger watermarks are compared with.
     stream: Option<Stream>,
     /// The object's key as `keys` lists it.
     key: fn(&K) -> ObjectKey,
+}
+
+impl<K, R> Mirror<K, R> {
+    /// Runs `prepare` on `r` (CPU work: a claim's selectors against every device, a
+    /// slice's devices against every requirement) off the runtime's worker, so the
+    /// webhook's tasks move to another.
+    fn prepare_off_worker(&self, r: &mut R, snapshot: &Mutex<Snapshot>) {
+        let Some(prepare) = self.prepare else { return };
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| prepare(r, snapshot))
+            }
+            _ => prepare(r, snapshot),
+        }
+    }
 }
 
 fn version_of<K: Resource>(o: &K) -> u64 {
@@ -236,7 +258,11 @@ fn prepare_dra(ev: &mut DraEvent, snapshot: &Mutex<Snapshot>) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .dra_view();
-    let record = DraRecord::read(&ev.value, "", view.settings());
+    let record = match ev.read.take() {
+        // Read already (a slice's deletion).
+        Some((record, _)) => record,
+        None => DraRecord::read(&ev.value, "", view.settings()),
+    };
     let prepared = match &record {
         Ok(Some(r)) => r.prepare(&view),
         _ => None,
@@ -264,7 +290,7 @@ fn store_dra(s: &mut Snapshot, ev: DraEvent) {
 
 /// The mirror of one DRA kind (see [`super::dra::KINDS`]).
 fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, DraEvent> {
-    let mirror = |read, keys, remove| Mirror {
+    let mirror = |read, keys, remove, removal| Mirror {
         kind,
         read,
         store: store_dra,
@@ -272,29 +298,39 @@ fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, DraEvent> {
         remove,
         stream: None,
         prepare: Some(prepare_dra),
+        removal,
         key: key_of,
     };
     match kind {
         "ResourceSlice" => mirror(
             |o| dra_event(o, "ResourceSlice"),
             |s, pick| cluster_keys(s.slice_names(), pick),
-            |s, k| s.remove_slice(&k.name),
+            |s, k| s.remove_slice(&k.name, None),
+            Some(|o: &DynamicObject| {
+                Ok(DraEvent {
+                    value: Value::Null,
+                    read: Some((Ok(Some(DraRecord::SliceGone(o.name_any()))), None)),
+                })
+            }),
         ),
         "DeviceClass" => mirror(
             |o| dra_event(o, "DeviceClass"),
             |s, pick| cluster_keys(s.class_names(), pick),
             |s, k| s.remove_class(&k.name),
+            None,
         ),
         "ResourceClaimTemplate" => mirror(
             |o| dra_event(o, "ResourceClaimTemplate"),
             |s, pick| s.template_keys().into_iter().filter(|k| pick(k)).collect(),
             |s, k| s.remove_template(k),
+            None,
         ),
         // ResourceClaim, the last of KINDS.
         _ => mirror(
             |o| dra_event(o, "ResourceClaim"),
             |s, pick| s.claim_keys().into_iter().filter(|k| pick(k)).collect(),
             |s, k| s.remove_claim(k),
+            None,
         ),
     }
 }
@@ -393,6 +429,7 @@ fn pod_mirror() -> Mirror<PodParts, PodRecord> {
         remove: |s, k| s.delete_pod(k),
         stream: Some(Stream::Pods),
         prepare: None,
+        removal: None,
         key: key_of,
     }
 }
@@ -434,15 +471,8 @@ impl<K: Resource, R> Follower<K, R> {
                     self.listed_version = self.listed_version.max(version);
                 }
                 let mut read = (m.read)(&o);
-                if let (Ok(r), Some(prepare)) = (read.as_mut(), m.prepare) {
-                    // CPU work (a claim's selectors against every device): off the
-                    // runtime's worker, so the webhook's tasks move to another.
-                    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-                        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
-                            tokio::task::block_in_place(|| prepare(r, snapshot))
-                        }
-                        _ => prepare(r, snapshot),
-                    }
+                if let Ok(r) = read.as_mut() {
+                    m.prepare_off_worker(r, snapshot);
                 }
                 let mut snap = lock();
                 if self.listed.is_none() {
@@ -462,8 +492,18 @@ impl<K: Resource, R> Follower<K, R> {
                 }
             }
             Event::Delete(o) => {
+                let removal = m.removal.map(|removal| {
+                    let mut record = removal(&o);
+                    if let Ok(r) = record.as_mut() {
+                        m.prepare_off_worker(r, snapshot);
+                    }
+                    record
+                });
                 let mut snap = lock();
-                (m.remove)(&mut snap, &(m.key)(&o));
+                match removal {
+                    Some(Ok(record)) => (m.store)(&mut snap, record),
+                    _ => (m.remove)(&mut snap, &(m.key)(&o)),
+                }
                 advance(&mut snap, m.stream, version_of(&o), false);
             }
             Event::InitDone => {
@@ -633,6 +673,7 @@ pub async fn start(
                 remove: |s, k| s.remove_node(&k.name),
                 stream: None,
                 prepare: None,
+                removal: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -669,6 +710,7 @@ pub async fn start(
                         remove: remove_ledger,
                         stream: None,
                         prepare: None,
+                        removal: None,
                         // Ledgers are kept by queue; the namespace is always card-quota's own.
                         key: |o| ObjectKey::new("", o.name_any()),
                     },
@@ -693,6 +735,7 @@ pub async fn start(
                 remove: |s, k| s.set_namespace_queue(&k.name, None),
                 stream: None,
                 prepare: None,
+                removal: None,
                 key: |o| ObjectKey::new("", o.name_any()),
             },
             snapshot.clone(),
@@ -715,6 +758,7 @@ pub async fn start(
                 remove: |s, k| s.remove_queue(&QueueName::new(k.name.clone())),
                 stream: None,
                 prepare: None,
+                removal: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -735,6 +779,7 @@ pub async fn start(
                 remove: |s, k| s.delete_group(k),
                 stream: Some(Stream::PodGroups),
                 prepare: None,
+                removal: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -775,6 +820,7 @@ pub async fn start(
                 remove: |s, k| s.remove_workload(WorkloadKind::Deployment, k),
                 stream: None,
                 prepare: None,
+                removal: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -795,6 +841,7 @@ pub async fn start(
                 remove: |s, k| s.remove_workload(WorkloadKind::ReplicaSet, k),
                 stream: None,
                 prepare: None,
+                removal: None,
                 key: key_of,
             },
             snapshot.clone(),
@@ -819,6 +866,7 @@ pub async fn start(
             remove: |s, k| s.remove_job(k),
             stream: None,
             prepare: None,
+            removal: None,
             key: key_of,
         },
         snapshot.clone(),
@@ -858,6 +906,7 @@ pub async fn start(
                 remove: |s, k| s.remove_workload(WorkloadKind::StatefulSet, k),
                 stream: None,
                 prepare: None,
+                removal: None,
                 key: key_of,
             },
             snapshot,

@@ -250,9 +250,9 @@ impl Snapshot {
     }
 
     /// Forgets a ResourceSlice.
-    pub fn remove_slice(&mut self, name: &str) {
+    pub fn remove_slice(&mut self, name: &str, prepared: Option<&Prepared>) {
         let nodes = self.slice_nodes(name);
-        if let Some(r) = self.dra.remove_slice(name) {
+        if let Some(r) = self.dra.remove_slice(name, prepared) {
             self.reread_claim_pods(|p| r.touches(&p.key.namespace, &p.claims));
             nodes.iter().for_each(|n| self.reread_extended(n));
         }
@@ -361,6 +361,8 @@ pub const DRA_KINDS: [&str; 4] = [
 #[derive(Debug, Clone)]
 pub enum DraRecord {
     Slice(String, Result<Vec<Device>, DraError>),
+    /// A ResourceSlice deleted: its devices are judged without the lock too.
+    SliceGone(String),
     Class(String, Result<DeviceClass, DraError>),
     Template(ObjectKey, Result<ClaimSpec, DraError>),
     Claim(ObjectKey, Result<ClaimRecord, DraError>),
@@ -417,6 +419,7 @@ impl DraRecord {
     pub fn prepare(&self, view: &DraView) -> Option<Prepared> {
         match self {
             Self::Slice(name, Ok(devices)) => Some(view.prepare_slice(name, devices)),
+            Self::SliceGone(name) => Some(view.prepare_slice(name, &[])),
             Self::Template(_, Ok(spec)) => Some(view.prepare(spec)),
             Self::Claim(_, Ok(c)) => c.spec.as_ref().ok().map(|spec| view.prepare(spec)),
             _ => None,
@@ -458,9 +461,10 @@ impl Snapshot {
                 self.upsert_slice(name, devices, prepared);
             }
             DraRecord::Slice(name, Err(e)) => {
-                self.remove_slice(&name);
+                self.remove_slice(&name, None);
                 return Err(e);
             }
+            DraRecord::SliceGone(name) => self.remove_slice(&name, prepared),
             DraRecord::Class(_, Ok(c)) => self.upsert_class(c),
             DraRecord::Class(name, Err(e)) => {
                 self.remove_class(&name);
@@ -476,7 +480,7 @@ impl Snapshot {
     /// Forgets a DRA object by kind and key; false for another kind.
     pub fn remove_dra(&mut self, kind: &str, key: &ObjectKey) -> bool {
         match kind {
-            "ResourceSlice" => self.remove_slice(&key.name),
+            "ResourceSlice" => self.remove_slice(&key.name, None),
             "DeviceClass" => self.remove_class(&key.name),
             "ResourceClaimTemplate" => self.remove_template(key),
             "ResourceClaim" => self.remove_claim(key),

@@ -131,7 +131,7 @@ struct ClaimEntry {
 /// The DRA objects the decisions read: DeviceClasses, ResourceClaimTemplates,
 /// ResourceClaims and published devices, with each claim's and template's card demand
 /// kept up to date as they change.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct DraObjects {
     settings: DraSettings,
     classes: BTreeMap<String, DeviceClass>,
@@ -249,13 +249,29 @@ impl Reread {
     }
 }
 
+/// No objects yet, read with the default settings. (Derived, the card classes of the
+/// settings were missing until a slice or a class changed: a template read before that
+/// asked for no card.)
+impl Default for DraObjects {
+    fn default() -> Self {
+        Self::new(DraSettings::default())
+    }
+}
+
 impl DraObjects {
     /// No objects yet, read with `settings`.
     pub fn new(settings: DraSettings) -> Self {
         Self {
             card_classes: settings.classes().map(str::to_string).collect(),
             settings,
-            ..Self::default()
+            classes: BTreeMap::new(),
+            class_cards: BTreeMap::new(),
+            slices: Arc::default(),
+            devices: Arc::default(),
+            generation: 0,
+            matches: Matches::default(),
+            templates: BTreeMap::new(),
+            claims: BTreeMap::new(),
         }
     }
 
@@ -314,14 +330,20 @@ impl DraObjects {
         Some(self.devices_changed(&gone, &came, verdicts))
     }
 
-    /// Forgets a slice: what to read again, `None` when it was not held.
-    pub fn remove_slice(&mut self, name: &str) -> Option<Reread> {
+    /// Forgets a slice: what to read again, `None` when it was not held. `prepared`: its
+    /// devices judged by the watcher without the lock ([`DraView::prepare_slice`] of no
+    /// devices).
+    pub fn remove_slice(&mut self, name: &str, prepared: Option<&Prepared>) -> Option<Reread> {
         let old = Arc::make_mut(&mut self.slices).remove(name)?;
         let held = Arc::make_mut(&mut self.devices);
         for d in &old {
             held.remove(&d.id);
         }
-        Some(self.devices_changed(&old, &[], None))
+        let verdicts = match prepared {
+            Some(Prepared::Slice(v)) => Some(v),
+            _ => None,
+        };
+        Some(self.devices_changed(&old, &[], verdicts))
     }
 
     /// Adds or replaces a DeviceClass; false when nothing changed. Every demand is read
