@@ -103,12 +103,12 @@ pub enum MirrorError {
     },
 }
 
-/// How one kind is stored in the snapshot. An object is read into its record before
-/// the snapshot is locked; the lock is held only to store the record, so a watcher
-/// never makes a decision wait while it decodes an object.
 /// Reads an object's record with no lock held.
 type ReadFn<K, R> = fn(&K) -> Result<R, MirrorError>;
 
+/// How one kind is stored in the snapshot. An object is read into its record before
+/// the snapshot is locked; the lock is held only to store the record, so a watcher
+/// never makes a decision wait while it decodes an object.
 struct Mirror<K, R> {
     kind: &'static str,
     /// The object's record, read from the object alone (no lock held).
@@ -123,8 +123,9 @@ struct Mirror<K, R> {
     /// it runs (it takes the lock for a moment to copy what it needs).
     prepare: Option<fn(&mut R, &Mutex<Snapshot>)>,
     /// The record a deletion is stored as, prepared like a read (`None`: `remove` it
-    /// under the lock). A ResourceSlice deleted is a slice publishing nothing: what its
-    /// devices meant to every requirement is worked out without the lock.
+    /// under the lock). A ResourceSlice's deletion is `DraRecord::SliceGone`: what its
+    /// devices meant to every requirement is worked out without the lock. (A relist's
+    /// sweep of objects it no longer returns removes them under the lock.)
     removal: Option<ReadFn<K, R>>,
     /// The stream whose progress ledger watermarks are compared with.
     stream: Option<Stream>,
