@@ -8,7 +8,9 @@
 //! The estimate follows Kubernetes' own (one unit per operation, a comprehension's body
 //! times the largest size of what it iterates), with the bounds a device gives: at most
 //! [`DEVICE_FIELDS`] attributes and capacities, strings of at most [`ATTRIBUTE_STRING`]
-//! characters. It is an upper bound: what it cannot size it takes at the largest.
+//! characters. What it cannot size (a comprehension's element, a function's result) it
+//! takes as large as a device's fields; a list built inside an expression and iterated
+//! by a nested comprehension is sized that way too, so such an estimate is not a bound.
 //! Kubernetes refuses a selector past 1,000,000 units; card-quota's limit is lower,
 //! because it evaluates each selector against every device of the cluster, not only
 //! against the devices of a node being scheduled.
