@@ -13,7 +13,8 @@
 //!   A stalled watch is replaced, a quiet one proven current.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use futures::future::BoxFuture;
 

@@ -2,7 +2,8 @@
 //! replica's monotonic clock, and the fence an expired charge is dropped behind.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::cards::QueueName;
 use crate::ledger::clock::{EntryClock, HoldClock};
@@ -15,6 +16,17 @@ use super::Committer;
 
 /// How often pruning's clock drops entries of ledgers that no longer hold them.
 pub(super) const CLOCK_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The shell's clock: tokio's, which is the monotonic clock when serving and can be
+/// paused and advanced by a test (the committer model jumps past hold and entry TTLs).
+impl crate::ledger::clock::Moment for Instant {
+    fn plus(self, d: Duration) -> Self {
+        self + d
+    }
+    fn since(self, earlier: Self) -> Duration {
+        self.saturating_duration_since(earlier)
+    }
+}
 
 /// The clocks charges stop counting by, on this replica's monotonic clock.
 pub(super) struct Clocks {

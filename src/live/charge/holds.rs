@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::cards::QueueName;
 use crate::decide::batch::{HoldMove, Replica};

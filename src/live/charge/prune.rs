@@ -2,7 +2,7 @@
 //! and the ledger of a deleted queue removed once empty.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::cards::QueueName;
 use crate::decide::batch::{behind, plan};

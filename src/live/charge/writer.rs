@@ -4,7 +4,8 @@
 //! again over the winner's ledger; denials stay denials.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::cards::QueueName;
 use crate::decide::batch::{behind, look, plan, plan_held, HoldMove, Outcome};
