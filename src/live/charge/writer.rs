@@ -323,7 +323,7 @@ impl Committer {
             }
             let t = Instant::now();
             let written = tokio::time::timeout_at(
-                until.into(),
+                until,
                 self.api
                     .write(queue, batch.resource_version.as_deref(), &batch.text),
             )
@@ -439,7 +439,7 @@ impl Committer {
                 continue;
             }
             metrics.reread(false);
-            match tokio::time::timeout_at(until.into(), self.api.get(queue)).await {
+            match tokio::time::timeout_at(until, self.api.get(queue)).await {
                 Ok(Ok(rec)) => {
                     locks::snapshot(snapshot, &Held::unlocked().await).upsert_ledger(rec)
                 }
