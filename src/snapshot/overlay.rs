@@ -95,8 +95,16 @@ fn shows_entry(p: &PodRecord, e: &Entry) -> bool {
 /// created again shows its old incarnation terminating or finished first; after a
 /// forced deletion the cache may not, and the new pod then counts as soon as the cache
 /// shows the deletion (a lag of one watch event).
+///
+/// Only a stored pod holds a name (it has a resourceVersion). A record laid from
+/// another entry is only an admitted CREATE: of two admitted under one name, either may
+/// be the one the API server stores, so both count until a cache shows which.
 fn name_held(other: &PodRecord, id: &EntryId) -> bool {
-    id.is_uid() && other.version.uid.is_some() && other.deletion.is_none() && !other.is_finished()
+    id.is_uid()
+        && other.version.uid.is_some()
+        && other.version.resource_version.is_some()
+        && other.deletion.is_none()
+        && !other.is_finished()
 }
 
 /// True when the cache shows the PodGroup past the version the admitted write was made
@@ -612,6 +620,36 @@ status: {phase: Succeeded}
             snap.pod(&ObjectKey::new("ml", "done")),
             before.pod(&ObjectKey::new("ml", "done"))
         );
+    }
+
+    /// Found by tests/committer_model.rs: two CREATEs admitted under one name (a pod
+    /// created again with another model while the first is in flight). Neither is
+    /// stored yet, so neither holds the name: the second counts beside the first, also
+    /// when it is laid by an overlay of its own over the first (a hold's `added`).
+    #[test]
+    fn an_admitted_create_not_stored_holds_no_name() {
+        let (mut snap, _) = load(SNAP).unwrap();
+        let now = jiff::Timestamp::now();
+        let q = QueueName::new("q");
+        let (first_id, first) = entry(&snap, "twice", "u-first", None);
+        let (second_id, second) = entry(&snap, "twice", "u-second", None);
+        let rtx =
+            crate::cards::Alternatives::single(crate::cards::CardName::parse("RTX-4090").unwrap());
+        let used = |snap: &Snapshot| snap.usage(&q, now).competing(&rtx).in_use().get();
+        let base = used(&snap);
+        Overlay::scoped(&mut snap, |snap, outer| {
+            outer.add(snap, &q, &first_id, &first);
+            assert_eq!(used(snap), base + 1);
+            assert!(!reflected(snap, &second_id, &second));
+            Overlay::scoped(snap, |snap, inner| {
+                inner.add(snap, &q, &second_id, &second);
+                assert!(used(snap) > base, "the second CREATE counts nothing");
+            });
+        });
+        // A stored pod of that name does hold it: an entry of another uid is a CREATE
+        // the API server refused (AlreadyExists).
+        let (other_id, other) = entry(&snap, "seen", "u-other", None);
+        assert!(reflected(&snap, &other_id, &other));
     }
 
     /// Issue 57: a decision that panics with a ledger laid over the snapshot leaves the
