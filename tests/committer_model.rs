@@ -1,0 +1,882 @@
+//! Model-based property test of the committer the replicas run (`live::charge`), over
+//! the fake API server, on tokio's paused clock.
+//!
+//! `tests/live_model.rs` checks the invariant on the pure core (`decide::batch`, the
+//! clocks of `ledger::clock`) with a hand-driven shell around it. This test drives the
+//! shell itself: two replicas, each a `webhook::server::State` with a real `Committer`
+//! (group commit, compare-and-swap writes through a real `kube::Client`, holds of
+//! headroom and their keeper, fences and relists through `Freshness`, the reconciler's
+//! sweep), answering real AdmissionReview JSON through `handle_review`. Requests are in
+//! flight while other steps run; time is tokio's and jumps past every clock (holds'
+//! 10 s and 40 s, entries' 30 s store lag, the budget). Faults: each replica's pod and
+//! ledger caches lag in their own time, a pod watch stalls until its replica asks for a
+//! relist, admitted pods are never stored, a replica crashes (its answers in flight
+//! lost, its writes in flight still landing) and restarts from a relist.
+//!
+//! After every step the API server's pods are checked against the quota: cards of
+//! bound pods, and of every stored card pod (each is charged at its CREATE), never
+//! exceed a model's quota. Coverage counters are printed and required; a negative
+//! control (a pod watch that shows a bound pod deleted while it is not) must be caught.
+//!
+//! Cases: `CARD_QUOTA_COMMITTER_MODEL_CASES` (48 by default; CI runs more).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use card_quota::cards::QueueName;
+use card_quota::decide::review::ReviewBuilder as R;
+use card_quota::decide::Config;
+use card_quota::ledger::entries::{Stream, Watermark};
+use card_quota::ledger::ledger_record;
+use card_quota::live::caches::Synced;
+use card_quota::live::charge::CommitMetrics;
+use card_quota::live::freshness::{Freshness, Probe};
+use card_quota::live::{Committer, LedgerApi};
+use card_quota::snapshot::load::{load, remove, upsert};
+use card_quota::webhook::server::{handle_review, Live, State};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as RunnerConfig, TestCaseError, TestRunner};
+use serde_json::{json, Value};
+use support::fake_api::FakeApi;
+
+const NS: &str = "card-quota";
+const LEDGER: &str = "/api/v1/namespaces/card-quota/configmaps/card-quota-ledger.q";
+/// (model, its node, the queue's quota of it)
+/// One model tight, one with room for holds of headroom (a write takes a quarter of
+/// what is free).
+const MODELS: &[(&str, &str, u64)] = &[("RTX-4090", "rtx-1", 2), ("NVIDIA-H200", "h200-1", 12)];
+const PODS: u8 = 12;
+/// How long a replica may take to record a charge before "try again" (`serve`'s
+/// `--ledger-budget` is 5 s by default).
+const BUDGET: Duration = Duration::from_secs(5);
+
+fn objects() -> String {
+    let mut s = String::new();
+    for (model, node, _) in MODELS {
+        s.push_str(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {node}, labels: {{nvidia.com/gpu.product: {model}}}}}\nstatus: {{allocatable: {{nvidia.com/gpu: \"64\"}}}}\n---\n"
+        ));
+    }
+    let quota: serde_json::Map<String, Value> = MODELS
+        .iter()
+        .map(|(m, _, q)| (m.to_string(), json!(q)))
+        .collect();
+    s.push_str(&format!(
+        "apiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata: {{name: q, resourceVersion: \"1\", annotations: {{volcano.sh/card.quota: '{}'}}}}\nstatus: {{state: Open}}\n",
+        Value::Object(quota)
+    ));
+    s
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A pod CREATE at replica `r`; an admitted pod is stored unless `lost` (another
+    /// webhook refused it after card-quota admitted it).
+    Create {
+        r: usize,
+        pod: u8,
+        model: usize,
+        cards: u8,
+        lost: bool,
+    },
+    /// The scheduler binds a stored, unbound pod through replica `r`.
+    Bind { r: usize, pod: u8 },
+    /// A pod is deleted.
+    Delete { pod: u8 },
+    /// Replica `r`'s pod watch delivers up to `n` events (none while it is stalled).
+    Deliver { r: usize, n: u8 },
+    /// Replica `r`'s ConfigMap watch delivers the stored ledger.
+    Ledger { r: usize },
+    /// Time passes: requests in flight, writers and keepers run.
+    Wait { ms: u64 },
+    /// Replica `r`'s pod watch stalls: it delivers nothing until a relist.
+    Stall { r: usize },
+    /// Replica `r`'s pod watcher lists again, if the replica asked it to.
+    Relist { r: usize },
+    /// Replica `r`'s reconciler sweeps the ledger.
+    Sweep { r: usize },
+    /// Replica `r` crashes and restarts from a list of every object.
+    Crash { r: usize },
+    /// Negative control only: replica `r`'s pod watch shows a pod deleted that is not.
+    Lie { r: usize, pod: u8 },
+}
+
+fn step(control: bool) -> BoxedStrategy<Step> {
+    let r = 0..2usize;
+    let pod = 0..PODS;
+    let steps = prop_oneof![
+        6 => (r.clone(), pod.clone(), 0..MODELS.len(), 1..4u8, prop::bool::weighted(0.15))
+            .prop_map(|(r, pod, model, cards, lost)| Step::Create { r, pod, model, cards, lost }),
+        6 => (r.clone(), pod.clone()).prop_map(|(r, pod)| Step::Bind { r, pod }),
+        3 => pod.clone().prop_map(|pod| Step::Delete { pod }),
+        8 => (r.clone(), 1..6u8).prop_map(|(r, n)| Step::Deliver { r, n }),
+        5 => r.clone().prop_map(|r| Step::Ledger { r }),
+        5 => prop::sample::select(vec![1u64, 3, 20, 400, 3_000, 12_000, 45_000])
+            .prop_map(|ms| Step::Wait { ms }),
+        1 => r.clone().prop_map(|r| Step::Stall { r }),
+        2 => r.clone().prop_map(|r| Step::Relist { r }),
+        2 => r.clone().prop_map(|r| Step::Sweep { r }),
+        1 => r.clone().prop_map(|r| Step::Crash { r }),
+    ]
+    .boxed();
+    if !control {
+        return steps;
+    }
+    prop_oneof![
+        15 => steps,
+        1 => (r, pod).prop_map(|(r, pod)| Step::Lie { r, pod }),
+    ]
+    .boxed()
+}
+
+/// What the API server holds: the pods, and the events of their watch.
+#[derive(Default)]
+struct Truth {
+    rv: u64,
+    pods: BTreeMap<String, Value>,
+    /// (resourceVersion, pod name, the pod or `None` for a deletion)
+    log: Vec<(u64, String, Option<Value>)>,
+    made: u64,
+}
+
+impl Truth {
+    fn store(&mut self, name: &str, mut pod: Value) {
+        self.rv += 1;
+        pod["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.log
+            .push((self.rv, name.to_string(), Some(pod.clone())));
+        self.pods.insert(name.to_string(), pod);
+    }
+
+    fn delete(&mut self, name: &str) {
+        if self.pods.remove(name).is_some() {
+            self.rv += 1;
+            self.log.push((self.rv, name.to_string(), None));
+        }
+    }
+
+    /// Cards per model of the stored pods: (bound, all).
+    fn cards(&self) -> BTreeMap<&'static str, (u64, u64)> {
+        let mut out: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+        for p in self.pods.values() {
+            let card = p["metadata"]["annotations"]["volcano.sh/card.name"]
+                .as_str()
+                .unwrap_or_default();
+            let Some((model, ..)) = MODELS.iter().find(|(m, ..)| *m == card) else {
+                continue;
+            };
+            let n: u64 = p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+                .as_str()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let e = out.entry(model).or_default();
+            e.1 += n;
+            if p["spec"]["nodeName"].is_string() {
+                e.0 += n;
+            }
+        }
+        out
+    }
+}
+
+fn pod_name(i: u8) -> String {
+    format!("p{i}")
+}
+
+fn pod_json(name: &str, uid: &str, model: &str, cards: u8) -> Value {
+    support::pod(name)
+        .queue("q")
+        .card(model)
+        .gpus(&cards.to_string())
+        .scheduler("volcano")
+        .stored(uid, "")
+        .build()
+}
+
+/// One replica: its caches (the snapshot), how far its watches have come, its committer.
+struct Replica {
+    state: Arc<State>,
+    /// How many pod events of the log its watch has delivered.
+    cursor: usize,
+    stalled: bool,
+    asked: Arc<AtomicBool>,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Replica {
+    /// Started from a list of every object (a fresh process, or a restart), as
+    /// `serve` starts: caches at the API server's resourceVersion, holds taken under an
+    /// identity of its own.
+    fn start(api: &FakeApi, truth: &Arc<Mutex<Truth>>, me: String) -> Self {
+        let (mut snap, skipped) = load(&objects()).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let cursor = {
+            let t = truth.lock().unwrap();
+            for p in t.pods.values() {
+                upsert(&mut snap, p).unwrap();
+            }
+            snap.set_progress(Watermark {
+                pods: t.rv,
+                podgroups: 0,
+            });
+            t.log.len()
+        };
+        if let Some(cm) = api.object(LEDGER) {
+            let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
+            snap.upsert_ledger(ledger_record(&cm).unwrap());
+        }
+        let probe: Probe = {
+            let truth = truth.clone();
+            Arc::new(move || {
+                let pods = truth.lock().unwrap().rv;
+                Box::pin(async move { Ok(Watermark { pods, podgroups: 0 }) })
+            })
+        };
+        let freshness = Freshness::new(probe);
+        let committer = Arc::new(
+            Committer::new(LedgerApi::new(api.client(), NS), BUDGET)
+                .with_freshness(freshness.clone())
+                .with_holds(me),
+        );
+        let snapshot = Arc::new(Mutex::new(snap));
+        let state = Arc::new(State::live(
+            snapshot.clone(),
+            Config::default(),
+            Live {
+                committer: committer.clone(),
+                synced: Arc::new(Synced::already()),
+                events: None,
+                routing: None,
+            },
+        ));
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let metrics: Arc<dyn CommitMetrics> = state.metrics.ledger.clone();
+        let asked = Arc::new(AtomicBool::new(false));
+        let tasks = vec![
+            tokio::spawn(committer.keep_holds(snapshot, Config::default(), metrics, stop_rx)),
+            tokio::spawn({
+                let asked = asked.clone();
+                async move {
+                    loop {
+                        freshness.relists(Stream::Pods).asked().await;
+                        asked.store(true, Ordering::SeqCst);
+                    }
+                }
+            }),
+        ];
+        Self {
+            state,
+            cursor,
+            stalled: false,
+            asked,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Delivers up to `n` pod events of `log`.
+    fn deliver(&mut self, log: &[(u64, String, Option<Value>)], n: usize) {
+        let mut snap = self.state.snapshot.lock().unwrap();
+        for (rv, name, pod) in log.iter().skip(self.cursor).take(n) {
+            match pod {
+                Some(p) => {
+                    upsert(&mut snap, p).unwrap();
+                }
+                None => remove(&mut snap, "Pod", "ml", name),
+            }
+            let mut p = snap.progress();
+            p.pods = p.pods.max(*rv);
+            snap.set_progress(p);
+            self.cursor += 1;
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+enum Asked {
+    Create {
+        name: String,
+        pod: Value,
+        lost: bool,
+    },
+    Bind {
+        name: String,
+        uid: String,
+        node: String,
+    },
+}
+
+struct Flight {
+    r: usize,
+    asked: Asked,
+    answer: tokio::task::JoinHandle<Value>,
+}
+
+#[derive(Default, Debug, Clone, Copy)]
+struct Tally {
+    creates: [u64; 3],
+    binds: [u64; 3],
+    crashes: u64,
+    relists: u64,
+    lies: u64,
+    /// Steps at which a model's quota was full of bound cards.
+    full: u64,
+    /// Ledger writes and conflicts at the fake API server.
+    writes: u64,
+    conflicts: u64,
+    /// Charges admitted under a hold, with no write of their own.
+    held: u64,
+}
+
+impl Tally {
+    fn add(&mut self, o: &Tally) {
+        for i in 0..3 {
+            self.creates[i] += o.creates[i];
+            self.binds[i] += o.binds[i];
+        }
+        self.crashes += o.crashes;
+        self.relists += o.relists;
+        self.lies += o.lies;
+        self.full += o.full;
+        self.writes += o.writes;
+        self.conflicts += o.conflicts;
+        self.held += o.held;
+    }
+}
+
+/// 0 admitted, 1 refused, 2 "try again".
+fn outcome(resp: &Value) -> usize {
+    if resp["allowed"] == true {
+        0
+    } else if resp["status"]["reason"] == "TryAgain" {
+        2
+    } else {
+        1
+    }
+}
+
+fn held(st: &State) -> u64 {
+    st.metrics
+        .encode()
+        .lines()
+        .find(|l| l.starts_with("card_quota_ledger_held_charges"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+struct World {
+    api: FakeApi,
+    truth: Arc<Mutex<Truth>>,
+    replicas: Vec<Replica>,
+    incarnations: u64,
+    flights: Vec<Flight>,
+    sweeps: Vec<tokio::task::JoinHandle<()>>,
+    tally: Tally,
+    trace: Vec<String>,
+}
+
+impl World {
+    fn new() -> Self {
+        let api = FakeApi::new().with_delay(Duration::from_micros(300));
+        let truth = Arc::new(Mutex::new(Truth::default()));
+        let replicas = (0..2)
+            .map(|r| Replica::start(&api, &truth, format!("r{r}.0")))
+            .collect();
+        Self {
+            api,
+            truth,
+            replicas,
+            incarnations: 0,
+            flights: Vec::new(),
+            sweeps: Vec::new(),
+            tally: Tally::default(),
+            trace: Vec::new(),
+        }
+    }
+
+    fn ask(&mut self, r: usize, review: Value, asked: Asked) {
+        let st = self.replicas[r].state.clone();
+        let answer = tokio::spawn(async move {
+            let body = serde_json::to_vec(&review).unwrap();
+            let out = handle_review(&st, &body, false).await.unwrap();
+            serde_json::from_slice::<Value>(&out).unwrap()["response"].clone()
+        });
+        self.flights.push(Flight { r, asked, answer });
+    }
+
+    /// Applies the answers that came back: what the API server does with them.
+    async fn land(&mut self) -> Result<(), TestCaseError> {
+        let mut i = 0;
+        while i < self.flights.len() {
+            if !self.flights[i].answer.is_finished() {
+                i += 1;
+                continue;
+            }
+            let f = self.flights.swap_remove(i);
+            let resp = f.answer.await.unwrap();
+            let o = outcome(&resp);
+            let mut t = self.truth.lock().unwrap();
+            match f.asked {
+                Asked::Create { name, pod, lost } => {
+                    self.tally.creates[o] += 1;
+                    self.trace
+                        .push(format!("  create {name} at r{}: {}", f.r, brief(&resp)));
+                    // The API server refuses a name it holds (AlreadyExists).
+                    if o == 0 && !lost && !t.pods.contains_key(&name) {
+                        t.store(&name, pod);
+                    }
+                }
+                Asked::Bind { name, uid, node } => {
+                    self.tally.binds[o] += 1;
+                    self.trace
+                        .push(format!("  bind {name} at r{}: {}", f.r, brief(&resp)));
+                    let current = t.pods.get(&name).filter(|p| {
+                        p["metadata"]["uid"] == uid.as_str() && !p["spec"]["nodeName"].is_string()
+                    });
+                    if let (0, Some(p)) = (o, current) {
+                        let mut p = p.clone();
+                        p["spec"]["nodeName"] = json!(node);
+                        t.store(&name, p);
+                    }
+                }
+            }
+            drop(t);
+            self.check()?;
+        }
+        Ok(())
+    }
+
+    fn check(&mut self) -> Result<(), TestCaseError> {
+        let t = self.truth.lock().unwrap();
+        for (model, (bound, all)) in t.cards() {
+            let quota = MODELS.iter().find(|(m, ..)| *m == model).unwrap().2;
+            prop_assert!(
+                bound <= quota,
+                "{bound} {model} cards bound, quota {quota}\n{}",
+                self.trace.join("\n")
+            );
+            prop_assert!(
+                all <= quota,
+                "{all} {model} cards in stored pods (each charged at its CREATE), quota {quota}\n{}",
+                self.trace.join("\n")
+            );
+            if bound == quota {
+                self.tally.full += 1;
+            }
+        }
+        Ok(())
+    }
+
+    async fn apply(&mut self, s: &Step) -> Result<(), TestCaseError> {
+        self.trace.push(format!("{s:?}"));
+        match *s {
+            Step::Create {
+                r,
+                pod,
+                model,
+                cards,
+                lost,
+            } => {
+                let name = pod_name(pod);
+                let mut t = self.truth.lock().unwrap();
+                t.made += 1;
+                let uid = format!("uid-{name}-{}", t.made);
+                drop(t);
+                let p = pod_json(&name, &uid, MODELS[model].0, cards);
+                let mut sent = p.clone();
+                sent["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("resourceVersion");
+                let review = R::pod("CREATE", sent).uid(&format!("review-{uid}")).build();
+                self.ask(r, review, Asked::Create { name, pod: p, lost });
+            }
+            Step::Bind { r, pod } => {
+                let name = pod_name(pod);
+                let t = self.truth.lock().unwrap();
+                let Some(p) = t
+                    .pods
+                    .get(&name)
+                    .filter(|p| !p["spec"]["nodeName"].is_string())
+                else {
+                    return Ok(());
+                };
+                let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+                let card = p["metadata"]["annotations"]["volcano.sh/card.name"].as_str();
+                let node = MODELS.iter().find(|(m, ..)| Some(*m) == card).unwrap().1;
+                drop(t);
+                let n = self.flights.len();
+                let review = R::binding("ml", &name, node)
+                    .uid(&format!("bind-{uid}-{n}"))
+                    .build();
+                self.ask(
+                    r,
+                    review,
+                    Asked::Bind {
+                        name,
+                        uid,
+                        node: node.to_string(),
+                    },
+                );
+            }
+            Step::Delete { pod } => self.truth.lock().unwrap().delete(&pod_name(pod)),
+            Step::Deliver { r, n } => {
+                let t = self.truth.lock().unwrap();
+                let rep = &mut self.replicas[r];
+                if !rep.stalled {
+                    rep.deliver(&t.log, n as usize);
+                }
+            }
+            Step::Ledger { r } => {
+                if let Some(cm) = self.api.object(LEDGER) {
+                    let cm: k8s_openapi::api::core::v1::ConfigMap =
+                        serde_json::from_value(cm).unwrap();
+                    self.replicas[r]
+                        .state
+                        .snapshot
+                        .lock()
+                        .unwrap()
+                        .upsert_ledger(ledger_record(&cm).unwrap());
+                }
+            }
+            Step::Wait { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Step::Stall { r } => self.replicas[r].stalled = true,
+            Step::Relist { r } => {
+                let rep = &mut self.replicas[r];
+                if rep.asked.swap(false, Ordering::SeqCst) {
+                    // A consistent list: the API server's pods at its resourceVersion.
+                    let t = self.truth.lock().unwrap();
+                    let mut snap = rep.state.snapshot.lock().unwrap();
+                    for k in snap.pod_keys_picked(&|_| true) {
+                        if !t.pods.contains_key(&k.name) {
+                            remove(&mut snap, "Pod", &k.namespace, &k.name);
+                        }
+                    }
+                    for p in t.pods.values() {
+                        upsert(&mut snap, p).unwrap();
+                    }
+                    let mut p = snap.progress();
+                    p.pods = p.pods.max(t.rv);
+                    snap.set_progress(p);
+                    rep.cursor = t.log.len();
+                    rep.stalled = false;
+                    self.tally.relists += 1;
+                }
+            }
+            Step::Sweep { r } => {
+                let st = self.replicas[r].state.clone();
+                let committer = st.live.as_ref().unwrap().committer.clone();
+                let metrics: Arc<dyn CommitMetrics> = st.metrics.ledger.clone();
+                let sweep = tokio::spawn(async move {
+                    let _ = committer
+                        .prune(
+                            &QueueName::new("q"),
+                            &st.snapshot,
+                            &Config::default(),
+                            &metrics,
+                        )
+                        .await;
+                });
+                self.sweeps.push(sweep);
+            }
+            Step::Crash { r } => {
+                // Its answers in flight never reach the API server; its writes in flight
+                // may still land.
+                self.flights.retain(|f| {
+                    if f.r == r {
+                        f.answer.abort();
+                    }
+                    f.r != r
+                });
+                self.tally.held += held(&self.replicas[r].state);
+                self.incarnations += 1;
+                let me = format!("r{r}.{}", self.incarnations);
+                self.replicas[r] = Replica::start(&self.api, &self.truth, me);
+                self.tally.crashes += 1;
+            }
+            Step::Lie { r, pod } => {
+                let name = pod_name(pod);
+                let bound = self
+                    .truth
+                    .lock()
+                    .unwrap()
+                    .pods
+                    .get(&name)
+                    .is_some_and(|p| p["spec"]["nodeName"].is_string());
+                if bound {
+                    let mut snap = self.replicas[r].state.snapshot.lock().unwrap();
+                    remove(&mut snap, "Pod", "ml", &name);
+                    self.tally.lies += 1;
+                }
+            }
+        }
+        // Let what is in flight run for a moment of its own before the next step.
+        tokio::time::sleep(Duration::from_micros(500)).await;
+        self.land().await?;
+        if std::env::var_os("COMMITTER_MODEL_TRACE").is_some() {
+            self.trace_state();
+        }
+        self.check()
+    }
+
+    /// The stored ledger and pods, and each replica's progress, in the trace.
+    fn trace_state(&mut self) {
+        if let Some(cm) = self.api.object(LEDGER) {
+            self.trace.push(format!(
+                "    ledger rv {}: {}",
+                cm["metadata"]["resourceVersion"], cm["data"]["ledger"]
+            ));
+        }
+        let t = self.truth.lock().unwrap();
+        let pods: Vec<String> = t
+            .pods
+            .iter()
+            .map(|(n, p)| {
+                format!(
+                    "{n}({} {} {}x{} on {})",
+                    p["metadata"]["uid"].as_str().unwrap_or_default(),
+                    p["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or_default(),
+                    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+                    p["metadata"]["annotations"]["volcano.sh/card.name"],
+                    p["spec"]["nodeName"]
+                )
+            })
+            .collect();
+        self.trace
+            .push(format!("    pods at rv {}: {}", t.rv, pods.join(", ")));
+        for (r, rep) in self.replicas.iter().enumerate() {
+            let progress = rep.state.snapshot.lock().unwrap().progress();
+            self.trace.push(format!(
+                "    r{r}: pods at {} (event {} of {}){}",
+                progress.pods,
+                rep.cursor,
+                t.log.len(),
+                if rep.stalled { ", stalled" } else { "" }
+            ));
+        }
+    }
+}
+
+fn brief(resp: &Value) -> String {
+    if resp["allowed"] == true {
+        "admitted".into()
+    } else {
+        format!(
+            "refused: {}",
+            resp["status"]["message"].as_str().unwrap_or("")
+        )
+    }
+}
+
+fn run(steps: &[Step]) -> Result<Tally, TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut w = World::new();
+        for s in steps {
+            w.apply(s).await?;
+        }
+        // Everything in flight answers within its budget.
+        tokio::time::sleep(BUDGET * 3).await;
+        w.land().await?;
+        prop_assert!(
+            w.flights.is_empty(),
+            "requests unanswered past their budget"
+        );
+        for s in w.sweeps.drain(..) {
+            s.await.unwrap();
+        }
+        w.tally.writes = w.api.writes() as u64;
+        w.tally.conflicts = w.api.conflicts() as u64;
+        for rep in &w.replicas {
+            w.tally.held += held(&rep.state);
+        }
+        Ok(w.tally)
+    })
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("CARD_QUOTA_COMMITTER_MODEL_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn the_replicas_committer_never_binds_past_a_quota() {
+    let cases = cases(48);
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases,
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let total = Mutex::new(Tally::default());
+    runner
+        .run(&prop::collection::vec(step(false), 20..120), |steps| {
+            let t = run(&steps)?;
+            total.lock().unwrap().add(&t);
+            Ok(())
+        })
+        .unwrap();
+    let t = *total.lock().unwrap();
+    eprintln!("{cases} cases: {t:?}");
+    // Every path the invariant rests on was taken.
+    assert!(
+        t.creates[0] > 0 && t.creates[1] > 0 && t.creates[2] > 0,
+        "{t:?}"
+    );
+    assert!(t.binds[0] > 0, "{t:?}");
+    assert!(t.crashes > 0 && t.relists > 0 && t.full > 0, "{t:?}");
+    assert!(t.conflicts > 0 && t.held > 0, "{t:?}");
+}
+
+/// Found by the model (2026-12-03): a replay of the shrunk case.
+#[test]
+fn found_entries_of_pods_never_stored_under_a_taken_name() {
+    use Step::*;
+    let steps = [
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 3,
+            lost: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 1,
+            cards: 1,
+            lost: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Bind { r: 0, pod: 0 },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Bind { r: 0, pod: 0 },
+        Bind { r: 0, pod: 0 },
+        Bind { r: 0, pod: 0 },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Deliver { r: 0, n: 1 },
+        Create {
+            r: 1,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Bind { r: 0, pod: 0 },
+        Create {
+            r: 0,
+            pod: 10,
+            model: 1,
+            cards: 1,
+            lost: true,
+        },
+        Create {
+            r: 1,
+            pod: 1,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Create {
+            r: 0,
+            pod: 10,
+            model: 0,
+            cards: 2,
+            lost: false,
+        },
+        Deliver { r: 0, n: 1 },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        },
+    ];
+    if let Err(e) = run(&steps) {
+        panic!("{e}");
+    }
+}
+
+/// The oracle and the generator can see a violation: a pod watch that shows a bound
+/// pod deleted while it is not makes its replica count that pod's cards nowhere.
+#[test]
+fn a_lying_pod_watch_is_caught() {
+    let mut runner = TestRunner::new(RunnerConfig {
+        cases: 2_000,
+        failure_persistence: None,
+        ..RunnerConfig::default()
+    });
+    let found = runner.run(&prop::collection::vec(step(true), 20..120), |steps| {
+        run(&steps).map(|_| ())
+    });
+    let Err(e) = found else {
+        panic!("a lying pod watch was never caught");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(" cards bound, quota ") || e.contains(" cards in stored pods"),
+        "{e}"
+    );
+    eprintln!("{}", e.lines().next().unwrap_or_default());
+}
