@@ -89,7 +89,7 @@ pub struct Snapshot {
     namespace_queues: Map<String, QueueName>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
-    other_pods: Set<ObjectKey>,
+    other_pods: Map<ObjectKey, Option<Box<str>>>,
     /// Card pods and PodGroups the watches showed deleted.
     gone: gone::GoneObjects,
     workloads: Map<(WorkloadKind, ObjectKey), WorkloadRecord>,
@@ -920,7 +920,8 @@ impl Snapshot {
         // Every card pod counts, whatever its scheduler (docs/decisions.md).
         if !p.is_card_pod() {
             self.remove_pod(&p.key);
-            self.other_pods.insert(p.key.clone());
+            self.other_pods
+                .insert(p.key.clone(), p.version.uid.as_deref().map(Into::into));
             return;
         }
         // A card pod replacing one: the tally swaps the old share for the new in the one
@@ -1047,7 +1048,17 @@ impl Snapshot {
 
     /// True when the pod is known and requests no cards.
     pub fn is_known_cardless_pod(&self, key: &ObjectKey) -> bool {
-        self.other_pods.contains(key)
+        self.other_pods.contains_key(key)
+    }
+
+    /// True when the pod with `uid` (any, if `None`) is known and requests no cards:
+    /// another incarnation under its name says nothing about it.
+    pub fn is_known_cardless_incarnation(&self, key: &ObjectKey, uid: Option<&str>) -> bool {
+        match (self.other_pods.get(key), uid) {
+            (None, _) => false,
+            (Some(Some(known)), Some(uid)) => **known == *uid,
+            (Some(_), _) => true,
+        }
     }
 
     /// Keys of every pod held, card pods or not.
@@ -1059,7 +1070,7 @@ impl Snapshot {
     pub fn pod_keys_picked(&self, pick: KeyPick<'_>) -> Vec<ObjectKey> {
         self.pods
             .keys()
-            .chain(self.other_pods.iter())
+            .chain(self.other_pods.keys())
             .filter(|k| pick(k))
             .cloned()
             .collect()

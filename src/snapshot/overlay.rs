@@ -73,10 +73,13 @@ fn pod_reflected(
     match held.filter(|p| same(&p.version, id)) {
         Some(p) => shows_entry(p, e),
         None if gone(snap, id, e).is_some() => true,
-        None => match held {
-            Some(other) => name_held(other, id),
-            None => snap.is_known_cardless_pod(k),
-        },
+        // Another incarnation under its name says nothing about the entry's pod: the
+        // cache may not show that one's deletion yet (R3: only the entry's own object,
+        // its deletion or its end ends a charge).
+        None => {
+            held.is_none()
+                && snap.is_known_cardless_incarnation(k, id.is_uid().then(|| id.as_str()))
+        }
     }
 }
 
@@ -86,25 +89,6 @@ fn pod_reflected(
 /// release that the entry records reaches it; gates are never added back).
 fn shows_entry(p: &PodRecord, e: &Entry) -> bool {
     (e.node.is_none() || p.node.is_some()) && !p.gated
-}
-
-/// True when another incarnation holds the entry's name and is not going away: a CREATE
-/// under that name cannot have succeeded while it exists, so the entry is a CREATE the
-/// API server refused after card-quota admitted it (a client's retry answered 409
-/// AlreadyExists). Such an entry never hides the pod that exists. A pod deleted and
-/// created again shows its old incarnation terminating or finished first; after a
-/// forced deletion the cache may not, and the new pod then counts as soon as the cache
-/// shows the deletion (a lag of one watch event).
-///
-/// Only a stored pod holds a name (it has a resourceVersion). A record laid from
-/// another entry is only an admitted CREATE: of two admitted under one name, either may
-/// be the one the API server stores, so both count until a cache shows which.
-fn name_held(other: &PodRecord, id: &EntryId) -> bool {
-    id.is_uid()
-        && other.version.uid.is_some()
-        && other.version.resource_version.is_some()
-        && other.deletion.is_none()
-        && !other.is_finished()
 }
 
 /// True when the cache shows the PodGroup past the version the admitted write was made
@@ -256,6 +240,13 @@ impl Overlay {
         match &e.of {
             EntryKey::Pod(k) => {
                 let prev = snap.pod(k).cloned();
+                // Another incarnation the cache shows holding cards: it counts on its
+                // own (it may still exist), and this entry beside it.
+                if prev.as_ref().is_some_and(|p| {
+                    !same(&p.version, id) && !p.is_finished() && p.deletion.is_none()
+                }) {
+                    return self.put_beside(snap, queue, id, e, k);
+                }
                 let seq = prev
                     .as_ref()
                     .map(|p| p.seq)
@@ -265,8 +256,8 @@ impl Overlay {
                 };
                 if let Some(p) = prev.as_ref().filter(|p| same(&p.version, id)) {
                     // The cache's own view of the pod wins except for the binding. (A
-                    // cached pod of another uid is gone: names are unique, so the
-                    // charged incarnation replaces it.)
+                    // cached pod of another uid that is finished or going holds no
+                    // cards: the charged incarnation takes its name.)
                     let mut bound = p.clone();
                     if p.gated {
                         // A release the cache does not show yet: it counts as released,
@@ -339,7 +330,19 @@ impl Overlay {
             .queue
             .as_deref()
             .map_or_else(|| ledger.clone(), QueueName::new);
-        let Some(mut rec) = pod_of(id, &queue, e, snap.next_seq()) else {
+        self.put_beside(snap, &queue, id, e, k);
+    }
+
+    /// Lays the entry's pod under a name of its own beside the pod its name shows.
+    fn put_beside(
+        &mut self,
+        snap: &mut Snapshot,
+        queue: &QueueName,
+        id: &EntryId,
+        e: &Entry,
+        k: &ObjectKey,
+    ) {
+        let Some(mut rec) = pod_of(id, queue, e, snap.next_seq()) else {
             return;
         };
         // Slashes are not allowed in a pod's name.
@@ -517,11 +520,12 @@ status: {phase: Succeeded}
             fate(&snap, &id, &e, young, now, None),
             Fate::Reflected(Stream::Pods, 70)
         );
-        // The same name under another uid while "seen" exists and is not going away: a
-        // CREATE the API server refused (409) after admission. It never hides "seen",
-        // and expires.
+        // The same name under another uid while the cache shows "seen": a CREATE the API
+        // server refused (409) after admission, or a pod created again after a deletion
+        // this cache does not show yet. It counts (beside "seen") until its clock runs
+        // out behind a fence.
         let (id, e) = entry(&snap, "seen", "u-new", None);
-        assert!(reflected(&snap, &id, &e));
+        assert!(!reflected(&snap, &id, &e));
         assert_eq!(fate(&snap, &id, &e, young, now, None), Fate::Keep);
         // Expired, it still counts until a fence read after its expiry.
         assert_eq!(fate(&snap, &id, &e, TTL + young, now, None), Fate::Keep);
@@ -622,12 +626,14 @@ status: {phase: Succeeded}
         );
     }
 
-    /// Found by tests/committer_model.rs: two CREATEs admitted under one name (a pod
-    /// created again with another model while the first is in flight). Neither is
-    /// stored yet, so neither holds the name: the second counts beside the first, also
-    /// when it is laid by an overlay of its own over the first (a hold's `added`).
+    /// Found by tests/committer_model.rs: another incarnation under an entry's name
+    /// never hides it. Two CREATEs admitted under one name (a pod created again with
+    /// another model while the first is in flight): the second counts beside the
+    /// first, also when it is laid by an overlay of its own over the first (a hold's
+    /// `added`). And an entry beside a pod a stale cache still shows under its name (a
+    /// pod deleted and created again, the deletion not seen yet) counts beside it.
     #[test]
-    fn an_admitted_create_not_stored_holds_no_name() {
+    fn another_incarnation_under_its_name_hides_no_entry() {
         let (mut snap, _) = load(SNAP).unwrap();
         let now = jiff::Timestamp::now();
         let q = QueueName::new("q");
@@ -646,10 +652,15 @@ status: {phase: Succeeded}
                 assert!(used(snap) > base, "the second CREATE counts nothing");
             });
         });
-        // A stored pod of that name does hold it: an entry of another uid is a CREATE
-        // the API server refused (AlreadyExists).
         let (other_id, other) = entry(&snap, "seen", "u-other", None);
-        assert!(reflected(&snap, &other_id, &other));
+        assert!(!reflected(&snap, &other_id, &other));
+        let seen = snap.pod(&ObjectKey::new("ml", "seen")).cloned();
+        Overlay::scoped(&mut snap, |snap, o| {
+            o.add(snap, &q, &other_id, &other);
+            assert_eq!(used(snap), base + 1, "both incarnations count");
+            assert_eq!(snap.pod(&ObjectKey::new("ml", "seen")).cloned(), seen);
+        });
+        assert_eq!(used(&snap), base);
     }
 
     /// Issue 57: a decision that panics with a ledger laid over the snapshot leaves the
