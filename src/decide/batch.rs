@@ -10,6 +10,7 @@ use crate::cards::QueueName;
 use crate::ledger::entries::{
     Entry, EntryId, Fate, Fence, Hold, Ledger, Watermark, MAX_BYTES, MAX_ENTRIES,
 };
+use crate::ledger::EntryKey;
 use crate::snapshot::overlay::{self, Overlay};
 use crate::snapshot::Snapshot;
 
@@ -411,7 +412,11 @@ pub fn look(
             held: false,
         };
     }
-    let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
+    let charged = match first.charge.as_ref() {
+        Some(c) => Some(snap.ledger_key(&c.queue)),
+        None => charge_of_unseen_pod(snap, req, &first, Some(&*replica.escrows)),
+    };
+    let Some(queue) = charged else {
         return Look {
             decision: over_every_ledger(snap, req, cfg, now, first),
             queue: None,
@@ -516,7 +521,11 @@ pub fn decide_with_ledger(
     now: jiff::Timestamp,
 ) -> Decision {
     let first = decide_enforcing(req, snap, cfg, now);
-    let Some(queue) = first.charge.as_ref().map(|c| snap.ledger_key(&c.queue)) else {
+    let charged = match first.charge.as_ref() {
+        Some(c) => Some(snap.ledger_key(&c.queue)),
+        None => charge_of_unseen_pod(snap, req, &first, None),
+    };
+    let Some(queue) = charged else {
         return over_every_ledger(snap, req, cfg, now, first);
     };
     let stored = snap.ledger(&queue);
@@ -534,6 +543,43 @@ pub fn decide_with_ledger(
         Some(c) if d.allowed && snap.ledger_key(&c.queue) != queue => moved(&queue, &c.queue),
         _ => d,
     }
+}
+
+/// A binding admitted from the cache alone because the cache does not show its pod
+/// (with pins on, a card pod's CREATE charge counts already: issue 46 #8, such a bind
+/// never waits on card-quota's cache) is still the hard line over a charge this replica
+/// knows of (a quota cut since its CREATE): the queue whose ledger (or this replica's
+/// escrow) holds the pod's charge, to decide it again over that ledger. A charge this
+/// replica cannot see (pruned behind a watermark its cache has not reached, or under
+/// another replica's hold) stays unchecked: the binding is a net with pins on
+/// (docs/consistency.md). O(charges in flight), for bindings of pods not cached only.
+/// (Found by tests/committer_model.rs: a pod charged before a cut to 0 was bound
+/// through a replica whose pod watch lagged.)
+fn charge_of_unseen_pod(
+    snap: &Snapshot,
+    req: &AdmissionRequest,
+    first: &Decision,
+    escrows: Option<&HashMap<QueueName, Escrow>>,
+) -> Option<QueueName> {
+    if !first.allowed || super::RequestKind::of(req) != super::RequestKind::Binding {
+        return None;
+    }
+    let obj = req.object.as_ref()?;
+    let (key, _) = super::binding::target(req, obj.tree());
+    if snap.pod(&key).is_some() || snap.is_known_cardless_pod(&key) {
+        return None;
+    }
+    let of = EntryKey::Pod(key.clone());
+    let holds = |l: &Ledger| l.iter().any(|(_, e)| e.of == of);
+    snap.ledgers()
+        .find(|l| holds(&l.ledger))
+        .map(|l| l.queue.clone())
+        .or_else(|| {
+            escrows?
+                .iter()
+                .find(|(_, e)| holds(&e.in_flight))
+                .map(|(q, _)| q.clone())
+        })
 }
 
 /// A Queue write that charges nothing may still move charges (a re-parent brings the
