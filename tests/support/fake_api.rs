@@ -110,6 +110,12 @@ impl FakeApi {
         }
     }
 
+    /// Stores `obj` with the next resourceVersion, as a write by another client would;
+    /// returns it as stored.
+    pub fn store(&self, obj: Value) -> Value {
+        self.lock().write(&path_of(&obj), obj)
+    }
+
     /// Removes the object at `path` (as if deleted behind the test's back).
     pub fn remove(&self, path: &str) {
         self.lock().objects.remove(path);
