@@ -10,6 +10,7 @@ use crate::cards::hashing::Map;
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::Version;
 use crate::cluster::{PodGroupRecord, PodRecord};
+use crate::ledger::clock::STORE_LAG;
 use crate::ledger::entries::{
     group_of, pod_of, Entry, EntryId, EntryKey, Fate, Fence, Ledger, Stream, TTL, UNBOUND_GRACE,
 };
@@ -91,6 +92,17 @@ fn shows_entry(p: &PodRecord, e: &Entry) -> bool {
     (e.node.is_none() || p.node.is_some()) && !p.gated
 }
 
+/// True when the cache shows another stored incarnation under the entry's name, not
+/// finished nor going.
+fn name_taken(snap: &Snapshot, k: &ObjectKey, id: &EntryId) -> bool {
+    snap.pod(k).is_some_and(|p| {
+        !same(&p.version, id)
+            && p.version.resource_version.is_some()
+            && p.deletion.is_none()
+            && !p.is_finished()
+    })
+}
+
 /// True when the cache shows the PodGroup past the version the admitted write was made
 /// against, without the reservation the entry records: that write was refused after
 /// card-quota admitted it (a resourceVersion conflict, a later webhook), or undone since.
@@ -147,7 +159,19 @@ pub fn fate(
                 Some(f) if f.covers(age, UNBOUND_GRACE) => Fate::Fenced(f.mark),
                 _ => Fate::Keep,
             },
-            None => gone(snap, id, e).map_or_else(expired, deleted),
+            None => match gone(snap, id, e) {
+                Some(g) => deleted(g),
+                // Another incarnation alive under the name in a cache that reached a
+                // fence read a store's lag after this entry was first seen: had the
+                // entry's pod been stored, that one's deletion would be before the
+                // fence. So its CREATE was refused (409, a client's retry) and it drops
+                // there rather than at its TTL.
+                None if name_taken(snap, k, id) => match fence {
+                    Some(f) if f.covers(age, STORE_LAG) => Fate::Fenced(f.mark),
+                    _ => expired(),
+                },
+                None => expired(),
+            },
         },
         EntryKey::Group(k) => match cached_group(snap, id, k) {
             // A Completed PodGroup reserves nothing any more.
@@ -533,6 +557,32 @@ status: {phase: Succeeded}
             pods: 90,
             podgroups: 5,
         };
+        // Behind a fence read a store's lag after it was first seen, with "seen" still
+        // there, it was a CREATE the API server refused: dropped before its TTL.
+        let after_lag = Fence {
+            mark,
+            taken_ago: Duration::ZERO,
+        };
+        assert_eq!(
+            fate(&snap, &id, &e, STORE_LAG + young, now, Some(&after_lag)),
+            Fate::Fenced(mark)
+        );
+        let within_lag = Fence {
+            mark,
+            taken_ago: young * 2,
+        };
+        assert_eq!(
+            fate(&snap, &id, &e, STORE_LAG + young, now, Some(&within_lag)),
+            Fate::Keep
+        );
+        // An entry whose pod no cache shows expires at its TTL, behind a fence read
+        // after that.
+        let (id_new, e_new) = (id, e);
+        let (id, e) = entry(&snap, "unseen", "u-unseen", None);
+        assert_eq!(
+            fate(&snap, &id, &e, STORE_LAG + young, now, Some(&after_lag)),
+            Fate::Keep
+        );
         let early = Fence {
             mark,
             taken_ago: young * 2,
@@ -554,7 +604,18 @@ status: {phase: Succeeded}
         let mut p = going.pod(&ObjectKey::new("ml", "seen")).unwrap().clone();
         p.deletion = Some(now + Duration::from_secs(30));
         going.upsert_pod(p);
-        assert!(!reflected(&going, &id, &e));
+        assert!(!reflected(&going, &id_new, &e_new));
+        assert_eq!(
+            fate(
+                &going,
+                &id_new,
+                &e_new,
+                STORE_LAG + young,
+                now,
+                Some(&after_lag)
+            ),
+            Fate::Keep
+        );
         // A binding the cache does not show yet waits; past its grace it is a phantom
         // only behind a fence read after the grace (the cache may just lag).
         let (id, e) = entry(&snap, "seen", "u-seen", Some("n1"));
