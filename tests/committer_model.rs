@@ -1201,6 +1201,69 @@ fn found_a_pod_created_again_under_a_name_a_stale_cache_shows_counts() {
     }
 }
 
+/// A client's retried CREATE of a pod that exists (answered 409 by the API server
+/// after card-quota admitted it) stops counting behind a fence read a store's lag
+/// after its entry was first seen, not only at the entry's 120 s TTL.
+#[test]
+fn a_refused_create_retry_stops_counting_after_the_store_lag() {
+    use Step::*;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut w = World::new();
+        let create = Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+        };
+        for s in [
+            create.clone(),
+            Wait { ms: 100 },
+            Deliver { r: 0, n: 5 },
+            create,
+        ] {
+            w.apply(&s).await.unwrap();
+        }
+        w.apply(&Wait { ms: 100 }).await.unwrap();
+        let entries = |w: &World| {
+            let cm = w.api.object(LEDGER).unwrap();
+            let l: Value = serde_json::from_str(cm["data"]["ledger"].as_str().unwrap()).unwrap();
+            let ids = l["entries"].as_object().cloned().unwrap_or_default();
+            ids.keys().cloned().collect::<Vec<_>>()
+        };
+        // The pod's own charge left once the cache showed it; its retry's stays.
+        assert_eq!(entries(&w), ["uid-p0-2"]);
+        assert_eq!(w.tally.creates, [2, 0, 0]);
+        // The reconciler's sweeps, once a second in `serve`: the first starts the
+        // entry's clock, one past the store lag asks for a fence, the next drops the
+        // entry behind it (the TTL is 120 s).
+        let sweeps = [
+            Sweep { r: 0 },
+            Wait { ms: 35_000 },
+            Sweep { r: 0 },
+            Wait { ms: 3_000 },
+            Sweep { r: 0 },
+            Wait { ms: 3_000 },
+        ];
+        for s in sweeps {
+            w.apply(&s).await.unwrap();
+        }
+        for s in w.sweeps.drain(..) {
+            s.await.unwrap();
+        }
+        assert_eq!(
+            entries(&w),
+            Vec::<String>::new(),
+            "41 s on, the retry's charge is gone"
+        );
+    });
+}
+
 /// The oracle and the generator can see a violation: a pod watch that shows a bound
 /// pod deleted while it is not makes its replica count that pod's cards nowhere.
 #[test]

@@ -179,18 +179,33 @@ impl<T: Moment> EntryClock<T> {
     /// if any did by `now`: a binding shown unbound stops counting after its grace
     /// (behind a fence), any other entry after its TTL.
     pub fn expired_since(&self, queue: &QueueName, ledger: &Ledger, now: T) -> Option<T> {
+        self.expired_within(queue, ledger, now, |_, e| lifetime(e))
+    }
+
+    /// [`EntryClock::expired_since`] with each entry's lifetime given by `limit` (a
+    /// caller that knows more of an entry than the ledger says, from its cache).
+    pub fn expired_within(
+        &self,
+        queue: &QueueName,
+        ledger: &Ledger,
+        now: T,
+        limit: impl Fn(&EntryId, &Entry) -> Duration,
+    ) -> Option<T> {
         ledger
             .iter()
-            .filter_map(|(id, e)| {
-                let limit = if e.node.is_some() {
-                    super::entries::UNBOUND_GRACE
-                } else {
-                    super::entries::TTL
-                };
-                self.get(queue, id, e).map(|first| first.plus(limit))
-            })
+            .filter_map(|(id, e)| self.get(queue, id, e).map(|first| first.plus(limit(id, e))))
             .filter(|t| *t <= now)
             .max()
+    }
+}
+
+/// How long an entry counts unshown before it may stop counting behind a fence: a
+/// binding shown unbound its grace, any other entry its TTL.
+pub fn lifetime(e: &Entry) -> Duration {
+    if e.node.is_some() {
+        super::entries::UNBOUND_GRACE
+    } else {
+        super::entries::TTL
     }
 }
 

@@ -94,7 +94,7 @@ fn shows_entry(p: &PodRecord, e: &Entry) -> bool {
 
 /// True when the cache shows another stored incarnation under the entry's name, not
 /// finished nor going.
-fn name_taken(snap: &Snapshot, k: &ObjectKey, id: &EntryId) -> bool {
+pub fn name_taken(snap: &Snapshot, k: &ObjectKey, id: &EntryId) -> bool {
     snap.pod(k).is_some_and(|p| {
         !same(&p.version, id)
             && p.version.resource_version.is_some()

@@ -6,9 +6,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cards::QueueName;
-use crate::ledger::clock::{EntryClock, HoldClock};
+use crate::ledger::clock::{lifetime, EntryClock, HoldClock, STORE_LAG};
 use crate::ledger::entries::{Entry, EntryId, Ledger, Watermark};
+use crate::ledger::EntryKey;
 use crate::ledger::LedgerRecord;
+use crate::snapshot::overlay::name_taken;
 use crate::snapshot::Snapshot;
 
 use super::locks::{self, AtClocks, Before, Held, Unlocked};
@@ -39,17 +41,38 @@ pub(super) struct Clocks {
 }
 
 impl Committer {
-    /// When the last of the charges in `ledger` (of `queue`) that ran out on this
-    /// replica's clocks expired (entries no cache showed, others' holds), if any did.
+    /// When the last of the charges of `queue`'s ledger that ran out on this replica's
+    /// clocks expired (entries no cache showed, others' holds), if any did. An entry
+    /// under a name another stored incarnation holds in this cache runs out a store's
+    /// lag after it was first seen (`snapshot::overlay::fate`), any other its
+    /// [`lifetime`].
     pub(super) fn expired_since(
         &self,
+        snapshot: &Mutex<Snapshot>,
         held: &Held<Unlocked>,
         queue: &QueueName,
-        ledger: &Ledger,
     ) -> Option<Instant> {
         let now = Instant::now();
-        let clocks = self.clocks.lock(held);
-        let entries = clocks.entries.expired_since(queue, ledger, now);
+        let snap = locks::snapshot(snapshot, held);
+        let ledger = snap.ledger(queue);
+        let clocks = self.clocks.lock(snap.held());
+        let entries = clocks
+            .entries
+            .expired_within(queue, &ledger.ledger, now, |id, e| match &e.of {
+                EntryKey::Pod(k) if e.node.is_none() && name_taken(&snap, k, id) => STORE_LAG,
+                _ => lifetime(e),
+            });
+        self.with_holds_expiry(&clocks, queue, &ledger.ledger, entries, now)
+    }
+
+    fn with_holds_expiry(
+        &self,
+        clocks: &Clocks,
+        queue: &QueueName,
+        ledger: &Ledger,
+        entries: Option<Instant>,
+        now: Instant,
+    ) -> Option<Instant> {
         let holds = clocks
             .holds
             .expired_since(queue, ledger, self.me.as_deref(), now);
@@ -67,10 +90,7 @@ impl Committer {
         let f = self.freshness.as_ref()?;
         let none = Held::unlocked().await;
         let progress = || locks::snapshot(snapshot, &none).progress();
-        let expired = {
-            let ledger = locks::snapshot(snapshot, &none).ledger(queue);
-            self.expired_since(&none, queue, &ledger.ledger)
-        };
+        let expired = self.expired_since(snapshot, &none, queue);
         let Some(expired) = expired else {
             return self.fence(&progress());
         };
