@@ -33,7 +33,7 @@ use super::ledgers::LedgerApi;
 
 mod expiry;
 mod holds;
-mod locks;
+pub mod locks;
 mod prune;
 mod tree_changes;
 mod writer;
