@@ -535,6 +535,9 @@ mod incremental {
         Class {
             h200_only: bool,
         },
+        /// The DeviceClass deleted (its name then selects what the install's defaults
+        /// say of it).
+        DeleteClass,
     }
 
     fn ev() -> impl Strategy<Value = Ev> {
@@ -549,6 +552,7 @@ mod incremental {
             1 => (0..2usize, 0..2usize).prop_map(|(node, product)| Ev::Slice { node, product }),
             1 => (0..2usize).prop_map(|node| Ev::DeleteSlice { node }),
             1 => any::<bool>().prop_map(|h200_only| Ev::Class { h200_only }),
+            1 => Just(Ev::DeleteClass),
         ]
     }
 
@@ -660,6 +664,7 @@ items:
                 )
             }
             Ev::DeleteSlice { node } => ("ResourceSlice", format!("n{node}-gpu"), None),
+            Ev::DeleteClass => ("DeviceClass", "gpu.nvidia.com".into(), None),
             Ev::Class { h200_only } => {
                 let expr = if *h200_only {
                     "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"
