@@ -176,6 +176,44 @@ async fn a_queue_over_its_quota_raises_card_quota_exceeded_once() {
     );
 }
 
+/// Issue 59: a queue in deny under an install in warn (its webhooks fail open) is told
+/// once, by an Event on the Queue beside the metric; under a deny install it is not.
+#[tokio::test]
+async fn a_queue_in_deny_under_a_fail_open_install_gets_one_event() {
+    let text = OBJECTS.replace(
+        "annotations: {volcano.sh/card.quota: '{\"NVIDIA-H200\":3}'}",
+        "annotations: {volcano.sh/card.quota: '{\"NVIDIA-H200\":3}', volcano.sh/card.enforcement: deny}",
+    );
+    assert_ne!(text, OBJECTS);
+    for fail_open in [true, false] {
+        let (r, seen, metrics, _tx, _) = reconciler(&text, true);
+        let mut r = r.with_fail_open(fail_open);
+        r.pass(true).await;
+        r.pass(true).await;
+        settle().await;
+        let told: Vec<Value> = seen
+            .seen()
+            .iter()
+            .filter(|s| s.method == "POST" && s.body["reason"] == "CardQuotaDenyFailsOpen")
+            .map(|s| s.body.clone())
+            .collect();
+        if !fail_open {
+            assert!(told.is_empty(), "{told:#?}");
+            continue;
+        }
+        assert_eq!(told.len(), 1, "deduplicated across passes: {told:#?}");
+        assert_eq!(told[0]["regarding"]["name"], "good");
+        assert_eq!(told[0]["type"], "Warning");
+        assert!(told[0]["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("queue good is in deny, but card-quota is installed in warn"));
+        assert!(metrics
+            .encode()
+            .contains(r#"card_quota_queue_deny_fail_open{queue_name="good"} 1"#));
+    }
+}
+
 /// OBJECTS plus the ledger ConfigMap of `queue`.
 fn with_ledger(queue: &str, rv: &str, ledger: &str) -> String {
     format!(

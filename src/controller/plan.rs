@@ -12,6 +12,16 @@ use crate::snapshot::Snapshot;
 
 /// Event reason for a queue whose allocated cards exceed its quota.
 pub const EXCEEDED: &str = "CardQuotaExceeded";
+/// Event reason for a queue in deny under an install whose webhooks fail open (warn).
+pub const DENY_FAILS_OPEN: &str = "CardQuotaDenyFailsOpen";
+
+/// The `CardQuotaDenyFailsOpen` message: what the queue's deny holds and what does not.
+pub fn deny_fails_open_message(queue: &QueueName) -> String {
+    format!(
+        "queue {queue} is in deny, but card-quota is installed in warn and its webhooks fail open: its quota is enforced only while card-quota answers (a pod created while it is down is not checked); install in deny (Helm enforcement=deny) to enforce it during an outage too"
+    )
+}
+
 /// Event reason for a queue whose quota annotation does not parse.
 pub const INVALID: &str = crate::decide::messages::INVALID.as_str();
 

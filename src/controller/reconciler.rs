@@ -29,8 +29,9 @@ use crate::snapshot::{Dirty, Snapshot};
 
 use super::events::EventSink;
 use super::plan::{
-    exceeded_message, invalid_message, queue_state, recount_queues, recount_slice, unstamped,
-    usage_write, EventMemory, QueueState, Stamp, EXCEEDED, INVALID, TREE,
+    deny_fails_open_message, exceeded_message, invalid_message, queue_state, recount_queues,
+    recount_slice, unstamped, usage_write, EventMemory, QueueState, Stamp, DENY_FAILS_OPEN,
+    EXCEEDED, INVALID, TREE,
 };
 use super::releaser::Releaser;
 
@@ -380,20 +381,28 @@ impl Reconciler {
                 keep.then_some(&s.rows),
             );
         }
-        {
+        // Queues in deny under an install that fails open: their quota holds only while
+        // card-quota answers (a metric and an Event on each).
+        let deny_fail_open: std::collections::BTreeSet<QueueName> = {
             let snap = self.lock();
             self.metrics
                 .publish_waiting(snap.waiting_groups_unordered(), now);
+            let queues: std::collections::BTreeSet<QueueName> = if self.fail_open {
+                snap.queues()
+                    .filter(|q| {
+                        snap.enforcement_of(&q.name, Enforcement::Warn) == Enforcement::Deny
+                    })
+                    .map(|q| q.name.clone())
+                    .collect()
+            } else {
+                Default::default()
+            };
             if self.fail_open {
-                self.metrics.publish_deny_fail_open(
-                    snap.queues()
-                        .filter(|q| {
-                            snap.enforcement_of(&q.name, Enforcement::Warn) == Enforcement::Deny
-                        })
-                        .map(|q| q.name.to_string()),
-                );
+                self.metrics
+                    .publish_deny_fail_open(queues.iter().map(ToString::to_string));
             }
-        }
+            queues
+        };
         if leader {
             // Releases first: a waiting pod's room is there now.
             let r = self
@@ -466,7 +475,14 @@ impl Reconciler {
                     self.memory.note(&s.queue, EXCEEDED, None);
                     self.memory.note(&s.queue, INVALID, None);
                     self.memory.note(&s.queue, TREE, None);
+                    self.memory.note(&s.queue, DENY_FAILS_OPEN, None);
                     continue;
+                }
+                let fails_open = deny_fail_open
+                    .contains(&s.queue)
+                    .then(|| deny_fails_open_message(&s.queue));
+                if self.event(s, DENY_FAILS_OPEN, fails_open).await {
+                    pass.events += 1;
                 }
                 if self.event(s, TREE, s.tree.clone()).await {
                     pass.events += 1;
