@@ -942,110 +942,44 @@ fn the_replicas_committer_never_binds_past_a_quota() {
     assert!(t.cuts > 0 && t.raises > 0 && t.after_cut > 0, "{t:?}");
 }
 
+/// A CREATE step (the shrunk cases below end padded with the simplest one: the
+/// generator's shortest case is 20 steps).
+fn create(r: usize, pod: u8, model: usize, cards: u8, lost: bool) -> Step {
+    Step::Create {
+        r,
+        pod,
+        model,
+        cards,
+        lost,
+    }
+}
+
 /// Found by the model (2026-12-03): a replay of the shrunk case.
 #[test]
 fn found_entries_of_pods_never_stored_under_a_taken_name() {
     use Step::*;
-    let steps = [
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 3,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 1,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
+    let steps: Vec<Step> = [
+        create(0, 0, 0, 3, false),
+        create(0, 0, 1, 1, false),
+        create(0, 0, 0, 1, false),
         Bind { r: 0, pod: 0 },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
+        create(0, 0, 0, 1, false),
+        create(0, 0, 0, 1, false),
         Bind { r: 0, pod: 0 },
         Bind { r: 0, pod: 0 },
         Bind { r: 0, pod: 0 },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
+        create(0, 0, 0, 1, false),
         Deliver { r: 0, n: 1 },
-        Create {
-            r: 1,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
+        create(1, 0, 0, 1, false),
         Bind { r: 0, pod: 0 },
-        Create {
-            r: 0,
-            pod: 10,
-            model: 1,
-            cards: 1,
-            lost: true,
-        },
-        Create {
-            r: 1,
-            pod: 1,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 10,
-            model: 0,
-            cards: 2,
-            lost: false,
-        },
+        create(0, 10, 1, 1, true),
+        create(1, 1, 0, 1, false),
+        create(0, 10, 0, 2, false),
         Deliver { r: 0, n: 1 },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-    ];
+    ]
+    .into_iter()
+    .chain(std::iter::repeat_n(create(0, 0, 0, 1, false), 3))
+    .collect();
     if let Err(e) = run(&steps) {
         panic!("{e}");
     }
@@ -1058,16 +992,9 @@ fn found_entries_of_pods_never_stored_under_a_taken_name() {
 #[test]
 fn found_a_binding_of_a_pod_the_cache_does_not_show_is_held_to_a_cut() {
     use Step::*;
-    let create = |pod, model| Create {
-        r: 0,
-        pod,
-        model,
-        cards: 1,
-        lost: false,
-    };
     let steps = [
-        create(3, 1),
-        create(0, 0),
+        create(0, 3, 1, 1, false),
+        create(0, 0, 0, 1, false),
         SetQuota {
             r: 0,
             model: 1,
@@ -1090,112 +1017,23 @@ fn found_a_binding_of_a_pod_the_cache_does_not_show_is_held_to_a_cut() {
 #[test]
 fn found_a_pod_created_again_under_a_name_a_stale_cache_shows_counts() {
     use Step::*;
-    let steps = [
-        Create {
-            r: 0,
-            pod: 1,
-            model: 1,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 3,
-            model: 1,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 1,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 1,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
+    let steps: Vec<Step> = [
+        create(0, 1, 1, 1, false),
+        create(0, 3, 1, 1, false),
+        create(0, 1, 0, 1, false),
+        create(0, 1, 0, 1, false),
         Bind { r: 0, pod: 1 },
         Crash { r: 1 },
         Deliver { r: 0, n: 2 },
         Stall { r: 0 },
         Delete { pod: 3 },
         Stall { r: 0 },
-        Create {
-            r: 0,
-            pod: 3,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 2,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-        Create {
-            r: 0,
-            pod: 0,
-            model: 0,
-            cards: 1,
-            lost: false,
-        },
-    ];
+        create(0, 3, 0, 1, false),
+        create(0, 0, 0, 2, false),
+    ]
+    .into_iter()
+    .chain(std::iter::repeat_n(create(0, 0, 0, 1, false), 8))
+    .collect();
     if let Err(e) = run(&steps) {
         panic!("{e}");
     }
