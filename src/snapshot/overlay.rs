@@ -264,11 +264,13 @@ impl Overlay {
         match &e.of {
             EntryKey::Pod(k) => {
                 let prev = snap.pod(k).cloned();
-                // Another incarnation the cache shows holding cards: it counts on its
-                // own (it may still exist), and this entry beside it.
-                if prev.as_ref().is_some_and(|p| {
-                    !same(&p.version, id) && !p.is_finished() && p.deletion.is_none()
-                }) {
+                // Another incarnation the cache shows, not finished: it counts on its
+                // own (it may still exist, or still hold its cards while it terminates),
+                // and this entry beside it.
+                if prev
+                    .as_ref()
+                    .is_some_and(|p| !same(&p.version, id) && !p.is_finished())
+                {
                     return self.put_beside(snap, queue, id, e, k);
                 }
                 let seq = prev
@@ -280,8 +282,8 @@ impl Overlay {
                 };
                 if let Some(p) = prev.as_ref().filter(|p| same(&p.version, id)) {
                     // The cache's own view of the pod wins except for the binding. (A
-                    // cached pod of another uid that is finished or going holds no
-                    // cards: the charged incarnation takes its name.)
+                    // cached pod of another uid that is finished holds no cards: the
+                    // charged incarnation takes its name.)
                     let mut bound = p.clone();
                     if p.gated {
                         // A release the cache does not show yet: it counts as released,
@@ -722,6 +724,19 @@ status: {phase: Succeeded}
             assert_eq!(snap.pod(&ObjectKey::new("ml", "seen")).cloned(), seen);
         });
         assert_eq!(used(&snap), base);
+        // A terminating "seen" still holds its card until it is gone: the entry beside.
+        let mut going = seen.clone().unwrap();
+        going.deletion = Some(now + std::time::Duration::from_secs(30));
+        snap.upsert_pod(going);
+        let base = used(&snap);
+        Overlay::scoped(&mut snap, |snap, o| {
+            o.add(snap, &q, &other_id, &other);
+            assert_eq!(
+                used(snap),
+                base + 1,
+                "the terminating pod and the entry count"
+            );
+        });
     }
 
     /// Issue 57: a decision that panics with a ledger laid over the snapshot leaves the
