@@ -120,6 +120,10 @@ check "... and is not pinned: warn never steers where a pod runs" bash -c \
 k annotate queue "$Q" volcano.sh/card.enforcement=deny --overwrite >/dev/null
 check "a queue in deny under a warn (fail-open) install is reported by a metric" wait_for 30 bash -c \
   "curl -s http://127.0.0.1:$((PORT + 1000))/metrics | grep -qx 'card_quota_queue_deny_fail_open{queue_name=\"$Q\"} 1'"
+check "... by a CardQuotaDenyFailsOpen Event on the Queue" wait_for 30 bash -c \
+  "kubectl get events -A --field-selector reason=CardQuotaDenyFailsOpen -o jsonpath='{.items[*].message}' | grep -q 'queue $Q is in deny, but card-quota is installed in warn'"
+check "... and by card-quota status (which reads the install's webhooks)" bash -c \
+  "'$BIN' status --queue $Q | grep -q 'deny, but the install fails open'"
 k annotate queue "$Q" volcano.sh/card.enforcement- >/dev/null
 stop_serve
 check "a warn install's webhooks all fail open but the Queue one" bash -c \

@@ -719,6 +719,7 @@ fn status_prints_the_tree() {
     let out = card_quota::cli::status::render(
         &w.snap,
         &card_quota::cli::status::Scope::default(),
+        card_quota::cli::status::Install::default(),
         card_quota::cli::status::Format::Table,
         jiff::Timestamp::now(),
     )

@@ -163,10 +163,11 @@ fn a_pod_past_the_room_waits_behind_the_gate_and_holds_no_quota() {
     let u = w.usage();
     assert_eq!(u["NVIDIA-H200"]["pending"], 2, "{u}");
     assert_eq!(u["NVIDIA-H200"]["waiting"], 1, "{u}");
-    use card_quota::cli::status::{render, Format, Scope};
+    use card_quota::cli::status::{render, Format, Install, Scope};
     let table = render(
         &w.snap,
         &Scope::queue(Some("wq")),
+        Install::default(),
         Format::Table,
         jiff::Timestamp::now(),
     )
@@ -175,6 +176,7 @@ fn a_pod_past_the_room_waits_behind_the_gate_and_holds_no_quota() {
     let json = render(
         &w.snap,
         &Scope::queue(Some("wq")),
+        Install::default(),
         Format::Json,
         jiff::Timestamp::now(),
     )

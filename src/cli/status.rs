@@ -80,6 +80,52 @@ impl Scope {
     }
 }
 
+/// What `status` knows of the install beside the queues: read from its webhooks when
+/// the reader may (live), else nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Install {
+    /// The pod hooks fail open (an install whose default enforcement is warn): a queue
+    /// in deny is enforced only while card-quota answers.
+    pub fails_open: bool,
+}
+
+impl Install {
+    /// The install as its validating webhook configurations show it: the pod hook
+    /// (`pods.card-quota.volcano.sh`) decides whether card pods go on while card-quota
+    /// is down. No such hook: nothing known (`fails_open` false).
+    pub fn from_webhooks(
+        configs: &[k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration],
+    ) -> Self {
+        let fails_open = configs
+            .iter()
+            .flat_map(|c| c.webhooks.iter().flatten())
+            .any(|h| h.name == POD_HOOK && h.failure_policy.as_deref() == Some("Ignore"));
+        Self { fails_open }
+    }
+}
+
+/// The validating pod hook's name, as the manifests and the chart write it.
+pub const POD_HOOK: &str = "pods.card-quota.volcano.sh";
+
+/// The NOTE on a queue in deny under an install that fails open.
+pub const DENY_FAILS_OPEN_NOTE: &str =
+    "deny, but the install fails open: enforced only while card-quota answers";
+
+/// A queue in deny under an install that fails open: its own `card.enforcement` says
+/// deny (under such an install, whose default is warn, nothing else makes one deny).
+fn deny_fails_open(q: &crate::cluster::QueueRecord, install: Install) -> bool {
+    install.fails_open && q.enforcement == Ok(Some(crate::cards::annotations::Enforcement::Deny))
+}
+
+/// `note` with `more` after it.
+fn and_note(note: String, more: &str) -> String {
+    if note.is_empty() {
+        more.to_string()
+    } else {
+        format!("{note}; {more}")
+    }
+}
+
 /// One line of `status`: a queue's numbers for one model (or `A|B` demand), or the queue
 /// alone when it has none, with what a reader must know about the queue.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -246,6 +292,7 @@ fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
 pub fn rows(
     snap: &Snapshot,
     scope: &Scope,
+    install: Install,
     now: jiff::Timestamp,
 ) -> Result<Vec<StatusRow>, StatusError> {
     let report: BTreeMap<String, BTreeMap<UsageKey, Row>> = usage_report(snap, now);
@@ -270,7 +317,13 @@ pub fn rows(
     };
     let mut out = Vec::new();
     for (name, depth) in tree_order(names.into_iter().map(|n| (n.clone(), parent_of(&n)))) {
-        let note = note(snap, &crate::cards::QueueName::new(name.clone()));
+        let mut note = note(snap, &crate::cards::QueueName::new(name.clone()));
+        if snap
+            .queue(&crate::cards::QueueName::new(name.clone()))
+            .is_some_and(|q| deny_fails_open(q, install))
+        {
+            note = and_note(note, DENY_FAILS_OPEN_NOTE);
+        }
         let numbers = report.get(&name).filter(|r| !r.is_empty());
         let mut rows = match numbers {
             None => {
@@ -353,6 +406,7 @@ fn tree_order(queues: impl IntoIterator<Item = (String, Option<String>)>) -> Vec
 pub fn written_rows(
     queues: &[crate::cluster::QueueRecord],
     scope: &Scope,
+    install: Install,
 ) -> Result<Vec<StatusRow>, StatusError> {
     if let Some(q) = &scope.queue {
         if !queues.iter().any(|r| r.name.as_str() == q) {
@@ -381,6 +435,9 @@ pub fn written_rows(
         };
         let has_children = queues.iter().any(|r| r.parent.as_ref() == Some(&q.name));
         let mut note = queue_note(q, has_children);
+        if deny_fails_open(q, install) {
+            note = and_note(note, DENY_FAILS_OPEN_NOTE);
+        }
         let written: Option<BTreeMap<String, serde_json::Value>> = q
             .usage
             .as_deref()
@@ -422,11 +479,7 @@ pub fn written_rows(
                 None => "no usage written yet",
                 Some(_) => "usage annotation unreadable",
             };
-            note = if note.is_empty() {
-                missing.into()
-            } else {
-                format!("{note}; {missing}")
-            };
+            note = and_note(note, missing);
         }
         if rows.is_empty() {
             rows.push(StatusRow::bare(
@@ -502,10 +555,11 @@ pub fn table(rows: &[StatusRow]) -> String {
 pub fn render(
     snap: &Snapshot,
     scope: &Scope,
+    install: Install,
     format: Format,
     now: jiff::Timestamp,
 ) -> Result<String, StatusError> {
-    let rows = rows(snap, scope, now)?;
+    let rows = rows(snap, scope, install, now)?;
     let text = render_scoped(&rows, scope, format)?;
     Ok(match format {
         Format::Table if !rows.is_empty() => {
@@ -625,6 +679,76 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_in_deny_under_an_install_that_fails_open_says_so() {
+        use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+        let config = |policy: &str| -> ValidatingWebhookConfiguration {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "card-quota"},
+                "webhooks": [
+                    {"name": "queues.card-quota.volcano.sh", "failurePolicy": "Ignore",
+                     "clientConfig": {}, "sideEffects": "None", "admissionReviewVersions": ["v1"]},
+                    {"name": POD_HOOK, "failurePolicy": policy,
+                     "clientConfig": {}, "sideEffects": "None", "admissionReviewVersions": ["v1"]}]
+            }))
+            .unwrap()
+        };
+        let open = Install::from_webhooks(&[config("Ignore")]);
+        assert!(open.fails_open);
+        assert!(!Install::from_webhooks(&[config("Fail")]).fails_open);
+        assert!(!Install::from_webhooks(&[]).fails_open);
+        let q = |name: &str, enforcement: Option<&str>| {
+            let mut annotations =
+                serde_json::json!({"volcano.sh/card.quota": r#"{"NVIDIA-H200":2}"#});
+            if let Some(e) = enforcement {
+                annotations["volcano.sh/card.enforcement"] = e.into();
+            }
+            queue(
+                serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+                "metadata": {"name": name, "annotations": annotations}}),
+            )
+        };
+        let queues = [
+            q("held", Some("deny")),
+            q("trial", Some("warn")),
+            q("plain", None),
+        ];
+        let notes = |install: Install| -> Vec<(String, String)> {
+            written_rows(&queues, &Scope::default(), install)
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.queue, r.note))
+                .collect()
+        };
+        let none = "no usage written yet";
+        assert_eq!(
+            notes(open),
+            [
+                ("held".into(), format!("{DENY_FAILS_OPEN_NOTE}; {none}")),
+                ("plain".into(), none.into()),
+                ("trial".into(), format!("enforcement warn; {none}")),
+            ]
+        );
+        assert_eq!(notes(Install::default())[0], ("held".into(), none.into()));
+        // The same from a snapshot of the objects.
+        let objects: String = queues
+            .iter()
+            .map(|r| format!("---\napiVersion: scheduling.volcano.sh/v1beta1\nkind: Queue\nmetadata:\n  name: {}\n  annotations: {{volcano.sh/card.quota: '{{\"NVIDIA-H200\":2}}'{}}}\n",
+                r.name,
+                match &r.enforcement { Ok(Some(e)) => format!(", volcano.sh/card.enforcement: {}", e.as_str()), _ => String::new() }))
+            .collect();
+        let (snap, skipped) = crate::snapshot::load::load(&objects).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let held = rows(
+            &snap,
+            &Scope::queue(Some("held")),
+            open,
+            jiff::Timestamp::now(),
+        )
+        .unwrap();
+        assert_eq!(held[0].note, DENY_FAILS_OPEN_NOTE);
+    }
+
+    #[test]
     fn live_rows_are_what_the_reconciler_wrote() {
         let written = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
             "metadata": {"name": "q", "annotations": {
@@ -632,7 +756,12 @@ mod tests {
                 "volcano.sh/card.usage": r#"{"NVIDIA-H200":{"quota":2,"allocated":3,"pending":0,"reserved":0},"NVIDIA-H200|RTX-4090":{"quota":0,"allocated":0,"pending":1,"reserved":0},"observedAt":"2026-11-26T10:00:00Z"}"#}}});
         let fresh = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
             "metadata": {"name": "new"}});
-        let rows = written_rows(&[queue(written), queue(fresh)], &Scope::default()).unwrap();
+        let rows = written_rows(
+            &[queue(written), queue(fresh)],
+            &Scope::default(),
+            Install::default(),
+        )
+        .unwrap();
         assert_eq!(
             table(&rows),
             "\
@@ -642,7 +771,7 @@ q      NVIDIA-H200           2      3          0        0         0     1
 q      NVIDIA-H200|RTX-4090  -      0          1        0         -     -
 "
         );
-        let e = written_rows(&[], &Scope::queue(Some("x")))
+        let e = written_rows(&[], &Scope::queue(Some("x")), Install::default())
             .unwrap_err()
             .to_string();
         assert_eq!(e, "queue x is not in the snapshot (queues: )");
@@ -776,7 +905,7 @@ items:
         assert!(skipped.is_empty(), "{skipped:?}");
         let now = jiff::Timestamp::now();
         let queues = |scope: &Scope| -> Vec<String> {
-            let mut q: Vec<String> = rows(&snap, scope, now)
+            let mut q: Vec<String> = rows(&snap, scope, Install::default(), now)
                 .unwrap()
                 .into_iter()
                 .map(|r| r.queue)
@@ -786,7 +915,7 @@ items:
         };
         let a = Scope::default().in_namespace("team-a", &snap);
         assert_eq!(queues(&a), ["qa", "qc"]);
-        let text = render(&snap, &a, Format::Table, now).unwrap();
+        let text = render(&snap, &a, Install::default(), Format::Table, now).unwrap();
         assert!(text.contains("team-a/wait-a"), "{text}");
         assert!(!text.contains("team-b/wait-b"), "{text}");
         assert_eq!(
@@ -795,7 +924,7 @@ items:
         );
         let none = Scope::queue(Some("qb")).in_namespace("team-a", &snap);
         assert_eq!(
-            render(&snap, &none, Format::Table, now).unwrap(),
+            render(&snap, &none, Install::default(), Format::Table, now).unwrap(),
             "No card pod or PodGroup in namespace team-a is charged to a queue (looked for queue qb)\n"
         );
         // Live, the namespace's own pods and PodGroups alone (no Queue read) say the same.
@@ -813,7 +942,7 @@ items:
         assert_eq!(used, ["qa", "qc"]);
         let empty = Scope::default().in_namespace("nobody", &snap);
         assert_eq!(
-            render(&snap, &empty, Format::Table, now).unwrap(),
+            render(&snap, &empty, Install::default(), Format::Table, now).unwrap(),
             "No card pod or PodGroup in namespace nobody is charged to a queue\n"
         );
     }

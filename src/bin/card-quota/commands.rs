@@ -6,7 +6,9 @@ use card_quota::decide::{Config, NamespaceEnforcement};
 use crate::args::{
     no_scheduler_filter, CertsArgs, CheckArgs, ManifestsArgs, ReplayArgs, StatusArgs,
 };
-use crate::snapshots::{live_queues, live_snapshot, namespace_snapshot, snapshot_file};
+use crate::snapshots::{
+    live_install, live_queues, live_snapshot, namespace_snapshot, snapshot_file,
+};
 
 pub fn check(a: CheckArgs) -> anyhow::Result<()> {
     let cards = a.cards.settings()?;
@@ -157,16 +159,19 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let scope = status::Scope::queue(a.queue.as_deref());
-    let snap = match a.objects {
-        Some(path) => snapshot_file(&path, &cards)?,
+    let (snap, install) = match a.objects {
+        Some(path) => (snapshot_file(&path, &cards)?, status::Install::default()),
         None if a.recount => {
-            tokio::runtime::Runtime::new()?.block_on(live_snapshot(&cards, &a.cluster))?
+            let rt = tokio::runtime::Runtime::new()?;
+            let install = rt.block_on(live_install(&a.cluster))?;
+            (rt.block_on(live_snapshot(&cards, &a.cluster))?, install)
         }
         None => {
             // What the reconciler wrote: reading Queues is all it takes (and, with -n,
             // the namespace's pods and PodGroups to know which queues it uses).
             let rt = tokio::runtime::Runtime::new()?;
             let queues = rt.block_on(live_queues(&a.cluster))?;
+            let install = rt.block_on(live_install(&a.cluster))?;
             let scope = match &a.namespace {
                 Some(ns) => {
                     let used = rt.block_on(namespace_snapshot(&cards, &a.cluster, ns))?;
@@ -174,7 +179,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
                 }
                 None => scope,
             };
-            let rows = status::written_rows(&queues, &scope)?;
+            let rows = status::written_rows(&queues, &scope, install)?;
             print!("{}", status::render_scoped(&rows, &scope, a.output)?);
             return Ok(());
         }
@@ -185,7 +190,7 @@ pub fn status(a: StatusArgs) -> anyhow::Result<()> {
     };
     print!(
         "{}",
-        status::render(&snap, &scope, a.output, jiff::Timestamp::now())?
+        status::render(&snap, &scope, install, a.output, jiff::Timestamp::now())?
     );
     Ok(())
 }

@@ -117,6 +117,27 @@ pub async fn live_queues(
     Ok(out)
 }
 
+/// What the install's webhook configurations say (whether its pod hooks fail open), for
+/// a reader allowed to list them; for one who is not (a team user), nothing.
+pub async fn live_install(
+    cluster: &ClusterArgs,
+) -> anyhow::Result<card_quota::cli::status::Install> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use kube::api::{Api, ListParams};
+    let client = client_for(cluster).await?;
+    match Api::<ValidatingWebhookConfiguration>::all(client)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => Ok(card_quota::cli::status::Install::from_webhooks(&list.items)),
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::debug!("cannot list ValidatingWebhookConfigurations: the install's failure policy is not shown");
+            Ok(Default::default())
+        }
+        Err(e) => Err(e).context("listing ValidatingWebhookConfigurations"),
+    }
+}
+
 /// The card pods and PodGroups of one namespace, as a snapshot: which queues that
 /// namespace is charged to. Lists in that namespace only (a tenant's own rights suffice).
 pub async fn namespace_snapshot(
