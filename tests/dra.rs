@@ -897,6 +897,113 @@ fn an_allocation_is_checked_when_the_scheduler_writes_it() {
     assert!(r.allowed, "{}", message(&r));
 }
 
+/// R1 for DRA cards: the allocation is where a claim pod's model is chosen, whoever binds
+/// the pod after it (a scheduler outside `--binder`, whose bindings no hook checks), so
+/// an admitted allocation is a charge recorded before the answer. Two pods admitted for
+/// RTX|H200 into a queue with one of each, allocated the RTX of two nodes in one batch,
+/// neither bound: the second is refused over the first's charge. (Before, the
+/// allocation charged nothing: both were admitted and both bound past the quota by a
+/// scheduler whose bindings are not checked.)
+#[test]
+fn an_allocation_is_a_charge_whoever_binds_the_pod_after_it() {
+    use card_quota::decide::batch::{decide_with_ledger, plan, Outcome};
+    use card_quota::decide::review::read_review;
+    use card_quota::ledger::LedgerRecord;
+    let mut w = World::new();
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "both", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+        w.seen(with_claim_made(&w, name));
+        w.seen(made_claim(name, None));
+    }
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "rtx-2-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "rtx-1",
+            "pool": {"name": "rtx-2", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA GeForce RTX 4090"}}}]}}));
+    let req = |doc: Value| read_review(doc.to_string().as_bytes()).unwrap().unwrap();
+    let alloc_a = req(status_write(
+        allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("a", None),
+    ));
+    let alloc_b = req(status_write(
+        allocated_on("b", "rtx-1", "rtx-2", "gpu-0"),
+        made_claim("b", None),
+    ));
+    let both = card_quota::cards::QueueName::new("both");
+    let now = jiff::Timestamp::now();
+    let b = plan(
+        &mut w.snap,
+        &both,
+        &[&alloc_a, &alloc_b],
+        &w.cfg,
+        now,
+        |_, _| std::time::Duration::ZERO,
+        None,
+    );
+    assert!(
+        matches!(&b.outcomes[0], Outcome::Admit(_)),
+        "{:?}",
+        b.outcomes[0]
+    );
+    let Outcome::Answer(refused) = &b.outcomes[1] else {
+        panic!("{:?}", b.outcomes[1]);
+    };
+    assert!(!refused.allowed);
+    assert_eq!(
+        refused.message.as_deref(),
+        Some("queue both has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1")
+    );
+    // The charge is the pod bound on the allocation's node, charged its model.
+    let (_, entry) = b.ledger.iter().next().expect("a's charge");
+    assert_eq!(entry.node.as_deref(), Some("rtx-1"));
+    assert_eq!(entry.charged.as_deref(), Some("NVIDIA-GeForce-RTX-4090"));
+    w.snap.upsert_ledger(LedgerRecord {
+        queue: both.clone(),
+        resource_version: Some("1".into()),
+        ledger: b.ledger,
+        problem: None,
+    });
+    // Over that ledger, the allocation stored: a's binding onto rtx-1 is that charge
+    // again; the same allocation written again too; an allocation of a on another node
+    // waits until card-quota sees whether the first landed; b fits on the H200.
+    w.seen(allocated_on("a", "rtx-1", "rtx-1", "gpu-0"));
+    let bind_a = req(R::binding("ml", "a", "rtx-1").build());
+    let d = decide_with_ledger(&mut w.snap, &bind_a, &w.cfg, now);
+    assert!(d.allowed && d.charge.is_some(), "{:?}", d.message);
+    let d = decide_with_ledger(&mut w.snap, &alloc_a, &w.cfg, now);
+    assert!(d.allowed && d.charge.is_some(), "{:?}", d.message);
+    let elsewhere = req(status_write(
+        allocated_on("a", "h200-1", "h200-1", "gpu-0"),
+        made_claim("a", None),
+    ));
+    let d = decide_with_ledger(&mut w.snap, &elsewhere, &w.cfg, now);
+    assert!(!d.allowed);
+    assert!(
+        d.message
+            .as_deref()
+            .is_some_and(|m| m.ends_with("try again")),
+        "{:?}",
+        d.message
+    );
+    let b_h200 = req(status_write(
+        allocated_on("b", "h200-1", "h200-1", "gpu-0"),
+        made_claim("b", None),
+    ));
+    let d = decide_with_ledger(&mut w.snap, &b_h200, &w.cfg, now);
+    assert!(d.allowed, "{:?}", d.message);
+    // a bound by a scheduler whose binding no hook saw: the cache shows it and the
+    // charge stops counting there (counted once, by the pod).
+    let mut bound = with_claim_made(&w, "a");
+    bound["spec"]["nodeName"] = json!("rtx-1");
+    bound["metadata"]["resourceVersion"] = json!("50");
+    w.seen(bound);
+    w.seen(allocated_on("a", "rtx-1", "rtx-1", "gpu-0"));
+    let d = decide_with_ledger(&mut w.snap, &b_h200, &w.cfg, now);
+    assert!(d.allowed, "{:?}", d.message);
+    assert_eq!(w.usage("both", "NVIDIA-GeForce-RTX-4090")["allocated"], 1);
+}
+
 #[test]
 fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write() {
     let mut w = World::new();

@@ -1,13 +1,21 @@
 //! `resourceclaims/status` UPDATE: the allocation a scheduler writes on a claim before
 //! it binds the claim's pod, checked as that binding will be (docs/dra.md). The devices'
 //! models must be ones the pod was admitted for and fit its queue; refused, the
-//! scheduler gives the devices back and tries again, before any binding. Nothing is
-//! charged here: the binding charges.
+//! scheduler gives the devices back and tries again, before any binding.
+//!
+//! R1 (docs/consistency.md): the allocation is where a DRA card's model is chosen,
+//! whoever binds the pod after it (a scheduler whose bindings no hook checks too), so an
+//! admitted allocation is charged here, as the pod bound on the allocation's node: the
+//! charge is recorded before the answer, and the pod's binding onto that node is the
+//! same charge again (`binding::retried`). It stops counting as a binding's does (R3):
+//! once a cache shows the pod bound or gone, or behind a fence past `UNBOUND_GRACE`
+//! when the bind never came.
 
 use serde_json::Value;
 
 use crate::cards::dra::ClaimRecord;
 use crate::cards::ObjectKey;
+use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::binding::regarding;
@@ -54,8 +62,32 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             format!("pod {key}, for which ResourceClaim {} is allocated, is not in card-quota's cache yet; try again", record.key),
         );
     };
-    if pod.node.is_some() {
+    // Node-local devices: the allocation names its node. Devices reachable from several
+    // nodes leave the node to the binding, which checks again.
+    let Some(node) = allocation.and_then(allocated_node) else {
         return Decision::allow();
+    };
+    if let Some(bound) = &pod.node {
+        // Bound in the cache: the claim's cards count by the pod already.
+        if !pod.bind_unseen {
+            return Decision::allow();
+        }
+        // An admitted allocation or binding of the pod the cache does not show yet.
+        let queue = match snap.resolve_queue(pod) {
+            Ok(q) => q,
+            Err(UnknownGroup(g)) => return unknown_group(&key, g),
+        };
+        if bound == node {
+            // The same allocation written again (a scheduler's retry): that charge.
+            return Decision::allow().charging(queue, Effect::Pod(Box::new(pod.clone())));
+        }
+        return Decision::deny(
+            RETRY,
+            format!(
+                "pod {key} has an allocation or binding on node {bound} that card-quota admitted and does not see yet; its allocation on node {node} waits until card-quota sees whether that one landed: try again"
+            ),
+        )
+        .with_event(Some(regarding(&key)));
     }
     // The claim kube-scheduler made for the pod's DRA-backed extended resources: its
     // devices are the pod's own card resource, served on the allocation's node; checked
@@ -73,11 +105,6 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         }
         rec
     };
-    // Node-local devices: the allocation names its node. Devices reachable from several
-    // nodes leave the node to the binding, which checks again.
-    let Some(node) = allocation.and_then(allocated_node) else {
-        return Decision::allow();
-    };
     let queue = match snap.resolve_queue(&rec) {
         Ok(q) => q,
         Err(UnknownGroup(g)) => return unknown_group(&key, g),
@@ -87,7 +114,17 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         return d.with_event(Some(regarding));
     }
     match allocate(snap, &queue, &rec, node, now) {
-        Ok(_) => Decision::allow(),
+        Ok(charges) => {
+            // Charged as the pod bound there, read with this allocation, as its binding
+            // would charge it.
+            let resources = rec.demand.as_ref().map_or(0, |d| d.len());
+            let mut bound = rec;
+            bound.node = Some(node.to_string());
+            if let ([(model, _)], 1) = (charges.as_slice(), resources) {
+                bound.charged = Some(model.clone());
+            }
+            Decision::allow().charging(queue, Effect::Pod(Box::new(bound)))
+        }
         Err(d) => d.with_event(Some(regarding)),
     }
 }
