@@ -44,13 +44,13 @@ cleanup() {
   [ -n "$SERVE" ] && kill "$SERVE" 2>/dev/null && wait "$SERVE" 2>/dev/null
   "$HELM" uninstall card-quota -n "$NS" >/dev/null 2>&1
   k delete namespace ml "$NS" --wait=false --ignore-not-found >/dev/null 2>&1
-  k delete queue start --ignore-not-found >/dev/null 2>&1
+  k delete queue start research --ignore-not-found >/dev/null 2>&1
   k delete node gpu-1 gpu-2 --ignore-not-found >/dev/null 2>&1
   [ -n "${E2E_KEEP:-}" ] && echo "logs in $WORK" || rm -rf "$WORK"
 }
 
 # The page installs into fixed names: refuse to run over a cluster that has them.
-for o in mutatingwebhookconfiguration/card-quota namespace/ml namespace/card-quota queue/start node/gpu-1 node/gpu-2; do
+for o in mutatingwebhookconfiguration/card-quota namespace/ml namespace/card-quota queue/start queue/research node/gpu-1 node/gpu-2; do
   if k get "$o" >/dev/null 2>&1; then echo "$o exists in this cluster; not running the page over it"; exit 100; fi
 done
 trap cleanup EXIT

@@ -119,10 +119,10 @@ fn deny_fails_open(q: &crate::cluster::QueueRecord, install: Install) -> bool {
 
 /// `note` with `more` after it.
 fn and_note(note: String, more: &str) -> String {
-    if note.is_empty() {
-        more.to_string()
-    } else {
-        format!("{note}; {more}")
+    match (note.is_empty(), more.is_empty()) {
+        (true, _) => more.to_string(),
+        (false, true) => note,
+        (false, false) => format!("{note}; {more}"),
     }
 }
 
@@ -489,7 +489,12 @@ pub fn written_rows(
             ));
         }
         for r in &mut rows {
-            r.note = note.clone();
+            // A cap's row says so before what the queue's note says.
+            r.note = if r.note.is_empty() {
+                note.clone()
+            } else {
+                and_note(std::mem::take(&mut r.note), &note)
+            };
             r.problem = queue_problem(q);
             r.parent = q.parent.as_ref().map(ToString::to_string);
             r.depth = depth;
@@ -753,7 +758,7 @@ mod tests {
         let written = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
             "metadata": {"name": "q", "annotations": {
                 "volcano.sh/card.quota": r#"{"NVIDIA-H200":2}"#,
-                "volcano.sh/card.usage": r#"{"NVIDIA-H200":{"quota":2,"allocated":3,"pending":0,"reserved":0},"NVIDIA-H200|RTX-4090":{"quota":0,"allocated":0,"pending":1,"reserved":0},"observedAt":"2026-11-26T10:00:00Z"}"#}}});
+                "volcano.sh/card.usage": r#"{"*":{"quota":4,"allocated":3,"pending":1,"reserved":0},"NVIDIA-H200":{"quota":2,"allocated":3,"pending":0,"reserved":0},"NVIDIA-H200|RTX-4090":{"quota":0,"allocated":0,"pending":1,"reserved":0},"observedAt":"2026-11-26T10:00:00Z"}"#}}});
         let fresh = serde_json::json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
             "metadata": {"name": "new"}});
         let rows = written_rows(
@@ -767,6 +772,7 @@ mod tests {
             "\
 QUEUE  MODEL                 QUOTA  ALLOCATED  PENDING  RESERVED  FREE  OVER  NOTE
 new    -                     0      0          0        0         0     0     no card.quota: quota 0 for every model; no usage written yet
+q      *                     4      3          1        0         0     0     group cap
 q      NVIDIA-H200           2      3          0        0         0     1
 q      NVIDIA-H200|RTX-4090  -      0          1        0         -     -
 "
