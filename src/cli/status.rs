@@ -226,9 +226,9 @@ impl StatusRow {
 }
 
 /// What a reader must know about `queue` beside its numbers.
-fn note(snap: &Snapshot, queue: &crate::cards::QueueName) -> String {
+fn note(snap: &Snapshot, queue: &crate::cards::QueueName, install: Install) -> String {
     match snap.queue(queue) {
-        Some(q) => queue_note(q, snap.has_children(queue)),
+        Some(q) => queue_note(q, snap.has_children(queue), install),
         None => "no such Queue (charges recorded under its name)".into(),
     }
 }
@@ -257,7 +257,7 @@ fn caps_nothing(q: &crate::cluster::QueueRecord, has_children: bool) -> bool {
 }
 
 /// What a reader must know about a Queue beside its numbers.
-fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
+fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool, install: Install) -> String {
     use crate::cards::annotations::Enforcement;
     let mut notes: Vec<String> = Vec::new();
     if q.is_closed() {
@@ -283,6 +283,9 @@ fn queue_note(q: &crate::cluster::QueueRecord, has_children: bool) -> String {
         Ok(Some(crate::cards::annotations::Full::Wait)) => notes.push("full: pods wait".into()),
         Err(_) => notes.push("card.full invalid".into()),
         _ => {}
+    }
+    if deny_fails_open(q, install) {
+        notes.push(DENY_FAILS_OPEN_NOTE.into());
     }
     notes.join("; ")
 }
@@ -317,13 +320,7 @@ pub fn rows(
     };
     let mut out = Vec::new();
     for (name, depth) in tree_order(names.into_iter().map(|n| (n.clone(), parent_of(&n)))) {
-        let mut note = note(snap, &crate::cards::QueueName::new(name.clone()));
-        if snap
-            .queue(&crate::cards::QueueName::new(name.clone()))
-            .is_some_and(|q| deny_fails_open(q, install))
-        {
-            note = and_note(note, DENY_FAILS_OPEN_NOTE);
-        }
+        let note = note(snap, &crate::cards::QueueName::new(name.clone()), install);
         let numbers = report.get(&name).filter(|r| !r.is_empty());
         let mut rows = match numbers {
             None => {
@@ -434,10 +431,7 @@ pub fn written_rows(
             continue;
         };
         let has_children = queues.iter().any(|r| r.parent.as_ref() == Some(&q.name));
-        let mut note = queue_note(q, has_children);
-        if deny_fails_open(q, install) {
-            note = and_note(note, DENY_FAILS_OPEN_NOTE);
-        }
+        let mut note = queue_note(q, has_children, install);
         let written: Option<BTreeMap<String, serde_json::Value>> = q
             .usage
             .as_deref()
@@ -490,11 +484,7 @@ pub fn written_rows(
         }
         for r in &mut rows {
             // A cap's row says so before what the queue's note says.
-            r.note = if r.note.is_empty() {
-                note.clone()
-            } else {
-                and_note(std::mem::take(&mut r.note), &note)
-            };
+            r.note = and_note(std::mem::take(&mut r.note), &note);
             r.problem = queue_problem(q);
             r.parent = q.parent.as_ref().map(ToString::to_string);
             r.depth = depth;
