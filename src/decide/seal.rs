@@ -193,16 +193,30 @@ fn moves(
 /// there (charged under a tree this replica never saw). "Try again" until it is read.
 pub fn unread_source(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Decision> {
     let inbound = ledger.inbound().get(queue.as_str())?;
-    if !behind_source(snap, inbound) {
+    let from = &inbound.from;
+    let why = if behind_source(snap, inbound) {
+        "card-quota is reading it"
+    } else if !source_reached(snap, inbound) {
+        "card-quota's caches have not caught up with it"
+    } else {
         return None;
-    }
+    };
     Some(Decision::deny(
         RETRY,
         format!(
-            "queue {queue}'s charges moved here from the ledger of {} and card-quota is reading it; try again",
-            inbound.from
+            "queue {queue}'s charges moved here from the ledger of {from} and {why}; try again"
         ),
     ))
+}
+
+/// True when the caches have reached the watermark of the ledger `inbound` names: the
+/// charges pruned from it (the moved queue's among them) are in the caches.
+fn source_reached(snap: &Snapshot, inbound: &Inbound) -> bool {
+    let from = QueueName::new(inbound.from.clone());
+    snap.ledger(&from)
+        .ledger
+        .watermark()
+        .reached_by(&snap.progress())
 }
 
 fn behind_source(snap: &Snapshot, inbound: &Inbound) -> bool {
@@ -390,6 +404,56 @@ mod tests {
         let a = QueueName::new("a");
         let (q, seal) = &seals[&a][0];
         assert_eq!((q, seal.by.as_str(), seal.version), (&a, "root", 0));
+    }
+
+    /// Charges of a moved queue pruned from the ledger it left are in caches at that
+    /// ledger's watermark: until the caches reach it, the queue's ledger is behind and
+    /// a charge of it is "try again" (found by the live model).
+    #[test]
+    fn a_queue_moved_from_a_ledger_waits_for_caches_at_that_ledgers_watermark() {
+        use crate::ledger::entries::Watermark;
+        use crate::ledger::LedgerRecord;
+        let mut snap = snapshot(&[queue("q2", "root", Some(r#"{"B":2}"#), "5")]);
+        let (root, q2) = (QueueName::new("root"), QueueName::new("q2"));
+        let mut left = Ledger::default();
+        left.raise_watermark(Watermark {
+            pods: 108,
+            podgroups: 0,
+        });
+        let mut record = |queue: &QueueName, ledger: Ledger, rv: &str| {
+            let mut rec = LedgerRecord::empty(queue.clone());
+            rec.resource_version = Some(rv.to_string());
+            rec.ledger = ledger;
+            snap.upsert_ledger(rec);
+        };
+        record(&root, left, "110");
+        let mut moved = Ledger::default();
+        let from = "root".to_string();
+        moved.mark_inbound(&q2, Inbound { from, version: 110 });
+        record(&q2, moved, "111");
+        snap.set_progress(Watermark {
+            pods: 107,
+            podgroups: 0,
+        });
+        let ledger = snap.ledger(&q2).ledger.clone();
+        let waits = unread_source(&snap, &ledger, &q2).expect("try again");
+        assert!(
+            waits
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("caught up")),
+            "{waits:?}"
+        );
+        assert_eq!(
+            crate::decide::batch::behind(&snap, &q2).map(|m| m.pods),
+            Some(108)
+        );
+        snap.set_progress(Watermark {
+            pods: 108,
+            podgroups: 0,
+        });
+        assert!(unread_source(&snap, &ledger, &q2).is_none());
+        assert!(crate::decide::batch::behind(&snap, &q2).is_none());
     }
 
     #[test]

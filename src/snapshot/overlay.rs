@@ -450,6 +450,17 @@ pub fn watermark(snap: &Snapshot, ledger: &QueueName) -> crate::ledger::entries:
         for f in foreign(snap, ledger) {
             raise(f.ledger.watermark());
         }
+        // A ledger that charges moved from (its inbound marks) may have been pruned of
+        // them since, into caches at its watermark: a replica that never saw the tree
+        // the charges were made under (found by the live model: a root budget given
+        // and taken away while its Queue watch lagged) must reach that watermark too.
+        for from in snap.ledger(ledger).ledger.inbound().values() {
+            raise(
+                snap.ledger(&QueueName::new(from.from.clone()))
+                    .ledger
+                    .watermark(),
+            );
+        }
     }
     mark
 }

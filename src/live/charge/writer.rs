@@ -203,6 +203,10 @@ impl Committer {
             if undecided.is_empty() && !moving {
                 return;
             }
+            // The ledgers its queues' charges moved from first: their watermarks are
+            // part of what the caches must reach.
+            let store = |rec| self.keep(&none, snapshot, rec);
+            crate::live::seals::read_sources(&self.api, snapshot, queue, store).await;
             if !self.caught_up(snapshot, queue, until).await {
                 for w in undecided {
                     metrics.write(WriteOutcome::Behind);
@@ -221,8 +225,6 @@ impl Committer {
                 crate::live::seals::confirm_seals(api, snapshot, queue).await;
             }
             let none = Held::unlocked().await;
-            let store = |rec| self.keep(&none, snapshot, rec);
-            crate::live::seals::read_sources(&self.api, snapshot, queue, store).await;
             // A warned admission waits for others' spare half its budget at most, then
             // is recorded with its warning (a dead holder's spare never comes back).
             let warned_wait = undecided.iter().all(|w| {
