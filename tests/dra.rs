@@ -275,6 +275,49 @@ fn a_claim_that_allows_several_models_may_use_each_its_queue_names() {
     assert!(!r.allowed, "two cards of quota, a third pod");
 }
 
+/// Issue 57 #7: a `firstAvailable` claim (two H200, else one GPU of any model) is
+/// counted by its largest way on the models the pod may use, not by its largest way on
+/// every model: one card in a queue whose quota names only the RTX 4090 (refused as two
+/// before), two in a queue of H200s. The claim made for the pod is pinned to those
+/// models, so the two-H200 way cannot be allocated to the first.
+#[test]
+fn a_first_available_claim_counts_its_largest_way_on_the_models_the_pod_may_use() {
+    let mut w = World::new();
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "fallback", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "two-h200", "deviceClassName": "gpu.nvidia.com", "count": 2,
+             "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]},
+            {"name": "any", "deviceClassName": "gpu.nvidia.com", "count": 1}]}]}}}}));
+    w.seen(json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "rtx", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-GeForce-RTX-4090\":1}"}}}));
+    let r = w.send(R::pod("CREATE", claim_pod("a", "rtx", "fallback")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        card_name_written(&r).as_deref(),
+        Some("NVIDIA-GeForce-RTX-4090")
+    );
+    assert_eq!(w.usage("rtx", "NVIDIA-GeForce-RTX-4090")["pending"], 1);
+    let r = w.send(R::pod("CREATE", claim_pod("b", "rtx", "fallback")).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("requested 1, in use 1"),
+        "{}",
+        message(&r)
+    );
+    // Where the H200s are allowed, the larger way counts.
+    let r = w.send(R::pod("CREATE", claim_pod("c", "q", "fallback")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(w.usage("q", "NVIDIA-H200")["pending"], 2);
+    let r = w.send(R::pod("CREATE", claim_pod("d", "q", "fallback")).build());
+    assert!(!r.allowed);
+    assert!(
+        message(&r).contains("requested 2, in use 2"),
+        "{}",
+        message(&r)
+    );
+}
+
 /// Issue 57 #6: a tenant's selector that Kubernetes accepts (its cost is under
 /// Kubernetes' 1,000,000 per device) but would cost card-quota's watchers seconds over the
 /// cluster's devices is refused before it runs: its pods are refused with the reason, and

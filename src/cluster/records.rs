@@ -339,6 +339,25 @@ impl PodRecord {
             || self.demand.as_ref().map(|d| !d.is_empty()).unwrap_or(true)
     }
 
+    /// Names the models it may run on (its `card.name`): its claims' cards are then
+    /// counted on those models only ([`Self::count_claimed`]).
+    pub fn name_models(&mut self, models: Alternatives) {
+        self.card_name = Some(Ok(models));
+        self.count_claimed();
+    }
+
+    /// Puts its claims' cards in `demand`: the most they take on a model it may run on
+    /// ([`ClaimCards::cards_on`] its card name).
+    pub fn count_claimed(&mut self) {
+        let named = match &self.card_name {
+            Some(Ok(a)) => Some(a),
+            _ => None,
+        };
+        if let (Some(Ok(c)), Ok(d)) = (&self.claimed, &mut self.demand) {
+            d.insert(c.resource.clone(), c.cards_on(named));
+        }
+    }
+
     /// The models its card claims may get, when it has any.
     pub fn claimed_models(&self) -> Option<&Alternatives> {
         match &self.claimed {

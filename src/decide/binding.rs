@@ -101,7 +101,7 @@ pub fn decide(
                 // model: an `A|B` pod pinned to B bound onto an A node freed its B
                 // card while still pending on B, and B went past its quota).
                 if d.source == Source::Pinned {
-                    rec.card_name = Some(Ok(d.alternatives));
+                    rec.name_models(d.alternatives);
                 } else if let Some(pinned) = infer(&rec, &d.resource, snap) {
                     // Named and pinned by a node selector on the product label.
                     let model = snap.node(node).and_then(|n| n.model_for(&d.resource));

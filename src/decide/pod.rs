@@ -342,11 +342,17 @@ fn claim_demand(
             .cloned()
             .collect()
     };
+    // Counted on the models it may still use: a `firstAvailable` way larger than any
+    // those models can take is no demand of this pod.
+    let cards_on = |a: &Alternatives| match &rec.claimed {
+        Some(Ok(c)) => c.cards_on(Some(a)),
+        _ => cards,
+    };
     if let Some(a) = named {
         return match Alternatives::from_models(allowed(a.models())) {
             Some(alternatives) => Ok(Some(CardDemand {
                 resource,
-                cards,
+                cards: cards_on(&alternatives),
                 alternatives,
                 source: Source::Named,
             })),
@@ -361,7 +367,7 @@ fn claim_demand(
     match Alternatives::from_models(usable) {
         Some(alternatives) => Ok(Some(CardDemand {
             resource,
-            cards,
+            cards: cards_on(&alternatives),
             alternatives,
             source: Source::Quota,
         })),
@@ -393,7 +399,7 @@ fn unplaceable(
     let first = placeable.first().cloned();
     let refusal = |key: Alternatives| {
         let mut pod = rec.clone();
-        pod.card_name = Some(Ok(key.clone()));
+        pod.name_models(key.clone());
         let change = Change {
             add_pods: vec![pod],
             ..Default::default()
@@ -695,7 +701,7 @@ fn admit(
         // Under warn too: the name is what counts a pending pod; it steers nothing there,
         // as warn's binding takes any model (see `enforcement`).
         annotations.push((CARD_NAME, demand.alternatives.to_string()));
-        rec.card_name = Some(Ok(demand.alternatives.clone()));
+        rec.name_models(demand.alternatives.clone());
     }
     if let Some(node) = rec.node.clone() {
         // Created on its node: charged on that node's model, whatever its queue names.
@@ -780,7 +786,7 @@ fn admit(
         // each level's check of unbound multi-model demand alone is a relaxation.
         let first = Alternatives::single(demand.alternatives.first().clone());
         let mut one = rec.clone();
-        one.card_name = Some(Ok(first.clone()));
+        one.name_models(first.clone());
         let change = Change {
             add_pods: vec![one],
             ..Default::default()
@@ -1189,7 +1195,7 @@ fn charge_on_named_node(
     if rec.alternatives() != Some(&only) {
         annotations.push((CARD_NAME, only.to_string()));
     }
-    rec.card_name = Some(Ok(only.clone()));
+    rec.name_models(only.clone());
     let change = Change {
         add_pods: vec![rec.clone()],
         ..Default::default()

@@ -141,14 +141,10 @@ impl Snapshot {
         }
         p.claimed = match read {
             Ok(None) => None,
-            Ok(Some(c)) => {
-                if let Ok(d) = &mut p.demand {
-                    d.insert(c.resource.clone(), c.cards);
-                }
-                Some(Ok(c))
-            }
+            Ok(Some(c)) => Some(Ok(c)),
             Err(e) => Some(Err(Box::new(e))),
         };
+        p.count_claimed();
     }
 
     /// The first by name of the pods `sharer` picks (one not terminating before one

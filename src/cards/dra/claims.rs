@@ -2,7 +2,7 @@
 //! devices its DeviceClass and selectors allow, in the order the request prefers them)
 //! and how many; and, once the scheduler has allocated it, the models it got.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -201,14 +201,19 @@ fn selectors(v: Option<&Value>, source: &str, at: &str) -> Result<Vec<Selector>,
 }
 
 /// The card demand of one request: the models it may get, preferred first, and how
-/// many cards.
+/// many cards on each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestDemand {
     pub request: String,
     /// The DeviceClass of its first card way.
     pub class: String,
     pub models: Alternatives,
+    /// The most any way takes (on any model).
     pub count: Cards,
+    /// Per model: the most a way that may get that model takes. A `firstAvailable`
+    /// request may fall back to a smaller way on a model, never to a larger one than
+    /// its largest way there.
+    pub per_model: BTreeMap<CardName, Cards>,
 }
 
 /// The card demand of a claim: one entry per request of a card class (`card`: see
@@ -236,6 +241,7 @@ pub fn claim_demand(
         };
         let mut models: Vec<CardName> = Vec::new();
         let mut count = 0u64;
+        let mut per_model: BTreeMap<CardName, Cards> = BTreeMap::new();
         for o in card {
             let n = match o.count {
                 Count::Exact(n) => n,
@@ -249,6 +255,8 @@ pub fn claim_demand(
             };
             count = count.max(n);
             for m in models_of(o) {
+                let most = per_model.entry(m.clone()).or_default();
+                *most = (*most).max(Cards::new(n));
                 if !models.contains(&m) {
                     models.push(m);
                 }
@@ -271,6 +279,7 @@ pub fn claim_demand(
             class,
             models,
             count: Cards::new(count),
+            per_model,
         });
     }
     Ok(out)

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use super::claims::{
-    allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass, Subrequest,
+    allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass, RequestDemand, Subrequest,
 };
 use super::devices::{Device, DeviceId};
 use super::matches::{
@@ -95,23 +95,43 @@ pub struct ClaimCards {
     /// The DeviceClass of its first card request, as a resource name ([`claim_resource`]).
     pub resource: String,
     /// Cards over every card request of its claims (a shared claim another pod pays
-    /// for counts nothing here).
+    /// for counts nothing here), on the model where they are the most.
     pub cards: Cards,
     /// The models every one of its card requests may get, preferred first: a pod runs
     /// on one model.
     pub models: Alternatives,
+    /// Per model of `models`: its cards there (a `firstAvailable` request counted by
+    /// its largest way that may get the model).
+    pub per_model: BTreeMap<CardName, Cards>,
     /// Once every one of its card claims is allocated: cards per model allocated.
     pub allocated: Option<Vec<(CardName, Cards)>>,
     /// The claim objects it pays for (for the binding's message).
     pub claims: Vec<String>,
 }
 
+impl ClaimCards {
+    /// Its cards when it runs on one of `models` (its card name; `None`: any of
+    /// [`Self::models`]): the most on any of them. A pod whose claims allow two H200 or
+    /// else one GPU of any model, named for an RTX 4090 only, takes one card.
+    pub fn cards_on(&self, models: Option<&Alternatives>) -> Cards {
+        let Some(models) = models else {
+            return self.cards;
+        };
+        models
+            .models()
+            .iter()
+            .filter_map(|m| self.per_model.get(m).copied())
+            .max()
+            .unwrap_or(self.cards)
+    }
+}
+
 /// A claim or template's card demand, read once when it (or the devices and classes
 /// it is read against) changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Demand {
-    /// Per card request: (request, models, cards).
-    requests: Vec<(String, Alternatives, Cards, String)>,
+    /// Per card request.
+    requests: Vec<RequestDemand>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -571,12 +591,7 @@ impl DraObjects {
             })
         };
         let requests = claim_demand(spec, object, &self.card_classes, models_of)?;
-        Ok(Demand {
-            requests: requests
-                .into_iter()
-                .map(|r| (r.request, r.models, r.count, r.class))
-                .collect(),
-        })
+        Ok(Demand { requests })
     }
 
     fn entry(&self, record: ClaimRecord) -> ClaimEntry {
@@ -743,7 +758,7 @@ impl DraObjects {
         payer: impl Fn(&ClaimRecord) -> Option<String>,
         over: Option<&ClaimEntry>,
     ) -> Result<Option<ClaimCards>, DraError> {
-        let mut requests: Vec<(Alternatives, Cards, String)> = Vec::new();
+        let mut requests: Vec<&RequestDemand> = Vec::new();
         let mut allocated: BTreeMap<CardName, Cards> = BTreeMap::new();
         let mut all_allocated = true;
         let mut paid: Vec<String> = Vec::new();
@@ -801,32 +816,37 @@ impl DraObjects {
                     paid.push(n.to_string());
                 }
             }
-            requests.extend(
-                demand
-                    .requests
-                    .iter()
-                    .map(|(_, m, n, class)| (m.clone(), *n, class.clone())),
-            );
+            requests.extend(&demand.requests);
         }
-        let Some((first, _, class)) = requests.first() else {
+        let Some(first) = requests.first() else {
             return Ok(None);
         };
         let models: Vec<CardName> = first
+            .models
             .models()
             .iter()
-            .filter(|m| requests.iter().all(|(a, _, _)| a.contains(m)))
+            .filter(|m| requests.iter().all(|r| r.models.contains(m)))
             .cloned()
             .collect();
         let Some(models) = Alternatives::from_models(models) else {
-            let each: Vec<String> = requests.iter().map(|(a, _, _)| a.to_string()).collect();
+            let each: Vec<String> = requests.iter().map(|r| r.models.to_string()).collect();
             return Err(DraError::NoCommonModel {
                 pod: pod.to_string(),
                 models: each.join("; "),
             });
         };
+        // A request's count on a model it may get: its largest way there (every model of
+        // its alternatives has one).
+        let on = |r: &RequestDemand, m: &CardName| r.per_model.get(m).copied().unwrap_or(r.count);
+        let per_model: BTreeMap<CardName, Cards> = models
+            .models()
+            .iter()
+            .map(|m| (m.clone(), requests.iter().map(|r| on(r, m)).sum()))
+            .collect();
         Ok(Some(ClaimCards {
-            resource: claim_resource(class),
-            cards: requests.iter().map(|(_, n, _)| *n).sum(),
+            resource: claim_resource(&first.class),
+            cards: per_model.values().copied().max().unwrap_or_default(),
+            per_model,
             models,
             allocated: all_allocated.then(|| allocated.into_iter().collect()),
             claims: paid,
@@ -947,7 +967,7 @@ mod tests {
     }
 
     #[test]
-    fn first_available_counts_its_largest_way() {
+    fn first_available_counts_its_largest_way_on_each_model() {
         let mut o = objects();
         template(
             &mut o,
@@ -966,6 +986,15 @@ mod tests {
             .unwrap();
         assert_eq!(c.cards.get(), 2);
         assert_eq!(c.models.to_string(), "NVIDIA-H200|NVIDIA-GeForce-RTX-4090");
+        // The two-H200 way cannot get an RTX 4090: one card there.
+        let on = |models: &str| {
+            c.cards_on(Some(&Alternatives::parse(models).unwrap()))
+                .get()
+        };
+        assert_eq!(on("NVIDIA-GeForce-RTX-4090"), 1);
+        assert_eq!(on("NVIDIA-H200"), 2);
+        assert_eq!(on("NVIDIA-GeForce-RTX-4090|NVIDIA-H200"), 2);
+        assert_eq!(c.cards_on(None).get(), 2);
     }
 
     #[test]
