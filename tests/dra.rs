@@ -940,6 +940,112 @@ fn an_allocation_is_checked_when_the_scheduler_writes_it() {
     assert!(r.allowed, "{}", message(&r));
 }
 
+/// Issue 57: an allocation of devices of two models (a claim of two GPUs that allows
+/// both, on a node with one of each) is charged each model's devices before any cache
+/// shows it. It was charged as the pod bound there on one model (its first), so the
+/// other model's quota looked free until the allocation reached the cache: an RTX pod
+/// was admitted into an RTX quota the allocation had used.
+#[test]
+fn an_allocation_of_two_models_is_charged_each_of_them() {
+    use card_quota::decide::batch::{decide_with_ledger, plan, Outcome};
+    use card_quota::decide::review::read_review;
+    use card_quota::ledger::LedgerRecord;
+    let mut w = World::new();
+    w.seen(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "mixed-1"}}));
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "mixed-1-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "mixed-1",
+            "pool": {"name": "mixed-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA H200"}}},
+                {"name": "gpu-1", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA GeForce RTX 4090"}}}]}}));
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "two-gpu", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}}));
+    w.seen(json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+        "metadata": {"name": "wide", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-H200\":2,\"NVIDIA-GeForce-RTX-4090\":1}"}}}));
+    let r = w.send(R::pod("CREATE", claim_pod("a", "wide", "two-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let mut a = claim_pod("a", "wide", "two-gpu");
+    a["metadata"]["annotations"]["volcano.sh/card.name"] = json!(card_name_written(&r).unwrap());
+    a["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("wide");
+    a["status"] = json!({"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "a-gpu-x1"}]});
+    w.seen(a);
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "a-gpu-x1", "namespace": "ml",
+            "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}});
+    w.seen(claim.clone());
+    let mut allocated = claim.clone();
+    allocated["status"] = json!({"allocation": {
+        "devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "mixed-1", "device": "gpu-0"},
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "mixed-1", "device": "gpu-1"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["mixed-1"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "a", "uid": "u-a"}]});
+    let req = |doc: Value| read_review(doc.to_string().as_bytes()).unwrap().unwrap();
+    let alloc = req(status_write(allocated, claim));
+    let wide = card_quota::cards::QueueName::new("wide");
+    let now = jiff::Timestamp::now();
+    let b = plan(
+        &mut w.snap,
+        &wide,
+        &[&alloc],
+        &w.cfg,
+        now,
+        |_, _| std::time::Duration::ZERO,
+        None,
+    );
+    assert!(
+        matches!(&b.outcomes[0], Outcome::Admit(_)),
+        "{:?}",
+        b.outcomes[0]
+    );
+    let (_, entry) = b.ledger.iter().next().expect("a's charge");
+    assert_eq!(entry.node.as_deref(), Some("mixed-1"));
+    let each: Vec<(String, u128)> = entry
+        .allocated
+        .iter()
+        .map(|(m, n)| (m.clone(), n.get()))
+        .collect();
+    assert_eq!(
+        each,
+        [
+            ("NVIDIA-GeForce-RTX-4090".to_string(), 1),
+            ("NVIDIA-H200".to_string(), 1)
+        ]
+    );
+    w.snap.upsert_ledger(LedgerRecord {
+        queue: wide.clone(),
+        resource_version: Some("1".into()),
+        ledger: b.ledger,
+        problem: None,
+    });
+    // Laid over the cache, which shows the claim unallocated: one card of each model.
+    let l = w.snap.ledger(&wide).ledger.clone();
+    let rows = card_quota::snapshot::overlay::with_ledger(&mut w.snap, &wide, &l, |snap, _| {
+        serde_json::to_value(usage_report(snap, now)).unwrap()["wide"].clone()
+    });
+    for model in ["NVIDIA-H200", "NVIDIA-GeForce-RTX-4090"] {
+        assert_eq!(rows[model]["allocated"], 1, "{model}: {rows}");
+        assert_eq!(rows[model]["pending"], 0, "{model}: {rows}");
+    }
+    // The cache shows the claim unallocated: the RTX is taken by the charge alone.
+    let mut rtx = claim_pod("b", "wide", "one-gpu");
+    rtx["metadata"]["annotations"]["volcano.sh/card.name"] = json!("NVIDIA-GeForce-RTX-4090");
+    let d = decide_with_ledger(
+        &mut w.snap,
+        &req(R::pod("CREATE", rtx).build()),
+        &w.cfg,
+        now,
+    );
+    assert!(!d.allowed, "the RTX quota is used by a's allocation");
+    assert_eq!(
+        d.message.as_deref(),
+        Some("queue wide has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 1 (allocated 1, pending 0, reserved 0), quota 1")
+    );
+}
+
 /// R1 for DRA cards: the allocation is where a claim pod's model is chosen, whoever binds
 /// the pod after it (a scheduler outside `--binder`, whose bindings no hook checks), so
 /// an admitted allocation is a charge recorded before the answer. Two pods admitted for

@@ -189,6 +189,7 @@ fn carried_pod(replica: &str, model: &str, resource: &str, cards: Cards) -> (Ent
             card: Some(model.to_string()),
             charged: None,
             node: None,
+            allocated: BTreeMap::new(),
             pinned: BTreeMap::new(),
             excluded: BTreeMap::new(),
             request: Vec::new(),

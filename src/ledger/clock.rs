@@ -267,6 +267,7 @@ mod tests {
             card: Some("A".into()),
             charged: node.map(|_| "A".to_string()),
             node: node.map(str::to_string),
+            allocated: Default::default(),
             pinned: Default::default(),
             excluded: Default::default(),
             request: Vec::new(),

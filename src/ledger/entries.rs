@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cards::dra::{is_claim_resource, ClaimCards};
 use crate::cards::{
     Alternatives, AnnotationError, CardName, CardRequest, Cards, ObjectKey, QueueName, Subject,
 };
@@ -60,6 +61,11 @@ pub struct Entry {
     /// The node a bound pod runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Cards per model of the devices a bound pod's claims were allocated, when they are
+    /// of several models (one model is `charged`): the allocation admitted, which a cache
+    /// may not show yet.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocated: BTreeMap<String, Cards>,
     /// Product pins of the pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pinned: BTreeMap<String, Vec<String>>,
@@ -205,6 +211,7 @@ impl Effect {
                 card: p.alternatives().map(|a| a.to_string()),
                 charged: p.charged.as_ref().map(|c| c.to_string()),
                 node: p.node.clone(),
+                allocated: split_allocation(p),
                 pinned: p.pinned.clone(),
                 excluded: p.excluded.clone(),
                 request: Vec::new(),
@@ -220,6 +227,7 @@ impl Effect {
                 card: None,
                 charged: None,
                 node: None,
+                allocated: BTreeMap::new(),
                 pinned: BTreeMap::new(),
                 excluded: BTreeMap::new(),
                 request: g
@@ -567,6 +575,7 @@ impl Hold {
                 card: None,
                 charged: None,
                 node: None,
+                allocated: BTreeMap::new(),
                 pinned: BTreeMap::new(),
                 excluded: BTreeMap::new(),
                 request: self
@@ -620,6 +629,51 @@ impl Entry {
     }
 }
 
+/// The models and cards of `p`'s allocation when it is bound, charged no one model, and
+/// its claims' devices are of several models.
+fn split_allocation(p: &PodRecord) -> BTreeMap<String, Cards> {
+    let mut out: BTreeMap<String, Cards> = BTreeMap::new();
+    if p.node.is_none() || p.charged.is_some() {
+        return out;
+    }
+    if let Some(Ok(ClaimCards {
+        allocated: Some(allocated),
+        ..
+    })) = &p.claimed
+    {
+        for (m, n) in allocated {
+            *out.entry(m.to_string()).or_default() += *n;
+        }
+    }
+    if out.len() < 2 {
+        out.clear();
+    }
+    out
+}
+
+/// What an entry's several-model allocation reads as on its pod ([`Entry::allocated`]):
+/// its claims' cards, allocated. `None` when it has none or its models do not parse.
+fn claimed_of(e: &Entry) -> Option<ClaimCards> {
+    if e.allocated.is_empty() {
+        return None;
+    }
+    let resource = e.resources.keys().find(|r| is_claim_resource(r))?.clone();
+    let allocated: Vec<(CardName, Cards)> = e
+        .allocated
+        .iter()
+        .map(|(m, n)| CardName::parse(m).ok().map(|m| (m, *n)))
+        .collect::<Option<_>>()?;
+    let models = Alternatives::from_models(allocated.iter().map(|(m, _)| m.clone()).collect())?;
+    Some(ClaimCards {
+        resource,
+        cards: allocated.iter().map(|(_, n)| *n).sum(),
+        models,
+        per_model: allocated.iter().cloned().collect(),
+        allocated: Some(allocated),
+        claims: Vec::new(),
+    })
+}
+
 /// The pod record a pod entry stands for (`None` for a PodGroup entry).
 pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<PodRecord> {
     let EntryKey::Pod(key) = &e.of else {
@@ -648,7 +702,7 @@ pub fn pod_of(id: &EntryId, queue: &QueueName, e: &Entry, seq: u64) -> Option<Po
         excluded: e.excluded.clone(),
         scheduler: None,
         claims: Vec::new(),
-        claimed: None,
+        claimed: claimed_of(e).map(Ok),
         gated: false,
         created: None,
         seq,

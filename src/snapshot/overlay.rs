@@ -298,6 +298,14 @@ impl Overlay {
                     bound.node = rec.node.take();
                     bound.bind_unseen = rec.bind_unseen;
                     bound.charged = rec.charged.take();
+                    // An allocation of several models the cache does not show yet: its
+                    // cards as admitted, not read again from claims the cache shows
+                    // unallocated (a record without claims keeps those it carries).
+                    if rec.claimed.is_some() {
+                        bound.claimed = rec.claimed.take();
+                        bound.demand = std::mem::replace(&mut rec.demand, Ok(Default::default()));
+                        bound.claims.clear();
+                    }
                     rec = bound;
                 }
                 snap.upsert_pod(rec);
