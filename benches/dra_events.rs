@@ -1,6 +1,7 @@
 //! What one DRA object's event costs under the snapshot lock, at cluster size: a node
 //! joining (its ResourceSlice of 8 GPUs), the same slice written again with one device's
-//! attribute changed, the node leaving, and one new ResourceClaim with selectors, each
+//! attribute changed, the node leaving, one new ResourceClaim with selectors and an
+//! admin's change of the DeviceClass every claim asks through, each
 //! applied to a snapshot of NODES nodes of 8 H200s (NVIDIA's driver's attributes: a
 //! `uuid` per device, so no two devices look alike), CLAIMS claims with selectors
 //! (allocated, each used by a pod) and TEMPLATES templates. Issue 57 #6: one slice's
@@ -114,11 +115,14 @@ fn main() {
     let other = slice(nodes + 1, "NVIDIA GeForce RTX 4090");
     let new_claim = claim(claims, nodes);
     let leaving = format!("node-{nodes}-gpu.nvidia.com");
+    // An admin narrows NVIDIA's class (every claim's requirements are of it).
+    let class = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu' && device.attributes['gpu.nvidia.com'].index < 64"}}]}});
     // The same events twice: all under the lock (`replay`, `load`), and as `serve`'s
     // watchers store them (read and prepared against a view without the lock, then
     // stored under it).
     let mut served = s.clone();
-    let events: [(&str, Option<&serde_json::Value>); 5] = [
+    let events: [(&str, Option<&serde_json::Value>); 6] = [
         ("a node joins (its slice of 8 GPUs)", Some(&joined)),
         (
             "its slice written again, one device changed",
@@ -127,6 +131,7 @@ fn main() {
         ("the node leaves (its slice deleted)", None),
         ("a slice of another model joins (RTX 4090)", Some(&other)),
         ("one new claim with its own selector", Some(&new_claim)),
+        ("the card DeviceClass's selector changed", Some(&class)),
     ];
     let mut rows = Vec::new();
     for (what, event) in events {

@@ -779,11 +779,15 @@ items:
                             world.insert((kind, name), v);
                         }
                         None => {
-                            if kind == "ResourceSlice" && i % 3 != 0 {
-                                // As the slice watcher stores a deletion: its devices
-                                // judged through a view (maybe a stale one).
+                            let gone = match kind {
+                                "ResourceSlice" => Some(DraRecord::SliceGone(name.clone())),
+                                "DeviceClass" => Some(DraRecord::ClassGone(name.clone())),
+                                _ => None,
+                            };
+                            if let Some(r) = gone.filter(|_| i % 3 != 0) {
+                                // As the slice and class watchers store a deletion: worked
+                                // out through a view (maybe a stale one).
                                 let view = if i % 3 == 1 { s.dra_view() } else { earlier.clone() };
-                                let r = DraRecord::SliceGone(name.clone());
                                 let prepared = r.prepare(&view);
                                 s.store_dra_record(r, prepared.as_ref()).unwrap();
                             } else {
@@ -1435,6 +1439,66 @@ fn a_claim_counted_without_the_lock_is_counted_again_when_devices_changed_since(
         );
         assert!(!message(&r).contains("allow only"), "{p}: {}", message(&r));
     }
+}
+
+/// Issue 57 #6: an admin's change of the DeviceClass every claim asks through is counted
+/// without the lock (the class's requirements held, with its new selectors, against
+/// every device), so no decision waits on it; under the lock nothing is counted again
+/// when no device or class changed since, and the answer is the one counted there.
+#[test]
+fn a_device_class_change_is_counted_without_the_lock() {
+    use card_quota::snapshot::DraRecord;
+    let class = |expression: &str| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]}})
+    };
+    let h200_only = class("device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'");
+    let read = |v: &Value, w: &World| DraRecord::read(v, "", w.snap.dra()).unwrap().unwrap();
+    let here = |w: &World| w.snap.dra_objects().requirements_counted_here();
+    // The same change stored twice: counted without the lock, and under it.
+    let mut served = World::new();
+    served.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "fallback", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "h200", "deviceClassName": "gpu.nvidia.com",
+             "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]},
+            {"name": "any", "deviceClassName": "gpu.nvidia.com"}]}]}}}}));
+    let mut locked = World::of(CLUSTER);
+    locked.snap = served.snap.clone();
+    let record = read(&h200_only, &served);
+    let prepared = record.prepare(&served.snap.dra_view());
+    let before = here(&served);
+    served
+        .snap
+        .store_dra_record(record, prepared.as_ref())
+        .unwrap();
+    assert_eq!(here(&served), before, "nothing counted under the lock");
+    let before_locked = here(&locked);
+    locked.seen(h200_only.clone());
+    assert!(here(&locked) > before_locked, "counted under the lock");
+    // Both now read the RTX 4090 out of every request of the class.
+    for w in [&mut served, &mut locked] {
+        let r = w.send(R::pod("CREATE", claim_pod("a", "both", "one-gpu")).build());
+        assert_eq!(
+            card_name_written(&r).as_deref(),
+            Some("NVIDIA-H200"),
+            "{}",
+            message(&r)
+        );
+        let r = w.send(R::pod("CREATE", claim_pod("b", "both", "fallback")).build());
+        assert!(!r.allowed, "the one H200 is taken: {}", message(&r));
+    }
+    // A count of an older generation (a slice changed since) is counted again here;
+    // the class deleted is counted without the lock too.
+    let gone = DraRecord::ClassGone("gpu.nvidia.com".into());
+    let stale = gone.prepare(&served.snap.dra_view());
+    served.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "b200-1-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}}));
+    let before = here(&served);
+    served.snap.store_dra_record(gone, stale.as_ref()).unwrap();
+    assert!(here(&served) > before, "a stale count is not taken");
 }
 
 /// Issue 57 #4: cards asked for through a DeviceClass the install does not list (an

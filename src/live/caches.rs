@@ -124,7 +124,8 @@ struct Mirror<K, R> {
     prepare: Option<fn(&mut R, &Mutex<Snapshot>)>,
     /// The record a deletion is stored as, prepared like a read (`None`: `remove` it
     /// under the lock). A ResourceSlice's deletion is `DraRecord::SliceGone`: what its
-    /// devices meant to every requirement is worked out without the lock. (A relist's
+    /// devices meant to every requirement is worked out without the lock; a DeviceClass's
+    /// is `DraRecord::ClassGone`. (A relist's
     /// sweep of objects it no longer returns removes them under the lock.)
     removal: Option<ReadFn<K, R>>,
     /// The stream whose progress ledger watermarks are compared with.
@@ -317,8 +318,13 @@ fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, DraEvent> {
         "DeviceClass" => mirror(
             |o| dra_event(o, "DeviceClass"),
             |s, pick| cluster_keys(s.class_names(), pick),
-            |s, k| s.remove_class(&k.name),
-            None,
+            |s, k| s.remove_class(&k.name, None),
+            Some(|o: &DynamicObject| {
+                Ok(DraEvent {
+                    value: Value::Null,
+                    read: Some((Ok(Some(DraRecord::ClassGone(o.name_any()))), None)),
+                })
+            }),
         ),
         "ResourceClaimTemplate" => mirror(
             |o| dra_event(o, "ResourceClaimTemplate"),

@@ -272,9 +272,10 @@ impl Snapshot {
         self.dra.slices().keys().cloned().collect()
     }
 
-    /// Adds or replaces a DeviceClass.
-    pub fn upsert_class(&mut self, class: DeviceClass) {
-        if self.dra.upsert_class(class) {
+    /// Adds or replaces a DeviceClass (`prepared`: its selectors counted without the
+    /// lock, [`DraRecord::prepare`]).
+    pub fn upsert_class(&mut self, class: DeviceClass, prepared: Option<&Prepared>) {
+        if self.dra.upsert_class(class, prepared) {
             self.reread_claim_pods(|_| true);
             self.dra_nodes()
                 .iter()
@@ -283,8 +284,8 @@ impl Snapshot {
     }
 
     /// Forgets a DeviceClass.
-    pub fn remove_class(&mut self, name: &str) {
-        if self.dra.remove_class(name) {
+    pub fn remove_class(&mut self, name: &str, prepared: Option<&Prepared>) {
+        if self.dra.remove_class(name, prepared) {
             self.reread_claim_pods(|_| true);
             self.dra_nodes()
                 .iter()
@@ -360,6 +361,9 @@ pub enum DraRecord {
     /// A ResourceSlice deleted: its devices are judged without the lock too.
     SliceGone(String),
     Class(String, Result<DeviceClass, DraError>),
+    /// A DeviceClass deleted: what its requirements allow without it is counted without
+    /// the lock too.
+    ClassGone(String),
     Template(ObjectKey, Result<ClaimSpec, DraError>),
     Claim(ObjectKey, Result<ClaimRecord, DraError>),
 }
@@ -411,11 +415,14 @@ impl DraRecord {
     }
 
     /// What can be worked out against `view` without the lock: a claim's or template's
-    /// requirements counted, a slice's changed devices judged (nothing for a class).
+    /// requirements counted, a slice's changed devices judged, a class's requirements
+    /// counted with its new selectors.
     pub fn prepare(&self, view: &DraView) -> Option<Prepared> {
         match self {
             Self::Slice(name, Ok(devices)) => Some(view.prepare_slice(name, devices)),
             Self::SliceGone(name) => Some(view.prepare_slice(name, &[])),
+            Self::Class(name, Ok(class)) => Some(view.prepare_class(name, Some(class))),
+            Self::ClassGone(name) => Some(view.prepare_class(name, None)),
             Self::Template(_, Ok(spec)) => Some(view.prepare(spec)),
             Self::Claim(_, Ok(c)) => c.spec.as_ref().ok().map(|spec| view.prepare(spec)),
             _ => None,
@@ -461,11 +468,12 @@ impl Snapshot {
                 return Err(e);
             }
             DraRecord::SliceGone(name) => self.remove_slice(&name, prepared),
-            DraRecord::Class(_, Ok(c)) => self.upsert_class(c),
+            DraRecord::Class(_, Ok(c)) => self.upsert_class(c, prepared),
             DraRecord::Class(name, Err(e)) => {
-                self.remove_class(&name);
+                self.remove_class(&name, None);
                 return Err(e);
             }
+            DraRecord::ClassGone(name) => self.remove_class(&name, prepared),
             DraRecord::Template(key, spec) => self.upsert_template(key, spec, prepared),
             DraRecord::Claim(_, Ok(c)) => self.upsert_claim(c, prepared),
             DraRecord::Claim(_, Err(e)) => return Err(e),
@@ -477,7 +485,7 @@ impl Snapshot {
     pub fn remove_dra(&mut self, kind: &str, key: &ObjectKey) -> bool {
         match kind {
             "ResourceSlice" => self.remove_slice(&key.name, None),
-            "DeviceClass" => self.remove_class(&key.name),
+            "DeviceClass" => self.remove_class(&key.name, None),
             "ResourceClaimTemplate" => self.remove_template(key),
             "ResourceClaim" => self.remove_claim(key),
             _ => return false,

@@ -63,6 +63,9 @@ pub fn count_models<'a>(
     models
 }
 
+/// Card devices each requirement allows, per model (what [`Matches`] holds of each).
+pub type Counts = BTreeMap<RequirementKey, BTreeMap<CardName, usize>>;
+
 /// A requirement's selectors: its DeviceClass's and its own.
 #[derive(Debug)]
 pub struct Rule {
@@ -73,6 +76,11 @@ pub struct Rule {
 impl Rule {
     fn allows(&self, device: &Device) -> bool {
         allows(&self.class_selectors, &self.selectors, device)
+    }
+
+    /// The requirement's own selectors (its class's are the class's).
+    pub fn selectors(&self) -> &[Selector] {
+        &self.selectors
     }
 }
 
@@ -236,6 +244,24 @@ impl Matches {
             }
         }
         changed
+    }
+
+    /// What every requirement held allows, but those of DeviceClass `class`: a change of
+    /// that class changes nothing else (the devices are the same).
+    pub fn counts_except(&self, class: &str) -> Counts {
+        self.held
+            .iter()
+            .filter(|(k, _)| k.0 != class)
+            .map(|(k, h)| (k.clone(), h.models.clone()))
+            .collect()
+    }
+
+    /// No requirement held, the count of those counted here kept.
+    pub fn cleared(&self) -> Self {
+        Self {
+            counted_here: self.counted_here,
+            ..Self::default()
+        }
     }
 
     /// How many requirements were counted here against every device, so far.

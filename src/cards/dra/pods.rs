@@ -8,9 +8,7 @@ use super::claims::{
     allocated_models, claim_demand, ClaimRecord, ClaimSpec, DeviceClass, RequestDemand, Subrequest,
 };
 use super::devices::{Device, DeviceId};
-use super::matches::{
-    count_models, key_of, matching_models, Matches, RequirementKey, Rules, Verdicts,
-};
+use super::matches::{count_models, key_of, matching_models, Counts, Matches, Rules, Verdicts};
 use super::selectors::{Match, Selector};
 use super::settings::DraSettings;
 use super::DraError;
@@ -200,14 +198,24 @@ pub struct DraView {
 /// template's requirements counted ([`DraObjects::upsert_claim`] and
 /// [`DraObjects::upsert_template`] take them when no device or class changed since), or
 /// a slice's changed devices judged by every requirement ([`DraObjects::upsert_slice`]
-/// takes each verdict reached for the very requirement and device it meets).
+/// takes each verdict reached for the very requirement and device it meets), or a
+/// DeviceClass's new selectors counted ([`DraObjects::upsert_class`] takes them when no
+/// device or class changed since).
 #[derive(Debug, Clone)]
 pub enum Prepared {
     Counted {
         generation: u64,
-        counted: BTreeMap<RequirementKey, BTreeMap<CardName, usize>>,
+        counted: Counts,
     },
     Slice(Verdicts),
+    Class {
+        generation: u64,
+        class: String,
+        /// Card devices the class may select (0 for a class deleted).
+        selects: usize,
+        /// The requirements of the class held, counted with its new selectors.
+        counted: Counts,
+    },
 }
 
 impl DraView {
@@ -232,6 +240,35 @@ impl DraView {
         }
         Prepared::Counted {
             generation: self.generation,
+            counted,
+        }
+    }
+
+    /// Counts what DeviceClass `name` becoming `class` (`None`: deleted) changes: the card
+    /// devices it may select, and what each requirement of it held allows with its new
+    /// selectors. (A class that comes to select cards makes requirements held nowhere yet:
+    /// those are counted under the lock.)
+    pub fn prepare_class(&self, name: &str, class: Option<&DeviceClass>) -> Prepared {
+        let class_selectors = class.map(|c| c.selectors.as_slice()).unwrap_or_default();
+        let selects = class.map_or(0, |c| {
+            self.devices
+                .values()
+                .filter(|d| c.may_select_a_card(d))
+                .count()
+        });
+        let counted = self
+            .rules
+            .iter()
+            .filter(|(k, _)| k.0 == name)
+            .map(|(k, rule)| {
+                let models = count_models(class_selectors, rule.selectors(), self.devices.values());
+                (k.clone(), models)
+            })
+            .collect();
+        Prepared::Class {
+            generation: self.generation,
+            class: name.to_string(),
+            selects,
             counted,
         }
     }
@@ -367,22 +404,58 @@ impl DraObjects {
     }
 
     /// Adds or replaces a DeviceClass; false when nothing changed. Every demand is read
-    /// again (an admin's object, rarely written).
-    pub fn upsert_class(&mut self, class: DeviceClass) -> bool {
+    /// again; what the class's requirements allow is counted against every device here
+    /// unless `prepared` brings it ([`DraView::prepare_class`], of this generation).
+    pub fn upsert_class(&mut self, class: DeviceClass, prepared: Option<&Prepared>) -> bool {
         if self.classes.get(&class.name) == Some(&class) {
             return false;
         }
-        self.classes.insert(class.name.clone(), class);
-        self.reread();
+        let name = class.name.clone();
+        self.classes.insert(name.clone(), class);
+        self.class_changed(&name, prepared);
         true
     }
 
-    pub fn remove_class(&mut self, name: &str) -> bool {
+    /// Forgets a DeviceClass (see [`Self::upsert_class`] for `prepared`).
+    pub fn remove_class(&mut self, name: &str, prepared: Option<&Prepared>) -> bool {
         let gone = self.classes.remove(name).is_some();
         if gone {
-            self.reread();
+            self.class_changed(name, prepared);
         }
         gone
+    }
+
+    /// DeviceClass `name` changed (or went): its count of card devices, then every
+    /// demand read again, requirements of other classes keeping what they allow.
+    fn class_changed(&mut self, name: &str, prepared: Option<&Prepared>) {
+        let given = match prepared {
+            Some(Prepared::Class {
+                generation,
+                class,
+                selects,
+                counted,
+            }) if *generation == self.generation && class == name => Some((*selects, counted)),
+            _ => None,
+        };
+        match self.classes.get(name) {
+            Some(c) => {
+                let selects = given.map(|(n, _)| n).unwrap_or_else(|| {
+                    self.devices
+                        .values()
+                        .filter(|d| c.may_select_a_card(d))
+                        .count()
+                });
+                self.class_cards.insert(name.to_string(), selects);
+            }
+            None => {
+                self.class_cards.remove(name);
+            }
+        }
+        let mut counts = self.matches.counts_except(name);
+        if let Some((_, counted)) = given {
+            counts.extend(counted.iter().map(|(k, m)| (k.clone(), m.clone())));
+        }
+        self.reread(&counts);
     }
 
     /// Adds or replaces a ResourceClaimTemplate (its `spec.spec` read already), with its
@@ -394,7 +467,7 @@ impl DraObjects {
         prepared: Option<&Prepared>,
     ) {
         // Held before the old one lets go: an unchanged requirement is not counted again.
-        self.remember(&spec, prepared);
+        self.remember(&spec, self.counted(prepared));
         if let Some(old) = self.templates.remove(&key) {
             self.forget(&old.spec);
         }
@@ -418,7 +491,7 @@ impl DraObjects {
         }
         // Held before the old one lets go: a status write (an allocation, a reservation)
         // counts no requirement again.
-        self.remember(&record.spec, prepared);
+        self.remember(&record.spec, self.counted(prepared));
         if let Some(old) = self.claims.remove(&record.key) {
             self.forget(&old.record.spec);
         }
@@ -527,16 +600,21 @@ impl DraObjects {
             .filter(|o| self.card_classes.contains(&o.class))
     }
 
-    /// Holds what `spec`'s card ways may get, kept as devices change.
-    fn remember(&mut self, spec: &Result<ClaimSpec, DraError>, prepared: Option<&Prepared>) {
-        let Ok(spec) = spec else { return };
-        let prepared = match prepared {
+    /// What `prepared` counted, when it was counted at this generation.
+    fn counted<'p>(&self, prepared: Option<&'p Prepared>) -> Option<&'p Counts> {
+        match prepared {
             Some(Prepared::Counted {
                 generation,
                 counted,
             }) if *generation == self.generation => Some(counted),
             _ => None,
-        };
+        }
+    }
+
+    /// Holds what `spec`'s card ways may get, kept as devices change; a requirement
+    /// `prepared` counted takes what it allows from there.
+    fn remember(&mut self, spec: &Result<ClaimSpec, DraError>, prepared: Option<&Counts>) {
+        let Ok(spec) = spec else { return };
         let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
         for o in &options {
             let class = self.class_selectors(&o.class).to_vec();
@@ -608,31 +686,26 @@ impl DraObjects {
         }
     }
 
-    /// Classes changed (or a class came to select cards or stopped): which classes ask
-    /// for cards, what every way may get, and every demand are read again.
-    fn reread(&mut self) {
-        self.class_cards = self
-            .classes
-            .values()
-            .map(|c| {
-                let n = self
-                    .devices
-                    .values()
-                    .filter(|d| c.may_select_a_card(d))
-                    .count();
-                (c.name.clone(), n)
-            })
-            .collect();
+    /// A class changed (or came to select cards or stopped): which classes ask for
+    /// cards, what every way may get and every demand are read again; a requirement
+    /// `counts` holds takes what it allows from there, any other is counted here.
+    /// (`class_cards` is the caller's to keep.)
+    fn reread(&mut self, counts: &Counts) {
         self.card_classes = self.card_classes_now();
         self.generation += 1;
-        self.matches = Matches::default();
+        self.matches = self.matches.cleared();
         let templates = std::mem::take(&mut self.templates);
         for (k, t) in templates {
-            self.upsert_template(k, t.spec, None);
+            self.remember(&t.spec, Some(counts));
+            let demand = self.demand_of(&t.spec, &format!("ResourceClaimTemplate {k}"));
+            let spec = t.spec;
+            self.templates.insert(k, TemplateEntry { spec, demand });
         }
         let claims = std::mem::take(&mut self.claims);
-        for (_, e) in claims {
-            self.upsert_claim(e.record, None);
+        for (k, e) in claims {
+            self.remember(&e.record.spec, Some(counts));
+            let entry = self.entry(e.record);
+            self.claims.insert(k, entry);
         }
     }
 
@@ -669,7 +742,7 @@ impl DraObjects {
             *n += came.iter().filter(selects).count();
         }
         if self.card_classes_now() != self.card_classes {
-            self.reread();
+            self.reread(&Counts::new());
             return Reread::all();
         }
         let gone_refs: Vec<&Device> = gone.iter().collect();
@@ -882,6 +955,7 @@ mod tests {
                 {"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}),
             )
             .unwrap(),
+            None,
         );
         o
     }
@@ -1055,6 +1129,7 @@ mod tests {
             device_class(&json!({"metadata": {"name": "gpu.nvidia.com"}, "spec": {"selectors": [
                 {"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}))
             .unwrap(),
+            None,
         );
         assert_eq!(models(&o), "NVIDIA-H200");
     }
