@@ -14,7 +14,8 @@
 //! flight lost, its writes in flight still landing) and restarts from a relist, and an
 //! admin cuts or raises the quota through either replica's Queue hook (which seals the
 //! queue before it answers; a replica whose Queue watch lags reads the Queue to lift
-//! the seal).
+//! the seal), and nodes join, each replica's Node watch showing them in its own time (a
+//! bind onto a node the binding replica does not show is "try again").
 //!
 //! The oracle is the API server's pods, checked as each admitted request lands, against
 //! the highest quota stored while it was in flight (a raise may admit it; a cut never
@@ -64,16 +65,15 @@ const PODS: u8 = 12;
 /// `--ledger-budget` is 5 s by default).
 const BUDGET: Duration = Duration::from_secs(5);
 
-/// The nodes, one per model.
-fn nodes() -> String {
-    let mut s = String::new();
-    for (model, node, _) in MODELS {
-        s.push_str(&format!(
-            "apiVersion: v1\nkind: Node\nmetadata: {{name: {node}, labels: {{nvidia.com/gpu.product: {model}}}}}\nstatus: {{allocatable: {{nvidia.com/gpu: \"64\"}}}}\n---\n"
-        ));
-    }
-    s
+/// A node of `model`.
+fn node_json(name: &str, model: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+        "status": {"allocatable": {"nvidia.com/gpu": "64"}}})
 }
+
+/// How many nodes of each model may join during a case.
+const JOINS: usize = 2;
 
 type Quota = BTreeMap<&'static str, u64>;
 
@@ -108,14 +108,19 @@ enum Step {
         cards: u8,
         lost: bool,
     },
-    /// The scheduler binds a stored, unbound pod through replica `r`.
-    Bind { r: usize, pod: u8 },
+    /// The scheduler binds a stored, unbound pod through replica `r`, onto one of the
+    /// stored nodes of its model (by index).
+    Bind { r: usize, pod: u8, node: u8 },
     /// A pod is deleted.
     Delete { pod: u8 },
     /// An admin sets the queue's quota of one model through replica `r`'s Queue hook.
     SetQuota { r: usize, model: usize, to: u64 },
     /// Replica `r`'s Queue watch delivers the stored Queue.
     QueueWatch { r: usize },
+    /// A node of a model joins the cluster (stored; no replica's Node watch shows it yet).
+    NodeJoin { model: usize },
+    /// Replica `r`'s Node watch delivers the stored nodes.
+    NodeWatch { r: usize },
     /// Replica `r`'s pod watch delivers up to `n` events (none while it is stalled).
     Deliver { r: usize, n: u8 },
     /// Replica `r`'s ConfigMap watch delivers the stored ledger.
@@ -140,7 +145,9 @@ fn step(control: bool) -> BoxedStrategy<Step> {
     let steps = prop_oneof![
         6 => (r.clone(), pod.clone(), 0..MODELS.len(), 1..4u8, prop::bool::weighted(0.15))
             .prop_map(|(r, pod, model, cards, lost)| Step::Create { r, pod, model, cards, lost }),
-        6 => (r.clone(), pod.clone()).prop_map(|(r, pod)| Step::Bind { r, pod }),
+        6 => (r.clone(), pod.clone(), 0..3u8).prop_map(|(r, pod, node)| Step::Bind { r, pod, node }),
+        1 => (0..MODELS.len()).prop_map(|model| Step::NodeJoin { model }),
+        2 => r.clone().prop_map(|r| Step::NodeWatch { r }),
         3 => pod.clone().prop_map(|pod| Step::Delete { pod }),
         1 => (r.clone(), 0..MODELS.len(), 0..4u64).prop_map(|(r, model, to)| {
             let to = to * MODELS[model].2 / 2;
@@ -167,11 +174,13 @@ fn step(control: bool) -> BoxedStrategy<Step> {
     .boxed()
 }
 
-/// What the API server holds: the pods, and the events of their watch.
+/// What the API server holds: the pods, and the events of their watch; the nodes.
 #[derive(Default)]
 struct Truth {
     rv: u64,
     pods: BTreeMap<String, Value>,
+    /// (name, model), the first of each model there from the start.
+    nodes: Vec<(String, &'static str)>,
     /// (resourceVersion, pod name, the pod or `None` for a deletion)
     log: Vec<(u64, String, Option<Value>)>,
     made: u64,
@@ -254,11 +263,14 @@ impl Replica {
     /// `serve` starts: caches at the API server's resourceVersion, holds taken under an
     /// identity of its own.
     fn start(api: &FakeApi, truth: &Arc<Mutex<Truth>>, me: String) -> Self {
-        let (mut snap, skipped) = load(&nodes()).unwrap();
+        let (mut snap, skipped) = load("").unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
         upsert(&mut snap, &api.object(QUEUE).unwrap()).unwrap();
         let cursor = {
             let t = truth.lock().unwrap();
+            for (name, model) in &t.nodes {
+                upsert(&mut snap, &node_json(name, model)).unwrap();
+            }
             for p in t.pods.values() {
                 upsert(&mut snap, p).unwrap();
             }
@@ -364,6 +376,8 @@ enum Asked {
         node: String,
         /// The binding replica's pod cache showed the pod when the bind was asked.
         seen: bool,
+        /// The node joined during the case.
+        joined: bool,
     },
     Queue {
         new: Value,
@@ -382,6 +396,9 @@ struct Flight {
 struct Tally {
     creates: [u64; 3],
     binds: [u64; 3],
+    /// Binds onto a node that joined during the case (by outcome): "try again" while the
+    /// binding replica's Node watch has not shown it.
+    joined_binds: [u64; 3],
     crashes: u64,
     relists: u64,
     lies: u64,
@@ -410,6 +427,7 @@ impl Tally {
         for i in 0..3 {
             self.creates[i] += o.creates[i];
             self.binds[i] += o.binds[i];
+            self.joined_binds[i] += o.joined_binds[i];
         }
         self.crashes += o.crashes;
         self.relists += o.relists;
@@ -469,7 +487,10 @@ impl World {
         let api = FakeApi::new().with_delay(Duration::from_micros(300));
         let quota: Quota = MODELS.iter().map(|(m, _, q)| (*m, *q)).collect();
         api.seed(queue(&quota, 1));
-        let truth = Arc::new(Mutex::new(Truth::default()));
+        let truth = Arc::new(Mutex::new(Truth {
+            nodes: MODELS.iter().map(|(m, n, _)| (n.to_string(), *m)).collect(),
+            ..Truth::default()
+        }));
         let replicas = (0..2)
             .map(|r| Replica::start(&api, &truth, format!("r{r}.0")))
             .collect();
@@ -537,8 +558,12 @@ impl World {
                     uid,
                     node,
                     seen,
+                    joined,
                 } => {
                     self.tally.binds[o] += 1;
+                    if joined {
+                        self.tally.joined_binds[o] += 1;
+                    }
                     self.trace
                         .push(format!("  bind {name} at r{}: {}", f.r, brief(&resp)));
                     let current = t.pods.get(&name).filter(|p| {
@@ -670,7 +695,7 @@ impl World {
                 let review = R::pod("CREATE", sent).uid(&format!("review-{uid}")).build();
                 self.ask(r, review, Asked::Create { name, pod: p, lost });
             }
-            Step::Bind { r, pod } => {
+            Step::Bind { r, pod, node } => {
                 let name = pod_name(pod);
                 let t = self.truth.lock().unwrap();
                 let Some(p) = t
@@ -682,14 +707,21 @@ impl World {
                 };
                 let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
                 let card = p["metadata"]["annotations"]["volcano.sh/card.name"].as_str();
-                let node = MODELS.iter().find(|(m, ..)| Some(*m) == card).unwrap().1;
+                let of_model: Vec<&str> = t
+                    .nodes
+                    .iter()
+                    .filter(|(_, m)| Some(*m) == card)
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                let node = of_model[node as usize % of_model.len()].to_string();
+                let joined = !MODELS.iter().any(|(_, n, _)| *n == node);
                 let seen = t
                     .created
                     .get(&uid)
                     .is_some_and(|at| *at < self.replicas[r].cursor);
                 drop(t);
                 let n = self.flights.len();
-                let review = R::binding("ml", &name, node)
+                let review = R::binding("ml", &name, &node)
                     .uid(&format!("bind-{uid}-{n}"))
                     .build();
                 self.ask(
@@ -698,8 +730,9 @@ impl World {
                     Asked::Bind {
                         name,
                         uid,
-                        node: node.to_string(),
+                        node,
                         seen,
+                        joined,
                     },
                 );
             }
@@ -719,6 +752,21 @@ impl World {
                     .uid(&format!("queue-{rv}-{}", self.flights.len()))
                     .build();
                 self.ask(r, review, Asked::Queue { new });
+            }
+            Step::NodeJoin { model } => {
+                let mut t = self.truth.lock().unwrap();
+                let (m, first, _) = MODELS[model];
+                let of_model = t.nodes.iter().filter(|(_, x)| *x == m).count();
+                if of_model <= JOINS {
+                    t.nodes.push((format!("{first}-{of_model}"), m));
+                }
+            }
+            Step::NodeWatch { r } => {
+                let nodes = self.truth.lock().unwrap().nodes.clone();
+                let mut snap = self.replicas[r].state.snapshot.lock().unwrap();
+                for (name, model) in &nodes {
+                    upsert(&mut snap, &node_json(name, model)).unwrap();
+                }
             }
             Step::QueueWatch { r } => {
                 let q = self.api.object(QUEUE).unwrap();
@@ -940,6 +988,10 @@ fn the_replicas_committer_never_binds_past_a_quota() {
         "{t:?}"
     );
     assert!(t.binds[0] > 0, "{t:?}");
+    assert!(
+        t.joined_binds[0] > 0 && t.joined_binds[2] > 0,
+        "binds onto joined nodes, admitted and answered try again: {t:?}"
+    );
     assert!(t.crashes > 0 && t.relists > 0 && t.full > 0, "{t:?}");
     assert!(t.conflicts > 0 && t.held > 0, "{t:?}");
     assert!(t.cuts > 0 && t.raises > 0 && t.after_cut > 0, "{t:?}");
@@ -965,16 +1017,36 @@ fn found_entries_of_pods_never_stored_under_a_taken_name() {
         create(0, 0, 0, 3, false),
         create(0, 0, 1, 1, false),
         create(0, 0, 0, 1, false),
-        Bind { r: 0, pod: 0 },
+        Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+        },
         create(0, 0, 0, 1, false),
         create(0, 0, 0, 1, false),
-        Bind { r: 0, pod: 0 },
-        Bind { r: 0, pod: 0 },
-        Bind { r: 0, pod: 0 },
+        Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+        },
+        Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+        },
+        Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+        },
         create(0, 0, 0, 1, false),
         Deliver { r: 0, n: 1 },
         create(1, 0, 0, 1, false),
-        Bind { r: 0, pod: 0 },
+        Bind {
+            r: 0,
+            pod: 0,
+            node: 0,
+        },
         create(0, 10, 1, 1, true),
         create(1, 1, 0, 1, false),
         create(0, 10, 0, 2, false),
@@ -1004,7 +1076,11 @@ fn found_a_binding_of_a_pod_the_cache_does_not_show_is_held_to_a_cut() {
             to: 0,
         },
         Ledger { r: 0 },
-        Bind { r: 0, pod: 3 },
+        Bind {
+            r: 0,
+            pod: 3,
+            node: 0,
+        },
         Wait { ms: 3000 },
     ];
     // The oracle lets an unseen pod's bind past a cut (the net fails open where the
@@ -1025,7 +1101,11 @@ fn found_a_pod_created_again_under_a_name_a_stale_cache_shows_counts() {
         create(0, 3, 1, 1, false),
         create(0, 1, 0, 1, false),
         create(0, 1, 0, 1, false),
-        Bind { r: 0, pod: 1 },
+        Bind {
+            r: 0,
+            pod: 1,
+            node: 0,
+        },
         Crash { r: 1 },
         Deliver { r: 0, n: 2 },
         Stall { r: 0 },
