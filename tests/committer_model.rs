@@ -420,39 +420,27 @@ impl Replica {
         }
     }
 
-    /// Delivers up to `n` pod events of `log`.
-    fn deliver(&mut self, log: &[(u64, String, Option<Value>)], n: usize) {
+    /// Delivers up to `n` events of `log`, the watch of `stream`.
+    fn deliver(&mut self, stream: Stream, log: &[(u64, String, Option<Value>)], n: usize) {
+        let (kind, cursor) = match stream {
+            Stream::Pods => ("Pod", &mut self.cursor),
+            Stream::PodGroups => ("PodGroup", &mut self.gcursor),
+        };
         let mut snap = self.state.snapshot.lock().unwrap();
-        for (rv, name, pod) in log.iter().skip(self.cursor).take(n) {
-            match pod {
-                Some(p) => {
-                    upsert(&mut snap, p).unwrap();
+        for (rv, name, object) in log.iter().skip(*cursor).take(n) {
+            match object {
+                Some(o) => {
+                    upsert(&mut snap, o).unwrap();
                 }
-                None => remove(&mut snap, "Pod", "ml", name),
+                None => remove(&mut snap, kind, "ml", name),
             }
             let mut p = snap.progress();
-            p.pods = p.pods.max(*rv);
-            snap.set_progress(p);
-            self.cursor += 1;
-        }
-    }
-}
-
-impl Replica {
-    /// Delivers up to `n` PodGroup events of `log`.
-    fn deliver_groups(&mut self, log: &[(u64, String, Option<Value>)], n: usize) {
-        let mut snap = self.state.snapshot.lock().unwrap();
-        for (rv, name, group) in log.iter().skip(self.gcursor).take(n) {
-            match group {
-                Some(g) => {
-                    upsert(&mut snap, g).unwrap();
-                }
-                None => remove(&mut snap, "PodGroup", "ml", name),
+            match stream {
+                Stream::Pods => p.pods = p.pods.max(*rv),
+                Stream::PodGroups => p.podgroups = p.podgroups.max(*rv),
             }
-            let mut p = snap.progress();
-            p.podgroups = p.podgroups.max(*rv);
             snap.set_progress(p);
-            self.gcursor += 1;
+            *cursor += 1;
         }
     }
 }
@@ -937,7 +925,7 @@ impl World {
             }
             Step::DeliverGroups { r, n } => {
                 let t = self.truth.lock().unwrap();
-                self.replicas[r].deliver_groups(&t.glog, n as usize);
+                self.replicas[r].deliver(Stream::PodGroups, &t.glog, n as usize);
             }
             Step::NodeJoin { model } => {
                 let mut t = self.truth.lock().unwrap();
@@ -963,7 +951,7 @@ impl World {
                 let t = self.truth.lock().unwrap();
                 let rep = &mut self.replicas[r];
                 if !rep.stalled {
-                    rep.deliver(&t.log, n as usize);
+                    rep.deliver(Stream::Pods, &t.log, n as usize);
                 }
             }
             Step::Ledger { r } => {
