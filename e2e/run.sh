@@ -949,7 +949,9 @@ k -n "$NS" delete pod dra-hand dra-warn dra-together dra-shared-1 dra-shared-2 -
 # alike); pod reviews are sent straight to a replica (dry runs, timed by curl), one after
 # another, while one more node's slice joins and then leaves, and then while a tenant
 # creates a claim whose selector costs 10,000 steps per device (within Kubernetes' cost
-# limit, seconds over every device): counted by its watcher, without the lock.
+# limit, seconds over every device), and while an admin creates and changes a DeviceClass
+# of the NVIDIA driver's cards (every demand read again): counted by their watchers,
+# without the lock.
 many_slices=48 many_claims=500
 many_slice() { # index -> a ResourceSlice of 8 H200 with uuids
   jq -cn --arg n "$Q-many-$1" --arg run "$RUN" '{apiVersion: "resource.k8s.io/v1", kind: "ResourceSlice",
@@ -987,7 +989,13 @@ if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
     metadata: {name: "costly", namespace: $ns, labels: {"card-quota-e2e": $run}},
     spec: {devices: {requests: [{name: "gpu", exactly: {deviceClassName: "gpu.nvidia.com",
       selectors: [{cel: {expression: "\($l | tostring).all(i, \($l | tostring).all(j, device.attributes[\"gpu.nvidia.com\"].productName.size() + i + j >= 0))"}}]}}]}}}')
-  timed_reviews 12 > "$WORK/timed.txt" &
+  # An admin's own class selecting the NVIDIA driver's H200s (a card class: every demand
+  # is read again), then changed: counted by the DeviceClass watcher, without the lock.
+  admin_class() { # expression -> the class
+    jq -cn --arg n "$Q-admin-h200" --arg run "$RUN" --arg e "$1" '{apiVersion: "resource.k8s.io/v1", kind: "DeviceClass",
+      metadata: {name: $n, labels: {"card-quota-e2e": $run}}, spec: {selectors: [{cel: {expression: $e}}]}}'
+  }
+  timed_reviews 16 > "$WORK/timed.txt" &
   timer=$!
   sleep 2
   many_slice join | k create -f - >/dev/null
@@ -995,11 +1003,18 @@ if [ -r "$WH_CRT" ] && [ -r "$WH_KEY" ]; then
   k delete resourceslice "$Q-many-join" >/dev/null
   sleep 1
   echo "$costly" | k create -f - >/dev/null || log "the costly claim was not created"
+  sleep 2
+  admin_class "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'" |
+    k create -f - >/dev/null || log "the admin's DeviceClass was not created"
+  sleep 2
+  admin_class "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].index < 4" |
+    k replace -f - >/dev/null || log "the admin's DeviceClass was not changed"
   wait "$timer"
+  k delete deviceclass "$Q-admin-h200" >/dev/null 2>&1
   read -r n slowest ok < <(awk '{n++; if ($1 > m) m = $1; if ($2 == 200) ok++} END {printf "%d %.3f %d\n", n, m, ok}' "$WORK/timed.txt")
-  log "DRA at size: $n pod reviews over 12 s while a node's slice joined and left and a costly claim came: slowest ${slowest} s, $ok answered 200"
+  log "DRA at size: $n pod reviews over 16 s while a node's slice joined and left, a costly claim came and an admin's DeviceClass came and changed: slowest ${slowest} s, $ok answered 200"
   CONTEXT="slowest review ${slowest} s of $n; $(sort -rn "$WORK/timed.txt" | head -3 | tr '\n' ';')"
-  check "a node's slice joining and leaving beside $many_claims claims and $many_slices nodes, then a costly claim: every pod review answered within 1 s" \
+  check "a node's slice joining and leaving beside $many_claims claims and $many_slices nodes, then a costly claim and an admin's DeviceClass created and changed: every pod review answered within 1 s" \
     awk -v s="$slowest" -v n="$n" -v ok="$ok" 'BEGIN {exit !(s < 1.0 && n >= 10 && ok == n)}'
   # The costly claim is accepted by Kubernetes (its cost is within Kubernetes' own limit)
   # and refused by card-quota before it runs: a pod using it is told why.
