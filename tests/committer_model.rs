@@ -9,8 +9,8 @@
 //! sweep), answering real AdmissionReview JSON through `handle_review`. Requests are in
 //! flight while other steps run; time is tokio's and jumps past every clock (holds'
 //! 10 s and 40 s, entries' 30 s store lag, the budget). Faults: each replica's pod,
-//! Queue and ledger caches lag in their own time, a pod watch stalls until its replica
-//! asks for a relist, admitted pods are never stored, a replica crashes (its answers in
+//! PodGroup, Queue and ledger caches lag in their own time, a pod or PodGroup watch
+//! stalls until its replica asks for a relist, admitted pods are never stored, a replica crashes (its answers in
 //! flight lost, its writes in flight still landing) and restarts from a relist, and an
 //! admin cuts or raises the quota through either replica's Queue hook (which seals the
 //! queue before it answers; a replica whose Queue watch lags reads the Queue to lift
@@ -124,8 +124,10 @@ enum Step {
     },
     /// vc-scheduler's enqueue of a waiting PodGroup: Pending -> Inqueue at replica `r`.
     Enqueue { r: usize, group: u8 },
-    /// Replica `r`'s PodGroup watch delivers up to `n` events.
+    /// Replica `r`'s PodGroup watch delivers up to `n` events (none while it is stalled).
     DeliverGroups { r: usize, n: u8 },
+    /// Replica `r`'s PodGroup watch stalls: it delivers nothing until a relist.
+    StallGroups { r: usize },
     /// The scheduler binds a stored, unbound pod through replica `r`, onto one of the
     /// stored nodes of its model (by index).
     Bind { r: usize, pod: u8, node: u8 },
@@ -167,6 +169,7 @@ fn step(control: bool) -> BoxedStrategy<Step> {
             .prop_map(|(r, group, model, cards, inqueue)| Step::Group { r, group, model, cards, inqueue }),
         2 => (r.clone(), 0..GROUPS).prop_map(|(r, group)| Step::Enqueue { r, group }),
         4 => (r.clone(), 1..4u8).prop_map(|(r, n)| Step::DeliverGroups { r, n }),
+        1 => r.clone().prop_map(|r| Step::StallGroups { r }),
         6 => (r.clone(), pod.clone(), 0..3u8).prop_map(|(r, pod, node)| Step::Bind { r, pod, node }),
         1 => (0..MODELS.len()).prop_map(|model| Step::NodeJoin { model }),
         2 => r.clone().prop_map(|r| Step::NodeWatch { r }),
@@ -316,6 +319,8 @@ struct Replica {
     /// How many PodGroup events of theirs its watch has delivered.
     gcursor: usize,
     stalled: bool,
+    /// Its PodGroup watch has stalled.
+    gstalled: bool,
     asked: Arc<AtomicBool>,
     asked_groups: Arc<AtomicBool>,
     stop: tokio::sync::watch::Sender<bool>,
@@ -413,6 +418,7 @@ impl Replica {
             cursor,
             gcursor,
             stalled: false,
+            gstalled: false,
             asked,
             asked_groups,
             stop,
@@ -499,6 +505,8 @@ struct Tally {
     groups: [u64; 3],
     group_pods_asked: u64,
     group_pods: u64,
+    /// PodGroup watches relisted (a replica behind on them asked).
+    group_relists: u64,
     crashes: u64,
     relists: u64,
     lies: u64,
@@ -533,6 +541,7 @@ impl Tally {
         self.crashes += o.crashes;
         self.group_pods_asked += o.group_pods_asked;
         self.group_pods += o.group_pods;
+        self.group_relists += o.group_relists;
         self.relists += o.relists;
         self.lies += o.lies;
         self.full += o.full;
@@ -925,8 +934,12 @@ impl World {
             }
             Step::DeliverGroups { r, n } => {
                 let t = self.truth.lock().unwrap();
-                self.replicas[r].deliver(Stream::PodGroups, &t.glog, n as usize);
+                let rep = &mut self.replicas[r];
+                if !rep.gstalled {
+                    rep.deliver(Stream::PodGroups, &t.glog, n as usize);
+                }
             }
+            Step::StallGroups { r } => self.replicas[r].gstalled = true,
             Step::NodeJoin { model } => {
                 let mut t = self.truth.lock().unwrap();
                 let (m, first, _) = MODELS[model];
@@ -999,7 +1012,9 @@ impl World {
                     p.podgroups = p.podgroups.max(t.grv);
                     snap.set_progress(p);
                     rep.gcursor = t.glog.len();
+                    rep.gstalled = false;
                     self.tally.relists += 1;
+                    self.tally.group_relists += 1;
                 }
             }
             Step::Sweep { r } => {
@@ -1179,8 +1194,8 @@ fn the_replicas_committer_never_binds_past_a_quota() {
         "binds onto joined nodes, admitted and answered try again: {t:?}"
     );
     assert!(
-        t.groups[0] > 0 && t.groups[1] > 0 && t.group_pods > 0,
-        "PodGroups admitted and refused, pods of them stored: {t:?}"
+        t.groups[0] > 0 && t.groups[1] > 0 && t.group_pods > 0 && t.group_relists > 0,
+        "PodGroups admitted and refused, pods of them stored, PodGroup watches relisted: {t:?}"
     );
     assert!(t.crashes > 0 && t.relists > 0 && t.full > 0, "{t:?}");
     assert!(t.conflicts > 0 && t.held > 0, "{t:?}");
