@@ -652,17 +652,29 @@ fn split_allocation(p: &PodRecord) -> BTreeMap<String, Cards> {
 }
 
 /// What an entry's several-model allocation reads as on its pod ([`Entry::allocated`]):
-/// its claims' cards, allocated. `None` when it has none or its models do not parse.
+/// its claims' cards, allocated. `None` when it has none, or (logged) when a model does
+/// not parse: the entry then counts as a binding on its node's model.
 fn claimed_of(e: &Entry) -> Option<ClaimCards> {
     if e.allocated.is_empty() {
         return None;
     }
     let resource = e.resources.keys().find(|r| is_claim_resource(r))?.clone();
-    let allocated: Vec<(CardName, Cards)> = e
+    let parsed: Result<Vec<(CardName, Cards)>, _> = e
         .allocated
         .iter()
-        .map(|(m, n)| CardName::parse(m).ok().map(|m| (m, *n)))
-        .collect::<Option<_>>()?;
+        .map(|(m, n)| CardName::parse(m).map(|m| (m, *n)))
+        .collect();
+    let allocated = match parsed {
+        Ok(a) => a,
+        Err(err) => {
+            tracing::warn!(
+                "ledger entry {}: allocated: {}",
+                e.of.to_string().escape_debug(),
+                err.to_string().escape_debug()
+            );
+            return None;
+        }
+    };
     let models = Alternatives::from_models(allocated.iter().map(|(m, _)| m.clone()).collect())?;
     Some(ClaimCards {
         resource,
