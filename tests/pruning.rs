@@ -9,7 +9,7 @@ use card_quota::decide::batch::{plan, Outcome};
 use card_quota::decide::review::{read_review, AdmissionRequest, ReviewBuilder as R};
 use card_quota::decide::Config;
 use card_quota::ledger::clock::EntryClock;
-use card_quota::ledger::entries::Fence;
+use card_quota::ledger::entries::{Fence, Watermark};
 use card_quota::ledger::{Ledger, LedgerRecord};
 use card_quota::snapshot::load::{load, upsert};
 use card_quota::snapshot::Snapshot;
@@ -159,4 +159,61 @@ fn a_binding_entry_is_timed_from_the_bind_not_from_its_pods_create() {
             other => panic!("p2's bind at {at} s must be refused (p1's bind counts): {other:?}"),
         }
     }
+}
+
+/// R2 kept by the core itself (found by the committer model, 2026-12-04): a replica's
+/// writer waited for its caches to reach the ledger's watermark, then, while it read a
+/// fence, a newer ledger arrived: another replica had pruned a charge its own cache
+/// showed and raised the watermark past this replica's progress. Planned from that
+/// ledger, the pruned charge counted nowhere and a CREATE went through on top of it.
+/// A batch planned from a ledger its caches are behind decides nothing: each request
+/// waits (and is "try again" if the caches never come).
+#[test]
+fn a_batch_planned_from_a_ledger_the_caches_are_behind_decides_nothing() {
+    let mut snap = with_pods();
+    let mut progress = snap.progress();
+    progress.pods = 11;
+    snap.set_progress(progress);
+    // Another replica's write: p0 (rv 12, which this cache does not show) pruned.
+    let mut ledger = Ledger::default();
+    ledger.raise_watermark(Watermark {
+        pods: 12,
+        podgroups: 0,
+    });
+    store(&mut snap, ledger, 5);
+    let create = request(R::pod("CREATE", pod("p3")).build());
+    let b = plan(
+        &mut snap,
+        &q(),
+        &[&create],
+        &Config::default(),
+        jiff::Timestamp::now(),
+        |_, _| Duration::ZERO,
+        None,
+    );
+    match &b.outcomes[0] {
+        Outcome::Wait(d) => assert_eq!(
+            d.message.as_deref(),
+            Some("card-quota's caches are behind queue q's ledger; try again")
+        ),
+        o => panic!("decided from a ledger the caches are behind: {o:?}"),
+    }
+    assert!(b.unchanged(), "nothing to write");
+    // Caught up, it is decided: refused, p1 and p2 hold more than the quota of 1.
+    progress.pods = 12;
+    snap.set_progress(progress);
+    let b = plan(
+        &mut snap,
+        &q(),
+        &[&create],
+        &Config::default(),
+        jiff::Timestamp::now(),
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert!(
+        matches!(&b.outcomes[0], Outcome::Answer(d) if !d.allowed && d.message.as_deref().is_some_and(|m| m.starts_with("queue q has insufficient"))),
+        "{:?}",
+        b.outcomes[0]
+    );
 }

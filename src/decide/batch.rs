@@ -93,6 +93,15 @@ pub fn behind(snap: &Snapshot, queue: &QueueName) -> Option<Watermark> {
     (!mark.reached_by(&snap.progress())).then_some(mark)
 }
 
+/// The answer, if it comes to that, to a request of a batch planned from a ledger whose
+/// watermark the caches have not reached (R2).
+fn caches_behind(queue: &QueueName) -> Decision {
+    Decision::deny(
+        RETRY,
+        format!("card-quota's caches are behind queue {queue}'s ledger; try again"),
+    )
+}
+
 fn full(queue: &QueueName) -> Decision {
     Decision::deny(
         RETRY,
@@ -166,8 +175,14 @@ pub fn plan_held(
     // to limits this replica has not seen.
     let stored = snap.ledger(queue);
     let sealed = super::seal::blocks(snap, &stored.ledger, queue).is_some();
+    // R2, kept here whatever the shell waited for: a ledger that arrived after the
+    // writer saw its caches caught up (while it read a fence or a seal) may say they must
+    // come further. Nothing is decided from it, and no spare taken, until they have
+    // (found by the committer model: a prune that raised the watermark past a pod the
+    // deciding replica's cache did not show let a CREATE through on top of it).
+    let behind = behind(snap, queue).is_some();
     let hold_move = match hold_move {
-        HoldMove::AsNeeded | HoldMove::Renew if snap.ledgers_behind_tree() || sealed => {
+        HoldMove::AsNeeded | HoldMove::Renew if snap.ledgers_behind_tree() || sealed || behind => {
             HoldMove::NoSpare
         }
         m => m,
@@ -208,6 +223,11 @@ pub fn plan_held(
             Holds::Full,
         );
         for (i, req) in reqs.iter().enumerate() {
+            if behind {
+                // Decided again once the caches reach the watermark; this if they do not.
+                outcomes.push(Outcome::Wait(caches_behind(queue)));
+                continue;
+            }
             let d = if unread {
                 ledgers_unread()
             } else {
