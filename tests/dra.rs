@@ -944,6 +944,43 @@ fn an_allocation_is_checked_when_the_scheduler_writes_it() {
     assert!(r.allowed, "{}", message(&r));
 }
 
+/// Found by the committer model (2026-12-04): a pod deleted and made again under its
+/// name with a claim, on a replica whose pod cache still shows the first (an H200 pod of
+/// no claim). The allocation reserved for the second was read against the first, which
+/// uses no claim: admitted uncharged, on a model the new pod does not name, into a queue
+/// with no room for it. The payer is the pod reserved for, by uid: until the cache shows
+/// it, "try again".
+#[test]
+fn an_allocation_for_a_pod_made_again_under_its_name_waits_for_the_cache_to_show_it() {
+    let mut w = World::new();
+    w.seen(
+        support::pod("x")
+            .queue("q")
+            .card("NVIDIA-H200")
+            .gpus("1")
+            .stored("u-first", "7")
+            .build(),
+    );
+    // Reserved for x of uid u-x: the second x, which the cache does not show.
+    let r = w.send(status_write(
+        allocated_on("x", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("x", None),
+    ));
+    assert!(!r.allowed, "admitted against another pod of that name");
+    assert_eq!(
+        message(&r),
+        "pod ml/x, for which ResourceClaim ml/x-gpu-x1 is allocated, is not in card-quota's cache yet; try again"
+    );
+    // A cardless pod of that name says nothing about the second either.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "x");
+    w.seen(support::pod("x").queue("q").stored("u-first", "8").build());
+    let r = w.send(status_write(
+        allocated_on("x", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("x", None),
+    ));
+    assert!(!r.allowed, "admitted as the cardless pod of that name");
+}
+
 /// Issue 57: an allocation of devices of two models (a claim of two GPUs that allows
 /// both, on a node with one of each) is charged each model's devices before any cache
 /// shows it. It was charged as the pod bound there on one model (its first), so the
@@ -1308,6 +1345,37 @@ fn a_sharer_moved_to_another_queue_pays_for_the_claim_there() {
     w.seen(group("g2", "q"));
     assert_eq!(w.usage("q", "NVIDIA-H200")["allocated"], 1);
     assert_eq!(w.usage("one", "NVIDIA-H200")["allocated"], 0);
+}
+
+/// Found by the committer model (2026-12-04): a sharer shown bound while the claim
+/// watch lags (the claim not reserved for it, not even allocated, as far as the cache
+/// shows) paid nothing; the pending sharer first by name paid instead, as a pending
+/// card. After a quota cut, another claim pod's allocation passed the binding's hard
+/// line (bound cards within the quota) beside the bound sharer's card. A bound sharer
+/// pays first.
+#[test]
+fn a_sharer_bound_before_the_claim_shows_it_reserved_pays_as_bound() {
+    let mut w = World::new();
+    w.seen(queue_one());
+    w.seen(shared_claim(None));
+    w.seen(sharer("s1", "one"));
+    let mut s2 = sharer("s2", "one");
+    s2["spec"]["nodeName"] = json!("h200-1");
+    s2["status"] = json!({"phase": "Running"});
+    w.seen(s2);
+    assert_eq!(w.usage("one", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("one", "NVIDIA-H200")["pending"], 0);
+    // z of `one`, made while card-quota was away: its allocation would be one's second
+    // bound H200.
+    let mut z = claim_pod("z", "one", "one-gpu");
+    z["status"] = json!({"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "z-gpu-x1"}]});
+    w.seen(z);
+    w.seen(made_claim("z", None));
+    let r = w.send(status_write(
+        allocated_on("z", "h200-1", "h200-1", "gpu-1"),
+        made_claim("z", None),
+    ));
+    assert!(!r.allowed, "a second bound H200 in a quota of 1");
 }
 
 /// Issue 57 #2: a claim as a stalled ResourceClaim watch shows it, still reserved for a

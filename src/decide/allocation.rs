@@ -52,9 +52,13 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let Some(payer) = record.reserved_for.first() else {
         return Decision::allow();
     };
-    let key = ObjectKey::new(record.key.namespace.clone(), payer.clone());
-    let Some(pod) = snap.pod(&key) else {
-        if snap.is_known_cardless_pod(&key) {
+    let key = ObjectKey::new(record.key.namespace.clone(), payer.name.clone());
+    // By uid: a cache that shows another pod under the payer's name (deleted and made
+    // again, the cache behind) does not show the payer (found by the committer model:
+    // the old pod, of no claim, let the allocation through uncharged).
+    let cached = snap.pod(&key);
+    let Some(pod) = cached.filter(|p| payer.is(p.version.uid.as_deref())) else {
+        if cached.is_none() && snap.is_known_cardless_incarnation(&key, payer.uid.as_deref()) {
             return Decision::allow();
         }
         return Decision::deny(

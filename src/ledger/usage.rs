@@ -9,7 +9,6 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::cards::demand::PodDemandError;
-use crate::cards::dra::ClaimCards;
 use crate::cards::quantity::Cards;
 use crate::cards::{Alternatives, CardName, CardPattern, CardRequest, ObjectKey, Quota};
 use crate::cluster::{NodeModels, PodGroupRecord, PodRecord};
@@ -618,14 +617,21 @@ pub fn bound_charges(
     let mut out = Vec::new();
     for (res, n) in demand {
         // Cards from claims: the models of the devices allocated, once they are.
-        if let Some(Ok(ClaimCards {
-            resource,
-            allocated: Some(allocated),
-            ..
-        })) = &pod.claimed
-        {
-            if resource == res {
-                out.extend(allocated.iter().cloned());
+        if let Some(Ok(c)) = &pod.claimed {
+            if c.resource == *res {
+                match &c.allocated {
+                    Some(allocated) => out.extend(allocated.iter().cloned()),
+                    // Bound before this cache shows its claims allocated (the claim
+                    // watch behind the pod watch, or a binding known from the ledger
+                    // only): on every model it may have got, so its cards count bound
+                    // whichever they are (a binding's hard line reads bound cards).
+                    None => out.extend(
+                        c.per_model
+                            .iter()
+                            .filter(|(m, _)| pod.alternatives().is_none_or(|a| a.contains(m)))
+                            .map(|(m, n)| (m.clone(), *n)),
+                    ),
+                }
                 continue;
             }
         }

@@ -118,10 +118,15 @@ impl Snapshot {
                 .pods
                 .get(&ObjectKey::new(pod.key.namespace.clone(), name.clone())),
         };
+        // A pod shown under a reservation's name that is not the one reserved for (by
+        // uid) is not that reservation.
         let reserved = |bound: bool, staying: bool| {
-            claim.reserved_for.iter().find(|n| {
-                find(n).is_some_and(|p| {
-                    sharer(p) && (!bound || p.node.is_some()) && (!staying || !p.is_terminating())
+            claim.reserved_for.iter().find(|r| {
+                find(&r.name).is_some_and(|p| {
+                    r.is(p.version.uid.as_deref())
+                        && sharer(p)
+                        && (!bound || p.node.is_some())
+                        && (!staying || !p.is_terminating())
                 })
             })
         };
@@ -129,7 +134,7 @@ impl Snapshot {
             .or_else(|| reserved(true, false))
             .or_else(|| reserved(false, false))
         {
-            return Some(payer.clone());
+            return Some(payer.name.clone());
         }
         self.first_user(seen, sharer)
             .or_else(|| Some(pod.key.name.clone()))
@@ -147,10 +152,15 @@ impl Snapshot {
         p.count_claimed();
     }
 
-    /// The first by name of the pods `sharer` picks (one not terminating before one
-    /// that is), the pods of `seen` as given: who pays for a shared claim not reserved
-    /// for one of them yet. By name, not by arrival: every replica, and a restarted one,
-    /// charges the same pod.
+    /// The first by name of the pods `sharer` picks (one bound before one pending, one
+    /// not terminating before one that is), the pods of `seen` as given: who pays for a
+    /// shared claim not reserved for one of them yet. By name, not by arrival: every
+    /// replica, and a restarted one, charges the same pod. Bound first: a claim watch
+    /// behind the pod watch (or a binding known from the ledger only) shows a sharer
+    /// bound before the claim reserved for it, and the card it holds must count as
+    /// bound, or a binding's hard line (bound cards within the quota) misses it (found by
+    /// the committer model: a pending sharer paid, and after a quota cut another claim
+    /// pod's allocation was let through beside the bound one).
     fn first_user(
         &self,
         seen: &[&PodRecord],
@@ -163,9 +173,9 @@ impl Snapshot {
             .filter_map(|k| self.pods.get(k));
         held.chain(seen.iter().copied())
             .filter(|p| sharer(p))
-            .map(|p| (p.is_terminating(), &p.key.name))
+            .map(|p| (p.node.is_none(), p.is_terminating(), &p.key.name))
             .min()
-            .map(|(_, name)| name.clone())
+            .map(|(.., name)| name.clone())
     }
 
     /// After a pod that uses shared claims came or went: the other pods that use them

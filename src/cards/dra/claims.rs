@@ -300,11 +300,30 @@ pub struct ClaimRecord {
     /// `None` while unallocated.
     pub allocation: Option<Result<Vec<Allocated>, DraError>>,
     /// The pods `status.reservedFor` names, in its order: the first pays for a shared claim.
-    pub reserved_for: Vec<String>,
+    pub reserved_for: Vec<Reservation>,
     /// Made by kube-scheduler for a pod's DRA-backed extended resources (annotation
     /// `resource.kubernetes.io/extended-resource-claim: "true"`): its cards are the pod's
     /// extended-resource cards, never counted on their own.
     pub for_extended_resources: bool,
+}
+
+/// A pod a claim is reserved for (`status.reservedFor`): by name, and by uid when the
+/// entry carries one (the API server requires it), so a pod deleted and created again
+/// under that name is not taken for the one the claim was reserved for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub name: String,
+    pub uid: Option<String>,
+}
+
+impl Reservation {
+    /// True when a pod of this name with `uid` (unknown: any) is the one reserved for.
+    pub fn is(&self, uid: Option<&str>) -> bool {
+        match (self.uid.as_deref(), uid) {
+            (Some(want), Some(have)) => want == have,
+            _ => true,
+        }
+    }
 }
 
 /// The annotation kube-scheduler puts on the claim it makes for a pod's DRA-backed
@@ -337,7 +356,11 @@ impl ClaimRecord {
             .into_iter()
             .flatten()
             .filter(|r| r.get("resource").and_then(Value::as_str) == Some("pods"))
-            .filter_map(|r| r.get("name").and_then(Value::as_str).map(str::to_string))
+            .filter_map(|r| {
+                let name = r.get("name").and_then(Value::as_str)?.to_string();
+                let uid = r.get("uid").and_then(Value::as_str).map(str::to_string);
+                Some(Reservation { name, uid })
+            })
             .collect();
         Ok(Self {
             key,

@@ -13,7 +13,7 @@ pub mod settings;
 
 pub use claims::{
     allocated_models, allocation, claim_demand, claim_spec, device_class, Allocated, ClaimRecord,
-    ClaimSpec, DeviceClass, RequestDemand,
+    ClaimSpec, DeviceClass, RequestDemand, Reservation,
 };
 pub use devices::{slice_devices, Device, DeviceId};
 pub use pods::{

@@ -962,7 +962,7 @@ mod tests {
 
     /// The first pod a claim is reserved for pays (none of them is bound).
     fn none(c: &ClaimRecord) -> Option<String> {
-        c.reserved_for.first().cloned()
+        c.reserved_for.first().map(|r| r.name.clone())
     }
 
     fn spec(requests: serde_json::Value) -> Result<ClaimSpec, DraError> {
