@@ -15,9 +15,14 @@
 //! admin cuts or raises the quota through either replica's Queue hook (which seals the
 //! queue before it answers; a replica whose Queue watch lags reads the Queue to lift
 //! the seal), and nodes join, each replica's Node watch showing them in its own time (a
-//! bind onto a node the binding replica does not show is "try again").
+//! bind onto a node the binding replica does not show is "try again"). Two queues, `q`
+//! and `q2`, share two ResourceClaims: the scheduler allocates, reserves and binds
+//! through the replicas' allocation and binding hooks, each replica's claim watch lags
+//! in its own time, and the resourceclaim controller releases pods that are gone.
 //!
-//! The oracle is the API server's pods, checked as each admitted request lands, against
+//! The oracle is the API server's pods and claims (a claim's card counts once in each
+//! queue with a bound pod using it, and, from its allocation on, in the queue of the
+//! pod it was allocated for), checked as each admitted request lands, against
 //! the highest quota stored while it was in flight (a raise may admit it; a cut never
 //! lets it past the new one once the cut is answered): a binding keeps its model's
 //! bound cards within it; a CREATE keeps every stored card pod's cards within it (each
@@ -25,8 +30,8 @@
 //! states are counted, not checked: CREATEs under a hold taken before a cut, and, after
 //! a cut, the bind of a pod the binding replica's pod cache does not show (see
 //! `check_landed` and the binding's landing). Coverage counters are required at CI's
-//! count; a negative control (a pod watch that shows a bound pod deleted while it is
-//! not) must be caught.
+//! count; two negative controls (a pod watch that shows a bound pod deleted while it
+//! is not; a claim watch that shows allocations on the other model) must be caught.
 //!
 //! Cases: `CARD_QUOTA_COMMITTER_MODEL_CASES` (48 by default; CI runs 2,000).
 
@@ -54,12 +59,33 @@ use serde_json::{json, Value};
 use support::fake_api::FakeApi;
 
 const NS: &str = "card-quota";
-const LEDGER: &str = "/api/v1/namespaces/card-quota/configmaps/card-quota-ledger.q";
-const QUEUE: &str = "/apis/scheduling.volcano.sh/v1beta1/queues/q";
-/// (model, its node, the queue's quota of it at first)
-/// One model tight, one with room for holds of headroom (a write takes a quarter of
-/// what is free).
-const MODELS: &[(&str, &str, u64)] = &[("RTX-4090", "rtx-1", 2), ("NVIDIA-H200", "h200-1", 12)];
+/// The queues: `q` (PodGroups are its) and `q2`; pods of both may share a claim.
+const QUEUES: [&str; 2] = ["q", "q2"];
+/// (model, its node, the quota of it at first in `q`, in `q2`)
+/// One model tight, one with room for holds of headroom in `q` (a write takes a quarter
+/// of what is free).
+const MODELS: &[(&str, &str, u64, u64)] = &[
+    ("NVIDIA-GeForce-RTX-4090", "rtx-1", 2, 1),
+    ("NVIDIA-H200", "h200-1", 12, 2),
+];
+/// ResourceClaims made apart from any pod (`c0`, `c1`), which pods of either queue use.
+const CLAIMS: u8 = 2;
+/// DRA devices on the slice of each model's first node.
+const DEVICES: usize = 3;
+
+fn ledger_path(queue: &str) -> String {
+    format!("/api/v1/namespaces/card-quota/configmaps/card-quota-ledger.{queue}")
+}
+
+fn queue_path(queue: &str) -> String {
+    format!("/apis/scheduling.volcano.sh/v1beta1/queues/{queue}")
+}
+
+/// The quota of `model` (by index) in queue `queue` (by index) at first.
+fn first_quota(queue: usize, model: usize) -> u64 {
+    let (_, _, q, q2) = MODELS[model];
+    [q, q2][queue]
+}
 const PODS: u8 = 12;
 /// PodGroups a case may create.
 const GROUPS: u8 = 4;
@@ -79,10 +105,10 @@ const JOINS: usize = 2;
 
 type Quota = BTreeMap<&'static str, u64>;
 
-/// Queue `q` with `quota`, as stored at `rv`.
-fn queue(quota: &Quota, rv: u64) -> Value {
+/// Queue `name` with `quota`, as stored at `rv`.
+fn queue(name: &str, quota: &Quota, rv: u64) -> Value {
     json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
-        "metadata": {"name": "q", "uid": "uid-queue-q", "resourceVersion": rv.to_string(),
+        "metadata": {"name": name, "uid": format!("uid-queue-{name}"), "resourceVersion": rv.to_string(),
             "annotations": {"volcano.sh/card.quota": serde_json::to_string(quota).unwrap()}},
         "spec": {"weight": 1}, "status": {"state": "Open"}})
 }
@@ -112,6 +138,11 @@ enum Step {
         /// The pod belongs to this PodGroup (by index) when the API server holds it: it
         /// names only its group, whose queue is its queue.
         group: Option<u8>,
+        /// Its queue (by index) when it has no group.
+        queue: usize,
+        /// It asks for its one card through this ResourceClaim (by index), shared with
+        /// every other pod that names it, of either queue, instead of `cards`.
+        claim: Option<u8>,
     },
     /// A PodGroup CREATE at replica `r` with a `card.request` of `cards` on one model,
     /// waiting (Pending) or already admitted by Volcano (Inqueue).
@@ -131,11 +162,19 @@ enum Step {
     /// The scheduler binds a stored, unbound pod through replica `r`, onto one of the
     /// stored nodes of its model (by index).
     Bind { r: usize, pod: u8, node: u8 },
+    /// The scheduler's next write for the `n`-th stored, unbound claim pod (a Bind
+    /// step that finds one).
+    Schedule { r: usize, n: u8 },
     /// A pod is deleted.
     Delete { pod: u8 },
-    /// An admin sets the queue's quota of one model through replica `r`'s Queue hook.
-    SetQuota { r: usize, model: usize, to: u64 },
-    /// Replica `r`'s Queue watch delivers the stored Queue.
+    /// An admin sets a queue's quota of one model through replica `r`'s Queue hook.
+    SetQuota {
+        r: usize,
+        queue: usize,
+        model: usize,
+        to: u64,
+    },
+    /// Replica `r`'s Queue watch delivers the stored Queues.
     QueueWatch { r: usize },
     /// A node of a model joins the cluster (stored; no replica's Node watch shows it yet).
     NodeJoin { model: usize },
@@ -151,33 +190,52 @@ enum Step {
     Stall { r: usize },
     /// Replica `r`'s pod watcher lists again, if the replica asked it to.
     Relist { r: usize },
-    /// Replica `r`'s reconciler sweeps the ledger.
+    /// Replica `r`'s ResourceClaim watch delivers up to `n` events.
+    DeliverClaims { r: usize, n: u8 },
+    /// The resourceclaim controller drops pods that are gone from the claims reserved for
+    /// them, and deallocates a claim reserved for none (its own writes, not reviewed).
+    ClaimGc,
+    /// Replica `r`'s reconciler sweeps the ledgers.
     Sweep { r: usize },
     /// Replica `r` crashes and restarts from a list of every object.
     Crash { r: usize },
     /// Negative control only: replica `r`'s pod watch shows a pod deleted that is not.
     Lie { r: usize, pod: u8 },
+    /// Negative control only: replica `r`'s ResourceClaim watch shows every allocated
+    /// claim's device on the other model's node, from now until the replica restarts.
+    LieClaim { r: usize },
 }
 
-fn step(control: bool) -> BoxedStrategy<Step> {
+/// Which watch lies, in a negative control.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Liar {
+    None,
+    Pods,
+    Claims,
+}
+
+fn step(liar: Liar) -> BoxedStrategy<Step> {
     let r = 0..2usize;
     let pod = 0..PODS;
     let steps = prop_oneof![
-        6 => (r.clone(), pod.clone(), 0..MODELS.len(), 1..4u8, prop::bool::weighted(0.15), prop::option::weighted(0.3, 0..GROUPS))
-            .prop_map(|(r, pod, model, cards, lost, group)| Step::Create { r, pod, model, cards, lost, group }),
+        6 => (r.clone(), pod.clone(), 0..MODELS.len(), 1..4u8, prop::bool::weighted(0.15), prop::option::weighted(0.3, 0..GROUPS), 0..QUEUES.len(), prop::option::weighted(0.5, 0..CLAIMS))
+            .prop_map(|(r, pod, model, cards, lost, group, queue, claim)| Step::Create { r, pod, model, cards, lost, group, queue, claim }),
         2 => (r.clone(), 0..GROUPS, 0..MODELS.len(), 1..5u8, any::<bool>())
             .prop_map(|(r, group, model, cards, inqueue)| Step::Group { r, group, model, cards, inqueue }),
         2 => (r.clone(), 0..GROUPS).prop_map(|(r, group)| Step::Enqueue { r, group }),
         4 => (r.clone(), 1..4u8).prop_map(|(r, n)| Step::DeliverGroups { r, n }),
         1 => r.clone().prop_map(|r| Step::StallGroups { r }),
         6 => (r.clone(), pod.clone(), 0..3u8).prop_map(|(r, pod, node)| Step::Bind { r, pod, node }),
+        4 => (r.clone(), any::<u8>()).prop_map(|(r, n)| Step::Schedule { r, n }),
         1 => (0..MODELS.len()).prop_map(|model| Step::NodeJoin { model }),
         2 => r.clone().prop_map(|r| Step::NodeWatch { r }),
         3 => pod.clone().prop_map(|pod| Step::Delete { pod }),
-        1 => (r.clone(), 0..MODELS.len(), 0..4u64).prop_map(|(r, model, to)| {
-            let to = to * MODELS[model].2 / 2;
-            Step::SetQuota { r, model, to }
+        1 => (r.clone(), 0..QUEUES.len(), 0..MODELS.len(), 0..4u64).prop_map(|(r, queue, model, to)| {
+            let to = to * first_quota(queue, model).max(1) / 2;
+            Step::SetQuota { r, queue, model, to }
         }),
+        3 => (r.clone(), 1..4u8).prop_map(|(r, n)| Step::DeliverClaims { r, n }),
+        2 => Just(Step::ClaimGc),
         3 => r.clone().prop_map(|r| Step::QueueWatch { r }),
         8 => (r.clone(), 1..6u8).prop_map(|(r, n)| Step::Deliver { r, n }),
         5 => r.clone().prop_map(|r| Step::Ledger { r }),
@@ -189,14 +247,19 @@ fn step(control: bool) -> BoxedStrategy<Step> {
         1 => r.clone().prop_map(|r| Step::Crash { r }),
     ]
     .boxed();
-    if !control {
-        return steps;
+    match liar {
+        Liar::None => steps,
+        Liar::Pods => prop_oneof![
+            2 => steps,
+            1 => (r, pod).prop_map(|(r, pod)| Step::Lie { r, pod }),
+        ]
+        .boxed(),
+        Liar::Claims => prop_oneof![
+            8 => steps,
+            1 => r.prop_map(|r| Step::LieClaim { r }),
+        ]
+        .boxed(),
     }
-    prop_oneof![
-        2 => steps,
-        1 => (r, pod).prop_map(|(r, pod)| Step::Lie { r, pod }),
-    ]
-    .boxed()
 }
 
 /// What the API server holds: the pods, and the events of their watch; the nodes.
@@ -215,6 +278,14 @@ struct Truth {
     made: u64,
     /// Per pod uid: where its CREATE is in `log`.
     created: BTreeMap<String, usize>,
+    /// The ResourceClaims, the events of their watch, and their stream's resourceVersion.
+    claims: BTreeMap<String, Value>,
+    clog: Vec<(u64, String, Option<Value>)>,
+    crv: u64,
+    /// Per allocated claim: the uid and queue of the pod it was allocated for. The
+    /// allocation is that pod's binding decided (the bind after it is the same charge),
+    /// so its card counts in that queue from the allocation on.
+    allocated_for: BTreeMap<String, (Value, &'static str)>,
 }
 
 impl Truth {
@@ -234,6 +305,21 @@ impl Truth {
         self.groups.insert(name.to_string(), group);
     }
 
+    fn store_claim(&mut self, name: &str, mut claim: Value) {
+        self.crv += 1;
+        claim["metadata"]["resourceVersion"] = json!(self.crv.to_string());
+        self.clog
+            .push((self.crv, name.to_string(), Some(claim.clone())));
+        self.claims.insert(name.to_string(), claim);
+    }
+
+    /// The model of the device allocated to `claim`, if it is allocated.
+    fn claim_model(&self, claim: &str) -> Option<&'static str> {
+        let pool = self.claims.get(claim)?["status"]["allocation"]["devices"]["results"][0]["pool"]
+            .as_str()?;
+        self.nodes.iter().find(|(n, _)| n == pool).map(|(_, m)| *m)
+    }
+
     fn delete(&mut self, name: &str) {
         if self.pods.remove(name).is_some() {
             self.rv += 1;
@@ -241,11 +327,22 @@ impl Truth {
         }
     }
 
-    /// Cards per model of the stored pods: (bound, all).
-    fn cards(&self) -> BTreeMap<&'static str, (u64, u64)> {
-        let mut out: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+    /// Cards per queue and model of the stored pods: (bound, all). A claim's card counts
+    /// once in each queue with a bound pod using it, and in the queue of the stored pod
+    /// it was allocated for (bound only: before its allocation a claim has no model, so
+    /// the CREATE line counts `nvidia.com/gpu` pods alone).
+    fn cards(&self) -> BTreeMap<(&'static str, &'static str), (u64, u64)> {
+        let mut out: BTreeMap<(&'static str, &'static str), (u64, u64)> = BTreeMap::new();
+        let mut in_use = std::collections::BTreeSet::new();
         for p in self.pods.values() {
-            let model = model_of(p);
+            let queue = queue_of(p);
+            if let Some(c) = claim_of(p) {
+                if p["spec"]["nodeName"].is_string() {
+                    in_use.insert((queue, c));
+                }
+                continue;
+            }
+            let model = (queue, model_of(p));
             let n: u64 = p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
                 .as_str()
                 .and_then(|n| n.parse().ok())
@@ -256,8 +353,69 @@ impl Truth {
                 e.0 += n;
             }
         }
+        for (c, (uid, queue)) in &self.allocated_for {
+            if self.pods.values().any(|p| p["metadata"]["uid"] == *uid) {
+                in_use.insert((*queue, c.clone()));
+            }
+        }
+        for (queue, c) in in_use {
+            if let Some(model) = self.claim_model(&c) {
+                out.entry((queue, model)).or_default().0 += 1;
+            }
+        }
         out
     }
+}
+
+/// The queue of a pod of this test: the one it names, else its PodGroup's (`q`).
+fn queue_of(p: &Value) -> &'static str {
+    let named = p["metadata"]["annotations"]["scheduling.volcano.sh/queue-name"].as_str();
+    QUEUES
+        .iter()
+        .find(|q| Some(**q) == named)
+        .copied()
+        .unwrap_or(QUEUES[0])
+}
+
+/// The ResourceClaim a pod of this test uses, if any.
+fn claim_of(p: &Value) -> Option<String> {
+    p["spec"]["resourceClaims"][0]["resourceClaimName"]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn claim_name(i: u8) -> String {
+    format!("c{i}")
+}
+
+/// ResourceClaim `name`: one GPU of NVIDIA's class, made apart from any pod.
+fn claim_json(name: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": format!("uid-{name}")},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}})
+}
+
+/// NVIDIA's DeviceClass of whole GPUs.
+fn device_class() -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}})
+}
+
+/// The ResourceSlice of `node`: `DEVICES` GPUs of `model`.
+fn slice_json(node: &str, model: &str) -> Value {
+    let product = model.replace('-', " ");
+    let devices: Vec<Value> = (0..DEVICES)
+        .map(|i| {
+            json!({"name": format!("gpu-{i}"),
+            "attributes": {"type": {"string": "gpu"}, "productName": {"string": product}}})
+        })
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices}})
 }
 
 /// The model a pod of this test names (one each).
@@ -274,24 +432,41 @@ fn pod_name(i: u8) -> String {
     format!("p{i}")
 }
 
-fn pod_json(name: &str, uid: &str, model: &str, cards: u8, group: Option<&str>) -> Value {
+/// A pod of `model`: of PodGroup `group` (and its queue, `q`) or of `queue`; its cards
+/// through `claim` (one, shared) or `cards` of `nvidia.com/gpu`.
+fn pod_json(
+    name: &str,
+    uid: &str,
+    model: &str,
+    cards: u8,
+    group: Option<&str>,
+    queue: &str,
+    claim: Option<&str>,
+) -> Value {
     let pod = support::pod(name);
-    let mut p = match group {
+    let pod = match group {
         Some(_) => pod,
-        None => pod.queue("q"),
+        None => pod.queue(queue),
     }
     .card(model)
-    .gpus(&cards.to_string())
     .scheduler("volcano")
-    .stored(uid, "")
-    .build();
+    .stored(uid, "");
+    let mut p = match claim {
+        Some(_) => pod.build(),
+        None => pod.gpus(&cards.to_string()).build(),
+    };
+    if let Some(c) = claim {
+        p["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "gpu"}]);
+        p["spec"]["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": c}]);
+    }
     if let Some(g) = group {
         p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] = json!(g);
     }
     // The queue card-quota's mutating call stamps on every card pod it admits (the
     // validating call and the store see the patched pod): a pod counts in it whatever
     // a cache shows of its PodGroup.
-    p["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("q");
+    let queue = if group.is_some() { QUEUES[0] } else { queue };
+    p["metadata"]["annotations"]["volcano.sh/card.queue"] = json!(queue);
     p
 }
 
@@ -318,6 +493,10 @@ struct Replica {
     cursor: usize,
     /// How many PodGroup events of theirs its watch has delivered.
     gcursor: usize,
+    /// How many ResourceClaim events of theirs its watch has delivered.
+    ccursor: usize,
+    /// Negative control: its claim watch shows allocations on the wrong model.
+    lies_about_claims: bool,
     stalled: bool,
     /// Its PodGroup watch has stalled.
     gstalled: bool,
@@ -334,11 +513,20 @@ impl Replica {
     fn start(api: &FakeApi, truth: &Arc<Mutex<Truth>>, me: String) -> Self {
         let (mut snap, skipped) = load("").unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
-        upsert(&mut snap, &api.object(QUEUE).unwrap()).unwrap();
-        let (cursor, gcursor) = {
+        for q in QUEUES {
+            upsert(&mut snap, &api.object(&queue_path(q)).unwrap()).unwrap();
+        }
+        upsert(&mut snap, &device_class()).unwrap();
+        for (model, node, ..) in MODELS {
+            upsert(&mut snap, &slice_json(node, model)).unwrap();
+        }
+        let (cursor, gcursor, ccursor) = {
             let t = truth.lock().unwrap();
             for (name, model) in &t.nodes {
                 upsert(&mut snap, &node_json(name, model)).unwrap();
+            }
+            for c in t.claims.values() {
+                upsert(&mut snap, c).unwrap();
             }
             for p in t.pods.values() {
                 upsert(&mut snap, p).unwrap();
@@ -350,11 +538,13 @@ impl Replica {
                 pods: t.rv,
                 podgroups: t.grv,
             });
-            (t.log.len(), t.glog.len())
+            (t.log.len(), t.glog.len(), t.clog.len())
         };
-        if let Some(cm) = api.object(LEDGER) {
-            let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
-            snap.upsert_ledger(ledger_record(&cm).unwrap());
+        for q in QUEUES {
+            if let Some(cm) = api.object(&ledger_path(q)) {
+                let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
+                snap.upsert_ledger(ledger_record(&cm).unwrap());
+            }
         }
         let probe: Probe = {
             let truth = truth.clone();
@@ -417,6 +607,8 @@ impl Replica {
             state,
             cursor,
             gcursor,
+            ccursor,
+            lies_about_claims: false,
             stalled: false,
             gstalled: false,
             asked,
@@ -451,6 +643,39 @@ impl Replica {
     }
 }
 
+impl Replica {
+    /// Its ResourceClaim watch delivers up to `n` events of `log`. (Claims are not a
+    /// stream of the watermark: a lagging claim watch is what a decision meets.)
+    fn deliver_claims(&mut self, log: &[(u64, String, Option<Value>)], n: usize) {
+        let mut snap = self.state.snapshot.lock().unwrap();
+        for (_, name, object) in log.iter().skip(self.ccursor).take(n) {
+            match object {
+                Some(o) if self.lies_about_claims => {
+                    upsert(&mut snap, &lie_about(o)).unwrap();
+                }
+                Some(o) => {
+                    upsert(&mut snap, o).unwrap();
+                }
+                None => remove(&mut snap, "ResourceClaim", "ml", name),
+            }
+            self.ccursor += 1;
+        }
+    }
+}
+
+/// A claim as a lying watch shows it: allocated on the other model's node.
+fn lie_about(claim: &Value) -> Value {
+    let mut c = claim.clone();
+    if c["status"]["allocation"].is_object() {
+        let on = &mut c["status"]["allocation"]["devices"]["results"][0]["pool"];
+        let other = MODELS.iter().find(|(_, n, ..)| *on != **n).unwrap().1;
+        *on = json!(other);
+        c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
+            ["values"] = json!([other]);
+    }
+    c
+}
+
 impl Drop for Replica {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
@@ -483,14 +708,24 @@ enum Asked {
         name: String,
         group: Value,
     },
+    /// The scheduler's write of a claim's status: its allocation, or one more pod it is
+    /// reserved for; lands only on the version it was read at (`old_rv`).
+    Claim {
+        name: String,
+        new: Value,
+        old_rv: Value,
+    },
 }
+
+/// The highest quota of each queue and model.
+type Quotas = BTreeMap<&'static str, Quota>;
 
 struct Flight {
     r: usize,
     asked: Asked,
     answer: tokio::task::JoinHandle<Value>,
-    /// The highest quota of each model stored while the request was in flight.
-    quota: Quota,
+    /// The highest quota of each queue and model stored while the request was in flight.
+    quota: Quotas,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -507,6 +742,13 @@ struct Tally {
     group_pods: u64,
     /// PodGroup watches relisted (a replica behind on them asked).
     group_relists: u64,
+    /// Claim status writes (allocations and reservations) and binds of claim pods, by
+    /// outcome; reservations admitted that left a claim reserved for pods of both queues;
+    /// claims the resourceclaim controller released.
+    claim_writes: [u64; 3],
+    claim_binds: [u64; 3],
+    shared: u64,
+    claim_gcs: u64,
     crashes: u64,
     relists: u64,
     lies: u64,
@@ -537,7 +779,11 @@ impl Tally {
             self.binds[i] += o.binds[i];
             self.joined_binds[i] += o.joined_binds[i];
             self.groups[i] += o.groups[i];
+            self.claim_writes[i] += o.claim_writes[i];
+            self.claim_binds[i] += o.claim_binds[i];
         }
+        self.shared += o.shared;
+        self.claim_gcs += o.claim_gcs;
         self.crashes += o.crashes;
         self.group_pods_asked += o.group_pods_asked;
         self.group_pods += o.group_pods;
@@ -581,8 +827,8 @@ fn held(st: &State) -> u64 {
 struct World {
     api: FakeApi,
     truth: Arc<Mutex<Truth>>,
-    /// The stored Queue's quota.
-    quota: Quota,
+    /// The stored Queues' quotas.
+    quota: Quotas,
     /// A cut has landed in this case: from then on the CREATE line is not checked (see
     /// `check_landed`), the binding line is.
     cut: bool,
@@ -597,12 +843,31 @@ struct World {
 impl World {
     fn new() -> Self {
         let api = FakeApi::new().with_delay(Duration::from_micros(300));
-        let quota: Quota = MODELS.iter().map(|(m, _, q)| (*m, *q)).collect();
-        api.seed(queue(&quota, 1));
-        let truth = Arc::new(Mutex::new(Truth {
-            nodes: MODELS.iter().map(|(m, n, _)| (n.to_string(), *m)).collect(),
+        let quota: Quotas = QUEUES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let q: Quota = MODELS
+                    .iter()
+                    .enumerate()
+                    .map(|(m, (model, ..))| (*model, first_quota(i, m)))
+                    .collect();
+                api.seed(queue(name, &q, 1));
+                (*name, q)
+            })
+            .collect();
+        let mut truth = Truth {
+            nodes: MODELS
+                .iter()
+                .map(|(m, n, ..)| (n.to_string(), *m))
+                .collect(),
             ..Truth::default()
-        }));
+        };
+        for c in 0..CLAIMS {
+            let name = claim_name(c);
+            truth.store_claim(&name, claim_json(&name));
+        }
+        let truth = Arc::new(Mutex::new(truth));
         let replicas = (0..2)
             .map(|r| Replica::start(&api, &truth, format!("r{r}.0")))
             .collect();
@@ -655,7 +920,7 @@ impl World {
                         .push(format!("  create {name} at r{}: {}", f.r, brief(&resp)));
                     // The API server refuses a name it holds (AlreadyExists).
                     if o == 0 && !lost && !t.pods.contains_key(&name) {
-                        let model = model_of(&pod);
+                        let (queue, model) = (queue_of(&pod), model_of(&pod));
                         if pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"]
                             .is_string()
                         {
@@ -666,7 +931,7 @@ impl World {
                         t.created.insert(uid, at);
                         t.store(&name, pod);
                         drop(t);
-                        self.check_landed(model, &f.quota, false)?;
+                        self.check_landed(queue, model, &f.quota, None)?;
                         continue;
                     }
                 }
@@ -702,6 +967,9 @@ impl World {
                     if joined {
                         self.tally.joined_binds[o] += 1;
                     }
+                    if t.pods.get(&name).and_then(claim_of).is_some() {
+                        self.tally.claim_binds[o] += 1;
+                    }
                     self.trace
                         .push(format!("  bind {name} at r{}: {}", f.r, brief(&resp)));
                     let current = t.pods.get(&name).filter(|p| {
@@ -709,8 +977,15 @@ impl World {
                     });
                     if let (0, Some(p)) = (o, current) {
                         let mut p = p.clone();
-                        let model = model_of(&p);
+                        let queue = queue_of(&p);
+                        let cards_before = t.cards();
+                        // A claim pod's card is its claim's device.
+                        let model = match claim_of(&p) {
+                            Some(c) => t.claim_model(&c).unwrap_or_else(|| model_of(&p)),
+                            None => model_of(&p),
+                        };
                         p["spec"]["nodeName"] = json!(node);
+                        let before = cards_before.get(&(queue, model)).map_or(0, |c| c.0);
                         t.store(&name, p);
                         // With pins on, the bind of a pod the binding replica does not
                         // show is a net that fails open (issue 46 #8): after a cut, a
@@ -722,15 +997,61 @@ impl World {
                             self.tally.unseen_binds_after_cut += 1;
                             continue;
                         }
-                        self.check_landed(model, &f.quota, true)?;
+                        self.check_landed(queue, model, &f.quota, Some(before))?;
                         continue;
+                    }
+                }
+                Asked::Claim { name, new, old_rv } => {
+                    self.tally.claim_writes[o] += 1;
+                    self.trace
+                        .push(format!("  claim {name} at r{}: {}", f.r, brief(&resp)));
+                    let current = t
+                        .claims
+                        .get(&name)
+                        .map(|c| &c["metadata"]["resourceVersion"]);
+                    if o == 0 && current == Some(&old_rv) {
+                        // Reserved for pods of both queues: a sharer of another queue.
+                        let queues: std::collections::BTreeSet<&str> = new["status"]["reservedFor"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|x| {
+                                t.pods
+                                    .values()
+                                    .find(|p| p["metadata"]["uid"] == x["uid"])
+                                    .map(queue_of)
+                            })
+                            .collect();
+                        if queues.len() > 1 {
+                            self.tally.shared += 1;
+                        }
+                        let allocating = t.claim_model(&name).is_none();
+                        let before = t.cards();
+                        t.store_claim(&name, new.clone());
+                        if allocating {
+                            // The allocation is its pod's binding decided: checked as one.
+                            let uid = new["status"]["reservedFor"][0]["uid"].clone();
+                            let pod = t.pods.values().find(|p| p["metadata"]["uid"] == uid);
+                            let queue = pod.map_or(QUEUES[0], queue_of);
+                            t.allocated_for.insert(name.clone(), (uid, queue));
+                            let model = t.claim_model(&name).unwrap();
+                            let before = before.get(&(queue, model)).map_or(0, |c| c.0);
+                            drop(t);
+                            self.check_landed(queue, model, &f.quota, Some(before))?;
+                            continue;
+                        }
                     }
                 }
                 Asked::Queue { new } => {
                     self.trace
                         .push(format!("  queue write at r{}: {}", f.r, brief(&resp)));
                     drop(t);
-                    let current = self.api.object(QUEUE).unwrap();
+                    let name = QUEUES
+                        .iter()
+                        .copied()
+                        .find(|q| new["metadata"]["name"] == *q)
+                        .unwrap();
+                    let current = self.api.object(&queue_path(name)).unwrap();
                     let stale = current["metadata"]["resourceVersion"]
                         != new["metadata"]["resourceVersion"];
                     match o {
@@ -740,19 +1061,20 @@ impl World {
                         0 => {
                             let stored = self.api.store(new);
                             let quota = quota_of(&stored);
-                            if quota.iter().any(|(m, q)| *q < self.quota[m]) {
+                            if quota.iter().any(|(m, q)| *q < self.quota[name][m]) {
                                 self.tally.cuts += 1;
                                 self.cut = true;
                             } else {
                                 self.tally.raises += 1;
                             }
                             for other in &mut self.flights {
+                                let highest = other.quota.entry(name).or_default();
                                 for (m, q) in &quota {
-                                    let e = other.quota.entry(m).or_default();
+                                    let e = highest.entry(m).or_default();
                                     *e = (*e).max(*q);
                                 }
                             }
-                            self.quota = quota;
+                            self.quota.insert(name, quota);
                         }
                         2 => self.tally.queue_retries += 1,
                         _ => prop_assert!(false, "a Queue write refused: {resp}"),
@@ -765,7 +1087,10 @@ impl World {
 
     /// An admitted CREATE or binding of a pod of `model` landed: nothing past `flight`,
     /// the highest quota stored while it was in flight. (Other models may be past a cut
-    /// by what was admitted before it.)
+    /// by what was admitted before it.) `binding`: the queue's bound cards of `model`
+    /// before a binding (or a claim's allocation, its pod's binding decided) landed; a
+    /// binding that adds no card (a claim pod whose allocation counts already) adds
+    /// nothing past the quota.
     ///
     /// The binding line is the invariant and is checked whatever happened. The CREATE
     /// line (stored card pods within the quota) only until a cut lands: pods admitted
@@ -774,25 +1099,31 @@ impl World {
     /// seal) that much later, within the spare it held; bindings are never held.
     fn check_landed(
         &mut self,
+        queue: &str,
         model: &str,
-        flight: &Quota,
-        binding: bool,
+        flight: &Quotas,
+        binding: Option<u64>,
     ) -> Result<(), TestCaseError> {
-        if self.quota[model] < flight[model] {
+        let flight = &flight[queue];
+        if self.quota[queue][model] < flight[model] {
             self.tally.after_cut += 1;
         }
 
         let t = self.truth.lock().unwrap();
-        for (model, (bound, all)) in t.cards().into_iter().filter(|(m, _)| *m == model) {
+        let cards = t.cards();
+        for ((queue, model), (bound, all)) in cards
+            .into_iter()
+            .filter(|((q, m), _)| *q == queue && *m == model)
+        {
             let quota = flight[model];
             prop_assert!(
-                !binding || bound <= quota,
-                "{bound} {model} cards bound, quota {quota}\n{}",
+                binding.is_none_or(|before| bound <= quota.max(before)),
+                "{bound} {model} cards bound in {queue}, quota {quota}\n{}",
                 self.trace.join("\n")
             );
             prop_assert!(
-                binding || self.cut || all <= quota,
-                "{all} {model} cards in stored pods (each charged at its CREATE), quota {quota}\n{}",
+                binding.is_some() || self.cut || all <= quota,
+                "{all} {model} cards in stored pods of {queue} (each charged at its CREATE), quota {quota}\n{}",
                 self.trace.join("\n")
             );
         }
@@ -802,13 +1133,134 @@ impl World {
     /// Counts steps at which a model's quota is full of bound cards.
     fn note_full(&mut self) {
         let t = self.truth.lock().unwrap();
-        for (model, (bound, _)) in t.cards() {
-            if bound == self.quota[model] && bound > 0 {
+        for ((queue, model), (bound, _)) in t.cards() {
+            if bound == self.quota[queue][model] && bound > 0 {
                 self.tally.full += 1;
             }
         }
     }
 
+    /// The scheduler's next write for stored, unbound pod `pod` at replica `r`: a claim
+    /// pod's claim allocated (onto a node of the model `node` picks), then reserved for
+    /// it, then the binding; another pod's binding onto its model's node `node`.
+    fn bind(&mut self, r: usize, pod: u8, node: u8) -> Result<(), TestCaseError> {
+        let name = pod_name(pod);
+        let t = self.truth.lock().unwrap();
+        let Some(p) = t
+            .pods
+            .get(&name)
+            .filter(|p| !p["spec"]["nodeName"].is_string())
+        else {
+            return Ok(());
+        };
+        let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
+        if let Some(c) = claim_of(p) {
+            // The scheduler allocates the claim, then reserves it for the pod,
+            // then binds the pod onto the allocation's node: one write a step.
+            let old = t.claims[&c].clone();
+            let reserved = old["status"]["reservedFor"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x["uid"] == uid.as_str()));
+            let write = match t.claim_model(&c) {
+                None => {
+                    // Mostly on a node of the model the pod names; the third
+                    // choice is the other model's (refused: not what it names).
+                    let named = model_of(p);
+                    let model = match node {
+                        2 => MODELS.iter().find(|(m, ..)| *m != named).unwrap().0,
+                        _ => named,
+                    };
+                    let (_, at, ..) = MODELS.iter().find(|(m, ..)| *m == model).unwrap();
+                    let taken: Vec<String> = t
+                        .claims
+                        .values()
+                        .filter_map(|c| {
+                            let r = &c["status"]["allocation"]["devices"]["results"][0];
+                            (r["pool"] == *at).then(|| r["device"].to_string())
+                        })
+                        .collect();
+                    let Some(device) = (0..DEVICES)
+                        .map(|i| format!("gpu-{i}"))
+                        .find(|d| !taken.contains(&json!(d).to_string()))
+                    else {
+                        return Ok(());
+                    };
+                    let mut new = old.clone();
+                    new["status"] = json!({"allocation": {
+                        "devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": at, "device": device}]},
+                        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [at]}]}]}},
+                        "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]});
+                    Some(new)
+                }
+                Some(_) if !reserved => {
+                    let mut new = old.clone();
+                    new["status"]["reservedFor"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(json!({"resource": "pods", "name": name, "uid": uid}));
+                    Some(new)
+                }
+                Some(_) => None,
+            };
+            if let Some(new) = write {
+                drop(t);
+                let old_rv = old["metadata"]["resourceVersion"].clone();
+                let review = R::claim("UPDATE", new.clone())
+                    .subresource("status")
+                    .old(old)
+                    .uid(&format!("claim-{c}-{}", self.flights.len()))
+                    .build();
+                self.ask(
+                    r,
+                    review,
+                    Asked::Claim {
+                        name: c,
+                        new,
+                        old_rv,
+                    },
+                );
+                return Ok(());
+            }
+        }
+        let card = match claim_of(p) {
+            Some(c) => t.claim_model(&c),
+            None => p["metadata"]["annotations"]["volcano.sh/card.name"]
+                .as_str()
+                .and_then(|n| MODELS.iter().find(|(m, ..)| *m == n).map(|(m, ..)| *m)),
+        };
+        // A claim pod goes where its claim's device is (the first node of its model).
+        let of_model: Vec<&str> = t
+            .nodes
+            .iter()
+            .filter(|(_, m)| Some(*m) == card)
+            .map(|(n, _)| n.as_str())
+            .take(if claim_of(p).is_some() { 1 } else { usize::MAX })
+            .collect();
+        let node = of_model[node as usize % of_model.len()].to_string();
+        let joined = !MODELS.iter().any(|(_, n, ..)| *n == node);
+        let seen = t
+            .created
+            .get(&uid)
+            .is_some_and(|at| *at < self.replicas[r].cursor);
+        drop(t);
+        let n = self.flights.len();
+        let review = R::binding("ml", &name, &node)
+            .uid(&format!("bind-{uid}-{n}"))
+            .build();
+        self.ask(
+            r,
+            review,
+            Asked::Bind {
+                name,
+                uid,
+                node,
+                seen,
+                joined,
+            },
+        );
+        Ok(())
+    }
     async fn apply(&mut self, s: &Step) -> Result<(), TestCaseError> {
         self.trace.push(format!("{s:?}"));
         match *s {
@@ -819,6 +1271,8 @@ impl World {
                 cards,
                 lost,
                 group,
+                queue,
+                claim,
             } => {
                 let name = pod_name(pod);
                 let mut t = self.truth.lock().unwrap();
@@ -829,7 +1283,17 @@ impl World {
                 if group.is_some() {
                     self.tally.group_pods_asked += 1;
                 }
-                let p = pod_json(&name, &uid, MODELS[model].0, cards, group.as_deref());
+                // A pod of a PodGroup takes its cards as `nvidia.com/gpu`.
+                let claim = claim.filter(|_| group.is_none()).map(claim_name);
+                let p = pod_json(
+                    &name,
+                    &uid,
+                    MODELS[model].0,
+                    cards,
+                    group.as_deref(),
+                    QUEUES[queue],
+                    claim.as_deref(),
+                );
                 let mut sent = p.clone();
                 sent["metadata"]
                     .as_object_mut()
@@ -838,50 +1302,30 @@ impl World {
                 let review = R::pod("CREATE", sent).uid(&format!("review-{uid}")).build();
                 self.ask(r, review, Asked::Create { name, pod: p, lost });
             }
-            Step::Bind { r, pod, node } => {
-                let name = pod_name(pod);
+            Step::Bind { r, pod, node } => self.bind(r, pod, node)?,
+            Step::Schedule { r, n } => {
                 let t = self.truth.lock().unwrap();
-                let Some(p) = t
-                    .pods
-                    .get(&name)
-                    .filter(|p| !p["spec"]["nodeName"].is_string())
-                else {
-                    return Ok(());
-                };
-                let uid = p["metadata"]["uid"].as_str().unwrap().to_string();
-                let card = p["metadata"]["annotations"]["volcano.sh/card.name"].as_str();
-                let of_model: Vec<&str> = t
-                    .nodes
-                    .iter()
-                    .filter(|(_, m)| Some(*m) == card)
-                    .map(|(n, _)| n.as_str())
+                let waiting: Vec<u8> = (0..PODS)
+                    .filter(|i| {
+                        t.pods.get(&pod_name(*i)).is_some_and(|p| {
+                            claim_of(p).is_some() && !p["spec"]["nodeName"].is_string()
+                        })
+                    })
                     .collect();
-                let node = of_model[node as usize % of_model.len()].to_string();
-                let joined = !MODELS.iter().any(|(_, n, _)| *n == node);
-                let seen = t
-                    .created
-                    .get(&uid)
-                    .is_some_and(|at| *at < self.replicas[r].cursor);
                 drop(t);
-                let n = self.flights.len();
-                let review = R::binding("ml", &name, &node)
-                    .uid(&format!("bind-{uid}-{n}"))
-                    .build();
-                self.ask(
-                    r,
-                    review,
-                    Asked::Bind {
-                        name,
-                        uid,
-                        node,
-                        seen,
-                        joined,
-                    },
-                );
+                if !waiting.is_empty() {
+                    let pod = waiting[n as usize % waiting.len()];
+                    self.bind(r, pod, n % 3)?;
+                }
             }
             Step::Delete { pod } => self.truth.lock().unwrap().delete(&pod_name(pod)),
-            Step::SetQuota { r, model, to } => {
-                let old = self.api.object(QUEUE).unwrap();
+            Step::SetQuota {
+                r,
+                queue: q,
+                model,
+                to,
+            } => {
+                let old = self.api.object(&queue_path(QUEUES[q])).unwrap();
                 let mut quota = quota_of(&old);
                 quota.insert(MODELS[model].0, to);
                 let rv: u64 = old["metadata"]["resourceVersion"]
@@ -889,7 +1333,7 @@ impl World {
                     .unwrap()
                     .parse()
                     .unwrap();
-                let new = queue(&quota, rv);
+                let new = queue(QUEUES[q], &quota, rv);
                 let review = R::queue("UPDATE", new.clone())
                     .old(old)
                     .uid(&format!("queue-{rv}-{}", self.flights.len()))
@@ -942,7 +1386,7 @@ impl World {
             Step::StallGroups { r } => self.replicas[r].gstalled = true,
             Step::NodeJoin { model } => {
                 let mut t = self.truth.lock().unwrap();
-                let (m, first, _) = MODELS[model];
+                let (m, first, ..) = MODELS[model];
                 let of_model = t.nodes.iter().filter(|(_, x)| *x == m).count();
                 if of_model <= JOINS {
                     t.nodes.push((format!("{first}-{of_model}"), m));
@@ -956,9 +1400,45 @@ impl World {
                 }
             }
             Step::QueueWatch { r } => {
-                let q = self.api.object(QUEUE).unwrap();
                 let mut snap = self.replicas[r].state.snapshot.lock().unwrap();
-                upsert(&mut snap, &q).unwrap();
+                for q in QUEUES {
+                    upsert(&mut snap, &self.api.object(&queue_path(q)).unwrap()).unwrap();
+                }
+            }
+            Step::DeliverClaims { r, n } => {
+                let t = self.truth.lock().unwrap();
+                self.replicas[r].deliver_claims(&t.clog, n as usize);
+            }
+            Step::ClaimGc => {
+                let mut t = self.truth.lock().unwrap();
+                let stored: Vec<Value> = t
+                    .pods
+                    .values()
+                    .map(|p| p["metadata"]["uid"].clone())
+                    .collect();
+                let claims: Vec<(String, Value)> = t.claims.clone().into_iter().collect();
+                for (name, c) in claims {
+                    let Some(reserved) = c["status"]["reservedFor"].as_array() else {
+                        continue;
+                    };
+                    let kept: Vec<Value> = reserved
+                        .iter()
+                        .filter(|x| stored.contains(&x["uid"]))
+                        .cloned()
+                        .collect();
+                    if kept.len() == reserved.len() {
+                        continue;
+                    }
+                    let mut new = c.clone();
+                    if kept.is_empty() {
+                        new.as_object_mut().unwrap().remove("status");
+                        t.allocated_for.remove(&name);
+                    } else {
+                        new["status"]["reservedFor"] = json!(kept);
+                    }
+                    t.store_claim(&name, new);
+                    self.tally.claim_gcs += 1;
+                }
             }
             Step::Deliver { r, n } => {
                 let t = self.truth.lock().unwrap();
@@ -968,15 +1448,17 @@ impl World {
                 }
             }
             Step::Ledger { r } => {
-                if let Some(cm) = self.api.object(LEDGER) {
-                    let cm: k8s_openapi::api::core::v1::ConfigMap =
-                        serde_json::from_value(cm).unwrap();
-                    self.replicas[r]
-                        .state
-                        .snapshot
-                        .lock()
-                        .unwrap()
-                        .upsert_ledger(ledger_record(&cm).unwrap());
+                for q in QUEUES {
+                    if let Some(cm) = self.api.object(&ledger_path(q)) {
+                        let cm: k8s_openapi::api::core::v1::ConfigMap =
+                            serde_json::from_value(cm).unwrap();
+                        self.replicas[r]
+                            .state
+                            .snapshot
+                            .lock()
+                            .unwrap()
+                            .upsert_ledger(ledger_record(&cm).unwrap());
+                    }
                 }
             }
             Step::Wait { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
@@ -1022,14 +1504,16 @@ impl World {
                 let committer = st.live.as_ref().unwrap().committer.clone();
                 let metrics: Arc<dyn CommitMetrics> = st.metrics.ledger.clone();
                 let sweep = tokio::spawn(async move {
-                    let _ = committer
-                        .prune(
-                            &QueueName::new("q"),
-                            &st.snapshot,
-                            &Config::default(),
-                            &metrics,
-                        )
-                        .await;
+                    for q in QUEUES {
+                        let _ = committer
+                            .prune(
+                                &QueueName::new(q),
+                                &st.snapshot,
+                                &Config::default(),
+                                &metrics,
+                            )
+                            .await;
+                    }
                 });
                 self.sweeps.push(sweep);
             }
@@ -1047,6 +1531,18 @@ impl World {
                 let me = format!("r{r}.{}", self.incarnations);
                 self.replicas[r] = Replica::start(&self.api, &self.truth, me);
                 self.tally.crashes += 1;
+            }
+            Step::LieClaim { r } => {
+                let rep = &mut self.replicas[r];
+                if !rep.lies_about_claims {
+                    rep.lies_about_claims = true;
+                    let t = self.truth.lock().unwrap();
+                    let mut snap = rep.state.snapshot.lock().unwrap();
+                    for c in t.claims.values() {
+                        upsert(&mut snap, &lie_about(c)).unwrap();
+                    }
+                    self.tally.lies += 1;
+                }
             }
             Step::Lie { r, pod } => {
                 let name = pod_name(pod);
@@ -1076,11 +1572,13 @@ impl World {
 
     /// The stored ledger and pods, and each replica's progress, in the trace.
     fn trace_state(&mut self) {
-        if let Some(cm) = self.api.object(LEDGER) {
-            self.trace.push(format!(
-                "    ledger rv {}: {}",
-                cm["metadata"]["resourceVersion"], cm["data"]["ledger"]
-            ));
+        for q in QUEUES {
+            if let Some(cm) = self.api.object(&ledger_path(q)) {
+                self.trace.push(format!(
+                    "    ledger of {q} rv {}: {}",
+                    cm["metadata"]["resourceVersion"], cm["data"]["ledger"]
+                ));
+            }
         }
         let t = self.truth.lock().unwrap();
         let pods: Vec<String> = t
@@ -1101,7 +1599,33 @@ impl World {
             .collect();
         self.trace
             .push(format!("    pods at rv {}: {}", t.rv, pods.join(", ")));
+        let claims: Vec<String> = t
+            .claims
+            .iter()
+            .map(|(n, c)| {
+                let on = &c["status"]["allocation"]["devices"]["results"][0];
+                let reserved: Vec<&str> = c["status"]["reservedFor"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x["uid"].as_str())
+                    .collect();
+                format!("{n}(on {}/{} for {reserved:?})", on["pool"], on["device"])
+            })
+            .collect();
+        self.trace
+            .push(format!("    claims: {}", claims.join(", ")));
         for (r, rep) in self.replicas.iter().enumerate() {
+            {
+                let snap = rep.state.snapshot.lock().unwrap();
+                for q in QUEUES {
+                    let l = snap.ledger(&QueueName::new(q));
+                    self.trace.push(format!(
+                        "    r{r} sees ledger {q} at {:?}: {:?}",
+                        l.resource_version, l.ledger
+                    ));
+                }
+            }
             let progress = rep.state.snapshot.lock().unwrap().progress();
             self.trace.push(format!(
                 "    r{r}: pods at {} (event {} of {}){}",
@@ -1172,7 +1696,7 @@ fn the_replicas_committer_never_binds_past_a_quota() {
     });
     let total = Mutex::new(Tally::default());
     runner
-        .run(&prop::collection::vec(step(false), 20..120), |steps| {
+        .run(&prop::collection::vec(step(Liar::None), 20..120), |steps| {
             let t = run(&steps)?;
             total.lock().unwrap().add(&t);
             Ok(())
@@ -1197,6 +1721,14 @@ fn the_replicas_committer_never_binds_past_a_quota() {
         t.groups[0] > 0 && t.groups[1] > 0 && t.group_pods > 0 && t.group_relists > 0,
         "PodGroups admitted and refused, pods of them stored, PodGroup watches relisted: {t:?}"
     );
+    assert!(
+        t.claim_writes[0] > 0
+            && t.claim_writes[1] > 0
+            && t.claim_binds[0] > 0
+            && t.shared > 0
+            && t.claim_gcs > 0,
+        "claim allocations admitted and refused, claim pods bound, claims reserved for pods of both queues, claims released: {t:?}"
+    );
     assert!(t.crashes > 0 && t.relists > 0 && t.full > 0, "{t:?}");
     assert!(t.conflicts > 0 && t.held > 0, "{t:?}");
     assert!(t.cuts > 0 && t.raises > 0 && t.after_cut > 0, "{t:?}");
@@ -1212,6 +1744,8 @@ fn create(r: usize, pod: u8, model: usize, cards: u8, lost: bool) -> Step {
         cards,
         lost,
         group: None,
+        queue: 0,
+        claim: None,
     }
 }
 
@@ -1278,6 +1812,7 @@ fn found_a_binding_of_a_pod_the_cache_does_not_show_is_held_to_a_cut() {
         create(0, 0, 0, 1, false),
         SetQuota {
             r: 0,
+            queue: 0,
             model: 1,
             to: 0,
         },
@@ -1348,6 +1883,8 @@ fn a_refused_create_retry_stops_counting_after_the_store_lag() {
             cards: 1,
             lost: false,
             group: None,
+            queue: 0,
+            claim: None,
         };
         for s in [
             create.clone(),
@@ -1359,7 +1896,7 @@ fn a_refused_create_retry_stops_counting_after_the_store_lag() {
         }
         w.apply(&Wait { ms: 100 }).await.unwrap();
         let entries = |w: &World| {
-            let cm = w.api.object(LEDGER).unwrap();
+            let cm = w.api.object(&ledger_path("q")).unwrap();
             let l: Value = serde_json::from_str(cm["data"]["ledger"].as_str().unwrap()).unwrap();
             let ids = l["entries"].as_object().cloned().unwrap_or_default();
             ids.keys().cloned().collect::<Vec<_>>()
@@ -1398,15 +1935,29 @@ fn a_refused_create_retry_stops_counting_after_the_store_lag() {
 /// so the bound of 10,000 misses only if the oracle or the generator went blind.
 #[test]
 fn a_lying_pod_watch_is_caught() {
+    caught(Liar::Pods);
+}
+
+/// The same for claims: a claim watch that shows an allocated claim's device on the
+/// other model makes its replica count that card on the wrong model, so the oracle sees
+/// claims' cards. (A claim shown unallocated is no lie card-quota can be caught by: a
+/// bound pod whose claim it does not see allocated counts on every model it may have.)
+#[test]
+fn a_lying_claim_watch_is_caught() {
+    caught(Liar::Claims);
+}
+
+/// Runs cases with `liar` until one is caught past a quota, and says after how many.
+fn caught(liar: Liar) {
     let mut runner = TestRunner::new(RunnerConfig {
-        cases: 10_000,
+        cases: 30_000,
         failure_persistence: None,
         ..RunnerConfig::default()
     });
     // Cases run until the first failure (shrinking runs more: they are not counted).
     let until_found = std::cell::Cell::new(None);
     let tried = std::cell::Cell::new(0u32);
-    let found = runner.run(&prop::collection::vec(step(true), 20..120), |steps| {
+    let found = runner.run(&prop::collection::vec(step(liar), 20..120), |steps| {
         tried.set(tried.get() + 1);
         let r = run(&steps).map(|_| ());
         if r.is_err() && until_found.get().is_none() {
@@ -1416,7 +1967,7 @@ fn a_lying_pod_watch_is_caught() {
     });
     let Err(e) = found else {
         panic!(
-            "a lying pod watch was never caught in {} cases",
+            "a lying watch ({liar:?}) was never caught in {} cases",
             tried.get()
         );
     };
@@ -1426,7 +1977,7 @@ fn a_lying_pod_watch_is_caught() {
     );
     let e = e.to_string();
     assert!(
-        e.contains(" cards bound, quota ") || e.contains(" cards in stored pods"),
+        e.contains(" cards bound in ") || e.contains(" cards in stored pods"),
         "{e}"
     );
     eprintln!("{}", e.lines().next().unwrap_or_default());
@@ -1462,6 +2013,8 @@ fn a_stamped_pod_of_a_podgroup_a_replica_does_not_show_counts_in_its_queue() {
             cards: 1,
             lost: false,
             group: Some(0),
+            queue: 0,
+            claim: None,
         },
         create(1, 0, 0, 2, false),
         Deliver { r: 1, n: 2 },
@@ -1477,4 +2030,145 @@ fn a_stamped_pod_of_a_podgroup_a_replica_does_not_show_counts_in_its_queue() {
         create(0, 0, 0, 1, false),
     ];
     run(&steps).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A CREATE of `pod` at replica `r` of `queue` (by index) whose card is claim `claim`'s.
+fn claim_create(r: usize, pod: u8, model: usize, queue: usize, claim: u8) -> Step {
+    Step::Create {
+        r,
+        pod,
+        model,
+        cards: 1,
+        lost: false,
+        group: None,
+        queue,
+        claim: Some(claim),
+    }
+}
+
+/// Runs a shrunk case, padded as the generator's shortest case is.
+fn replay(mut steps: Vec<Step>) {
+    let pad = 20usize.saturating_sub(steps.len());
+    steps.extend(std::iter::repeat_n(create(0, 0, 0, 1, false), pad));
+    if let Err(e) = run(&steps) {
+        panic!("{e}");
+    }
+}
+
+/// Found by the model once it had two queues (2026-12-04), a replay of the shrunk case:
+/// replica 0, restarted, admitted p4 (2 RTX of q's 2) and its pod watch stayed behind;
+/// replica 1, whose cache showed p4, pruned its charge and raised the watermark. p1's
+/// CREATE was planned by replica 0 from that ledger, which arrived after its writer had
+/// seen the caches caught up (while it read a fence): p4 counted nowhere, 3 RTX in q.
+/// The core now decides nothing from a ledger its caches are behind
+/// (`decide::batch::plan_held`).
+#[test]
+fn found_a_ledger_that_arrives_while_the_writer_reads_a_fence_is_not_decided_from() {
+    use Step::*;
+    let mut steps = vec![
+        create(0, 2, 1, 1, false),
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 1,
+            claim: None,
+        },
+        Group {
+            r: 0,
+            group: 0,
+            model: 0,
+            cards: 1,
+            inqueue: false,
+        },
+        Crash { r: 0 },
+        create(0, 4, 0, 2, false),
+        DeliverClaims { r: 0, n: 1 },
+    ];
+    steps.extend(std::iter::repeat_n(create(0, 0, 0, 1, false), 3));
+    steps.push(DeliverClaims { r: 0, n: 1 });
+    steps.extend(std::iter::repeat_n(create(0, 0, 0, 1, false), 2));
+    steps.extend([
+        Wait { ms: 45_000 },
+        Deliver { r: 1, n: 3 },
+        Ledger { r: 1 },
+        create(0, 1, 0, 1, false),
+        Sweep { r: 1 },
+        DeliverGroups { r: 0, n: 1 },
+        Ledger { r: 0 },
+        Enqueue { r: 0, group: 0 },
+    ]);
+    replay(steps);
+}
+
+/// Found by the model once it had claims (2026-12-04), a replay of the shrunk case: p1
+/// and p2 of q share claim c1, allocated for p2 through replica 0; replica 1's claim
+/// watch never showed the allocation, and its cache showed p2 bound (from the ledger)
+/// while p1, pending, paid for c1 as the first by name. After a cut of q's RTX to 1,
+/// replica 1 let p0's claim c0 be allocated: the binding's hard line counted bound cards
+/// only, and c1 was not among them. A bound sharer pays first, and a bound pod whose
+/// claim a cache does not show allocated counts bound on every model it may have.
+#[test]
+fn found_a_sharer_bound_before_its_claim_is_seen_allocated_counts_bound() {
+    use Step::*;
+    let mut steps = vec![
+        claim_create(1, 1, 0, 0, 1),
+        claim_create(1, 2, 0, 0, 1),
+        DeliverGroups { r: 0, n: 1 },
+        Crash { r: 0 },
+        Schedule { r: 0, n: 55 },
+        claim_create(0, 0, 0, 0, 0),
+        ClaimGc,
+        ClaimGc,
+        SetQuota {
+            r: 0,
+            queue: 0,
+            model: 0,
+            to: 1,
+        },
+        Deliver { r: 1, n: 3 },
+        ClaimGc,
+        DeliverClaims { r: 0, n: 1 },
+        create(0, 0, 0, 1, false),
+        SetQuota {
+            r: 0,
+            queue: 1,
+            model: 0,
+            to: 0,
+        },
+        ClaimGc,
+    ];
+    steps.extend(std::iter::repeat_n(create(0, 0, 0, 1, false), 4));
+    steps.push(Schedule { r: 1, n: 24 });
+    replay(steps);
+}
+
+/// Found by the model once it had claims (2026-12-04), a replay of the shrunk case: p6,
+/// an H200 pod of q, deleted and made again as a claim pod of q2; replica 0's pod cache
+/// still showed the first p6 when the scheduler allocated the new one's claim on an
+/// RTX (which q2 has no quota of). The allocation was read against the first p6, which
+/// uses no claim: admitted uncharged. Its payer is now the pod it is reserved for, by
+/// uid (`decide::allocation`).
+#[test]
+fn found_an_allocation_for_a_pod_made_again_under_its_name_waits_for_the_cache() {
+    use Step::*;
+    replay(vec![
+        create(0, 0, 0, 1, false),
+        create(0, 6, 1, 1, false),
+        SetQuota {
+            r: 0,
+            queue: 1,
+            model: 0,
+            to: 0,
+        },
+        Deliver { r: 0, n: 2 },
+        Delete { pod: 6 },
+        claim_create(0, 6, 1, 1, 0),
+        Ledger { r: 0 },
+        DeliverGroups { r: 0, n: 1 },
+        Schedule { r: 0, n: 146 },
+    ]);
 }
