@@ -289,28 +289,16 @@ struct Truth {
 }
 
 impl Truth {
-    fn store(&mut self, name: &str, mut pod: Value) {
-        self.rv += 1;
-        pod["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.log
-            .push((self.rv, name.to_string(), Some(pod.clone())));
-        self.pods.insert(name.to_string(), pod);
+    fn store(&mut self, name: &str, pod: Value) {
+        store_in(&mut self.rv, &mut self.log, &mut self.pods, name, pod);
     }
 
-    fn store_group(&mut self, name: &str, mut group: Value) {
-        self.grv += 1;
-        group["metadata"]["resourceVersion"] = json!(self.grv.to_string());
-        self.glog
-            .push((self.grv, name.to_string(), Some(group.clone())));
-        self.groups.insert(name.to_string(), group);
+    fn store_group(&mut self, name: &str, group: Value) {
+        store_in(&mut self.grv, &mut self.glog, &mut self.groups, name, group);
     }
 
-    fn store_claim(&mut self, name: &str, mut claim: Value) {
-        self.crv += 1;
-        claim["metadata"]["resourceVersion"] = json!(self.crv.to_string());
-        self.clog
-            .push((self.crv, name.to_string(), Some(claim.clone())));
-        self.claims.insert(name.to_string(), claim);
+    fn store_claim(&mut self, name: &str, claim: Value) {
+        store_in(&mut self.crv, &mut self.clog, &mut self.claims, name, claim);
     }
 
     /// The model of the device allocated to `claim`, if it is allocated.
@@ -365,6 +353,20 @@ impl Truth {
         }
         out
     }
+}
+
+/// Stores `object` under `name` at its stream's next resourceVersion, with its event.
+fn store_in(
+    rv: &mut u64,
+    log: &mut Vec<(u64, String, Option<Value>)>,
+    objects: &mut BTreeMap<String, Value>,
+    name: &str,
+    mut object: Value,
+) {
+    *rv += 1;
+    object["metadata"]["resourceVersion"] = json!(rv.to_string());
+    log.push((*rv, name.to_string(), Some(object.clone())));
+    objects.insert(name.to_string(), object);
 }
 
 /// The queue of a pod of this test: the one it names, else its PodGroup's (`q`).

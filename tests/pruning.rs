@@ -182,15 +182,18 @@ fn a_batch_planned_from_a_ledger_the_caches_are_behind_decides_nothing() {
     });
     store(&mut snap, ledger, 5);
     let create = request(R::pod("CREATE", pod("p3")).build());
-    let b = plan(
-        &mut snap,
-        &q(),
-        &[&create],
-        &Config::default(),
-        jiff::Timestamp::now(),
-        |_, _| Duration::ZERO,
-        None,
-    );
+    let decide = |snap: &mut Snapshot| {
+        plan(
+            snap,
+            &q(),
+            &[&create],
+            &Config::default(),
+            jiff::Timestamp::now(),
+            |_, _| Duration::ZERO,
+            None,
+        )
+    };
+    let b = decide(&mut snap);
     match &b.outcomes[0] {
         Outcome::Wait(d) => assert_eq!(
             d.message.as_deref(),
@@ -202,15 +205,7 @@ fn a_batch_planned_from_a_ledger_the_caches_are_behind_decides_nothing() {
     // Caught up, it is decided: refused, p1 and p2 hold more than the quota of 1.
     progress.pods = 12;
     snap.set_progress(progress);
-    let b = plan(
-        &mut snap,
-        &q(),
-        &[&create],
-        &Config::default(),
-        jiff::Timestamp::now(),
-        |_, _| Duration::ZERO,
-        None,
-    );
+    let b = decide(&mut snap);
     assert!(
         matches!(&b.outcomes[0], Outcome::Answer(d) if !d.allowed && d.message.as_deref().is_some_and(|m| m.starts_with("queue q has insufficient"))),
         "{:?}",
