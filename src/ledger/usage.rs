@@ -619,20 +619,25 @@ pub fn bound_charges(
         // Cards from claims: the models of the devices allocated, once they are.
         if let Some(Ok(c)) = &pod.claimed {
             if c.resource == *res {
-                match &c.allocated {
-                    Some(allocated) => out.extend(allocated.iter().cloned()),
+                let got: Vec<(CardName, Cards)> = match &c.allocated {
+                    Some(allocated) => allocated.clone(),
                     // Bound before this cache shows its claims allocated (the claim
                     // watch behind the pod watch, or a binding known from the ledger
                     // only): on every model it may have got, so its cards count bound
                     // whichever they are (a binding's hard line reads bound cards).
-                    None => out.extend(
-                        c.per_model
-                            .iter()
-                            .filter(|(m, _)| pod.alternatives().is_none_or(|a| a.contains(m)))
-                            .map(|(m, n)| (m.clone(), *n)),
-                    ),
+                    None => c
+                        .per_model
+                        .iter()
+                        .filter(|(m, _)| pod.alternatives().is_none_or(|a| a.contains(m)))
+                        .map(|(m, n)| (m.clone(), *n))
+                        .collect(),
+                };
+                // None of them (its name narrows to no model its claims allow): by its
+                // charge or its node, as any card resource.
+                if c.allocated.is_some() || !got.is_empty() {
+                    out.extend(got);
+                    continue;
                 }
-                continue;
             }
         }
         let model = match (&pod.charged, demand.len()) {
