@@ -514,6 +514,32 @@ fn binding_charges_the_node_model_and_stamps_card_charged() {
     assert_eq!(w.usage("q", "NVIDIA-H200|RTX-4090"), Value::Null);
 }
 
+/// A Binding names its pod's uid (kube-scheduler and Volcano's binder set it): a cache
+/// that shows another pod under that name (deleted and made again, the cache behind) is
+/// not read as this one. Unpinned, a pod the cache does not show is "try again"; read
+/// as the older pod, this binding was checked (and charged) as that pod's.
+#[test]
+fn a_binding_of_a_pod_made_again_under_its_name_is_not_read_as_the_older_one() {
+    let mut w = World::new();
+    w.cfg.pin = false;
+    let mut old = pod("a", "q", Some("RTX-4090"), "1");
+    old["metadata"]["uid"] = json!("u-old");
+    assert!(w.send(R::pod("CREATE", old).build()).allowed);
+    let mut bind = R::binding("ml", "a", "rtx-1").build();
+    bind["request"]["object"]["metadata"]["uid"] = json!("u-new");
+    let r = w.send(bind);
+    assert!(!r.allowed, "checked as the older pod of that name");
+    assert_eq!(
+        message(&r),
+        "pod ml/a is not in card-quota's cache yet; try again"
+    );
+    // The pod the cache shows, by its uid: checked as before.
+    let mut bind = R::binding("ml", "a", "rtx-1").build();
+    bind["request"]["object"]["metadata"]["uid"] = json!("u-old");
+    let r = w.send(bind);
+    assert!(r.allowed, "{}", message(&r));
+}
+
 /// Issue 32 #2: a retried bind of a bound pod never replaces its charge.
 #[test]
 fn a_second_binding_of_a_bound_pod_is_refused_and_the_first_charge_stays() {

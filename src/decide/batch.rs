@@ -586,7 +586,10 @@ fn charge_of_unseen_pod(
     }
     let obj = req.object.as_ref()?;
     let (key, _) = super::binding::target(req, obj.tree());
-    if snap.pod(&key).is_some() || snap.is_known_cardless_pod(&key) {
+    if !matches!(
+        super::binding::shown(snap, &key, obj.tree()),
+        super::binding::Shown::Unseen
+    ) {
         return None;
     }
     let of = EntryKey::Pod(key.clone());

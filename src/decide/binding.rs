@@ -14,6 +14,34 @@ use super::pod::{allocate_with, card_demand, infer, Source};
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision, ObjectRef};
 
+/// What the cache shows of the pod a Binding binds.
+pub enum Shown<'a> {
+    Pod(&'a PodRecord),
+    /// Known, and it asks for no card.
+    Cardless,
+    /// Not this pod: none under its name, or another one (deleted and made again, the
+    /// cache behind).
+    Unseen,
+}
+
+/// The pod `key` a Binding `obj` binds, as `snap` shows it: by name, and by uid when the
+/// Binding names one (kube-scheduler and Volcano's binder set the pod's), so a cache that
+/// shows an older pod of that name is not read as this one.
+pub fn shown<'a>(snap: &'a Snapshot, key: &ObjectKey, obj: &Value) -> Shown<'a> {
+    let uid = obj
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty());
+    match snap.pod(key) {
+        Some(p) => match (uid, p.version.uid.as_deref()) {
+            (Some(want), Some(have)) if want != have => Shown::Unseen,
+            _ => Shown::Pod(p),
+        },
+        None if snap.is_known_cardless_incarnation(key, uid) => Shown::Cardless,
+        None => Shown::Unseen,
+    }
+}
+
 /// The pod a Binding binds and the node it names (`None` when it names none).
 pub fn target<'a>(req: &AdmissionRequest, obj: &'a Value) -> (ObjectKey, Option<&'a str>) {
     let namespace = obj
@@ -48,18 +76,22 @@ pub fn decide(
             format!("binding of pod {key} has no target.name"),
         );
     };
-    let Some(pod) = snap.pod(&key) else {
-        // With pins on, every card pod was charged at its CREATE on the one model it is
-        // pinned to (the ledger shows it to every replica), so a pod the cache does not
-        // show yet is a cardless one, or a card pod whose charge already counts: its bind
-        // never waits on card-quota's cache (the reconciler stamps `card.charged` later).
-        if snap.is_known_cardless_pod(&key) || cfg.pin {
-            return Decision::allow();
+    let pod = match shown(snap, &key, obj) {
+        Shown::Pod(p) => p,
+        Shown::Cardless => return Decision::allow(),
+        Shown::Unseen => {
+            // With pins on, every card pod was charged at its CREATE on the one model it is
+            // pinned to (the ledger shows it to every replica), so a card pod the cache
+            // does not show yet has its charge counted already: its bind never waits on
+            // card-quota's cache (the reconciler stamps `card.charged` later).
+            if cfg.pin {
+                return Decision::allow();
+            }
+            return Decision::deny(
+                RETRY,
+                format!("pod {key} is not in card-quota's cache yet; try again"),
+            );
         }
-        return Decision::deny(
-            RETRY,
-            format!("pod {key} is not in card-quota's cache yet; try again"),
-        );
     };
     // A scheduler retrying a bind that succeeded (its client timed out) must not replace
     // the first charge: the API server refuses it with 409 anyway, but only after the

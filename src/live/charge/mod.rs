@@ -99,7 +99,10 @@ async fn await_binding_objects(snapshot: &Mutex<Snapshot>, req: &AdmissionReques
     loop {
         {
             let snap = snapshot.lock().unwrap_or_else(|e| e.into_inner());
-            let pod_known = snap.pod(&key).is_some() || snap.is_known_cardless_pod(&key);
+            let pod_known = !matches!(
+                crate::decide::binding::shown(&snap, &key, obj.tree()),
+                crate::decide::binding::Shown::Unseen
+            );
             if pod_known && node.is_none_or(|n| snap.node(n).is_some()) {
                 return;
             }
