@@ -2174,3 +2174,56 @@ fn found_an_allocation_for_a_pod_made_again_under_its_name_waits_for_the_cache()
         Schedule { r: 0, n: 146 },
     ]);
 }
+
+/// Found by the model once it had claims (2026-12-04), a replay of the shrunk case:
+/// replica 0 recorded the allocation of p4's claim (an H200 of q2) and crashed before
+/// answering; q2's H200 quota was cut to 0; the scheduler's retry of that allocation was
+/// admitted as the charge recorded before the cut, and the card was bound past the cut.
+/// A retried binding or allocation is held to the quota as it is now
+/// (`decide::binding::past_a_cut`).
+#[test]
+fn found_a_retried_allocation_is_held_to_a_cut_since_it_was_recorded() {
+    use Step::*;
+    let c = |pod| create(0, pod, 0, 1, false);
+    let groups = |n| std::iter::repeat_n(DeliverGroups { r: 0, n: 1 }, n);
+    let mut steps = vec![
+        claim_create(0, 4, 1, 1, 0),
+        DeliverGroups { r: 0, n: 1 },
+        Deliver { r: 0, n: 1 },
+        c(5),
+        c(0),
+        Schedule { r: 0, n: 189 },
+        Crash { r: 0 },
+        c(0),
+        c(0),
+        DeliverClaims { r: 0, n: 1 },
+        SetQuota {
+            r: 0,
+            queue: 1,
+            model: 1,
+            to: 0,
+        },
+    ];
+    steps.extend(groups(2));
+    steps.extend([c(0), c(0), NodeJoin { model: 0 }]);
+    steps.extend(groups(1));
+    steps.push(NodeJoin { model: 0 });
+    steps.extend(groups(1));
+    steps.push(c(0));
+    steps.extend(groups(2));
+    steps.extend([
+        DeliverClaims { r: 0, n: 1 },
+        SetQuota {
+            r: 0,
+            queue: 0,
+            model: 0,
+            to: 0,
+        },
+        NodeJoin { model: 0 },
+    ]);
+    steps.extend(groups(2));
+    steps.push(NodeJoin { model: 0 });
+    steps.extend(groups(2));
+    steps.extend([Wait { ms: 3 }, Schedule { r: 0, n: 189 }]);
+    replay(steps);
+}

@@ -82,7 +82,11 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
             Err(UnknownGroup(g)) => return unknown_group(&key, g),
         };
         if bound == node {
-            // The same allocation written again (a scheduler's retry): that charge.
+            // The same allocation written again (a scheduler's retry): that charge,
+            // within the quota as it is now.
+            if let Some(d) = super::binding::past_a_cut(snap, &queue, pod, now) {
+                return d;
+            }
             return Decision::allow().charging(queue, Effect::Pod(Box::new(pod.clone())));
         }
         return Decision::deny(

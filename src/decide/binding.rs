@@ -8,7 +8,9 @@ use crate::cluster::PodRecord;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
-use super::messages::{gate, unknown_group, BAD_REQUEST, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
+use super::messages::{
+    gate, unknown_group, BAD_REQUEST, INSUFFICIENT, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+};
 use super::patch::set_annotation;
 use super::pod::{allocate_with, card_demand, infer, Source};
 use super::review::{AdmissionRequest, Operation};
@@ -107,6 +109,9 @@ pub fn decide(
         Err(UnknownGroup(g)) => return unknown_group(&key, g),
     };
     if let Some(bound) = &pod.node {
+        if let Some(d) = past_a_cut(snap, &queue, pod, now) {
+            return d;
+        }
         return retried(obj, pod, queue, bound, node);
     }
     // A pod of shared claims pays for them when its binding is the first to put them
@@ -190,6 +195,37 @@ pub fn decide(
 /// and the API server binds the pod once. Onto another node it would move a charge
 /// the first binding may still use: it waits until the cache shows whether that one
 /// landed (or, unlanded, until its entry is dropped).
+/// A binding (or allocation) card-quota recorded whose answer was lost is admitted again
+/// as that charge when retried, but not past a quota cut since: for the API server the
+/// first never happened, so this retry is where the cards are bound, and no binding
+/// puts a queue's bound cards past its quota (found by the committer model: a replica
+/// crashed after recording an allocation, the quota was cut to 0, and the scheduler's
+/// retry was admitted as the charge recorded before the cut). `None`: within the quota.
+pub(super) fn past_a_cut(
+    snap: &Snapshot,
+    queue: &QueueName,
+    pod: &PodRecord,
+    now: jiff::Timestamp,
+) -> Option<Decision> {
+    let charges = crate::ledger::usage::bound_charges(pod, snap).ok()?;
+    let usage = snap.usage(queue, now);
+    let (model, cards) = charges
+        .into_iter()
+        .find(|(m, _)| usage.allocated.get(m).copied().unwrap_or_default() > usage.quota.get(m))?;
+    Some(
+        Decision::deny(
+            INSUFFICIENT,
+            format!(
+                "queue {queue} has {} {model} cards bound, past its quota of {} (lowered since pod {} was admitted for {cards} of them); its binding waits for room: try again later",
+                usage.allocated.get(&model).copied().unwrap_or_default(),
+                usage.quota.get(&model),
+                pod.key
+            ),
+        )
+        .with_event(Some(regarding(&pod.key))),
+    )
+}
+
 fn retried(obj: &Value, pod: &PodRecord, queue: QueueName, bound: &str, node: &str) -> Decision {
     if bound == node {
         let mut d = Decision::allow();
