@@ -187,14 +187,6 @@ pub fn decide(
     }
 }
 
-/// A binding of a pod whose admitted binding the cache does not show yet. Its answer
-/// may never have reached the scheduler (the API server's call to the webhook timed
-/// out, or the ledger write landed after card-quota answered "try again"), so the
-/// scheduler posts it again: onto the same node it is that binding, already charged
-/// (recording it again only restarts its grace: the ledger keeps the first record),
-/// and the API server binds the pod once. Onto another node it would move a charge
-/// the first binding may still use: it waits until the cache shows whether that one
-/// landed (or, unlanded, until its entry is dropped).
 /// A binding (or allocation) card-quota recorded whose answer was lost is admitted again
 /// as that charge when retried, but not past a quota cut since: for the API server the
 /// first never happened, so this retry is where the cards are bound, and no binding
@@ -226,6 +218,14 @@ pub(super) fn past_a_cut(
     )
 }
 
+/// A binding of a pod whose admitted binding the cache does not show yet. Its answer
+/// may never have reached the scheduler (the API server's call to the webhook timed
+/// out, or the ledger write landed after card-quota answered "try again"), so the
+/// scheduler posts it again: onto the same node it is that binding, already charged
+/// (recording it again only restarts its grace: the ledger keeps the first record),
+/// and the API server binds the pod once. Onto another node it would move a charge
+/// the first binding may still use: it waits until the cache shows whether that one
+/// landed (or, unlanded, until its entry is dropped).
 fn retried(obj: &Value, pod: &PodRecord, queue: QueueName, bound: &str, node: &str) -> Decision {
     if bound == node {
         let mut d = Decision::allow();
