@@ -926,7 +926,13 @@ fn an_allocation_is_checked_when_the_scheduler_writes_it() {
         made_claim("b", None),
     ));
     assert!(r.allowed, "{}", message(&r));
-    // Writes that leave the allocation as it was, and a deallocation, change no card.
+    // A write that leaves the allocation and its reservations as they were, and a
+    // deallocation, change no card; a pod newly reserved must be one card-quota sees.
+    let r = w.send(status_write(
+        allocated_on("b", "h200-1", "h200-1", "gpu-0"),
+        allocated_on("b", "h200-1", "h200-1", "gpu-0"),
+    ));
+    assert!(r.allowed, "{}", message(&r));
     let mut reserved_twice = allocated_on("b", "h200-1", "h200-1", "gpu-0");
     reserved_twice["status"]["reservedFor"]
         .as_array_mut()
@@ -936,7 +942,10 @@ fn an_allocation_is_checked_when_the_scheduler_writes_it() {
         reserved_twice,
         allocated_on("b", "h200-1", "h200-1", "gpu-0"),
     ));
-    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        message(&r),
+        "pod ml/z, for which ResourceClaim ml/b-gpu-x1 is reserved, is not in card-quota's cache yet; try again"
+    );
     let r = w.send(status_write(
         made_claim("b", None),
         allocated_on("b", "h200-1", "h200-1", "gpu-0"),
@@ -979,6 +988,55 @@ fn an_allocation_for_a_pod_made_again_under_its_name_waits_for_the_cache_to_show
         made_claim("x", None),
     ));
     assert!(!r.allowed, "admitted as the cardless pod of that name");
+}
+
+/// Found by the committer model (2026-12-04): a pod reserved a claim allocated for
+/// another pod runs on that allocation's model. A sharer pinned to another model at its
+/// CREATE had its reservation admitted (it changed no card) and its binding taken as
+/// that CREATE's charge, so its card was bound on a model its queue never checked. A
+/// reservation of a pod that does not accept the allocated model is refused; one of a
+/// pod the cache does not show waits.
+#[test]
+fn a_claim_is_reserved_only_for_pods_that_accept_its_allocated_model() {
+    let mut w = World::new();
+    let named = |name: &str, model: &str| {
+        let mut p = sharer(name, "q");
+        p["metadata"]["uid"] = json!(format!("u-{name}"));
+        p["metadata"]["annotations"]["volcano.sh/card.name"] = json!(model);
+        p["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("q");
+        p
+    };
+    w.seen(named("s1", "NVIDIA-H200"));
+    w.seen(named("rtx", "NVIDIA-GeForce-RTX-4090"));
+    w.seen(named("s2", "NVIDIA-H200|NVIDIA-GeForce-RTX-4090"));
+    let reserve = |w: &mut World, who: &[&str]| {
+        let mut before = who.to_vec();
+        before.pop();
+        w.send(status_write(
+            shared_claim(Some(("gpu-0", who))),
+            shared_claim(Some(("gpu-0", &before))),
+        ))
+    };
+    // The claim holds an H200, allocated for s1.
+    let r = reserve(&mut w, &["s1", "rtx"]);
+    assert!(
+        !r.allowed,
+        "a pod that accepts only the RTX 4090 reserved an H200"
+    );
+    assert_eq!(
+        message(&r),
+        "pod ml/rtx accepts NVIDIA-GeForce-RTX-4090 but ResourceClaim ml/shared is allocated on NVIDIA-H200: the pod would run on a card model it does not accept"
+    );
+    let r = reserve(&mut w, &["s1", "s2"]);
+    assert!(r.allowed, "{}", message(&r));
+    // A pod the cache does not show: it may name any model; it waits.
+    let r = reserve(&mut w, &["s1", "s2", "s3"]);
+    assert!(!r.allowed);
+    assert!(
+        message(&r).ends_with("is not in card-quota's cache yet; try again"),
+        "{}",
+        message(&r)
+    );
 }
 
 /// Issue 57: an allocation of devices of two models (a claim of two GPUs that allows

@@ -13,13 +13,13 @@
 
 use serde_json::Value;
 
-use crate::cards::dra::ClaimRecord;
+use crate::cards::dra::{reserved_for, ClaimRecord, Reservation};
 use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::binding::regarding;
-use super::messages::{gate, unknown_group, INVALID_DEMAND, RETRY};
+use super::messages::{gate, unknown_group, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::pod::allocate;
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Decision};
@@ -38,15 +38,26 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         .as_ref()
         .and_then(|o| o.tree().pointer("/status/allocation"))
         .filter(|a| !a.is_null());
-    // A deallocation gives back; a write that leaves the allocation as it was (a
-    // reservation added or dropped, a device's status) changes no card.
-    if allocation.is_none() || allocation == before {
+    // A deallocation gives back.
+    if allocation.is_none() {
         return Decision::allow();
     }
     let record = match ClaimRecord::parse(claim) {
         Ok(r) => r,
         Err(e) => return Decision::deny(INVALID_DEMAND, e.to_string()),
     };
+    // A write that leaves the allocation as it was (a reservation added or dropped, a
+    // device's status) changes no card; a pod it newly reserves must accept the models.
+    // A new allocation's payer is checked below, as its binding.
+    let payer = (allocation != before)
+        .then(|| record.reserved_for.first())
+        .flatten();
+    if let Some(d) = newly_reserved(req, &record, payer, snap) {
+        return d;
+    }
+    if allocation == before {
+        return Decision::allow();
+    }
     // The pod that pays for it: the first it is reserved for. Reserved for none yet,
     // it charges no one; each pod's binding checks it.
     let Some(payer) = record.reserved_for.first() else {
@@ -135,6 +146,69 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         }
         Err(d) => d.with_event(Some(regarding)),
     }
+}
+
+/// The pods a write newly reserves an allocated claim for run on its devices, whose
+/// models the allocation chose (for another pod, when the claim is shared): each must
+/// accept them. A pod of a shared claim was charged at its CREATE on the model it was
+/// pinned to, and its binding, the cache behind, is taken as that charge; on another
+/// model its cards would be bound where nothing counted them (found by the committer
+/// model: a sharer pinned to the H200 bound on a claim's RTX 4090, past its queue's
+/// quota there). Refused (or "try again" while the cache does not show the pod), the
+/// scheduler gives the reservation back before any binding. `None`: every one accepts.
+fn newly_reserved(
+    req: &AdmissionRequest,
+    record: &ClaimRecord,
+    payer: Option<&Reservation>,
+    snap: &Snapshot,
+) -> Option<Decision> {
+    let old = req
+        .old_object
+        .as_ref()
+        .map(|o| reserved_for(o.tree()))
+        .unwrap_or_default();
+    let mut added = record
+        .reserved_for
+        .iter()
+        .filter(|r| !old.contains(r) && Some(*r) != payer)
+        .peekable();
+    added.peek()?;
+    let models = match snap.dra_objects().allocation_models(record)? {
+        Ok(m) => m,
+        Err(e) => return Some(Decision::deny(INVALID_DEMAND, e.to_string())),
+    };
+    if models.is_empty() {
+        return None;
+    }
+    for r in added {
+        let key = ObjectKey::new(record.key.namespace.clone(), r.name.clone());
+        let cached = snap.pod(&key);
+        let Some(pod) = cached.filter(|p| r.is(p.version.uid.as_deref())) else {
+            if cached.is_none() && snap.is_known_cardless_incarnation(&key, r.uid.as_deref()) {
+                continue;
+            }
+            return Some(Decision::deny(
+                RETRY,
+                format!("pod {key}, for which ResourceClaim {} is reserved, is not in card-quota's cache yet; try again", record.key),
+            ));
+        };
+        let Some(accepts) = pod.alternatives() else {
+            continue;
+        };
+        if let Some(model) = models.iter().find(|m| !accepts.contains(m)) {
+            return Some(
+                Decision::deny(
+                    NOT_ACCEPTED,
+                    format!(
+                        "pod {key} accepts {accepts} but ResourceClaim {} is allocated on {model}: the pod would run on a card model it does not accept",
+                        record.key
+                    ),
+                )
+                .with_event(Some(regarding(&key))),
+            );
+        }
+    }
+    None
 }
 
 /// The one node an allocation's `nodeSelector` names by `metadata.name`, as a scheduler

@@ -350,23 +350,11 @@ impl ClaimRecord {
         let object = format!("ResourceClaim {key}");
         let spec = claim_spec(v.get("spec").unwrap_or(&Value::Null), &object);
         let allocation = allocation(v, &object).transpose();
-        let reserved_for = v
-            .pointer("/status/reservedFor")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|r| r.get("resource").and_then(Value::as_str) == Some("pods"))
-            .filter_map(|r| {
-                let name = r.get("name").and_then(Value::as_str)?.to_string();
-                let uid = r.get("uid").and_then(Value::as_str).map(str::to_string);
-                Some(Reservation { name, uid })
-            })
-            .collect();
         Ok(Self {
             key,
             spec,
             allocation,
-            reserved_for,
+            reserved_for: reserved_for(v),
             for_extended_resources: v
                 .pointer("/metadata/annotations")
                 .and_then(|a| a.get(EXTENDED_RESOURCE_CLAIM))
@@ -374,6 +362,22 @@ impl ClaimRecord {
                 == Some("true"),
         })
     }
+}
+
+/// The pods a ResourceClaim's `status.reservedFor` names, in its order.
+pub fn reserved_for(claim: &Value) -> Vec<Reservation> {
+    claim
+        .pointer("/status/reservedFor")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| r.get("resource").and_then(Value::as_str) == Some("pods"))
+        .filter_map(|r| {
+            let name = r.get("name").and_then(Value::as_str)?.to_string();
+            let uid = r.get("uid").and_then(Value::as_str).map(str::to_string);
+            Some(Reservation { name, uid })
+        })
+        .collect()
 }
 
 /// The devices a claim's allocation (`status.allocation.devices.results`) gave it;

@@ -12,8 +12,8 @@ pub mod selectors;
 pub mod settings;
 
 pub use claims::{
-    allocated_models, allocation, claim_demand, claim_spec, device_class, Allocated, ClaimRecord,
-    ClaimSpec, DeviceClass, RequestDemand, Reservation,
+    allocated_models, allocation, claim_demand, claim_spec, device_class, reserved_for, Allocated,
+    ClaimRecord, ClaimSpec, DeviceClass, RequestDemand, Reservation,
 };
 pub use devices::{slice_devices, Device, DeviceId};
 pub use pods::{

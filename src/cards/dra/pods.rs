@@ -523,6 +523,29 @@ impl DraObjects {
         self.templates.keys().cloned().collect()
     }
 
+    /// The card models `record`'s allocation gave (each once, in its order), read
+    /// against the devices held; `None` while it is not allocated.
+    pub fn allocation_models(
+        &self,
+        record: &ClaimRecord,
+    ) -> Option<Result<Vec<CardName>, DraError>> {
+        let results = match record.allocation.as_ref()? {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e.clone())),
+        };
+        let object = format!("ResourceClaim {}", record.key);
+        let got = allocated_models(results, &object, &self.settings, |id| self.devices.get(id));
+        Some(got.map(|got| {
+            let mut models: Vec<CardName> = Vec::new();
+            for (_, m) in got {
+                if !models.contains(&m) {
+                    models.push(m);
+                }
+            }
+            models
+        }))
+    }
+
     /// A held claim.
     pub fn claim(&self, key: &ObjectKey) -> Option<&ClaimRecord> {
         self.claims.get(key).map(|e| &e.record)
