@@ -1322,3 +1322,70 @@ fn a_plain_pod_of_a_warn_leaf_under_a_deny_parent_is_checked_against_the_parent(
     assert!(r.allowed, "{}", message(&r));
     assert!(!r.warnings.is_empty());
 }
+
+/// A binding card-quota recorded whose answer was lost, retried after an ancestor's
+/// cap was cut below what its subtree has bound: for the API server the first never
+/// happened, so the retry is where the card is bound, and no binding puts a level's
+/// bound cards past its cap. The retry was held to the queue's own quota only.
+#[test]
+fn a_retried_binding_is_held_to_an_ancestors_cap_cut_since_it_was_recorded() {
+    use card_quota::decide::batch::{decide_with_ledger, plan, Outcome};
+    use card_quota::decide::review::read_review;
+    use card_quota::ledger::LedgerRecord;
+    let mut w = World::org();
+    w.admit("team-a", "NVIDIA-H200", "1");
+    let now = jiff::Timestamp::now();
+    let doc = R::binding("ml", "p1", "h200-1").build();
+    let bind = read_review(doc.to_string().as_bytes()).unwrap().unwrap();
+    let key = w
+        .snap
+        .ledger_key(&card_quota::cards::QueueName::new("team-a"));
+    let b = plan(
+        &mut w.snap,
+        &key,
+        &[&bind],
+        &w.cfg,
+        now,
+        |_, _| std::time::Duration::ZERO,
+        None,
+    );
+    assert!(
+        matches!(&b.outcomes[0], Outcome::Admit(_)),
+        "{:?}",
+        b.outcomes[0]
+    );
+    // Recorded; the answer lost.
+    w.snap.upsert_ledger(LedgerRecord {
+        queue: key.clone(),
+        resource_version: Some("1".into()),
+        ledger: b.ledger,
+        problem: None,
+    });
+    // The pod watch behind (a restarted replica): the cache does not show p1.
+    card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "p1");
+    // Retried before any cut: the same charge.
+    let d = decide_with_ledger(&mut w.snap, &bind, &w.cfg, now);
+    assert!(d.allowed && d.charge.is_some(), "{:?}", d.message);
+    w.apply_queue(
+        "UPDATE",
+        queue("org", "root", r#"{"NVIDIA-H200":0}"#, ""),
+        Some(queue("org", "root", r#"{"NVIDIA-H200":8}"#, "")),
+    );
+    let r = decide_with_ledger(&mut w.snap, &bind, &w.cfg, now);
+    assert!(!r.allowed, "a retried binding past org's cut was admitted");
+    assert_eq!(
+        r.message.as_deref().unwrap_or_default(),
+        "queue org has 1 NVIDIA-H200 cards bound in its subtree, past its quota of 0 (lowered since pod ml/p1 was admitted for 1 of them); its binding waits for room: try again later"
+    );
+    // A group cap of org's cut the same way.
+    w.apply_queue(
+        "UPDATE",
+        queue("org", "root", r#"{"NVIDIA-H200":8,"NVIDIA-*":0}"#, ""),
+        Some(queue("org", "root", r#"{"NVIDIA-H200":0}"#, "")),
+    );
+    let r = decide_with_ledger(&mut w.snap, &bind, &w.cfg, now);
+    assert_eq!(
+        r.message.as_deref().unwrap_or_default(),
+        "queue org has 1 NVIDIA-* cards bound in its subtree, past its group cap of 0 (lowered since pod ml/p1 was admitted for 1 of them); its binding waits for room: try again later"
+    );
+}

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::cards::annotations::CHARGED;
-use crate::cards::{ObjectKey, QueueName};
+use crate::cards::{CardName, Cards, ObjectKey, QueueName};
 use crate::cluster::PodRecord;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
@@ -192,7 +192,9 @@ pub fn decide(
 /// first never happened, so this retry is where the cards are bound, and no binding
 /// puts a queue's bound cards past its quota (found by the committer model: a replica
 /// crashed after recording an allocation, the quota was cut to 0, and the scheduler's
-/// retry was admitted as the charge recorded before the cut). `None`: within the quota.
+/// retry was admitted as the charge recorded before the cut). The queue's quota and
+/// every card level's cap above it (a subtree's bound cards), each group cap among
+/// them. `None`: within them all.
 pub(super) fn past_a_cut(
     snap: &Snapshot,
     queue: &QueueName,
@@ -200,22 +202,53 @@ pub(super) fn past_a_cut(
     now: jiff::Timestamp,
 ) -> Option<Decision> {
     let charges = crate::ledger::usage::bound_charges(pod, snap).ok()?;
-    let usage = snap.usage(queue, now);
-    let (model, cards) = charges
-        .into_iter()
-        .find(|(m, _)| usage.allocated.get(m).copied().unwrap_or_default() > usage.quota.get(m))?;
-    Some(
-        Decision::deny(
-            INSUFFICIENT,
-            format!(
-                "queue {queue} has {} {model} cards bound, past its quota of {} (lowered since pod {} was admitted for {cards} of them); its binding waits for room: try again later",
-                usage.allocated.get(&model).copied().unwrap_or_default(),
-                usage.quota.get(&model),
-                pod.key
-            ),
-        )
-        .with_event(Some(regarding(&pod.key))),
-    )
+    let levels = std::iter::once((queue.clone(), snap.usage(queue, now)))
+        .chain(super::tree::level_usages(snap, queue, now));
+    for (level, u) in levels {
+        let bound = |m: &CardName| u.allocated.get(m).copied().unwrap_or_default();
+        let whose = if level == *queue {
+            ""
+        } else {
+            " in its subtree"
+        };
+        let over = charges
+            .iter()
+            .find_map(|(m, cards)| {
+                (bound(m) > u.quota.get(m)).then(|| {
+                    (
+                        format!("{} {m}", bound(m)),
+                        format!("quota of {}", u.quota.get(m)),
+                        *cards,
+                    )
+                })
+            })
+            .or_else(|| {
+                u.quota.caps().iter().find_map(|(p, n)| {
+                    let (_, cards) = charges.iter().find(|(m, _)| p.matches(m))?;
+                    let under: Cards = u
+                        .allocated
+                        .iter()
+                        .filter(|(a, _)| p.matches(a))
+                        .map(|(_, c)| *c)
+                        .sum();
+                    (under > *n)
+                        .then(|| (format!("{under} {p}"), format!("group cap of {n}"), *cards))
+                })
+            });
+        if let Some((have, limit, cards)) = over {
+            return Some(
+                Decision::deny(
+                    INSUFFICIENT,
+                    format!(
+                        "queue {level} has {have} cards bound{whose}, past its {limit} (lowered since pod {} was admitted for {cards} of them); its binding waits for room: try again later",
+                        pod.key
+                    ),
+                )
+                .with_event(Some(regarding(&pod.key))),
+            );
+        }
+    }
+    None
 }
 
 /// A binding of a pod whose admitted binding the cache does not show yet. Its answer

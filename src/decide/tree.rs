@@ -452,25 +452,39 @@ fn level_sums(
     after: &QueueUsage,
     now: jiff::Timestamp,
 ) -> Vec<(QueueName, QueueUsage, QueueUsage)> {
+    // The kept subtree sums (the leaf's `before` among them), the leaf swapped for
+    // `after`: O(models), whatever the subtree's size.
+    level_usages(snap, leaf, now)
+        .into_iter()
+        .map(|(level, sum_before)| {
+            let mut sum_after = sum_before.clone();
+            sum_after.remove(before);
+            sum_after.absorb(after);
+            (level, sum_before, sum_after)
+        })
+        .collect()
+}
+
+/// For each card level above `leaf`, nearest first: its subtree's usage now, under the
+/// level's cap (and borrow).
+pub fn level_usages(
+    snap: &Snapshot,
+    leaf: &QueueName,
+    now: jiff::Timestamp,
+) -> Vec<(QueueName, QueueUsage)> {
     let Ok(ancestry) = snap.ancestry(leaf) else {
         return Vec::new();
     };
-    let mut out = Vec::with_capacity(ancestry.levels.len());
-    for level in ancestry.levels {
-        // The kept subtree sums (the leaf's `before` among them), the leaf swapped for
-        // `after`: O(models), whatever the subtree's size.
-        let mut sum_before = snap.subtree_usage(&level, now).into_owned();
-        let mut sum_after = sum_before.clone();
-        sum_after.remove(before);
-        sum_after.absorb(after);
-        let cap = snap.cap_of(&level).into_owned();
-        sum_before.quota = cap.clone();
-        sum_after.quota = cap;
-        sum_before.borrow = snap.borrow_of(&level).unwrap_or_default();
-        sum_after.borrow = sum_before.borrow.clone();
-        out.push((level, sum_before, sum_after));
-    }
-    out
+    ancestry
+        .levels
+        .into_iter()
+        .map(|level| {
+            let mut sum = snap.subtree_usage(&level, now).into_owned();
+            sum.quota = snap.cap_of(&level).into_owned();
+            sum.borrow = snap.borrow_of(&level).unwrap_or_default();
+            (level, sum)
+        })
+        .collect()
 }
 
 /// True when a level's usage `u` on `touched` fits its cap: what is allocated within
