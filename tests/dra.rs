@@ -1272,6 +1272,52 @@ fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write
     );
 }
 
+/// Under warn nothing is pinned, so the scheduler's choice of devices stands: an
+/// allocation (or a reservation of a shared claim) on a model the pod's inferred
+/// `card.name` does not list is admitted with what deny would have said, and charged
+/// the devices' models.
+#[test]
+fn under_warn_an_allocation_on_a_model_the_pod_was_not_named_for_is_admitted() {
+    let mut w = World::new();
+    w.cfg.enforcement = card_quota::decide::Enforcement::Warn;
+    let r = w.send(R::pod("CREATE", claim_pod("a", "q", "one-gpu")).build());
+    assert_eq!(card_name_written(&r).as_deref(), Some("NVIDIA-H200"));
+    let mut a = with_claim_made(&w, "a");
+    a["metadata"]["annotations"]["volcano.sh/card.name"] = json!("NVIDIA-H200");
+    a["metadata"]["uid"] = json!("u-a");
+    w.seen(a);
+    w.seen(made_claim("a", None));
+    let r = w.send(status_write(
+        allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("a", None),
+    ));
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        r.warnings.iter().any(|x| x.contains(
+            "under deny: pod ml/a accepts NVIDIA-H200 but node rtx-1 has NVIDIA-GeForce-RTX-4090"
+        )),
+        "{:?}",
+        r.warnings
+    );
+    // A sharer named for the H200 reserved an RTX 4090 allocated for another pod.
+    let mut s = sharer("s", "q");
+    s["metadata"]["uid"] = json!("u-s");
+    s["metadata"]["annotations"]["volcano.sh/card.name"] = json!("NVIDIA-H200");
+    w.seen(s);
+    let on_rtx = |pods: &[&str]| {
+        let mut c = shared_claim(Some(("gpu-0", pods)));
+        c["status"]["allocation"]["devices"]["results"][0]["pool"] = json!("rtx-1");
+        c
+    };
+    let r = w.send(status_write(on_rtx(&["x", "s"]), on_rtx(&["x"])));
+    assert!(r.allowed, "{}", message(&r));
+    assert!(
+        r.warnings.iter().any(|x| x.contains("under deny: pod ml/s accepts NVIDIA-H200 but ResourceClaim ml/shared is allocated on NVIDIA-GeForce-RTX-4090")),
+        "{:?}",
+        r.warnings
+    );
+}
+
 /// Found by tests/dra_model.rs: a shared claim paid by a sharer still pending went into
 /// use unchecked when another sharer bound first. The pod whose binding puts the claim's
 /// cards to use pays for them, and its binding is checked for them.

@@ -19,12 +19,18 @@ use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::binding::regarding;
+use super::enforcement::observed_only;
 use super::messages::{gate, unknown_group, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
 use super::pod::allocate;
 use super::review::{AdmissionRequest, Operation};
-use super::{object_of, Decision};
+use super::{object_of, Config, Decision};
 
-pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> Decision {
+pub fn decide(
+    req: &AdmissionRequest,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     if req.operation != Operation::Update {
         return Decision::allow();
     }
@@ -52,12 +58,27 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     let payer = (allocation != before)
         .then(|| record.reserved_for.first())
         .flatten();
-    if let Some(d) = newly_reserved(req, &record, payer, snap) {
-        return d;
-    }
-    if allocation == before {
-        return Decision::allow();
-    }
+    let warnings = match newly_reserved(req, &record, payer, snap, cfg) {
+        Ok(w) => w,
+        Err(d) => return d,
+    };
+    let mut d = match allocation {
+        Some(a) if allocation != before => charged(record, a, snap, cfg, now),
+        _ => Decision::allow(),
+    };
+    d.warnings.extend(warnings);
+    d
+}
+
+/// A new or changed allocation, checked and charged as its payer's binding onto the
+/// allocation's node.
+fn charged(
+    record: ClaimRecord,
+    allocation: &Value,
+    snap: &Snapshot,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Decision {
     // The pod that pays for it: the first it is reserved for. Reserved for none yet,
     // it charges no one; each pod's binding checks it.
     let Some(payer) = record.reserved_for.first() else {
@@ -79,7 +100,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     };
     // Node-local devices: the allocation names its node. Devices reachable from several
     // nodes leave the node to the binding, which checks again.
-    let Some(node) = allocation.and_then(allocated_node) else {
+    let Some(node) = allocated_node(allocation) else {
         return Decision::allow();
     };
     if let Some(bound) = &pod.node {
@@ -112,7 +133,7 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
     // devices are the pod's own card resource, served on the allocation's node; checked
     // as the pod's binding there will be.
     let extended = record.for_extended_resources;
-    let rec = if extended {
+    let mut rec = if extended {
         pod.clone()
     } else {
         // The pod as it reads with this allocation; without card claims it is not charged.
@@ -124,6 +145,10 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, now: jiff::Timestamp) -> 
         }
         rec
     };
+    // Warn's second decision: nothing pinned the pod, so the devices' models stand.
+    if cfg.any_model {
+        rec.card_name = None;
+    }
     let queue = match snap.resolve_queue(&rec) {
         Ok(q) => q,
         Err(UnknownGroup(g)) => return unknown_group(&key, g),
@@ -161,7 +186,8 @@ fn newly_reserved(
     record: &ClaimRecord,
     payer: Option<&Reservation>,
     snap: &Snapshot,
-) -> Option<Decision> {
+    cfg: &Config,
+) -> Result<Vec<String>, Decision> {
     let old = req
         .old_object
         .as_ref()
@@ -172,14 +198,15 @@ fn newly_reserved(
         .iter()
         .filter(|r| !old.contains(r) && Some(*r) != payer)
         .peekable();
-    added.peek()?;
-    let models = match snap.dra_objects().allocation_models(record)? {
-        Ok(m) => m,
-        Err(e) => return Some(Decision::deny(INVALID_DEMAND, e.to_string())),
-    };
-    if models.is_empty() {
-        return None;
+    let mut warnings = Vec::new();
+    if added.peek().is_none() || cfg.any_model {
+        return Ok(warnings);
     }
+    let models = match snap.dra_objects().allocation_models(record) {
+        None => return Ok(warnings),
+        Some(Ok(m)) => m,
+        Some(Err(e)) => return Err(Decision::deny(INVALID_DEMAND, e.to_string())),
+    };
     for r in added {
         let key = ObjectKey::new(record.key.namespace.clone(), r.name.clone());
         let cached = snap.pod(&key);
@@ -187,7 +214,7 @@ fn newly_reserved(
             if cached.is_none() && snap.is_known_cardless_incarnation(&key, r.uid.as_deref()) {
                 continue;
             }
-            return Some(Decision::deny(
+            return Err(Decision::deny(
                 RETRY,
                 format!("pod {key}, for which ResourceClaim {} is reserved, is not in card-quota's cache yet; try again", record.key),
             ));
@@ -195,20 +222,22 @@ fn newly_reserved(
         let Some(accepts) = pod.alternatives() else {
             continue;
         };
-        if let Some(model) = models.iter().find(|m| !accepts.contains(m)) {
-            return Some(
-                Decision::deny(
-                    NOT_ACCEPTED,
-                    format!(
-                        "pod {key} accepts {accepts} but ResourceClaim {} is allocated on {model}: the pod would run on a card model it does not accept",
-                        record.key
-                    ),
-                )
-                .with_event(Some(regarding(&key))),
-            );
+        let Some(model) = models.iter().find(|m| !accepts.contains(m)) else {
+            continue;
+        };
+        let said = format!(
+            "pod {key} accepts {accepts} but ResourceClaim {} is allocated on {model}: the pod would run on a card model it does not accept",
+            record.key
+        );
+        // Under warn nothing pinned the pod: the scheduler's choice stands.
+        match snap.resolve_queue(pod) {
+            Ok(q) if observed_only(snap, cfg, &key.namespace, &q) => warnings.push(format!(
+                "card-quota admitted this because queue {q} and every queue above it are in warn, which pins nothing; under deny: {said}"
+            )),
+            _ => return Err(Decision::deny(NOT_ACCEPTED, said).with_event(Some(regarding(&key)))),
         }
     }
-    None
+    Ok(warnings)
 }
 
 /// The one node an allocation's `nodeSelector` names by `metadata.name`, as a scheduler

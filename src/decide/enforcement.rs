@@ -35,7 +35,10 @@ pub fn decide_enforcing(
 ) -> Decision {
     let d = decide(req, snap, cfg, now);
     if d.reason == Some(Reason::CardModelNotAccepted)
-        && RequestKind::of(req) == RequestKind::Binding
+        && matches!(
+            RequestKind::of(req),
+            RequestKind::Binding | RequestKind::Allocation
+        )
     {
         return unsteered_binding(req, snap, cfg, now, d);
     }
@@ -71,9 +74,10 @@ pub fn decide_enforcing(
     warned(relaxed, d, created_pod(req), &why)
 }
 
-/// A binding onto a model its pod does not accept: under warn nothing pinned the pod,
-/// so the scheduler's choice stands, charged by the node's model (and past a quota only
-/// as far as warn lets anything), with what deny would have said.
+/// A binding or allocation onto a model its pod does not accept: under warn nothing
+/// pinned the pod, so the scheduler's choice stands, charged by the node's (or the
+/// devices') model (and past a quota only as far as warn lets anything), with what deny
+/// would have said.
 fn unsteered_binding(
     req: &AdmissionRequest,
     snap: &mut Snapshot,

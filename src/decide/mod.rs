@@ -338,7 +338,7 @@ pub fn decide(
         RequestKind::Workload(k) => scale::decide_workload(req, k, snap, cfg, now),
         RequestKind::Job => job::decide(req, snap, now),
         RequestKind::Claim => claim::decide(req, snap, cfg),
-        RequestKind::Allocation => allocation::decide(req, snap, now),
+        RequestKind::Allocation => allocation::decide(req, snap, cfg, now),
         RequestKind::Other => Decision::allow(),
     }
 }
