@@ -903,6 +903,37 @@ check "a claim shared by two pods in a queue of one H200: both bound" \
   wait_for 30 bash -c "[ \"\$(dra_bound dra=shared $Q-dra-h200)\" = 2 ]"
 check "... and counted once (1 H200 allocated)" wait_for 20 usage_is "$Q-dra3" NVIDIA-H200 allocated 1
 
+# A claim of any GPU shared by a pod named for the H200 and one named for the RTX 4090:
+# whichever kube-scheduler places first gets the claim allocated on its model; the
+# other's reservation of that allocation is refused (it would run on a model it does
+# not accept), so it stays pending and is never bound on the other model.
+queue "$Q-dra5" '{"NVIDIA-H200":1,"NVIDIA-GeForce-RTX-4090":1}' | k apply -f - >/dev/null
+sleep 1
+k -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: dra-mixed, labels: {card-quota-e2e: "$RUN"}}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}
+EOF
+sleep 1
+for m in NVIDIA-H200 NVIDIA-GeForce-RTX-4090; do
+  k -n "$NS" apply -f - >/dev/null 2>"$WORK/mixed-$m.err" <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: dra-mixed-$(echo "$m" | tr 'A-Z' 'a-z'), labels: {card-quota-e2e: "$RUN", dra: mixed}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra5, volcano.sh/card.name: $m}}
+spec: {containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimName: dra-mixed}]}
+EOF
+done
+mixed_bound() { k -n "$NS" get pods -l dra=mixed -o json | jq '[.items[] | select(.spec.nodeName != null)] | length'; }
+mixed_refused() {
+  k -n "$NS" get events -o json \
+    | jq -e --arg c "ResourceClaim $NS/dra-mixed is allocated on" 'any(.items[]; (.involvedObject.name | startswith("dra-mixed-")) and (.message | contains($c)))' >/dev/null
+}
+check "a claim shared by pods named for different models: the second's reservation is refused with the message" wait_for 40 mixed_refused
+check "... and only one of them is bound" [ "$(mixed_bound)" = 1 ]
+log "dra-mixed pods: $(k -n "$NS" get pods -l dra=mixed -o jsonpath='{range .items[*]}{.metadata.name}={.spec.nodeName} {end}')"
+k -n "$NS" delete pod -l dra=mixed --grace-period=0 --force >/dev/null 2>&1
+
 # Warn: a queue trialling its quota admits a claim pod past it, with a warning.
 queue "$Q-dra-warn" '{"NVIDIA-H200":0}' | sed 's|  annotations:|  annotations:\n    volcano.sh/card.enforcement: warn|' | k apply -f - >/dev/null
 sleep 1
