@@ -143,6 +143,11 @@ enum Step {
         /// It asks for its one card through this ResourceClaim (by index), shared with
         /// every other pod that names it, of either queue, instead of `cards`.
         claim: Option<u8>,
+        /// It names its model (`card.name`, stamped by hand); else (a pod of
+        /// `nvidia.com/gpu` only) it is sent through the mutating call, which names and
+        /// pins it, and the patched pod through the validating call, as the API server
+        /// does (`model` unused).
+        named: bool,
     },
     /// A PodGroup CREATE at replica `r` with a `card.request` of `cards` on one model,
     /// waiting (Pending) or already admitted by Volcano (Inqueue).
@@ -218,9 +223,10 @@ fn step(liar: Liar) -> BoxedStrategy<Step> {
     let r = 0..2usize;
     let pod = 0..PODS;
     let steps = prop_oneof![
-        6 => (r.clone(), pod.clone(), 0..MODELS.len(), 1..4u8, prop::bool::weighted(0.15), prop::option::weighted(0.3, 0..GROUPS), 0..QUEUES.len(), prop::option::weighted(0.5, 0..CLAIMS))
-            .prop_map(|(r, pod, model, cards, lost, group, queue, claim)| {
-                Step::Create { r, pod, model, cards, lost, group, queue, claim }
+        6 => (r.clone(), pod.clone(), 0..MODELS.len(), 1..4u8, prop::bool::weighted(0.15), prop::option::weighted(0.3, 0..GROUPS), 0..QUEUES.len(), prop::option::weighted(0.5, 0..CLAIMS), prop::bool::weighted(0.7))
+            .prop_map(|(r, pod, model, cards, lost, group, queue, claim, named)| {
+                let named = named || claim.is_some();
+                Step::Create { r, pod, model, cards, lost, group, queue, claim, named }
             }),
         2 => (r.clone(), 0..GROUPS, 0..MODELS.len(), 1..5u8, any::<bool>())
             .prop_map(|(r, group, model, cards, inqueue)| Step::Group { r, group, model, cards, inqueue }),
@@ -422,14 +428,27 @@ fn slice_json(node: &str, model: &str) -> Value {
             "devices": devices}})
 }
 
-/// The model a pod of this test names (one each).
+/// One admission call to a replica's webhook: its response.
+async fn call(st: &State, review: &Value, mutate: bool) -> Value {
+    let body = serde_json::to_vec(review).unwrap();
+    let out = handle_review(st, &body, mutate).await.unwrap();
+    serde_json::from_slice::<Value>(&out).unwrap()["response"].clone()
+}
+
+/// The model a pod of this test runs on: the one it names, else the one card-quota's
+/// mutating call pinned it to (its product nodeSelector).
 fn model_of(p: &Value) -> &'static str {
+    pod_model(p).unwrap_or_else(|| panic!("pod of no model: {p}"))
+}
+
+fn pod_model(p: &Value) -> Option<&'static str> {
     let card = p["metadata"]["annotations"]["volcano.sh/card.name"].as_str();
+    let pinned = p["spec"]["nodeSelector"]["nvidia.com/gpu.product"].as_str();
     MODELS
         .iter()
         .find(|(m, ..)| Some(*m) == card)
+        .or_else(|| MODELS.iter().find(|(m, ..)| Some(*m) == pinned))
         .map(|(m, ..)| *m)
-        .unwrap()
 }
 
 fn pod_name(i: u8) -> String {
@@ -446,15 +465,16 @@ fn pod_json(
     group: Option<&str>,
     queue: &str,
     claim: Option<&str>,
+    named: bool,
 ) -> Value {
     let pod = support::pod(name);
     let pod = match group {
         Some(_) => pod,
         None => pod.queue(queue),
-    }
-    .card(model)
-    .scheduler("volcano")
-    .stored(uid, "");
+    };
+    let pod = if named { pod.card(model) } else { pod }
+        .scheduler("volcano")
+        .stored(uid, "");
     let mut p = match claim {
         Some(_) => pod.build(),
         None => pod.gpus(&cards.to_string()).build(),
@@ -727,7 +747,8 @@ type Quotas = BTreeMap<&'static str, Quota>;
 struct Flight {
     r: usize,
     asked: Asked,
-    answer: tokio::task::JoinHandle<Value>,
+    /// The answer, and the object as a mutating call's patch left it.
+    answer: tokio::task::JoinHandle<(Value, Option<Value>)>,
     /// The highest quota of each queue and model stored while the request was in flight.
     quota: Quotas,
 }
@@ -735,6 +756,10 @@ struct Flight {
 #[derive(Default, Debug, Clone, Copy)]
 struct Tally {
     creates: [u64; 3],
+    /// CREATEs of pods naming no model, past the mutating call (by the validating
+    /// call's outcome), and the binds of those pods admitted.
+    unnamed: [u64; 3],
+    unnamed_binds: u64,
     binds: [u64; 3],
     /// Binds onto a node that joined during the case (by outcome): "try again" while the
     /// binding replica's Node watch has not shown it.
@@ -780,6 +805,7 @@ impl Tally {
     fn add(&mut self, o: &Tally) {
         for i in 0..3 {
             self.creates[i] += o.creates[i];
+            self.unnamed[i] += o.unnamed[i];
             self.binds[i] += o.binds[i];
             self.joined_binds[i] += o.joined_binds[i];
             self.groups[i] += o.groups[i];
@@ -787,6 +813,7 @@ impl Tally {
             self.claim_binds[i] += o.claim_binds[i];
         }
         self.shared += o.shared;
+        self.unnamed_binds += o.unnamed_binds;
         self.claim_gcs += o.claim_gcs;
         self.crashes += o.crashes;
         self.group_pods_asked += o.group_pods_asked;
@@ -891,11 +918,43 @@ impl World {
 
     fn ask(&mut self, r: usize, review: Value, asked: Asked) {
         let st = self.replicas[r].state.clone();
+        let answer = tokio::spawn(async move { (call(&st, &review, false).await, None) });
+        self.fly(r, asked, answer);
+    }
+
+    /// A CREATE through the mutating call at replica `r` and, admitted, the object as
+    /// its patch leaves it through the validating call at replica `v`; the answer is the
+    /// validating call's (or the mutating call's refusal), with the patched object.
+    fn ask_mutated(&mut self, r: usize, v: usize, review: Value, asked: Asked) {
+        let (mst, vst) = (
+            self.replicas[r].state.clone(),
+            self.replicas[v].state.clone(),
+        );
         let answer = tokio::spawn(async move {
-            let body = serde_json::to_vec(&review).unwrap();
-            let out = handle_review(&st, &body, false).await.unwrap();
-            serde_json::from_slice::<Value>(&out).unwrap()["response"].clone()
+            let resp = call(&mst, &review, true).await;
+            if resp["allowed"] != true {
+                return (resp, None);
+            }
+            let mut obj = review["request"]["object"].clone();
+            if let Some(p) = resp["patch"].as_str() {
+                use base64::Engine;
+                let bytes = base64::engine::general_purpose::STANDARD.decode(p).unwrap();
+                let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+                json_patch::patch(&mut obj, &patch).unwrap();
+            }
+            let mut validating = review.clone();
+            validating["request"]["object"] = obj.clone();
+            (call(&vst, &validating, false).await, Some(obj))
         });
+        self.fly(r, asked, answer);
+    }
+
+    fn fly(
+        &mut self,
+        r: usize,
+        asked: Asked,
+        answer: tokio::task::JoinHandle<(Value, Option<Value>)>,
+    ) {
         let quota = self.quota.clone();
         self.flights.push(Flight {
             r,
@@ -914,11 +973,16 @@ impl World {
                 continue;
             }
             let f = self.flights.swap_remove(i);
-            let resp = f.answer.await.unwrap();
+            let (resp, patched) = f.answer.await.unwrap();
             let o = outcome(&resp);
             let mut t = self.truth.lock().unwrap();
             match f.asked {
                 Asked::Create { name, pod, lost } => {
+                    // Stored as the mutating call patched it.
+                    if patched.is_some() {
+                        self.tally.unnamed[o] += 1;
+                    }
+                    let pod = patched.unwrap_or(pod);
                     self.tally.creates[o] += 1;
                     self.trace
                         .push(format!("  create {name} at r{}: {}", f.r, brief(&resp)));
@@ -988,6 +1052,9 @@ impl World {
                             Some(c) => t.claim_model(&c).unwrap_or_else(|| model_of(&p)),
                             None => model_of(&p),
                         };
+                        if p["spec"]["nodeSelector"]["nvidia.com/gpu.product"].is_string() {
+                            self.tally.unnamed_binds += 1;
+                        }
                         p["spec"]["nodeName"] = json!(node);
                         let before = cards_before.get(&(queue, model)).map_or(0, |c| c.0);
                         t.store(&name, p);
@@ -1229,9 +1296,7 @@ impl World {
         }
         let card = match claim_of(p) {
             Some(c) => t.claim_model(&c),
-            None => p["metadata"]["annotations"]["volcano.sh/card.name"]
-                .as_str()
-                .and_then(|n| MODELS.iter().find(|(m, ..)| *m == n).map(|(m, ..)| *m)),
+            None => pod_model(p),
         };
         // A claim pod goes where its claim's device is (the first node of its model).
         let of_model: Vec<&str> = t
@@ -1277,6 +1342,7 @@ impl World {
                 group,
                 queue,
                 claim,
+                named,
             } => {
                 let name = pod_name(pod);
                 let mut t = self.truth.lock().unwrap();
@@ -1297,6 +1363,7 @@ impl World {
                     group.as_deref(),
                     QUEUES[queue],
                     claim.as_deref(),
+                    named || claim.is_some(),
                 );
                 let mut sent = p.clone();
                 sent["metadata"]
@@ -1304,7 +1371,13 @@ impl World {
                     .unwrap()
                     .remove("resourceVersion");
                 let review = R::pod("CREATE", sent).uid(&format!("review-{uid}")).build();
-                self.ask(r, review, Asked::Create { name, pod: p, lost });
+                if named || claim.is_some() {
+                    self.ask(r, review, Asked::Create { name, pod: p, lost });
+                } else {
+                    // The Service spreads the two calls over the replicas.
+                    let v = (r + pod as usize + cards as usize) % self.replicas.len();
+                    self.ask_mutated(r, v, review, Asked::Create { name, pod: p, lost });
+                }
             }
             Step::Bind { r, pod, node } => self.bind(r, pod, node)?,
             Step::Schedule { r, n } => {
@@ -1718,6 +1791,10 @@ fn the_replicas_committer_never_binds_past_a_quota() {
     );
     assert!(t.binds[0] > 0, "{t:?}");
     assert!(
+        t.unnamed[0] > 0 && t.unnamed[1] > 0 && t.unnamed_binds > 0,
+        "pods naming no model admitted and refused past the mutating call, and bound: {t:?}"
+    );
+    assert!(
         t.joined_binds[0] > 0 && t.joined_binds[2] > 0,
         "binds onto joined nodes, admitted and answered try again: {t:?}"
     );
@@ -1750,6 +1827,7 @@ fn create(r: usize, pod: u8, model: usize, cards: u8, lost: bool) -> Step {
         group: None,
         queue: 0,
         claim: None,
+        named: true,
     }
 }
 
@@ -1889,6 +1967,7 @@ fn a_refused_create_retry_stops_counting_after_the_store_lag() {
             group: None,
             queue: 0,
             claim: None,
+            named: true,
         };
         for s in [
             create.clone(),
@@ -2019,6 +2098,7 @@ fn a_stamped_pod_of_a_podgroup_a_replica_does_not_show_counts_in_its_queue() {
             group: Some(0),
             queue: 0,
             claim: None,
+            named: true,
         },
         create(1, 0, 0, 2, false),
         Deliver { r: 1, n: 2 },
@@ -2047,6 +2127,7 @@ fn claim_create(r: usize, pod: u8, model: usize, queue: usize, claim: u8) -> Ste
         group: None,
         queue,
         claim: Some(claim),
+        named: true,
     }
 }
 
@@ -2080,6 +2161,7 @@ fn found_a_ledger_that_arrives_while_the_writer_reads_a_fence_is_not_decided_fro
             group: None,
             queue: 1,
             claim: None,
+            named: true,
         },
         Group {
             r: 0,
@@ -2268,6 +2350,7 @@ fn found_a_sharer_naming_another_model_is_not_reserved_the_claim() {
             group: Some(0),
             queue: 0,
             claim: None,
+            named: true,
         },
         c(0),
         Wait { ms: 1 },
