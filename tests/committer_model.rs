@@ -455,26 +455,28 @@ fn pod_name(i: u8) -> String {
     format!("p{i}")
 }
 
-/// A pod of `model`: of PodGroup `group` (and its queue, `q`) or of `queue`; its cards
+/// A pod of `model` (none: it names none): of PodGroup `group` (and its queue, `q`) or of `queue`; its cards
 /// through `claim` (one, shared) or `cards` of `nvidia.com/gpu`.
 fn pod_json(
     name: &str,
     uid: &str,
-    model: &str,
+    model: Option<&str>,
     cards: u8,
     group: Option<&str>,
     queue: &str,
     claim: Option<&str>,
-    named: bool,
 ) -> Value {
     let pod = support::pod(name);
     let pod = match group {
         Some(_) => pod,
         None => pod.queue(queue),
     };
-    let pod = if named { pod.card(model) } else { pod }
-        .scheduler("volcano")
-        .stored(uid, "");
+    let pod = match model {
+        Some(m) => pod.card(m),
+        None => pod,
+    }
+    .scheduler("volcano")
+    .stored(uid, "");
     let mut p = match claim {
         Some(_) => pod.build(),
         None => pod.gpus(&cards.to_string()).build(),
@@ -1358,12 +1360,11 @@ impl World {
                 let p = pod_json(
                     &name,
                     &uid,
-                    MODELS[model].0,
+                    (named || claim.is_some()).then_some(MODELS[model].0),
                     cards,
                     group.as_deref(),
                     QUEUES[queue],
                     claim.as_deref(),
-                    named || claim.is_some(),
                 );
                 let mut sent = p.clone();
                 sent["metadata"]
