@@ -455,8 +455,8 @@ fn pod_name(i: u8) -> String {
     format!("p{i}")
 }
 
-/// A pod of `model` (none: it names none): of PodGroup `group` (and its queue, `q`) or of `queue`; its cards
-/// through `claim` (one, shared) or `cards` of `nvidia.com/gpu`.
+/// A pod of `model` (none: it names none): of PodGroup `group` (and its queue, `q`) or
+/// of `queue`; its cards through `claim` (one, shared) or `cards` of `nvidia.com/gpu`.
 fn pod_json(
     name: &str,
     uid: &str,
