@@ -61,6 +61,13 @@ use support::fake_api::FakeApi;
 const NS: &str = "card-quota";
 /// The queues: `q` (PodGroups are its) and `q2`; pods of both may share a claim.
 const QUEUES: [&str; 2] = ["q", "q2"];
+/// A queue with a card cap and no pods that either may be moved under (and out of)
+/// through the Queue hook: a tree, its ledgers moving (R4).
+const PARENT: &str = "org";
+/// Every queue: the leaves, then the parent.
+const ALL: [&str; 3] = ["q", "q2", PARENT];
+/// The parent's cap of each model at first: below what its children's quotas add up to.
+const PARENT_CAP: [u64; 2] = [2, 10];
 /// (model, its node, the quota of it at first in `q`, in `q2`)
 /// One model tight, one with room for holds of headroom in `q` (a write takes a quarter
 /// of what is free).
@@ -81,10 +88,10 @@ fn queue_path(queue: &str) -> String {
     format!("/apis/scheduling.volcano.sh/v1beta1/queues/{queue}")
 }
 
-/// The quota of `model` (by index) in queue `queue` (by index) at first.
+/// The quota of `model` (by index) in queue `queue` (by index, of [`ALL`]) at first.
 fn first_quota(queue: usize, model: usize) -> u64 {
     let (_, _, q, q2) = MODELS[model];
-    [q, q2][queue]
+    [q, q2, PARENT_CAP[model]][queue]
 }
 const PODS: u8 = 12;
 /// PodGroups a case may create.
@@ -105,12 +112,16 @@ const JOINS: usize = 2;
 
 type Quota = BTreeMap<&'static str, u64>;
 
-/// Queue `name` with `quota`, as stored at `rv`.
-fn queue(name: &str, quota: &Quota, rv: u64) -> Value {
-    json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+/// Queue `name` with `quota` (under `parent`), as stored at `rv`.
+fn queue(name: &str, quota: &Quota, rv: u64, parent: Option<&str>) -> Value {
+    let mut q = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
         "metadata": {"name": name, "uid": format!("uid-queue-{name}"), "resourceVersion": rv.to_string(),
             "annotations": {"volcano.sh/card.quota": serde_json::to_string(quota).unwrap()}},
-        "spec": {"weight": 1}, "status": {"state": "Open"}})
+        "spec": {"weight": 1}, "status": {"state": "Open"}});
+    if let Some(p) = parent {
+        q["spec"]["parent"] = json!(p);
+    }
+    q
 }
 
 /// A Queue's card quota, read back.
@@ -179,6 +190,9 @@ enum Step {
         model: usize,
         to: u64,
     },
+    /// An admin moves a leaf queue (by index) under the parent, or out of it to the
+    /// root, through replica `r`'s Queue hook.
+    Reparent { r: usize, queue: usize },
     /// Replica `r`'s Queue watch delivers the stored Queues.
     QueueWatch { r: usize },
     /// A node of a model joins the cluster (stored; no replica's Node watch shows it yet).
@@ -238,7 +252,8 @@ fn step(liar: Liar) -> BoxedStrategy<Step> {
         1 => (0..MODELS.len()).prop_map(|model| Step::NodeJoin { model }),
         2 => r.clone().prop_map(|r| Step::NodeWatch { r }),
         3 => pod.clone().prop_map(|pod| Step::Delete { pod }),
-        1 => (r.clone(), 0..QUEUES.len(), 0..MODELS.len(), 0..4u64).prop_map(|(r, queue, model, to)| {
+        1 => (r.clone(), 0..QUEUES.len()).prop_map(|(r, queue)| Step::Reparent { r, queue }),
+        1 => (r.clone(), 0..ALL.len(), 0..MODELS.len(), 0..4u64).prop_map(|(r, queue, model, to)| {
             let to = to * first_quota(queue, model).max(1) / 2;
             Step::SetQuota { r, queue, model, to }
         }),
@@ -339,10 +354,7 @@ impl Truth {
                 continue;
             }
             let model = (queue, model_of(p));
-            let n: u64 = p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-                .as_str()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
+            let n = gpus_of(p);
             let e = out.entry(model).or_default();
             e.1 += n;
             if p["spec"]["nodeName"].is_string() {
@@ -361,6 +373,42 @@ impl Truth {
         }
         out
     }
+
+    /// Bound cards of `model` in `queues` together (a parent's subtree): a claim's card
+    /// once, however many of them use it.
+    fn bound_in(&self, model: &str, queues: &std::collections::BTreeSet<&'static str>) -> u64 {
+        let mut n = 0;
+        let mut claims = std::collections::BTreeSet::new();
+        for p in self.pods.values() {
+            if !p["spec"]["nodeName"].is_string() || !queues.contains(queue_of(p)) {
+                continue;
+            }
+            match claim_of(p) {
+                Some(c) => {
+                    claims.insert(c);
+                }
+                None if model_of(p) == model => n += gpus_of(p),
+                None => {}
+            }
+        }
+        for (c, (uid, queue)) in &self.allocated_for {
+            if queues.contains(queue) && self.pods.values().any(|p| p["metadata"]["uid"] == *uid) {
+                claims.insert(c.clone());
+            }
+        }
+        n + claims
+            .iter()
+            .filter(|c| self.claim_model(c) == Some(model))
+            .count() as u64
+    }
+}
+
+/// The `nvidia.com/gpu` a pod asks for.
+fn gpus_of(p: &Value) -> u64 {
+    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        .as_str()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Stores `object` under `name` at its stream's next resourceVersion, with its event.
@@ -539,7 +587,7 @@ impl Replica {
     fn start(api: &FakeApi, truth: &Arc<Mutex<Truth>>, me: String) -> Self {
         let (mut snap, skipped) = load("").unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
-        for q in QUEUES {
+        for q in ALL {
             upsert(&mut snap, &api.object(&queue_path(q)).unwrap()).unwrap();
         }
         upsert(&mut snap, &device_class()).unwrap();
@@ -566,7 +614,7 @@ impl Replica {
             });
             (t.log.len(), t.glog.len(), t.clog.len())
         };
-        for q in QUEUES {
+        for q in ALL {
             if let Some(cm) = api.object(&ledger_path(q)) {
                 let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(cm).unwrap();
                 snap.upsert_ledger(ledger_record(&cm).unwrap());
@@ -762,6 +810,11 @@ struct Tally {
     /// call's outcome), and the binds of those pods admitted.
     unnamed: [u64; 3],
     unnamed_binds: u64,
+    /// Queue moves under or out of the parent that landed, and bindings checked
+    /// against the parent's cap.
+    moves: u64,
+    parent_binds: u64,
+    queue_refusals: u64,
     binds: [u64; 3],
     /// Binds onto a node that joined during the case (by outcome): "try again" while the
     /// binding replica's Node watch has not shown it.
@@ -816,6 +869,9 @@ impl Tally {
         }
         self.shared += o.shared;
         self.unnamed_binds += o.unnamed_binds;
+        self.moves += o.moves;
+        self.parent_binds += o.parent_binds;
+        self.queue_refusals += o.queue_refusals;
         self.claim_gcs += o.claim_gcs;
         self.crashes += o.crashes;
         self.group_pods_asked += o.group_pods_asked;
@@ -876,7 +932,7 @@ struct World {
 impl World {
     fn new() -> Self {
         let api = FakeApi::new().with_delay(Duration::from_micros(300));
-        let quota: Quotas = QUEUES
+        let quota: Quotas = ALL
             .iter()
             .enumerate()
             .map(|(i, name)| {
@@ -885,7 +941,7 @@ impl World {
                     .enumerate()
                     .map(|(m, (model, ..))| (*model, first_quota(i, m)))
                     .collect();
-                api.seed(queue(name, &q, 1));
+                api.seed(queue(name, &q, 1, None));
                 (*name, q)
             })
             .collect();
@@ -1059,6 +1115,7 @@ impl World {
                         }
                         p["spec"]["nodeName"] = json!(node);
                         let before = cards_before.get(&(queue, model)).map_or(0, |c| c.0);
+                        let parent_before = t.bound_in(model, &self.under_parent());
                         t.store(&name, p);
                         // With pins on, the bind of a pod the binding replica does not
                         // show is a net that fails open (issue 46 #8): after a cut, a
@@ -1070,7 +1127,7 @@ impl World {
                             self.tally.unseen_binds_after_cut += 1;
                             continue;
                         }
-                        self.check_landed(queue, model, &f.quota, Some(before))?;
+                        self.check_landed(queue, model, &f.quota, Some((before, parent_before)))?;
                         continue;
                     }
                 }
@@ -1100,6 +1157,11 @@ impl World {
                         }
                         let allocating = t.claim_model(&name).is_none();
                         let before = t.cards();
+                        let members = self.under_parent();
+                        let parent_before: Vec<u64> = MODELS
+                            .iter()
+                            .map(|(m, ..)| t.bound_in(m, &members))
+                            .collect();
                         t.store_claim(&name, new.clone());
                         if allocating {
                             // The allocation is its pod's binding decided: checked as one.
@@ -1109,8 +1171,15 @@ impl World {
                             t.allocated_for.insert(name.clone(), (uid, queue));
                             let model = t.claim_model(&name).unwrap();
                             let before = before.get(&(queue, model)).map_or(0, |c| c.0);
+                            let at = MODELS.iter().position(|(m, ..)| *m == model).unwrap();
                             drop(t);
-                            self.check_landed(queue, model, &f.quota, Some(before))?;
+                            let parent_before = parent_before[at];
+                            self.check_landed(
+                                queue,
+                                model,
+                                &f.quota,
+                                Some((before, parent_before)),
+                            )?;
                             continue;
                         }
                     }
@@ -1119,7 +1188,7 @@ impl World {
                     self.trace
                         .push(format!("  queue write at r{}: {}", f.r, brief(&resp)));
                     drop(t);
-                    let name = QUEUES
+                    let name = ALL
                         .iter()
                         .copied()
                         .find(|q| new["metadata"]["name"] == *q)
@@ -1132,7 +1201,31 @@ impl World {
                         // holds (409 Conflict): another admin's write landed first.
                         0 if stale => self.tally.queue_conflicts += 1,
                         0 => {
+                            let members = self.under_parent();
+                            let t = self.truth.lock().unwrap();
+                            let before: Vec<u64> = MODELS
+                                .iter()
+                                .map(|(m, ..)| t.bound_in(m, &members))
+                                .collect();
+                            drop(t);
                             let stored = self.api.store(new);
+                            let after = self.under_parent();
+                            if after != members {
+                                // A move never puts the parent's bound cards past its cap
+                                // (the highest stored while it was in flight: a cut
+                                // landing meanwhile is the admin's race, as for any
+                                // request in flight).
+                                self.tally.moves += 1;
+                                let t = self.truth.lock().unwrap();
+                                for (i, (m, ..)) in MODELS.iter().enumerate() {
+                                    let (now, cap) = (t.bound_in(m, &after), f.quota[PARENT][m]);
+                                    prop_assert!(
+                                        now <= cap.max(before[i]),
+                                        "a move put {now} {m} cards bound under {PARENT}, cap {cap}\n{}",
+                                        self.trace.join("\n")
+                                    );
+                                }
+                            }
                             let quota = quota_of(&stored);
                             if quota.iter().any(|(m, q)| *q < self.quota[name][m]) {
                                 self.tally.cuts += 1;
@@ -1150,7 +1243,8 @@ impl World {
                             self.quota.insert(name, quota);
                         }
                         2 => self.tally.queue_retries += 1,
-                        _ => prop_assert!(false, "a Queue write refused: {resp}"),
+                        // A move whose subtree does not fit under the parent.
+                        _ => self.tally.queue_refusals += 1,
                     }
                 }
             }
@@ -1170,13 +1264,55 @@ impl World {
     /// before a cut may be past it, and a replica admitting under its hold of headroom
     /// does not read the ledger for up to `HOLD_USE`, so its CREATEs meet a cut (its
     /// seal) that much later, within the spare it held; bindings are never held.
+    /// An admin's UPDATE of a stored Queue `old` to `quota` under `parent`, through
+    /// replica `r`'s Queue hook.
+    fn write_queue(&mut self, r: usize, old: Value, quota: &Quota, parent: Option<&str>) {
+        let name = old["metadata"]["name"].as_str().unwrap().to_string();
+        let rv: u64 = old["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let new = queue(&name, quota, rv, parent);
+        let review = R::queue("UPDATE", new.clone())
+            .old(old)
+            .uid(&format!("queue-{rv}-{}", self.flights.len()))
+            .build();
+        self.ask(r, review, Asked::Queue { new });
+    }
+
+    /// The leaves the API server stores under the parent.
+    fn under_parent(&self) -> std::collections::BTreeSet<&'static str> {
+        QUEUES
+            .iter()
+            .copied()
+            .filter(|q| {
+                self.api.object(&queue_path(q)).unwrap()["spec"]["parent"].as_str() == Some(PARENT)
+            })
+            .collect()
+    }
+
     fn check_landed(
         &mut self,
         queue: &str,
         model: &str,
         flight: &Quotas,
-        binding: Option<u64>,
+        binding: Option<(u64, u64)>,
     ) -> Result<(), TestCaseError> {
+        // Under the parent, its cap holds at every binding too (bound cards of its
+        // subtree, a shared claim's card once), a binding that adds none aside.
+        let members = self.under_parent();
+        if let (true, Some((_, before))) = (members.contains(queue), binding) {
+            let cap = flight[PARENT][model];
+            let bound = self.truth.lock().unwrap().bound_in(model, &members);
+            self.tally.parent_binds += 1;
+            prop_assert!(
+                bound <= cap.max(before),
+                "{bound} {model} cards bound under {PARENT}, cap {cap}\n{}",
+                self.trace.join("\n")
+            );
+        }
+        let binding = binding.map(|(before, _)| before);
         let flight = &flight[queue];
         if self.quota[queue][model] < flight[model] {
             self.tally.after_cut += 1;
@@ -1403,20 +1539,20 @@ impl World {
                 model,
                 to,
             } => {
-                let old = self.api.object(&queue_path(QUEUES[q])).unwrap();
+                let old = self.api.object(&queue_path(ALL[q])).unwrap();
                 let mut quota = quota_of(&old);
                 quota.insert(MODELS[model].0, to);
-                let rv: u64 = old["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
-                let new = queue(QUEUES[q], &quota, rv);
-                let review = R::queue("UPDATE", new.clone())
-                    .old(old)
-                    .uid(&format!("queue-{rv}-{}", self.flights.len()))
-                    .build();
-                self.ask(r, review, Asked::Queue { new });
+                let parent = old["spec"]["parent"].as_str().map(str::to_string);
+                self.write_queue(r, old, &quota, parent.as_deref());
+            }
+            Step::Reparent { r, queue: q } => {
+                let old = self.api.object(&queue_path(QUEUES[q])).unwrap();
+                let quota = quota_of(&old);
+                let parent = match old["spec"]["parent"].as_str() {
+                    Some(_) => None,
+                    None => Some(PARENT),
+                };
+                self.write_queue(r, old, &quota, parent);
             }
             Step::Group {
                 r,
@@ -1479,7 +1615,7 @@ impl World {
             }
             Step::QueueWatch { r } => {
                 let mut snap = self.replicas[r].state.snapshot.lock().unwrap();
-                for q in QUEUES {
+                for q in ALL {
                     upsert(&mut snap, &self.api.object(&queue_path(q)).unwrap()).unwrap();
                 }
             }
@@ -1526,7 +1662,7 @@ impl World {
                 }
             }
             Step::Ledger { r } => {
-                for q in QUEUES {
+                for q in ALL {
                     if let Some(cm) = self.api.object(&ledger_path(q)) {
                         let cm: k8s_openapi::api::core::v1::ConfigMap =
                             serde_json::from_value(cm).unwrap();
@@ -1582,7 +1718,7 @@ impl World {
                 let committer = st.live.as_ref().unwrap().committer.clone();
                 let metrics: Arc<dyn CommitMetrics> = st.metrics.ledger.clone();
                 let sweep = tokio::spawn(async move {
-                    for q in QUEUES {
+                    for q in ALL {
                         let _ = committer
                             .prune(
                                 &QueueName::new(q),
@@ -1650,7 +1786,7 @@ impl World {
 
     /// The stored ledger and pods, and each replica's progress, in the trace.
     fn trace_state(&mut self) {
-        for q in QUEUES {
+        for q in ALL {
             if let Some(cm) = self.api.object(&ledger_path(q)) {
                 self.trace.push(format!(
                     "    ledger of {q} rv {}: {}",
@@ -1696,7 +1832,7 @@ impl World {
         for (r, rep) in self.replicas.iter().enumerate() {
             {
                 let snap = rep.state.snapshot.lock().unwrap();
-                for q in QUEUES {
+                for q in ALL {
                     let l = snap.ledger(&QueueName::new(q));
                     self.trace.push(format!(
                         "    r{r} sees ledger {q} at {:?}: {:?}",
@@ -1812,6 +1948,10 @@ fn the_replicas_committer_never_binds_past_a_quota() {
         "claim allocations admitted and refused, claim pods bound, claims reserved for pods of both queues, claims released: {t:?}"
     );
     assert!(t.crashes > 0 && t.relists > 0 && t.full > 0, "{t:?}");
+    assert!(
+        t.moves > 0 && t.parent_binds > 0 && t.queue_refusals > 0,
+        "queues moved under the parent and out (and refused), bindings checked against its cap: {t:?}"
+    );
     assert!(t.conflicts > 0 && t.held > 0, "{t:?}");
     assert!(t.cuts > 0 && t.raises > 0 && t.after_cut > 0, "{t:?}");
 }
@@ -2365,6 +2505,45 @@ fn found_a_sharer_naming_another_model_is_not_reserved_the_claim() {
         c(0),
         c(0),
         Ledger { r: 0 },
+        c(0),
+    ]);
+}
+
+/// Found by the model once queues could move under a parent (2026-12-04): q2's claim
+/// pod had an RTX 4090 allocated; the parent's RTX cap was cut to 0 through replica 0,
+/// whose Queue watch did not show the cut yet; q2's move under the parent, through the
+/// same replica, was checked against the parent's old cap and admitted: 1 RTX bound
+/// under a cap of 0. A move now waits while the ledger it moves to holds a seal of a
+/// limit change the replica has not seen.
+#[test]
+fn found_a_move_under_a_parent_whose_cap_was_cut_waits_for_the_cut() {
+    use Step::*;
+    let c = |pod| Create {
+        r: 0,
+        pod,
+        model: 0,
+        cards: 1,
+        lost: false,
+        group: None,
+        queue: 0,
+        claim: None,
+        named: false,
+    };
+    replay(vec![
+        claim_create(0, 0, 0, 1, 0),
+        DeliverClaims { r: 0, n: 1 },
+        SetQuota {
+            r: 0,
+            queue: 2,
+            model: 0,
+            to: 0,
+        },
+        Deliver { r: 0, n: 1 },
+        Schedule { r: 0, n: 9 },
+        c(0),
+        c(0),
+        Reparent { r: 0, queue: 1 },
+        c(0),
         c(0),
     ]);
 }

@@ -266,6 +266,15 @@ pub fn blocks(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Dec
     ))
 }
 
+/// A seal in `ledger` that still holds a queue back here: a limit of its tree changed in
+/// a way this replica has not seen. A Queue moved into that tree is checked against
+/// those limits, so the move waits too (found by the committer model: a queue moved
+/// under a parent whose cap had just been cut to 0 was checked against the old cap by
+/// a replica whose Queue watch lagged).
+pub fn any_holding_back<'l>(snap: &Snapshot, ledger: &'l Ledger) -> Option<&'l Seal> {
+    ledger.seals().values().find(|s| holds_back(snap, s))
+}
+
 /// A seal of another change that still holds a queue back here, which a new seal for
 /// that queue would overwrite (a ledger keeps one seal per queue): the Queue write that
 /// wants the new one waits ("try again") until this replica has seen the other change.

@@ -11,7 +11,7 @@ use kube::api::{Api, DynamicObject};
 use crate::cards::QueueName;
 use crate::decide::review::AdmissionRequest;
 use crate::decide::seal::{
-    in_the_way, inbound_for, note_seals, seals_for, sources_to_read, to_confirm,
+    any_holding_back, in_the_way, inbound_for, note_seals, seals_for, sources_to_read, to_confirm,
 };
 use crate::ledger::seal::Inbound;
 use crate::ledger::LedgerRecord;
@@ -65,6 +65,18 @@ pub async fn seal_ledgers(
         }
         (plan, inbound_for(&snap, req))
     };
+    // The ledgers moved queues go to, as stored now: a limit change sealed there that
+    // this replica has not seen makes the move's check stale.
+    for ledger in marks.keys() {
+        let fresh = api.get(ledger).await?;
+        let snap = locked(snapshot);
+        if let Some(s) = any_holding_back(&snap, &fresh.ledger) {
+            return Err(SealError::Sealed {
+                queue: ledger.clone(),
+                by: s.by.clone(),
+            });
+        }
+    }
     let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
     for (ledger, seals) in plan {
         let stored = update(api, snapshot, &ledger, &store, |l| {
