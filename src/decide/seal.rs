@@ -266,6 +266,25 @@ pub fn blocks(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Dec
     ))
 }
 
+/// The Queue a write changes, when this replica's cache shows it older than the
+/// request's old object (its Queue watch behind this very Queue): the write would be
+/// decided, and its seals placed, from a tree and limits that are no longer stored
+/// (found by the committer model: a replica cut a queue's quota before its cache
+/// showed the queue's move under a parent it had admitted itself, and sealed the cut in
+/// the ledger the queue had left; another replica bound past the cut in the new one).
+pub fn queue_behind(snap: &Snapshot, req: &AdmissionRequest) -> Option<QueueName> {
+    let old = req.old_object.as_ref().map(Object::tree)?;
+    let stored: u64 = old
+        .pointer("/metadata/resourceVersion")?
+        .as_str()?
+        .parse()
+        .ok()?;
+    let name = QueueName::new(old.pointer("/metadata/name")?.as_str()?);
+    snap.queue_version(&name)
+        .is_none_or(|seen| seen < stored)
+        .then_some(name)
+}
+
 /// A seal in `ledger` that still holds a queue back here: a limit of its tree changed in
 /// a way this replica has not seen. A Queue moved into that tree is checked against
 /// those limits, so the move waits too (found by the committer model: a queue moved

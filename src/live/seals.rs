@@ -65,18 +65,6 @@ pub async fn seal_ledgers(
         }
         (plan, inbound_for(&snap, req))
     };
-    // The ledgers moved queues go to, as stored now: a limit change sealed there that
-    // this replica has not seen makes the move's check stale.
-    for ledger in marks.keys() {
-        let fresh = api.get(ledger).await?;
-        let snap = locked(snapshot);
-        if let Some(s) = any_holding_back(&snap, &fresh.ledger) {
-            return Err(SealError::Sealed {
-                queue: ledger.clone(),
-                by: s.by.clone(),
-            });
-        }
-    }
     let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
     for (ledger, seals) in plan {
         let stored = update(api, snapshot, &ledger, &store, |l| {
@@ -104,6 +92,29 @@ pub async fn seal_ledgers(
             }
         })
         .await?;
+    }
+    Ok(())
+}
+
+/// Before a Queue write that moves queues into another tree is decided: the ledgers
+/// they move to, as stored now, hold no seal of a limit change this replica has not
+/// seen (the move is checked against those limits). Read before the decision, so the
+/// decision's caches are at least as new as what this read found held back.
+pub async fn moves_wait(
+    api: &LedgerApi,
+    snapshot: &Mutex<Snapshot>,
+    req: &AdmissionRequest,
+) -> Result<(), SealError> {
+    let targets: Vec<QueueName> = inbound_for(&locked(snapshot), req).into_keys().collect();
+    for ledger in targets {
+        let fresh = api.get(&ledger).await?;
+        let snap = locked(snapshot);
+        if let Some(s) = any_holding_back(&snap, &fresh.ledger) {
+            return Err(SealError::Sealed {
+                queue: ledger,
+                by: s.by.clone(),
+            });
+        }
     }
     Ok(())
 }
@@ -160,6 +171,20 @@ pub async fn read_sources(
                 "reading the ledger of {from}, which queues charged in {ledger} moved from, failed: {e}"
             ),
         }
+    }
+}
+
+/// Reads Queue `name` from the API server (a quorum read) into the snapshot; a failed
+/// read is logged and leaves the snapshot as it was.
+pub async fn read_queue(queues: &Api<DynamicObject>, snapshot: &Mutex<Snapshot>, name: &QueueName) {
+    match tokio::time::timeout(READ_TIMEOUT, queues.get_opt(name.as_str())).await {
+        Ok(Ok(Some(found))) => match super::caches::read_queue(&found) {
+            Ok(rec) => locked(snapshot).remember_queue(rec),
+            Err(e) => tracing::warn!(queue = %name, "Queue {name} as read: {e}"),
+        },
+        Ok(Ok(None)) => {}
+        Ok(Err(e)) => tracing::warn!(queue = %name, "reading Queue {name} failed: {e}"),
+        Err(_) => tracing::warn!(queue = %name, "reading Queue {name} took over {READ_TIMEOUT:?}"),
     }
 }
 

@@ -277,6 +277,15 @@ async fn decide_live(
     }
     claims_seen_allocated(state, req).await;
     claims_known(state, req).await;
+    let queue_write = crate::decide::RequestKind::of(req) == crate::decide::RequestKind::Queue;
+    if !mutate && queue_write && !req.is_dry_run() {
+        if let Some(wait) = live.committer.queue_current(&state.snapshot, req).await {
+            return Answer::Decided(wait);
+        }
+        if let Some(wait) = live.committer.moves_wait(&state.snapshot, req).await {
+            return Answer::Decided(wait);
+        }
+    }
     // Only /validate records charges; what it admits goes to the queue's owner first.
     let (queue, deadline) = match live
         .committer
@@ -286,8 +295,6 @@ async fn decide_live(
         Preview::Answer(d) => {
             // A Queue write that moves charges to another ledger seals them in the old
             // one before it is answered (and so before it is stored).
-            let queue_write =
-                crate::decide::RequestKind::of(req) == crate::decide::RequestKind::Queue;
             if d.allowed && !mutate && queue_write && !req.is_dry_run() {
                 if let Some(wait) = live.committer.seal_ledgers(&state.snapshot, req).await {
                     return Answer::Decided(wait);

@@ -35,6 +35,45 @@ impl Committer {
         }
     }
 
+    /// Before a Queue write is decided: when the cache shows the Queue older than the
+    /// request's old object ([`crate::decide::seal::queue_behind`]), reads it from the
+    /// API server (a quorum read) into the snapshot; "try again" when it cannot.
+    pub async fn queue_current(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        req: &AdmissionRequest,
+    ) -> Option<Decision> {
+        let none = Held::unlocked().await;
+        let behind = crate::decide::seal::queue_behind(&locks::snapshot(snapshot, &none), req)?;
+        if let Some(api) = &self.queue_reads {
+            crate::live::seals::read_queue(api, snapshot, &behind).await;
+        }
+        let none = Held::unlocked().await;
+        crate::decide::seal::queue_behind(&locks::snapshot(snapshot, &none), req).map(|q| {
+            Decision::deny(
+                RETRY,
+                format!("card-quota's cache does not show queue {q} as stored yet; try again"),
+            )
+        })
+    }
+
+    /// Before a Queue write that moves queues is decided: "try again" while a ledger
+    /// they move to holds a seal of a limit change this replica has not seen
+    /// ([`crate::live::seals::moves_wait`]).
+    pub async fn moves_wait(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        req: &AdmissionRequest,
+    ) -> Option<Decision> {
+        match crate::live::seals::moves_wait(&self.api, snapshot, req).await {
+            Ok(()) => None,
+            Err(e) => Some(Decision::deny(
+                RETRY,
+                format!("card-quota must see a change of the queues this one moves under first ({e}); try again"),
+            )),
+        }
+    }
+
     /// After a change of the queue tree, reads every ledger from the API server before
     /// anything is decided: a queue's charges may now go to a ledger beside one whose
     /// watch has not delivered the charges recorded before the change. When the read
