@@ -188,6 +188,35 @@ pub async fn read_queue(queues: &Api<DynamicObject>, snapshot: &Mutex<Snapshot>,
     }
 }
 
+/// Reads every Queue from the API server (a quorum read) into the snapshot: the tree a
+/// move is checked against, as stored. False when the read failed.
+pub async fn read_all_queues(queues: &Api<DynamicObject>, snapshot: &Mutex<Snapshot>) -> bool {
+    let listed =
+        tokio::time::timeout(READ_TIMEOUT, queues.list(&kube::api::ListParams::default())).await;
+    match listed {
+        Ok(Ok(list)) => {
+            let records: Vec<_> = list
+                .items
+                .iter()
+                .filter_map(|q| super::caches::read_queue(q).ok())
+                .collect();
+            let mut snap = locked(snapshot);
+            for rec in records {
+                snap.remember_queue(rec);
+            }
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("listing the Queues before a move failed: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!("listing the Queues before a move took over {READ_TIMEOUT:?}");
+            false
+        }
+    }
+}
+
 /// Reads from the API server (a quorum read) the Queues of `ledger`'s seals that hold
 /// its charges back on this replica, stores each in the snapshot (a Queue watch that
 /// lags or stalled is brought up to the change it was sealed for), and records what it

@@ -183,7 +183,22 @@ impl FakeApi {
         match method.as_str() {
             "GET" => match g.objects.get(&path) {
                 Some(o) => reply(StatusCode::OK, o),
-                None => not_found(),
+                None => {
+                    // A collection's path: its objects, as a list (a quorum read).
+                    let prefix = format!("{path}/");
+                    let items: Vec<Value> = g
+                        .objects
+                        .iter()
+                        .filter(|(k, _)| k.strip_prefix(&prefix).is_some_and(|r| !r.contains('/')))
+                        .map(|(_, o)| o.clone())
+                        .collect();
+                    if items.is_empty() {
+                        return not_found();
+                    }
+                    let list = serde_json::json!({"apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": g.rv.to_string()}, "items": items});
+                    reply(StatusCode::OK, &list)
+                }
             },
             "POST" => {
                 // Events and other fire-and-forget objects are answered, not kept.

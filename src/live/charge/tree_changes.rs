@@ -44,7 +44,22 @@ impl Committer {
         req: &AdmissionRequest,
     ) -> Option<Decision> {
         let none = Held::unlocked().await;
-        let behind = crate::decide::seal::queue_behind(&locks::snapshot(snapshot, &none), req)?;
+        let (behind, moves) = {
+            let snap = locks::snapshot(snapshot, &none);
+            let moves = !crate::decide::seal::inbound_for(&snap, req).is_empty();
+            (crate::decide::seal::queue_behind(&snap, req), moves)
+        };
+        // A move is checked against the tree it goes into: as stored, another queue
+        // moved there meanwhile included.
+        if let (true, Some(api)) = (moves, &self.queue_reads) {
+            if !crate::live::seals::read_all_queues(api, snapshot).await {
+                return Some(Decision::deny(
+                    RETRY,
+                    "card-quota could not read the queue tree this move changes; try again",
+                ));
+            }
+        }
+        let behind = behind?;
         if let Some(api) = &self.queue_reads {
             crate::live::seals::read_queue(api, snapshot, &behind).await;
         }
