@@ -180,7 +180,8 @@ fn charged(
 /// model its cards would be bound where nothing counted them (found by the committer
 /// model: a sharer pinned to the H200 bound on a claim's RTX 4090, past its queue's
 /// quota there). Refused (or "try again" while the cache does not show the pod), the
-/// scheduler gives the reservation back before any binding. `None`: every one accepts.
+/// scheduler gives the reservation back before any binding. `Ok`: every one accepts, or
+/// is let through by a queue in warn (a warning for each).
 fn newly_reserved(
     req: &AdmissionRequest,
     record: &ClaimRecord,
