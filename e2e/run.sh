@@ -906,7 +906,9 @@ check "... and counted once (1 H200 allocated)" wait_for 20 usage_is "$Q-dra3" N
 # A claim of any GPU shared by a pod named for the H200 and one named for the RTX 4090:
 # whichever kube-scheduler places first gets the claim allocated on its model; the
 # other's reservation of that allocation is refused (it would run on a model it does
-# not accept), so it stays pending and is never bound on the other model.
+# not accept), so it stays pending and is never bound on the other model. Both are
+# created behind a scheduling gate, so that both exist before the claim is allocated
+# (created after, the second would be refused at its CREATE instead).
 queue "$Q-dra5" '{"NVIDIA-H200":1,"NVIDIA-GeForce-RTX-4090":1}' | k apply -f - >/dev/null
 sleep 1
 k -n "$NS" apply -f - >/dev/null <<EOF
@@ -921,8 +923,11 @@ for m in NVIDIA-H200 NVIDIA-GeForce-RTX-4090; do
 apiVersion: v1
 kind: Pod
 metadata: {name: dra-mixed-$(echo "$m" | tr 'A-Z' 'a-z'), labels: {card-quota-e2e: "$RUN", dra: mixed}, annotations: {scheduling.volcano.sh/queue-name: $Q-dra5, volcano.sh/card.name: $m}}
-spec: {containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimName: dra-mixed}]}
+spec: {schedulingGates: [{name: e2e.card-quota/hold}], containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimName: dra-mixed}]}
 EOF
+done
+for m in nvidia-h200 nvidia-geforce-rtx-4090; do
+  k -n "$NS" patch pod "dra-mixed-$m" --type=json -p='[{"op": "remove", "path": "/spec/schedulingGates"}]' >/dev/null
 done
 mixed_bound() { k -n "$NS" get pods -l dra=mixed -o json | jq '[.items[] | select(.spec.nodeName != null)] | length'; }
 mixed_refused() {
