@@ -2686,3 +2686,121 @@ fn found_a_queue_cut_decided_before_the_cache_shows_its_move_is_sealed_where_it_
         Deliver { r: 0, n: 1 },
     ]);
 }
+
+/// Found by the model with queue moves (2026-12-04): q2 moved under the parent, out
+/// and in again through the two replicas; replica 0 cut the parent's RTX cap to 0
+/// before its cache showed q2 back under it, so it sealed the parent alone; replica 1,
+/// whose tree had q2 under the parent but whose cache did not show the cut, admitted an
+/// allocation for q2 in the parent's ledger: 1 RTX bound under a cap of 0. A charge now
+/// waits for a seal of any queue above it in the ledger, as its own tree has them.
+#[test]
+fn found_a_parents_cut_holds_back_a_queue_the_sealer_did_not_show_under_it() {
+    use Step::*;
+    replay(vec![
+        Reparent { r: 0, queue: 1 },
+        DeliverGroups { r: 0, n: 1 },
+        DeliverGroups { r: 0, n: 1 },
+        DeliverGroups { r: 0, n: 1 },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+        Reparent { r: 1, queue: 1 },
+        Wait { ms: 400 },
+        Reparent { r: 0, queue: 1 },
+        Wait { ms: 400 },
+        Create {
+            r: 1,
+            pod: 1,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 1,
+            claim: Some(0),
+            named: true,
+        },
+        SetQuota {
+            r: 0,
+            queue: 2,
+            model: 0,
+            to: 0,
+        },
+        Wait { ms: 20 },
+        Deliver { r: 1, n: 2 },
+        Schedule { r: 1, n: 0 },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+        Create {
+            r: 0,
+            pod: 0,
+            model: 0,
+            cards: 1,
+            lost: false,
+            group: None,
+            queue: 0,
+            claim: None,
+            named: false,
+        },
+    ]);
+}

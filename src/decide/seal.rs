@@ -248,10 +248,15 @@ pub fn sources_to_read(snap: &Snapshot, ledger: &Ledger) -> Vec<QueueName> {
 /// [`SEAL_LIFT_AFTER`] after this replica first saw the seal shows that the change
 /// never landed.
 pub fn blocks(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Decision> {
-    let seal = ledger.seals().get(queue.as_str())?;
-    if !holds_back(snap, seal) {
-        return None;
-    }
+    // The queue's own seal, or one of a queue above it as this replica's tree has it: a
+    // charge is checked against every level's limits, and the sealer may not have seen
+    // this queue under the level it sealed (found by the committer model: a parent's cap
+    // cut by a replica that did not show a queue moved under it sealed the parent only,
+    // and a charge of that queue went past the cut).
+    let seal = std::iter::once(queue.clone())
+        .chain(snap.ancestors_of(queue))
+        .filter_map(|q| ledger.seals().get(q.as_str()))
+        .find(|s| holds_back(snap, s))?;
     let by = &seal.by;
     Some(Decision::deny(
         RETRY,
