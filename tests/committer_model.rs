@@ -1971,18 +1971,15 @@ fn the_replicas_committer_never_binds_past_a_quota() {
     assert!(t.cuts > 0 && t.raises > 0 && t.after_cut > 0, "{t:?}");
 }
 
-/// Known holes, found by the model once queues could move under a parent and out
-/// (2026-12-04), not closed yet (2 of 5 runs of 2,000 cases fail): a charge decided by
-/// a replica whose tree is behind a queue's moves made through the other replica (q2
-/// moved in, out and in again; after the parent's RTX cap was cut to 0 an allocation
-/// for q2 was admitted against q2's own quota: 1 RTX bound under a cap of 0), and a
-/// move decided while another move into the same parent was still in flight. Three
-/// others it found are closed (`found_a_move_under_a_parent_*`,
-/// `found_a_queue_cut_decided_before_*`, and a move checked against a tree the replica
-/// had not listed: a move now lists the Queues first). Runs the property with moves;
-/// fails today.
+/// The property with queues moved under the parent and out (2026-12-04). It found four
+/// holes, closed with the replays above (`found_a_move_under_a_parent_*`,
+/// `found_a_queue_cut_decided_before_*`, `found_a_parents_cut_holds_back_*`, and a
+/// move checked against a tree the replica had not listed); it failed 2 of 5 runs of
+/// 2,000 cases before the last and passed 4 of 4 after it. Kept out of CI's run while
+/// one race is suspected and not reproduced: two moves into one parent decided while
+/// the other is still in flight.
 #[test]
-#[ignore = "known holes: queue moves under a parent decided from a stale tree"]
+#[ignore = "suspected race: two moves into one parent in flight at once"]
 fn queue_moves_under_a_parent_known_holes() {
     let t = property(cases(2_000), true);
     assert!(
