@@ -1975,11 +1975,13 @@ fn the_replicas_committer_never_binds_past_a_quota() {
 /// holes, closed with the replays above (`found_a_move_under_a_parent_*`,
 /// `found_a_queue_cut_decided_before_*`, `found_a_parents_cut_holds_back_*`, and a
 /// move checked against a tree the replica had not listed); it failed 2 of 5 runs of
-/// 2,000 cases before the last and passed 4 of 4 after it. Kept out of CI's run while
-/// one race is suspected and not reproduced: two moves into one parent decided while
-/// the other is still in flight.
+/// 2,000 cases before the last and failed 1 of 6 after it, on a hole still open: a
+/// move checked against the moving queue's usage as a pod cache behind shows it (an
+/// allocation for q2 recorded in q2's ledger was not laid under the move's check: 1
+/// H200 under a cap of 0). Also suspected, not reproduced: two moves into one parent
+/// decided while the other is still in flight. Kept out of CI's run until both close.
 #[test]
-#[ignore = "suspected race: two moves into one parent in flight at once"]
+#[ignore = "known hole: a queue move is not decided over the moving queue's ledger"]
 fn queue_moves_under_a_parent_known_holes() {
     let t = property(cases(2_000), true);
     assert!(
