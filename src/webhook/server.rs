@@ -279,10 +279,11 @@ async fn decide_live(
     claims_known(state, req).await;
     let queue_write = crate::decide::RequestKind::of(req) == crate::decide::RequestKind::Queue;
     if !mutate && queue_write && !req.is_dry_run() {
-        if let Some(wait) = live.committer.queue_current(&state.snapshot, req).await {
-            return Answer::Decided(wait);
-        }
-        if let Some(wait) = live.committer.moves_wait(&state.snapshot, req).await {
+        if let Some(wait) = live
+            .committer
+            .before_queue_write(&state.snapshot, req)
+            .await
+        {
             return Answer::Decided(wait);
         }
     }

@@ -35,56 +35,49 @@ impl Committer {
         }
     }
 
-    /// Before a Queue write is decided: when the cache shows the Queue older than the
-    /// request's old object ([`crate::decide::seal::queue_behind`]), reads it from the
-    /// API server (a quorum read) into the snapshot; "try again" when it cannot.
-    pub async fn queue_current(
+    /// Before a Queue write is decided (R2, R4): the cache must show the Queue as stored
+    /// ([`crate::decide::seal::queue_behind`]; read from the API server at once when it
+    /// does not), and a move is checked against the tree it goes into as stored (every
+    /// Queue listed first) and waits while a ledger it moves to holds a seal of a limit
+    /// change this replica has not seen ([`crate::live::seals::moves_wait`]). "Try
+    /// again" when either cannot be had.
+    pub async fn before_queue_write(
         &self,
         snapshot: &Mutex<Snapshot>,
         req: &AdmissionRequest,
     ) -> Option<Decision> {
+        let retry = |why: String| Some(Decision::deny(RETRY, format!("{why}; try again")));
         let none = Held::unlocked().await;
         let (behind, moves) = {
             let snap = locks::snapshot(snapshot, &none);
             let moves = !crate::decide::seal::inbound_for(&snap, req).is_empty();
             (crate::decide::seal::queue_behind(&snap, req), moves)
         };
-        // A move is checked against the tree it goes into: as stored, another queue
-        // moved there meanwhile included.
         if let (true, Some(api)) = (moves, &self.queue_reads) {
             if !crate::live::seals::read_all_queues(api, snapshot).await {
-                return Some(Decision::deny(
-                    RETRY,
-                    "card-quota could not read the queue tree this move changes; try again",
+                return retry("card-quota could not read the queue tree this move changes".into());
+            }
+        }
+        if let Some(behind) = behind {
+            if let Some(api) = &self.queue_reads {
+                crate::live::seals::read_queue(api, snapshot, &behind).await;
+            }
+            let none = Held::unlocked().await;
+            if let Some(q) =
+                crate::decide::seal::queue_behind(&locks::snapshot(snapshot, &none), req)
+            {
+                return retry(format!(
+                    "card-quota's cache does not show queue {q} as stored yet"
                 ));
             }
         }
-        let behind = behind?;
-        if let Some(api) = &self.queue_reads {
-            crate::live::seals::read_queue(api, snapshot, &behind).await;
+        if !moves {
+            return None;
         }
-        let none = Held::unlocked().await;
-        crate::decide::seal::queue_behind(&locks::snapshot(snapshot, &none), req).map(|q| {
-            Decision::deny(
-                RETRY,
-                format!("card-quota's cache does not show queue {q} as stored yet; try again"),
-            )
-        })
-    }
-
-    /// Before a Queue write that moves queues is decided: "try again" while a ledger
-    /// they move to holds a seal of a limit change this replica has not seen
-    /// ([`crate::live::seals::moves_wait`]).
-    pub async fn moves_wait(
-        &self,
-        snapshot: &Mutex<Snapshot>,
-        req: &AdmissionRequest,
-    ) -> Option<Decision> {
         match crate::live::seals::moves_wait(&self.api, snapshot, req).await {
             Ok(()) => None,
-            Err(e) => Some(Decision::deny(
-                RETRY,
-                format!("card-quota must see a change of the queues this one moves under first ({e}); try again"),
+            Err(e) => retry(format!(
+                "card-quota must see a change of the queues this one moves under first ({e})"
             )),
         }
     }
