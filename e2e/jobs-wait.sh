@@ -35,7 +35,8 @@ k() { kubectl "$@"; }
 check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "command: $*"; return 1; fi; }
 contains() { grep -qF -- "$2" <<<"$1"; }
 wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >/dev/null 2>&1; do [ "$(date +%s)" -ge $end ] && return 1; sleep 0.3; done; }
-usage_field() { k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}' | jq -r --arg m "$2" --arg f "$3" '.[$m][$f] // 0'; }
+# A Queue the reconciler has not written yet has no card.usage: nothing in use.
+usage_field() { local u; u=$(k get queue "$1" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}'); jq -r --arg m "$2" --arg f "$3" '.[$m][$f] // 0' <<<"${u:-"{}"}"; }
 usage_is() { [ "$(usage_field "$1" "$2" "$3")" = "$4" ]; }
 export -f k usage_field usage_is
 # What a failed check of QUEUE and JOB saw, for a run that cannot be repeated (CI).
@@ -245,8 +246,10 @@ check "... exit status 2" [ "$rc" = 2 ]
 rc=0; out=$("$BIN" check -f "$WORK/check-job.yaml" 2>&1) || rc=$?
 check "... the Job alone would start: its pod admitted on H200, exit 0" \
   bash -c '[ "$1" = 0 ] && grep -E "^Job.batch.volcano.sh +$2/chk-train +admitted +1/1 +NVIDIA-H200:1\$" <<<"$3" >/dev/null' _ "$rc" "$NS" "$out"
-check "... and nothing was written to the cluster" bash -c \
-  "! kubectl -n $NS get deploy chk-web >/dev/null 2>&1 && ! kubectl -n $NS get vcjob chk-train >/dev/null 2>&1 && [ -z \"\$(pg_of chk-train)\" ] && usage_is $Q-k NVIDIA-H200 pending 0"
+check "... and nothing was written to the cluster: no Deployment, no Job, no PodGroup" bash -c \
+  "! kubectl -n $NS get deploy chk-web >/dev/null 2>&1 && ! kubectl -n $NS get vcjob chk-train >/dev/null 2>&1 && [ -z \"\$(pg_of chk-train)\" ]"
+check "... and nothing charged to the queue" usage_is "$Q-k" NVIDIA-H200 pending 0 \
+  || echo "      card.usage of $Q-k: $(k get queue "$Q-k" -o jsonpath='{.metadata.annotations.volcano\.sh/card\.usage}')"
 
 # ---- two CREATEs of one PodGroup; a PodGroup created Inqueue ---------------------------------
 vc_job jd "$Q-d" 2 '{"NVIDIA-H200":2}'
