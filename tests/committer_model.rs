@@ -1894,6 +1894,11 @@ fn run(steps: &[Step]) -> Result<Tally, TestCaseError> {
         for s in w.sweeps.drain(..) {
             s.await.unwrap();
         }
+        // What each request was answered, for a replay that passes (a failing case
+        // prints it anyway).
+        if std::env::var_os("CARD_QUOTA_COMMITTER_MODEL_TRACE").is_some() {
+            eprintln!("{}", w.trace.join("\n"));
+        }
         w.tally.writes = w.api.writes() as u64;
         w.tally.conflicts = w.api.conflicts() as u64;
         for rep in &w.replicas {
@@ -2677,5 +2682,100 @@ fn found_a_parents_cut_holds_back_a_queue_the_sealer_did_not_show_under_it() {
         plain(0, 0, 0, 1, 0, false),
         plain(0, 0, 0, 1, 0, false),
         plain(0, 0, 0, 1, 0, false),
+    ]);
+}
+
+/// Found by the model with queue moves (2026-12-04): replica 0 moved q under the
+/// parent, whose RTX cap it had cut to 0, while its claim watch did not show q's claim
+/// allocated on an RTX through replica 1 (recorded in q's ledger): it read q's usage as
+/// nothing and admitted the move, 1 RTX bound under a cap of 0.
+#[test]
+fn found_a_move_is_checked_over_the_moving_queues_ledger_as_sealed() {
+    use Step::*;
+    replay(vec![
+        claim_create(1, 0, 0, 0, 0),
+        SetQuota {
+            r: 0,
+            queue: 2,
+            model: 0,
+            to: 0,
+        },
+        Deliver { r: 1, n: 1 },
+        Schedule { r: 1, n: 0 },
+        Wait { ms: 1 },
+        Reparent { r: 0, queue: 0 },
+        DeliverClaims { r: 0, n: 1 },
+        DeliverClaims { r: 0, n: 1 },
+    ]);
+}
+
+/// Two moves into the parent at once, through the two replicas (q with 2 RTX bound, q2
+/// with 1, under a cap of 2): each alone fits, both do not. The first to seal the
+/// parent's tree holds the other back until it is seen (R4: one ledger, one change of
+/// its tree at a time).
+#[test]
+fn two_moves_into_one_parent_at_once_are_checked_one_after_the_other() {
+    use Step::*;
+    let bind = |r, pod| Bind { r, pod, node: 0 };
+    replay(vec![
+        plain(0, 0, 0, 1, 0, true),
+        plain(0, 1, 0, 1, 0, true),
+        plain(1, 2, 0, 1, 1, true),
+        Wait { ms: 50 },
+        Deliver { r: 0, n: 9 },
+        Deliver { r: 1, n: 9 },
+        bind(0, 0),
+        bind(0, 1),
+        bind(1, 2),
+        Wait { ms: 50 },
+        Deliver { r: 0, n: 9 },
+        Deliver { r: 1, n: 9 },
+        Ledger { r: 0 },
+        Ledger { r: 1 },
+        Reparent { r: 0, queue: 0 },
+        Reparent { r: 1, queue: 1 },
+        Wait { ms: 400 },
+        QueueWatch { r: 0 },
+        QueueWatch { r: 1 },
+    ]);
+}
+
+/// A move into the parent's tree seen by one replica only: q2 already under the parent,
+/// its RTX cap cut to 1, q (1 RTX bound) moved under it through replica 0; replica 1,
+/// whose Queue watch has not shown the move, charges an RTX of q2 in the parent's
+/// ledger. It must count q there, or wait until it sees the move: the move's seal of
+/// the parent's tree holds it back.
+#[test]
+fn a_charge_in_a_tree_a_queue_is_moving_into_waits_for_the_move() {
+    use Step::*;
+    let bind = |r, pod| Bind { r, pod, node: 0 };
+    replay(vec![
+        SetQuota {
+            r: 0,
+            queue: 2,
+            model: 0,
+            to: 1,
+        },
+        Reparent { r: 0, queue: 1 },
+        Wait { ms: 50 },
+        QueueWatch { r: 0 },
+        QueueWatch { r: 1 },
+        plain(0, 0, 0, 1, 0, true),
+        Wait { ms: 50 },
+        Deliver { r: 0, n: 9 },
+        Deliver { r: 1, n: 9 },
+        bind(0, 0),
+        Wait { ms: 50 },
+        Deliver { r: 0, n: 9 },
+        Deliver { r: 1, n: 9 },
+        Ledger { r: 0 },
+        Ledger { r: 1 },
+        Reparent { r: 0, queue: 0 },
+        Wait { ms: 50 },
+        plain(1, 1, 0, 1, 1, true),
+        Wait { ms: 50 },
+        Deliver { r: 1, n: 9 },
+        bind(1, 1),
+        Wait { ms: 400 },
     ]);
 }

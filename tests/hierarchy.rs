@@ -1064,14 +1064,27 @@ fn a_replica_behind_a_change_of_the_tree_cannot_charge_the_old_ledger() {
             .filter(|o| matches!(o, Outcome::Admit(_)))
             .count()
     };
-    // The hook of the move (old object at resourceVersion 10) seals q1 in its own ledger.
+    // The hook of the move (old object at resourceVersion 10) seals q1 in its own ledger,
+    // and the tree it moves into at its root (org's limits, for org's other charges).
     let hook_view = load(&yaml(&queues)).unwrap().0;
     let seals = seals_for(
         &hook_view,
         &review(R::queue("UPDATE", moved.clone()).old(flat.clone()).build()),
         t0,
     );
-    assert_eq!(seals.keys().collect::<Vec<_>>(), vec![&q1], "{seals:?}");
+    assert_eq!(
+        seals.keys().collect::<Vec<_>>(),
+        vec![&org, &q1],
+        "{seals:?}"
+    );
+    let into: Vec<_> = seals[&org]
+        .iter()
+        .map(|(q, s)| (q, s.by.as_str(), s.version, s.cause))
+        .collect();
+    assert_eq!(
+        into,
+        vec![(&org, "q1", 10, card_quota::ledger::seal::SealCause::Limits)]
+    );
     let mut sealed = hook_view.ledger(&q1).ledger.clone();
     for (q, s) in &seals[&q1] {
         assert_eq!((q, s.by.as_str(), s.version), (&q1, "q1", 10));

@@ -139,7 +139,7 @@ fn a_replica_behind_a_quota_cut_cannot_admit_past_the_new_quota() {
     assert_eq!(admitted(&out), 0);
     assert_eq!(
         message(&out[0]),
-        "queue q's card limits changed and card-quota has not seen the change yet; try again"
+        "queue q changed the card limits of queue q's tree (a limit lowered, or a queue moved into it) and card-quota has not seen the change yet; try again"
     );
     // The writer reads the sealing Queue (its cache shows it at the sealed version)...
     let now = jiff::Timestamp::now();
@@ -301,10 +301,16 @@ fn a_seal_of_another_change_not_seen_yet_is_not_overwritten() {
     let mut plain_root = root.clone();
     plain_root["metadata"]["annotations"] = json!({});
     let mut snap = snapshot(&[old.clone(), plain_root.clone()]);
-    // root given a budget (version 5 before it): q is sealed there by root.
+    // root given a budget (version 5 before it): q is sealed there by root (and root,
+    // the tree q moves into, in its own ledger).
     let budget = review(R::queue("UPDATE", root.clone()).old(plain_root).build());
     let mut moved = seals_for(&snap, &budget, jiff::Timestamp::now());
-    assert_eq!(moved.keys().collect::<Vec<_>>(), vec![&q], "{moved:?}");
+    let root_name = QueueName::new("root");
+    assert_eq!(
+        moved.keys().collect::<Vec<_>>(),
+        vec![&q, &root_name],
+        "{moved:?}"
+    );
     let mut l = snap.ledger(&q).ledger.clone();
     for (qq, s) in moved.remove(&q).unwrap_or_default() {
         l.seal(&qq, s);

@@ -48,17 +48,33 @@ pub fn seals_for(
         at: now,
         cause,
     };
+    // (ledger, queue) pairs sealed: a ledger keeps one seal per queue.
     let mut sealed = std::collections::BTreeSet::new();
-    for (q, from, _) in moves(snap, change.old.as_ref(), change.new.as_ref(), &change.name) {
-        sealed.insert(q.clone());
+    let mut into = std::collections::BTreeSet::new();
+    for (q, from, to) in moves(snap, change.old.as_ref(), change.new.as_ref(), &change.name) {
+        sealed.insert((from.clone(), q.clone()));
         out.entry(from)
             .or_default()
             .push((q, seal(SealCause::Move)));
+        into.insert(to);
+    }
+    // The tree a queue moves into gets its cards under every level above its new place:
+    // for whoever charges that tree, its limits went down. Its root is sealed in its
+    // ledger (every charge there is below it) until the move is seen, and a second move
+    // into the tree finds that seal in its way and waits: two moves are never checked
+    // each without the other.
+    for to in into {
+        if sealed.insert((to.clone(), to.clone())) {
+            out.entry(to.clone())
+                .or_default()
+                .push((to, seal(SealCause::Limits)));
+        }
     }
     if lowers_limits(change.old.as_ref(), change.new.as_ref()) {
         for q in snap.subtree(&change.name) {
-            if sealed.insert(q.clone()) {
-                out.entry(snap.ledger_key(&q))
+            let ledger = snap.ledger_key(&q);
+            if sealed.insert((ledger.clone(), q.clone())) {
+                out.entry(ledger)
                     .or_default()
                     .push((q, seal(SealCause::Limits)));
             }
@@ -265,7 +281,7 @@ pub fn blocks(snap: &Snapshot, ledger: &Ledger, queue: &QueueName) -> Option<Dec
                 "queue {queue}'s charges are moving to another ledger (queue {by} changed the queue tree) and card-quota has not seen the change yet; try again"
             ),
             SealCause::Limits => format!(
-                "queue {by}'s card limits changed and card-quota has not seen the change yet; try again"
+                "queue {by} changed the card limits of queue {queue}'s tree (a limit lowered, or a queue moved into it) and card-quota has not seen the change yet; try again"
             ),
         },
     ))
@@ -412,7 +428,7 @@ mod tests {
     }
 
     #[test]
-    fn a_root_budget_seals_every_top_queue_in_its_own_ledger() {
+    fn a_root_budget_seals_every_top_queue_in_its_own_ledger_and_root_in_its_own() {
         let q = |n: &str| queue(n, "root", Some(r#"{"A":1}"#), "5");
         let root = queue("root", "", None, "3");
         let snap = snapshot(&[q("a"), q("b"), root.clone()]);
@@ -422,6 +438,7 @@ mod tests {
             vec![
                 ("a".to_string(), vec!["a".to_string()]),
                 ("b".to_string(), vec!["b".to_string()]),
+                ("root".to_string(), vec!["root".to_string()]),
             ]
         );
     }

@@ -41,59 +41,75 @@ pub enum SealError {
 /// Seals, in every ledger `req` (an admitted Queue write) moves charges out of, the
 /// queues it moves, and in their own ledger the queues whose limits it lowers; then
 /// marks the moved queues in the ledgers they move to with the version each source had
-/// after its seal. `store` keeps each ledger as written. An error says which ledger
-/// could not be written: the Queue write must then wait ("try again").
+/// after its seal. `store` keeps each ledger as written; the names of those written are
+/// returned. An error says which ledger could not be written: the Queue write must then
+/// wait ("try again").
 pub async fn seal_ledgers(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
     req: &AdmissionRequest,
     store: impl Fn(LedgerRecord),
-) -> Result<(), SealError> {
+) -> Result<Vec<QueueName>, SealError> {
     let (plan, marks) = {
         let snap = locked(snapshot);
-        let plan = seals_for(&snap, req, jiff::Timestamp::now());
-        for (ledger, seals) in &plan {
-            let held = snap.ledger(ledger);
-            for (q, s) in seals {
-                if let Some(other) = in_the_way(&snap, &held.ledger, q, s) {
+        (
+            seals_for(&snap, req, jiff::Timestamp::now()),
+            inbound_for(&snap, req),
+        )
+    };
+    let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
+    let mut written = Vec::new();
+    for (ledger, seals) in plan {
+        // Checked against the ledger each compare-and-swap is made on: a seal of another
+        // change written since this replica's read (a concurrent move into the same
+        // tree) is never overwritten; this change waits for it.
+        let stored = update(api, snapshot, &ledger, &store, |l| {
+            let snap = locked(snapshot);
+            for (q, s) in &seals {
+                if let Some(other) = in_the_way(&snap, l, q, s) {
                     return Err(SealError::Sealed {
                         queue: q.clone(),
                         by: other.by.clone(),
                     });
                 }
             }
-        }
-        (plan, inbound_for(&snap, req))
-    };
-    let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
-    for (ledger, seals) in plan {
-        let stored = update(api, snapshot, &ledger, &store, |l| {
+            drop(snap);
             for (q, s) in &seals {
                 l.seal(q, s.clone());
             }
+            Ok(())
         })
         .await?;
         let version = stored
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(u64::MAX);
+        written.push(ledger.clone());
         sealed_at.insert(ledger, version);
     }
     for (ledger, moved) in marks {
-        update(api, snapshot, &ledger, &store, |l| {
-            for (q, from) in &moved {
-                let version = sealed_at.get(from).copied().unwrap_or(u64::MAX);
-                l.mark_inbound(
-                    q,
-                    Inbound {
-                        from: from.to_string(),
-                        version,
-                    },
-                );
-            }
-        })
+        written.push(ledger.clone());
+        update(
+            api,
+            snapshot,
+            &ledger,
+            &store,
+            |l| -> Result<(), SealError> {
+                for (q, from) in &moved {
+                    let version = sealed_at.get(from).copied().unwrap_or(u64::MAX);
+                    l.mark_inbound(
+                        q,
+                        Inbound {
+                            from: from.to_string(),
+                            version,
+                        },
+                    );
+                }
+                Ok(())
+            },
+        )
         .await?;
     }
-    Ok(())
+    Ok(written)
 }
 
 /// Before a Queue write that moves queues into another tree is decided: the ledgers
@@ -119,20 +135,21 @@ pub async fn moves_wait(
     Ok(())
 }
 
-/// Changes `ledger` by `change` with compare-and-swap, read again on a conflict; the
-/// resourceVersion it was stored at.
+/// Changes `ledger` by `change` with compare-and-swap, read again (and changed again)
+/// on a conflict; the resourceVersion it was stored at. `change` may refuse the ledger
+/// it is given.
 async fn update(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
     ledger: &QueueName,
     store: &impl Fn(LedgerRecord),
-    change: impl Fn(&mut crate::ledger::Ledger),
-) -> Result<Option<String>, WriteError> {
+    change: impl Fn(&mut crate::ledger::Ledger) -> Result<(), SealError>,
+) -> Result<Option<String>, SealError> {
     let mut rec = (*locked(snapshot).ledger(ledger)).clone();
     let mut attempt = 0;
     loop {
         let mut next = rec.ledger.clone();
-        change(&mut next);
+        change(&mut next)?;
         match api
             .write(ledger, rec.resource_version.as_deref(), &next.render())
             .await
@@ -147,7 +164,7 @@ async fn update(
                 tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
                 rec = api.get(ledger).await?;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -297,7 +297,11 @@ async fn decide_live(
             // A Queue write that moves charges to another ledger seals them in the old
             // one before it is answered (and so before it is stored).
             if d.allowed && !mutate && queue_write && !req.is_dry_run() {
-                if let Some(wait) = live.committer.seal_ledgers(&state.snapshot, req).await {
+                if let Some(wait) = live
+                    .committer
+                    .seal_ledgers(&state.snapshot, &state.config, req)
+                    .await
+                {
                     return Answer::Decided(wait);
                 }
             }

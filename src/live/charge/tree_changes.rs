@@ -5,9 +5,12 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
+use crate::decide::batch::decide_with_ledger;
 use crate::decide::messages::RETRY;
 use crate::decide::review::AdmissionRequest;
-use crate::decide::Decision;
+use crate::decide::{Config, Decision};
 use crate::snapshot::Snapshot;
 
 use super::locks::{self, Held};
@@ -16,23 +19,53 @@ use super::Committer;
 impl Committer {
     /// Before an admitted Queue write is answered: seals the queues it moves to another
     /// ledger in the ledgers they leave, and the queues whose limits it lowers in their
-    /// own ([`crate::decide::seal`]). "Try again" when a ledger could not be sealed.
+    /// own ([`crate::decide::seal`]); then decides a move again over those ledgers as the
+    /// seals' writes found them, with the caches at their watermarks (R1 and R2 for a
+    /// Queue write: a charge recorded in a moving queue's ledger before its seal, which
+    /// this replica's caches did not show, is counted where the queue goes; found by the
+    /// committer model, a move admitted under a parent's cap of 0 with an allocation of
+    /// the queue recorded through the other replica). Its refusal, or "try again" when a
+    /// ledger could not be sealed or the caches do not reach it within half the budget.
     pub async fn seal_ledgers(
         &self,
         snapshot: &Mutex<Snapshot>,
+        cfg: &Config,
         req: &AdmissionRequest,
     ) -> Option<Decision> {
         let none = Held::unlocked().await;
+        // Only a move is decided by usage (a limit cut is never refused for it).
+        let moves =
+            !crate::decide::seal::inbound_for(&locks::snapshot(snapshot, &none), req).is_empty();
         let store = |rec| self.keep(&none, snapshot, rec);
-        match crate::live::seals::seal_ledgers(&self.api, snapshot, req, store).await {
-            Ok(()) => None,
-            Err(e) => Some(Decision::deny(
-                RETRY,
-                format!(
-                    "card-quota could not seal the queues this change affects ({e}); try again"
-                ),
-            )),
+        let written = match crate::live::seals::seal_ledgers(&self.api, snapshot, req, store).await
+        {
+            Ok(written) => written,
+            Err(e) => {
+                return Some(Decision::deny(
+                    RETRY,
+                    format!(
+                        "card-quota could not seal the queues this change affects ({e}); try again"
+                    ),
+                ))
+            }
+        };
+        if !moves || written.is_empty() {
+            return None;
         }
+        let until = Instant::now() + self.budget / 2;
+        for ledger in &written {
+            if !self.caught_up(snapshot, ledger, until).await {
+                return Some(Decision::deny(
+                    RETRY,
+                    format!("card-quota's caches are behind queue {ledger}'s ledger; try again"),
+                ));
+            }
+        }
+        let none = Held::unlocked().await;
+        let mut guard = locks::snapshot(snapshot, &none);
+        let (snap, _) = guard.split();
+        let again = decide_with_ledger(snap, req, cfg, jiff::Timestamp::now());
+        (!again.allowed).then_some(again)
     }
 
     /// Before a Queue write is decided (R2, R4): the cache must show the Queue as stored
