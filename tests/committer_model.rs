@@ -269,8 +269,8 @@ fn step(liar: Liar, moves: bool) -> BoxedStrategy<Step> {
         1 => r.clone().prop_map(|r| Step::Crash { r }),
     ]
     .boxed();
-    // Queues moved under the parent and out: known holes left (see
-    // `queue_moves_under_a_parent_known_holes`), so only where asked.
+    // Queues moved under the parent and out, where asked (a property of their own:
+    // `queues_moved_under_a_parent_never_bind_past_its_cap`).
     let steps = if moves {
         prop_oneof![
             40 => steps,
@@ -1976,19 +1976,21 @@ fn the_replicas_committer_never_binds_past_a_quota() {
     assert!(t.cuts > 0 && t.raises > 0 && t.after_cut > 0, "{t:?}");
 }
 
-/// The property with queues moved under the parent and out (2026-12-04). It found four
-/// holes, closed with the replays above (`found_a_move_under_a_parent_*`,
-/// `found_a_queue_cut_decided_before_*`, `found_a_parents_cut_holds_back_*`, and a
-/// move checked against a tree the replica had not listed); it failed 2 of 5 runs of
-/// 2,000 cases before the last and failed 1 of 6 after it, on a hole still open: a
-/// move checked against the moving queue's usage as a pod cache behind shows it (an
-/// allocation for q2 recorded in q2's ledger was not laid under the move's check: 1
-/// H200 under a cap of 0). Also suspected, not reproduced: two moves into one parent
-/// decided while the other is still in flight. Kept out of CI's run until both close.
+/// The property with queues moved under the parent and out (2026-12-04). It found five
+/// holes, closed with the replays below (`found_a_move_under_a_parent_*`,
+/// `found_a_queue_cut_decided_before_*`, `found_a_parents_cut_holds_back_*`,
+/// `found_a_move_is_checked_over_*`, and a move checked against a tree the replica had
+/// not listed); two moves into the parent at once, and a charge beside a move in
+/// flight, are replays of their own (`two_moves_into_one_parent_*`,
+/// `a_charge_in_a_tree_a_queue_is_moving_into_*`).
 #[test]
-#[ignore = "known hole: a queue move is not decided over the moving queue's ledger"]
-fn queue_moves_under_a_parent_known_holes() {
-    let t = property(cases(2_000), true);
+fn queues_moved_under_a_parent_never_bind_past_its_cap() {
+    let cases = cases(48);
+    let t = property(cases, true);
+    eprintln!("{cases} cases with moves: {t:?}");
+    if cases < 500 {
+        return;
+    }
     assert!(
         t.moves > 0 && t.parent_binds > 0 && t.queue_refusals > 0,
         "queues moved under the parent and out (and refused), bindings checked against its cap: {t:?}"
@@ -2193,10 +2195,13 @@ fn a_refused_create_retry_stops_counting_after_the_store_lag() {
 }
 
 /// The oracle and the generator can see a violation: a pod watch that shows a bound
-/// pod deleted while it is not makes its replica count that pod's cards nowhere.
-/// It stops at the first case caught: measured 29 to 1,452 cases (10 runs, 2026-12-04),
-/// so the bound of 10,000 misses only if the oracle or the generator went blind.
+/// pod deleted while it is not makes its replica count that pod's cards nowhere. A
+/// measurement, run by hand: it stops at the first case caught and says after how
+/// many (29 to 1,452 cases in 10 runs at stop 69; 1,486 once on 2026-12-04). CI runs the
+/// controls as replays (`a_pod_watch_that_shows_a_bound_pod_deleted_is_caught`, and the
+/// claims' below): a search of random length has no bound CI can wait for.
 #[test]
+#[ignore = "a measurement of the generator (minutes): CI runs the controls as replays"]
 fn a_lying_pod_watch_is_caught() {
     caught(Liar::Pods);
 }
@@ -2205,7 +2210,11 @@ fn a_lying_pod_watch_is_caught() {
 /// other model makes its replica count that card on the wrong model, so the oracle sees
 /// claims' cards. (A claim shown unallocated is no lie card-quota can be caught by: a
 /// bound pod whose claim it does not see allocated counts on every model it may have.)
+/// Measured 2026-12-04: 4,160 and 13,495 cases at 54e7b7b, 7,248 to 23,193 at c096530,
+/// and 329 to 6,313 once the lie starts every case, but once not within 30,000 (a miss
+/// CI would fail on). CI runs `a_claim_watch_that_shows_an_allocation_on_the_other_model_is_caught`.
 #[test]
+#[ignore = "a measurement of the generator (minutes): CI runs the controls as replays"]
 fn a_lying_claim_watch_is_caught() {
     caught(Liar::Claims);
 }
@@ -2220,8 +2229,16 @@ fn caught(liar: Liar) {
     // Cases run until the first failure (shrinking runs more: they are not counted).
     let until_found = std::cell::Cell::new(None);
     let tried = std::cell::Cell::new(0u32);
+    // A claim watch lies from the start (until its replica restarts): the lie is one
+    // step of the generator's hundred kinds, and a case catches it only with a claim
+    // allocated, the quota cut under it and a charge decided by the liar after it.
+    let first = match liar {
+        Liar::Claims => vec![Step::LieClaim { r: 1 }],
+        _ => Vec::new(),
+    };
     let found = runner.run(
-        &prop::collection::vec(step(liar, false), 20..120),
+        &prop::collection::vec(step(liar, false), 20..120)
+            .prop_map(move |steps| first.iter().cloned().chain(steps).collect::<Vec<Step>>()),
         |steps| {
             tried.set(tried.get() + 1);
             let r = run(&steps).map(|_| ());
@@ -2778,4 +2795,91 @@ fn a_charge_in_a_tree_a_queue_is_moving_into_waits_for_the_move() {
         bind(1, 1),
         Wait { ms: 400 },
     ]);
+}
+
+/// A negative control as a replay: `steps` pass as they are, and with `lie` inserted at
+/// `at` the oracle catches the lying replica past a quota.
+fn caught_in(steps: Vec<Step>, at: usize, lie: Step) {
+    if let Err(e) = run(&steps) {
+        panic!("the case fails without the lie: {e}");
+    }
+    let mut lying = steps;
+    lying.insert(at, lie);
+    let Err(e) = run(&lying) else {
+        panic!("the lie was not caught");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(" cards bound in ") || e.contains(" cards in stored pods"),
+        "{e}"
+    );
+}
+
+/// The negative control of the pod watch, as a replay: p9 (1 RTX) bound and pruned from
+/// the ledger; replica 0's pod watch shows it deleted; p1 (2 RTX) is admitted into q's
+/// quota of 2. Refused without the lie.
+#[test]
+fn a_pod_watch_that_shows_a_bound_pod_deleted_is_caught() {
+    use Step::*;
+    caught_in(
+        vec![
+            create(0, 9, 0, 1, false),
+            Wait { ms: 50 },
+            Deliver { r: 0, n: 9 },
+            Deliver { r: 1, n: 9 },
+            Bind {
+                r: 0,
+                pod: 9,
+                node: 0,
+            },
+            Wait { ms: 50 },
+            Deliver { r: 0, n: 9 },
+            Deliver { r: 1, n: 9 },
+            Sweep { r: 0 },
+            Wait { ms: 3_000 },
+            Ledger { r: 0 },
+            Ledger { r: 1 },
+            create(0, 1, 0, 2, false),
+            Wait { ms: 50 },
+        ],
+        12,
+        Lie { r: 0, pod: 9 },
+    );
+}
+
+/// The negative control of the claim watch, as a replay: c0 allocated on an RTX for p0,
+/// q's RTX quota cut to 1; replica 1's claim watch shows c0 on an H200, and p10's
+/// binding (1 RTX) is admitted. Refused without the lie.
+#[test]
+fn a_claim_watch_that_shows_an_allocation_on_the_other_model_is_caught() {
+    use Step::*;
+    caught_in(
+        vec![
+            claim_create(0, 0, 0, 0, 0),
+            create(0, 10, 0, 1, false),
+            Wait { ms: 50 },
+            Deliver { r: 0, n: 9 },
+            Deliver { r: 1, n: 9 },
+            Schedule { r: 1, n: 0 },
+            Wait { ms: 50 },
+            DeliverClaims { r: 0, n: 3 },
+            DeliverClaims { r: 1, n: 3 },
+            Ledger { r: 1 },
+            SetQuota {
+                r: 1,
+                queue: 0,
+                model: 0,
+                to: 1,
+            },
+            Wait { ms: 50 },
+            Bind {
+                r: 1,
+                pod: 10,
+                node: 0,
+            },
+            Wait { ms: 50 },
+        ],
+        12,
+        LieClaim { r: 1 },
+    );
 }
