@@ -1039,6 +1039,34 @@ fn a_claim_is_reserved_only_for_pods_that_accept_its_allocated_model() {
     );
 }
 
+/// A reservation of a claim allocated on a device no slice in card-quota's cache
+/// publishes yet (its node's slice behind): the model cannot be told, and the cache is
+/// what lags, so the reservation is "try again" (R2), not a refusal of the claim.
+#[test]
+fn a_reservation_of_a_claim_on_a_device_not_seen_yet_is_try_again() {
+    let mut w = World::new();
+    let mut p = sharer("s1", "q");
+    p["metadata"]["uid"] = json!("u-s1");
+    p["metadata"]["annotations"]["volcano.sh/card.name"] = json!("NVIDIA-H200");
+    p["metadata"]["annotations"]["volcano.sh/card.queue"] = json!("q");
+    w.seen(p.clone());
+    p["metadata"]["name"] = json!("s2");
+    p["metadata"]["uid"] = json!("u-s2");
+    w.seen(p);
+    let r = w.send(status_write(
+        shared_claim(Some(("gpu-9", &["s1", "s2"]))),
+        shared_claim(Some(("gpu-9", &["s1"]))),
+    ));
+    assert!(!r.allowed);
+    assert_eq!(
+        r.status.as_ref().and_then(|s| s.reason.as_deref()),
+        Some("TryAgain"),
+        "{}",
+        message(&r)
+    );
+    assert!(message(&r).ends_with("try again"), "{}", message(&r));
+}
+
 /// Issue 57: an allocation of devices of two models (a claim of two GPUs that allows
 /// both, on a node with one of each) is charged each model's devices before any cache
 /// shows it. It was charged as the pod bound there on one model (its first), so the

@@ -13,7 +13,7 @@
 
 use serde_json::Value;
 
-use crate::cards::dra::{reserved_for, ClaimRecord, Reservation};
+use crate::cards::dra::{reserved_for, ClaimRecord, DraError, Reservation};
 use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
@@ -206,6 +206,10 @@ fn newly_reserved(
     let models = match snap.dra_objects().allocation_models(record) {
         None => return Ok(warnings),
         Some(Ok(m)) => m,
+        // A device no slice in the cache publishes: the cache lags the node's slice (R2).
+        Some(Err(e @ DraError::UnknownDevice { .. })) => {
+            return Err(Decision::deny(RETRY, format!("{e}; try again")))
+        }
         Some(Err(e)) => return Err(Decision::deny(INVALID_DEMAND, e.to_string())),
     };
     for r in added {
