@@ -1409,6 +1409,43 @@ check "... the org's usage has the cap's row, 3 of 3 allocated from its team" wa
   "usage_is $Q-corg '*' allocated 3 && usage_is $Q-corg '*' quota 3"
 k -n "$NS" delete deploy tcapped --wait=false >/dev/null 2>&1
 
+# A queue with card work moved under a parent, live: checked against the parent's cap
+# with what it brings (not the headroom the replicas hold); once moved, a pod of the
+# parent's other team is refused by the cap at once, the moved queue's cards counted
+# (the move seals the parent's tree until both replicas see it; they read the Queue).
+tree_queue "$Q-morg" root '{"NVIDIA-A100":3}' '' | k apply -f - >/dev/null
+tree_queue "$Q-mteam" "$Q-morg" '{"NVIDIA-A100":3}' '' | k apply -f - >/dev/null
+tree_queue "$Q-mover" root '{"NVIDIA-A100":2}' '' | k apply -f - >/dev/null
+tree_queue "$Q-mover2" root '{"NVIDIA-A100":1}' '' | k apply -f - >/dev/null
+sleep 1
+card_pod "$Q-mt1" "$Q-mteam" NVIDIA-A100 nvidia.com/gpu 1 | k create -f - >/dev/null
+card_pod "$Q-mv1" "$Q-mover" NVIDIA-A100 nvidia.com/gpu 1 | k create -f - >/dev/null
+card_pod "$Q-mw1" "$Q-mover2" NVIDIA-A100 nvidia.com/gpu 1 | k create -f - >/dev/null
+export -f card_pod
+export HAND_SCHED
+# Applied as an admin would: again on "try again".
+apply_move() { # queue parent quota-json -> kubectl's output
+  local out i
+  for i in $(seq 1 20); do
+    out=$(tree_queue "$1" "$2" "$3" '' | k apply -f - 2>&1)
+    grep -q "try again" <<<"$out" || break
+    sleep 0.5
+  done
+  echo "$out"
+}
+t0=$(date +%s%N)
+out=$(apply_move "$Q-mover" "$Q-morg" '{"NVIDIA-A100":2}')
+check "a queue with 1 card in use moves under a parent holding 1 of 3" \
+  contains "$out" "queue.scheduling.volcano.sh/$Q-mover configured"
+check "... its next pod is admitted in the parent's tree within 5 s" wait_for 5 bash -c \
+  "card_pod $Q-mv2 $Q-mover NVIDIA-A100 nvidia.com/gpu 1 | kubectl create -f - >/dev/null 2>&1; kubectl -n $NS get pod $Q-mv2"
+log "the moved queue's next pod admitted $(( ($(date +%s%N) - t0) / 1000000 )) ms after the move was applied"
+check "... then the parent's cap counts it: a fourth pod, in the other team, is refused by the cap" wait_for 5 bash -c \
+  "out=\$(card_pod $Q-mt2 $Q-mteam NVIDIA-A100 nvidia.com/gpu 1 | kubectl create -f - 2>&1); grep -q 'insufficient NVIDIA-A100 quota in ancestor $Q-morg' <<<\"\$out\""
+out=$(apply_move "$Q-mover2" "$Q-morg" '{"NVIDIA-A100":1}')
+check "... and a second queue's move that does not fit is refused with the message" \
+  contains "$out" "queue $Q-mover2 cannot move under $Q-morg: $Q-morg would have 4 NVIDIA-A100 in use (3 there, 1 moving with $Q-mover2), quota 3"
+
 # Claim pods in a tree: the parent's H200 caps its team's claims.
 tree_queue "$Q-dra-org" root '{"NVIDIA-H200":1}' '' | k apply -f - >/dev/null
 tree_queue "$Q-dra-team" "$Q-dra-org" '{"NVIDIA-H200":2}' '' | k apply -f - >/dev/null

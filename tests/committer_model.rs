@@ -2883,3 +2883,41 @@ fn a_claim_watch_that_shows_an_allocation_on_the_other_model_is_caught() {
         LieClaim { r: 1 },
     );
 }
+
+/// A move is checked against what the queues use, not the headroom replicas hold: q
+/// (1 H200 in use, replica 0 holding spare of its quota of 12) moves under the parent
+/// (H200 cap cut to 3, q2 there with 1). Counted with the spare, it was refused ("org
+/// would have 4 NVIDIA-H200 in use (1 there, 3 moving with q)").
+#[test]
+fn a_move_is_not_refused_for_the_headroom_replicas_hold() {
+    use Step::*;
+    let bind = |r, pod| Bind { r, pod, node: 0 };
+    let steps = vec![
+        SetQuota {
+            r: 0,
+            queue: 2,
+            model: 1,
+            to: 3,
+        },
+        Reparent { r: 0, queue: 1 },
+        Wait { ms: 50 },
+        QueueWatch { r: 0 },
+        QueueWatch { r: 1 },
+        plain(0, 0, 1, 1, 0, true),
+        plain(1, 1, 1, 1, 1, true),
+        Wait { ms: 50 },
+        Deliver { r: 0, n: 9 },
+        Deliver { r: 1, n: 9 },
+        bind(0, 0),
+        bind(1, 1),
+        Wait { ms: 50 },
+        Deliver { r: 0, n: 9 },
+        Deliver { r: 1, n: 9 },
+        Ledger { r: 0 },
+        Ledger { r: 1 },
+        Reparent { r: 0, queue: 0 },
+        Wait { ms: 400 },
+    ];
+    let t = run(&steps).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((t.moves, t.queue_refusals), (2, 0), "{t:?}");
+}

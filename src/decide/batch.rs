@@ -607,7 +607,12 @@ fn charge_of_unseen_pod(
 
 /// A Queue write that charges nothing may still move charges (a re-parent brings the
 /// queue's usage under another parent's cap): admitted from the caches alone, it is
-/// decided again with every ledger's charges in flight and every hold laid over them.
+/// decided again with every ledger's charges in flight and what the holds carry laid
+/// over them. Not the holds' spare: a move lowers the limits of the tree it goes into
+/// as a cut does (it seals them so), and a cut reaches CREATEs admitted under a hold
+/// within its spare up to the hold's 10 s late (docs/consistency.md, assumptions);
+/// bindings are never held. Counted whole, spare refused moves into a tree with room
+/// (seen in a committer-model replay: "3 moving with q" for a queue with 1 card in use).
 /// Queue writes are rare; the cost is the charges in flight, all queues together.
 fn over_every_ledger(
     snap: &mut Snapshot,
@@ -632,7 +637,7 @@ fn over_every_ledger(
     }
     Overlay::scoped(snap, |snap, layer| {
         for l in &ledgers {
-            escrow::lay(layer, snap, &l.queue, &l.ledger, None, None, Holds::Full);
+            escrow::lay(layer, snap, &l.queue, &l.ledger, None, None, Holds::Carried);
         }
         decide_enforcing(req, snap, cfg, now)
     })
