@@ -2921,3 +2921,48 @@ fn a_move_is_not_refused_for_the_headroom_replicas_hold() {
     let t = run(&steps).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((t.moves, t.queue_refusals), (2, 0), "{t:?}");
 }
+
+/// Found by the model on 2026-12-04 (aa15780): p2's claim allocated on an RTX through
+/// replica 1, which had just restarted; q's RTX quota cut to 1 through replica 0, whose
+/// claim watch never showed the allocation; replica 0 bound p1 (1 RTX): 2 bound in 1.
+#[test]
+fn found_an_allocation_a_claim_watch_never_showed_holds_a_binding_to_a_cut() {
+    use Step::*;
+    replay(vec![
+        claim_create(0, 2, 0, 0, 0),
+        Group {
+            r: 0,
+            group: 0,
+            model: 0,
+            cards: 1,
+            inqueue: false,
+        },
+        Crash { r: 1 },
+        Schedule { r: 1, n: 24 },
+        Sweep { r: 1 },
+        Wait { ms: 45_000 },
+        plain(0, 1, 0, 1, 0, false),
+        SetQuota {
+            r: 0,
+            queue: 0,
+            model: 0,
+            to: 1,
+        },
+        DeliverGroups { r: 0, n: 1 },
+        ClaimGc,
+        Enqueue { r: 0, group: 0 },
+        plain(1, 0, 1, 1, 0, true),
+        ClaimGc,
+        Deliver { r: 0, n: 2 },
+        claim_create(0, 3, 0, 0, 0),
+        plain(0, 0, 0, 1, 0, false),
+        Wait { ms: 20 },
+        plain(0, 0, 0, 1, 0, false),
+        Bind {
+            r: 0,
+            pod: 1,
+            node: 0,
+        },
+        plain(0, 0, 0, 1, 0, false),
+    ]);
+}

@@ -149,6 +149,13 @@ pub fn fate(
                 Some(rv) => Fate::Reflected(Stream::Pods, rv),
                 None => expired(),
             },
+            // A claim pod unbound: its entry may be its claim's allocation (the pod is
+            // bound later), which caches show by the claims' stream, and no fence covers
+            // that stream: dropped only as an entry no cache shows (found by the
+            // committer model: dropped at the grace by a replica whose claim cache showed
+            // the allocation, it was lost to one whose claim watch never did, and a
+            // binding went past a cut).
+            Some(p) if !p.claims.is_empty() => expired(),
             // Still unbound (or still gated) long after its binding (or release) was
             // admitted: the write failed after
             // us (another webhook refused it, or the pod was bound elsewhere). Only
