@@ -52,10 +52,22 @@ pub async fn seal_ledgers(
 ) -> Result<Vec<QueueName>, SealError> {
     let (plan, marks) = {
         let snap = locked(snapshot);
-        (
-            seals_for(&snap, req, jiff::Timestamp::now()),
-            inbound_for(&snap, req),
-        )
+        let plan = seals_for(&snap, req, jiff::Timestamp::now());
+        // As this replica read them, first: a change in the way is then met before any
+        // seal of this one is written (the check inside each compare-and-swap is the one
+        // that holds against seals written since).
+        for (ledger, seals) in &plan {
+            let held = snap.ledger(ledger);
+            for (q, s) in seals {
+                if let Some(other) = in_the_way(&snap, &held.ledger, q, s) {
+                    return Err(SealError::Sealed {
+                        queue: q.clone(),
+                        by: other.by.clone(),
+                    });
+                }
+            }
+        }
+        (plan, inbound_for(&snap, req))
     };
     let mut sealed_at: BTreeMap<QueueName, u64> = BTreeMap::new();
     let mut written = Vec::new();
