@@ -2734,27 +2734,28 @@ fn found_a_move_is_checked_over_the_moving_queues_ledger_as_sealed() {
 fn two_moves_into_one_parent_at_once_are_checked_one_after_the_other() {
     use Step::*;
     let bind = |r, pod| Bind { r, pod, node: 0 };
-    replay(vec![
-        plain(0, 0, 0, 1, 0, true),
-        plain(0, 1, 0, 1, 0, true),
-        plain(1, 2, 0, 1, 1, true),
-        Wait { ms: 50 },
-        Deliver { r: 0, n: 9 },
-        Deliver { r: 1, n: 9 },
-        bind(0, 0),
-        bind(0, 1),
-        bind(1, 2),
-        Wait { ms: 50 },
-        Deliver { r: 0, n: 9 },
-        Deliver { r: 1, n: 9 },
-        Ledger { r: 0 },
-        Ledger { r: 1 },
-        Reparent { r: 0, queue: 0 },
-        Reparent { r: 1, queue: 1 },
-        Wait { ms: 400 },
-        QueueWatch { r: 0 },
-        QueueWatch { r: 1 },
-    ]);
+    replay(
+        [
+            vec![
+                plain(0, 0, 0, 1, 0, true),
+                plain(0, 1, 0, 1, 0, true),
+                plain(1, 2, 0, 1, 1, true),
+            ],
+            settle(),
+            vec![bind(0, 0), bind(0, 1), bind(1, 2)],
+            settle(),
+            vec![
+                Ledger { r: 0 },
+                Ledger { r: 1 },
+                Reparent { r: 0, queue: 0 },
+                Reparent { r: 1, queue: 1 },
+                Wait { ms: 400 },
+                QueueWatch { r: 0 },
+                QueueWatch { r: 1 },
+            ],
+        ]
+        .concat(),
+    );
 }
 
 /// A move into the parent's tree seen by one replica only: q2 already under the parent,
@@ -2766,35 +2767,47 @@ fn two_moves_into_one_parent_at_once_are_checked_one_after_the_other() {
 fn a_charge_in_a_tree_a_queue_is_moving_into_waits_for_the_move() {
     use Step::*;
     let bind = |r, pod| Bind { r, pod, node: 0 };
-    replay(vec![
-        SetQuota {
-            r: 0,
-            queue: 2,
-            model: 0,
-            to: 1,
-        },
-        Reparent { r: 0, queue: 1 },
-        Wait { ms: 50 },
-        QueueWatch { r: 0 },
-        QueueWatch { r: 1 },
-        plain(0, 0, 0, 1, 0, true),
-        Wait { ms: 50 },
-        Deliver { r: 0, n: 9 },
-        Deliver { r: 1, n: 9 },
-        bind(0, 0),
-        Wait { ms: 50 },
-        Deliver { r: 0, n: 9 },
-        Deliver { r: 1, n: 9 },
-        Ledger { r: 0 },
-        Ledger { r: 1 },
-        Reparent { r: 0, queue: 0 },
-        Wait { ms: 50 },
-        plain(1, 1, 0, 1, 1, true),
-        Wait { ms: 50 },
-        Deliver { r: 1, n: 9 },
-        bind(1, 1),
-        Wait { ms: 400 },
-    ]);
+    replay(
+        [
+            vec![
+                SetQuota {
+                    r: 0,
+                    queue: 2,
+                    model: 0,
+                    to: 1,
+                },
+                Reparent { r: 0, queue: 1 },
+                Wait { ms: 50 },
+                QueueWatch { r: 0 },
+                QueueWatch { r: 1 },
+                plain(0, 0, 0, 1, 0, true),
+            ],
+            settle(),
+            vec![bind(0, 0)],
+            settle(),
+            vec![
+                Ledger { r: 0 },
+                Ledger { r: 1 },
+                Reparent { r: 0, queue: 0 },
+                Wait { ms: 50 },
+                plain(1, 1, 0, 1, 1, true),
+                Wait { ms: 50 },
+                Deliver { r: 1, n: 9 },
+                bind(1, 1),
+                Wait { ms: 400 },
+            ],
+        ]
+        .concat(),
+    );
+}
+
+/// Time for what is in flight to answer, then both replicas' pod watches deliver.
+fn settle() -> Vec<Step> {
+    vec![
+        Step::Wait { ms: 50 },
+        Step::Deliver { r: 0, n: 9 },
+        Step::Deliver { r: 1, n: 9 },
+    ]
 }
 
 /// A negative control as a replay: `steps` pass as they are, and with `lie` inserted at
@@ -2892,32 +2905,32 @@ fn a_claim_watch_that_shows_an_allocation_on_the_other_model_is_caught() {
 fn a_move_is_not_refused_for_the_headroom_replicas_hold() {
     use Step::*;
     let bind = |r, pod| Bind { r, pod, node: 0 };
-    let steps = vec![
-        SetQuota {
-            r: 0,
-            queue: 2,
-            model: 1,
-            to: 3,
-        },
-        Reparent { r: 0, queue: 1 },
-        Wait { ms: 50 },
-        QueueWatch { r: 0 },
-        QueueWatch { r: 1 },
-        plain(0, 0, 1, 1, 0, true),
-        plain(1, 1, 1, 1, 1, true),
-        Wait { ms: 50 },
-        Deliver { r: 0, n: 9 },
-        Deliver { r: 1, n: 9 },
-        bind(0, 0),
-        bind(1, 1),
-        Wait { ms: 50 },
-        Deliver { r: 0, n: 9 },
-        Deliver { r: 1, n: 9 },
-        Ledger { r: 0 },
-        Ledger { r: 1 },
-        Reparent { r: 0, queue: 0 },
-        Wait { ms: 400 },
-    ];
+    let steps = [
+        vec![
+            SetQuota {
+                r: 0,
+                queue: 2,
+                model: 1,
+                to: 3,
+            },
+            Reparent { r: 0, queue: 1 },
+            Wait { ms: 50 },
+            QueueWatch { r: 0 },
+            QueueWatch { r: 1 },
+            plain(0, 0, 1, 1, 0, true),
+            plain(1, 1, 1, 1, 1, true),
+        ],
+        settle(),
+        vec![bind(0, 0), bind(1, 1)],
+        settle(),
+        vec![
+            Ledger { r: 0 },
+            Ledger { r: 1 },
+            Reparent { r: 0, queue: 0 },
+            Wait { ms: 400 },
+        ],
+    ]
+    .concat();
     let t = run(&steps).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((t.moves, t.queue_refusals), (2, 0), "{t:?}");
 }

@@ -13,7 +13,7 @@ use crate::decide::review::AdmissionRequest;
 use crate::decide::seal::{
     any_holding_back, in_the_way, inbound_for, note_seals, seals_for, sources_to_read, to_confirm,
 };
-use crate::ledger::seal::Inbound;
+use crate::ledger::seal::{Inbound, Seal};
 use crate::ledger::LedgerRecord;
 use crate::snapshot::Snapshot;
 
@@ -57,15 +57,7 @@ pub async fn seal_ledgers(
         // seal of this one is written (the check inside each compare-and-swap is the one
         // that holds against seals written since).
         for (ledger, seals) in &plan {
-            let held = snap.ledger(ledger);
-            for (q, s) in seals {
-                if let Some(other) = in_the_way(&snap, &held.ledger, q, s) {
-                    return Err(SealError::Sealed {
-                        queue: q.clone(),
-                        by: other.by.clone(),
-                    });
-                }
-            }
+            none_in_the_way(&snap, &snap.ledger(ledger).ledger, seals)?;
         }
         (plan, inbound_for(&snap, req))
     };
@@ -76,16 +68,7 @@ pub async fn seal_ledgers(
         // change written since this replica's read (a concurrent move into the same
         // tree) is never overwritten; this change waits for it.
         let stored = update(api, snapshot, &ledger, &store, |l| {
-            let snap = locked(snapshot);
-            for (q, s) in &seals {
-                if let Some(other) = in_the_way(&snap, l, q, s) {
-                    return Err(SealError::Sealed {
-                        queue: q.clone(),
-                        by: other.by.clone(),
-                    });
-                }
-            }
-            drop(snap);
+            none_in_the_way(&locked(snapshot), l, &seals)?;
             for (q, s) in &seals {
                 l.seal(q, s.clone());
             }
@@ -122,6 +105,25 @@ pub async fn seal_ledgers(
         .await?;
     }
     Ok(written)
+}
+
+/// `Err` naming the first of `seals` that a seal of another change, still holding its
+/// queue back in `ledger` here, is in the way of ([`in_the_way`]).
+fn none_in_the_way(
+    snap: &Snapshot,
+    ledger: &crate::ledger::Ledger,
+    seals: &[(QueueName, Seal)],
+) -> Result<(), SealError> {
+    match seals
+        .iter()
+        .find_map(|(q, s)| in_the_way(snap, ledger, q, s).map(|other| (q, other)))
+    {
+        Some((q, other)) => Err(SealError::Sealed {
+            queue: q.clone(),
+            by: other.by.clone(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Before a Queue write that moves queues into another tree is decided: the ledgers
