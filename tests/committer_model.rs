@@ -586,6 +586,7 @@ struct Replica {
     gstalled: bool,
     asked: Arc<AtomicBool>,
     asked_groups: Arc<AtomicBool>,
+    asked_claims: Arc<AtomicBool>,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -621,6 +622,7 @@ impl Replica {
             snap.set_progress(Watermark {
                 pods: t.rv,
                 podgroups: t.grv,
+                claims: t.crv,
             });
             (t.log.len(), t.glog.len(), t.clog.len())
         };
@@ -633,11 +635,17 @@ impl Replica {
         let probe: Probe = {
             let truth = truth.clone();
             Arc::new(move || {
-                let (pods, podgroups) = {
+                let (pods, podgroups, claims) = {
                     let t = truth.lock().unwrap();
-                    (t.rv, t.grv)
+                    (t.rv, t.grv, t.crv)
                 };
-                Box::pin(async move { Ok(Watermark { pods, podgroups }) })
+                Box::pin(async move {
+                    Ok(Watermark {
+                        pods,
+                        podgroups,
+                        claims,
+                    })
+                })
             })
         };
         let freshness = Freshness::new(probe);
@@ -665,6 +673,7 @@ impl Replica {
         let metrics: Arc<dyn CommitMetrics> = state.metrics.ledger.clone();
         let asked = Arc::new(AtomicBool::new(false));
         let asked_groups = Arc::new(AtomicBool::new(false));
+        let asked_claims = Arc::new(AtomicBool::new(false));
         let tasks = vec![
             tokio::spawn(committer.keep_holds(snapshot, Config::default(), metrics, stop_rx)),
             tokio::spawn({
@@ -679,9 +688,19 @@ impl Replica {
             }),
             tokio::spawn({
                 let asked = asked_groups.clone();
+                let freshness = freshness.clone();
                 async move {
                     loop {
                         freshness.relists(Stream::PodGroups).asked().await;
+                        asked.store(true, Ordering::SeqCst);
+                    }
+                }
+            }),
+            tokio::spawn({
+                let asked = asked_claims.clone();
+                async move {
+                    loop {
+                        freshness.relists(Stream::Claims).asked().await;
                         asked.store(true, Ordering::SeqCst);
                     }
                 }
@@ -697,6 +716,7 @@ impl Replica {
             gstalled: false,
             asked,
             asked_groups,
+            asked_claims,
             stop,
             tasks,
         }
@@ -707,6 +727,7 @@ impl Replica {
         let (kind, cursor) = match stream {
             Stream::Pods => ("Pod", &mut self.cursor),
             Stream::PodGroups => ("PodGroup", &mut self.gcursor),
+            Stream::Claims => return self.deliver_claims(log, n),
         };
         let mut snap = self.state.snapshot.lock().unwrap();
         for (rv, name, object) in log.iter().skip(*cursor).take(n) {
@@ -717,10 +738,8 @@ impl Replica {
                 None => remove(&mut snap, kind, "ml", name),
             }
             let mut p = snap.progress();
-            match stream {
-                Stream::Pods => p.pods = p.pods.max(*rv),
-                Stream::PodGroups => p.podgroups = p.podgroups.max(*rv),
-            }
+            let at = p.of_mut(stream);
+            *at = (*at).max(*rv);
             snap.set_progress(p);
             *cursor += 1;
         }
@@ -728,11 +747,10 @@ impl Replica {
 }
 
 impl Replica {
-    /// Its ResourceClaim watch delivers up to `n` events of `log`. (Claims are not a
-    /// stream of the watermark: a lagging claim watch is what a decision meets.)
+    /// Its ResourceClaim watch delivers up to `n` events of `log`.
     fn deliver_claims(&mut self, log: &[(u64, String, Option<Value>)], n: usize) {
         let mut snap = self.state.snapshot.lock().unwrap();
-        for (_, name, object) in log.iter().skip(self.ccursor).take(n) {
+        for (rv, name, object) in log.iter().skip(self.ccursor).take(n) {
             match object {
                 Some(o) if self.lies_about_claims => {
                     upsert(&mut snap, &lie_about(o)).unwrap();
@@ -742,6 +760,9 @@ impl Replica {
                 }
                 None => remove(&mut snap, "ResourceClaim", "ml", name),
             }
+            let mut p = snap.progress();
+            p.claims = p.claims.max(*rv);
+            snap.set_progress(p);
             self.ccursor += 1;
         }
     }
@@ -836,6 +857,8 @@ struct Tally {
     group_pods: u64,
     /// PodGroup watches relisted (a replica behind on them asked).
     group_relists: u64,
+    /// ResourceClaim watches relisted (a replica behind on them asked).
+    claim_relists: u64,
     /// Claim status writes (allocations and reservations) and binds of claim pods, by
     /// outcome; reservations admitted that left a claim reserved for pods of both queues;
     /// claims the resourceclaim controller released.
@@ -887,6 +910,7 @@ impl Tally {
         self.group_pods_asked += o.group_pods_asked;
         self.group_pods += o.group_pods;
         self.group_relists += o.group_relists;
+        self.claim_relists += o.claim_relists;
         self.relists += o.relists;
         self.lies += o.lies;
         self.full += o.full;
@@ -1722,6 +1746,28 @@ impl World {
                     self.tally.relists += 1;
                     self.tally.group_relists += 1;
                 }
+                if rep.asked_claims.swap(false, Ordering::SeqCst) {
+                    // A consistent list of the claims (a lying watch's list lies too).
+                    let t = self.truth.lock().unwrap();
+                    let mut snap = rep.state.snapshot.lock().unwrap();
+                    for k in snap.claim_keys() {
+                        if !t.claims.contains_key(&k.name) {
+                            remove(&mut snap, "ResourceClaim", &k.namespace, &k.name);
+                        }
+                    }
+                    for c in t.claims.values() {
+                        match rep.lies_about_claims {
+                            true => upsert(&mut snap, &lie_about(c)).unwrap(),
+                            false => upsert(&mut snap, c).unwrap(),
+                        };
+                    }
+                    let mut p = snap.progress();
+                    p.claims = p.claims.max(t.crv);
+                    snap.set_progress(p);
+                    rep.ccursor = t.clog.len();
+                    self.tally.relists += 1;
+                    self.tally.claim_relists += 1;
+                }
             }
             Step::Sweep { r } => {
                 let st = self.replicas[r].state.clone();
@@ -1968,8 +2014,9 @@ fn the_replicas_committer_never_binds_past_a_quota() {
             && t.claim_writes[1] > 0
             && t.claim_binds[0] > 0
             && t.shared > 0
-            && t.claim_gcs > 0,
-        "claim allocations admitted and refused, claim pods bound, claims reserved for pods of both queues, claims released: {t:?}"
+            && t.claim_gcs > 0
+            && t.claim_relists > 0,
+        "claim allocations admitted and refused, claim pods bound, claims reserved for pods of both queues, claims released, claim watches relisted: {t:?}"
     );
     assert!(t.crashes > 0 && t.relists > 0 && t.full > 0, "{t:?}");
     assert!(t.conflicts > 0 && t.held > 0, "{t:?}");

@@ -1280,6 +1280,142 @@ fn an_allocation_is_a_charge_whoever_binds_the_pod_after_it() {
     assert_eq!(w.usage("both", "NVIDIA-GeForce-RTX-4090")["allocated"], 1);
 }
 
+/// R3 for an allocation's charge, under R2 for the claims' stream: the charge (the pod
+/// recorded bound on the allocation's node) stops counting where a cache shows the
+/// claim allocated, at the claim's resourceVersion (readers reach it before they decide
+/// without the charge), because from there the cache counts the pod bound, unbound as it
+/// still is; without the allocation shown, only behind a fence read past the grace (the
+/// fence covers claims). Before, such an entry was held to its 120 s TTL, as claims were
+/// no stream of the watermark.
+#[test]
+fn an_allocations_charge_stops_counting_where_the_claim_cache_shows_it() {
+    use card_quota::decide::batch::{plan, Outcome};
+    use card_quota::decide::review::read_review;
+    use card_quota::ledger::entries::{Fate, Fence, Stream, Watermark, UNBOUND_GRACE};
+    use card_quota::snapshot::overlay::fate;
+    use std::time::Duration;
+    let mut w = World::new();
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "both", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+        w.seen(with_claim_made(&w, name));
+        w.seen(made_claim(name, None));
+    }
+    let req = |doc: Value| read_review(doc.to_string().as_bytes()).unwrap().unwrap();
+    let alloc_a = req(status_write(
+        allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
+        made_claim("a", None),
+    ));
+    let both = card_quota::cards::QueueName::new("both");
+    let now = jiff::Timestamp::now();
+    let b = plan(
+        &mut w.snap,
+        &both,
+        &[&alloc_a],
+        &w.cfg,
+        now,
+        |_, _| Duration::ZERO,
+        None,
+    );
+    assert!(
+        matches!(&b.outcomes[0], Outcome::Admit(_)),
+        "{:?}",
+        b.outcomes[0]
+    );
+    let (id, entry) = b.ledger.iter().next().expect("a's charge");
+    let young = Duration::from_secs(1);
+    let past_grace = UNBOUND_GRACE + young;
+    let fence = Fence {
+        mark: Watermark {
+            pods: 60,
+            podgroups: 7,
+            claims: 61,
+        },
+        taken_ago: Duration::ZERO,
+    };
+    // The claim shown unallocated: kept, past the grace too, unless behind a fence.
+    assert_eq!(
+        fate(&w.snap, id, entry, young, now, Some(&fence)),
+        Fate::Keep
+    );
+    assert_eq!(fate(&w.snap, id, entry, past_grace, now, None), Fate::Keep);
+    assert_eq!(
+        fate(&w.snap, id, entry, past_grace, now, Some(&fence)),
+        Fate::Fenced(fence.mark)
+    );
+    // The claim shown allocated (the pod still unbound): the pod counts bound there, and
+    // the charge is reflected at the claim's version, young as it is.
+    let mut shown = allocated_on("a", "rtx-1", "rtx-1", "gpu-0");
+    shown["metadata"]["resourceVersion"] = json!("41");
+    w.seen(shown);
+    assert_eq!(
+        fate(&w.snap, id, entry, young, now, None),
+        Fate::Reflected(Stream::Claims, 41)
+    );
+    assert_eq!(
+        w.usage("both", "NVIDIA-GeForce-RTX-4090"),
+        json!({"quota": 1, "allocated": 1, "pending": 0, "reserved": 0}),
+        "a, unbound, counts bound on its claim's RTX"
+    );
+    // With no ledger at all, b's allocation onto another RTX node meets a's card.
+    w.seen(rtx_2_slice());
+    let alloc_b = req(status_write(
+        allocated_on("b", "rtx-1", "rtx-2", "gpu-0"),
+        made_claim("b", None),
+    ));
+    let d = card_quota::decide::batch::decide_with_ledger(&mut w.snap, &alloc_b, &w.cfg, now);
+    assert!(!d.allowed, "b's RTX would be the queue's second");
+    assert_eq!(
+        d.message.as_deref(),
+        Some("queue both has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1")
+    );
+}
+
+/// A second RTX 4090 node's slice (pool rtx-2, on node rtx-1 for the test's nodes).
+fn rtx_2_slice() -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "rtx-2-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "rtx-1",
+            "pool": {"name": "rtx-2", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA GeForce RTX 4090"}}}]}})
+}
+
+/// R2 for slices at the allocation: a device no slice in the cache publishes (a node
+/// whose slice the watch has not brought yet) is "try again", never a charge of nothing
+/// (found writing the test above: the allocation was admitted, charged no card, and the
+/// pod's binding after it would have been that charge again).
+#[test]
+fn an_allocation_on_a_device_not_seen_yet_is_try_again() {
+    use card_quota::decide::review::read_review;
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", claim_pod("b", "both", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    w.seen(with_claim_made(&w, "b"));
+    w.seen(made_claim("b", None));
+    let alloc = read_review(
+        status_write(
+            allocated_on("b", "rtx-1", "rtx-1", "gpu-7"),
+            made_claim("b", None),
+        )
+        .to_string()
+        .as_bytes(),
+    )
+    .unwrap()
+    .unwrap();
+    let now = jiff::Timestamp::now();
+    let d = card_quota::decide::batch::decide_with_ledger(&mut w.snap, &alloc, &w.cfg, now);
+    assert!(!d.allowed && d.charge.is_none(), "{d:?}");
+    assert_eq!(
+        d.message.as_deref(),
+        Some("ResourceClaim ml/b-gpu-x1: status.allocation.devices.results[0] names device gpu.nvidia.com/rtx-1/gpu-7, which no ResourceSlice publishes; try again")
+    );
+    // Its binding too, the cache showing the claim so allocated.
+    w.seen(allocated_on("b", "rtx-1", "rtx-1", "gpu-7"));
+    let r = w.send(R::binding("ml", "b", "rtx-1").build());
+    assert!(!r.allowed);
+    assert!(message(&r).ends_with("; try again"), "{}", message(&r));
+}
+
 #[test]
 fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write() {
     let mut w = World::new();
@@ -1369,15 +1505,17 @@ fn the_sharer_bound_first_pays_for_the_claim_and_its_binding_is_checked() {
     let r = w.send(R::binding("ml", "t", "h200-1").build());
     assert!(r.allowed, "{}", message(&r));
     // A scheduler that reads no pin allocates the shared claim an H200 too, reserved
-    // for s1 then s2; s2 is bound first.
+    // for s1 then s2 (no hook saw it); s2 is bound first. An allocated claim's card is
+    // taken: it counts allocated for its payer before any sharer is bound.
     w.seen(shared_claim(Some(("gpu-1", &["s1", "s2"]))));
+    assert_eq!(w.usage("both", "NVIDIA-H200")["allocated"], 2);
     let r = w.send(R::binding("ml", "s2", "h200-1").build());
     assert!(!r.allowed, "the claim's H200 would be the queue's second");
     assert_eq!(
         message(&r),
-        "queue both has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1"
+        "queue both has insufficient NVIDIA-H200 quota: requested 1, in use 2 (allocated 2, pending 0, reserved 0), quota 1"
     );
-    assert_eq!(w.usage("both", "NVIDIA-H200")["allocated"], 1);
+    assert_eq!(w.usage("both", "NVIDIA-H200")["allocated"], 2);
     // t gone, s2's binding fits: s2 pays now, s1 (pending) no longer does.
     card_quota::snapshot::load::remove(&mut w.snap, "Pod", "ml", "t");
     let r = w.send(R::binding("ml", "s2", "h200-1").build());

@@ -607,7 +607,8 @@ async fn pruning_never_opens_a_window_for_a_replica_whose_watch_lags() {
             .watermark(),
         Watermark {
             pods: 100,
-            podgroups: 0
+            podgroups: 0,
+            claims: 0,
         }
     );
     let lagging = b.clone();
@@ -656,6 +657,7 @@ async fn a_stalled_watch_is_relisted_and_never_decided_from() {
             Ok(Watermark {
                 pods: 120,
                 podgroups: 120,
+                claims: 0,
             })
         })
     });

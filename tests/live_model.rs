@@ -1169,6 +1169,7 @@ impl World {
                 let mark = Watermark {
                     pods: self.rv,
                     podgroups: self.rv,
+                    claims: 0,
                 };
                 self.replicas[r].fence = Some((self.now, mark));
             }

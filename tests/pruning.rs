@@ -179,6 +179,7 @@ fn a_batch_planned_from_a_ledger_the_caches_are_behind_decides_nothing() {
     ledger.raise_watermark(Watermark {
         pods: 12,
         podgroups: 0,
+        claims: 0,
     });
     store(&mut snap, ledger, 5);
     let create = request(R::pod("CREATE", pod("p3")).build());

@@ -358,6 +358,28 @@ impl PodRecord {
         }
     }
 
+    /// The cards its claims were allocated, while it is not bound yet and they are all
+    /// its cards. A DRA card is taken at its allocation (the scheduler binds the pod
+    /// there next), and its allocation is the charge point that records it bound (R1):
+    /// caches count it bound from the moment they show the allocation, so the charge
+    /// can stop counting there (R3) with nothing lost in between.
+    pub fn claims_allocated_unbound(&self) -> Option<&[(CardName, Cards)]> {
+        if self.node.is_some() {
+            return None;
+        }
+        let Some(Ok(c)) = &self.claimed else {
+            return None;
+        };
+        let allocated = c.allocated.as_deref()?;
+        let demand = self.demand.as_ref().ok()?;
+        (demand.len() == 1 && demand.contains_key(&c.resource)).then_some(allocated)
+    }
+
+    /// True when its card claims are all shown allocated.
+    pub fn claims_allocated(&self) -> bool {
+        matches!(&self.claimed, Some(Ok(c)) if c.allocated.is_some())
+    }
+
     /// The models its card claims may get, when it has any.
     pub fn claimed_models(&self) -> Option<&Alternatives> {
         match &self.claimed {

@@ -13,14 +13,16 @@
 
 use serde_json::Value;
 
-use crate::cards::dra::{reserved_for, ClaimRecord, DraError, Reservation};
+use crate::cards::dra::{reserved_for, ClaimRecord, Reservation};
 use crate::cards::ObjectKey;
 use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::binding::regarding;
 use super::enforcement::observed_only;
-use super::messages::{gate, unknown_group, INVALID_DEMAND, NOT_ACCEPTED, RETRY};
+use super::messages::{
+    gate, unknown_group, unreadable_claims, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+};
 use super::pod::allocate;
 use super::review::{AdmissionRequest, Operation};
 use super::{object_of, Config, Decision};
@@ -206,11 +208,7 @@ fn newly_reserved(
     let models = match snap.dra_objects().allocation_models(record) {
         None => return Ok(warnings),
         Some(Ok(m)) => m,
-        // A device no slice in the cache publishes: the cache lags the node's slice (R2).
-        Some(Err(e @ DraError::UnknownDevice { .. })) => {
-            return Err(Decision::deny(RETRY, format!("{e}; try again")))
-        }
-        Some(Err(e)) => return Err(Decision::deny(INVALID_DEMAND, e.to_string())),
+        Some(Err(e)) => return Err(unreadable_claims(&e)),
     };
     for r in added {
         let key = ObjectKey::new(record.key.namespace.clone(), r.name.clone());

@@ -9,7 +9,8 @@ use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::messages::{
-    gate, unknown_group, BAD_REQUEST, INSUFFICIENT, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+    gate, unknown_group, unreadable_claims, BAD_REQUEST, INSUFFICIENT, INVALID_DEMAND,
+    NOT_ACCEPTED, RETRY,
 };
 use super::patch::set_annotation;
 use super::pod::{allocate_with, card_demand, infer, Source};
@@ -126,6 +127,11 @@ pub fn decide(
         Ok(d) => d.len(),
         Err(e) => return Decision::deny(INVALID_DEMAND, e.to_string()),
     };
+    // Claims that cannot be read leave no card resource to count: never a binding of
+    // no cards.
+    if let Some(Err(e)) = &rec.claimed {
+        return unreadable_claims(e);
+    }
     if resources == 0 && rec.card_name.is_none() {
         return Decision::allow();
     }

@@ -183,7 +183,6 @@ pub fn quota_text(cap: Cards, key: &Alternatives, borrow: &crate::cards::Quota) 
     }
 }
 
-/// Refuses charging requests to a queue that is Closed/Closing or whose quota is broken.
 /// A pod whose PodGroup the cache does not hold yet: asked again, it is decided.
 pub fn unknown_group(pod: &crate::cards::ObjectKey, group: impl std::fmt::Display) -> Decision {
     Decision::deny(
@@ -195,6 +194,19 @@ pub fn unknown_group(pod: &crate::cards::ObjectKey, group: impl std::fmt::Displa
     )
 }
 
+/// The answer for claims that cannot be read: a device no slice in the cache publishes
+/// means the cache lags the node's slice (R2: "try again"); anything else is the
+/// claim's own fault.
+pub fn unreadable_claims(e: &crate::cards::dra::DraError) -> Decision {
+    match e {
+        crate::cards::dra::DraError::UnknownDevice { .. } => {
+            Decision::deny(RETRY, format!("{e}; try again"))
+        }
+        _ => Decision::deny(INVALID_DEMAND, e.to_string()),
+    }
+}
+
+/// Refuses charging requests to a queue that is Closed/Closing or whose quota is broken.
 pub fn gate(snap: &Snapshot, queue: &QueueName) -> Result<(), Decision> {
     if !snap.is_flat() {
         gate_tree(snap, queue)?;

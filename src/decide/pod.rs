@@ -21,8 +21,8 @@ use crate::snapshot::{Snapshot, UnknownGroup};
 use super::candidates::{allowed_by_constraints, none_usable, queue_models, resource_serves};
 use super::fit::{feasible, fit, fit_leaf, models_of, Change};
 use super::messages::{
-    gate, insufficient, short_list, unknown_group, BAD_REQUEST, IMMUTABLE, INSUFFICIENT, INVALID,
-    INVALID_DEMAND, NOT_ACCEPTED, RETRY,
+    gate, insufficient, short_list, unknown_group, unreadable_claims, BAD_REQUEST, IMMUTABLE,
+    INSUFFICIENT, INVALID, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
 };
 use super::patch::{annotations_at, set_node_selector, AnnotationsAt};
 use super::review::{AdmissionRequest, Object, Operation};
@@ -200,7 +200,7 @@ pub fn card_demand(
     queue: Option<&QueueName>,
 ) -> Result<Option<CardDemand>, Decision> {
     if let Some(Err(e)) = &rec.claimed {
-        return Err(Decision::deny(INVALID_DEMAND, e.to_string()));
+        return Err(unreadable_claims(e));
     }
     let demand = rec
         .demand
@@ -509,6 +509,12 @@ pub fn allocate_with(
             format!("node {node} is not in card-quota's cache yet; try again"),
         ));
     };
+    // Claims that cannot be read charge nothing: never admitted as a binding of no
+    // cards (found by a test of the claims' stream: an allocation onto a device of a
+    // node whose slice the cache did not hold yet was admitted, charged nothing).
+    if let Some(Err(e)) = &rec.claimed {
+        return Err(unreadable_claims(e));
+    }
     let demand = rec
         .demand
         .as_ref()
@@ -536,7 +542,7 @@ pub fn allocate_with(
                         ))
                     }
                 },
-                Some(Err(e)) => return Err(Decision::deny(INVALID_DEMAND, e.to_string())),
+                Some(Err(e)) => return Err(unreadable_claims(e)),
                 // Its admitted record (a ledger entry the pod cache has not caught up
                 // with): its claims are not read yet.
                 None => {

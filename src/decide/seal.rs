@@ -469,6 +469,7 @@ mod tests {
         left.raise_watermark(Watermark {
             pods: 108,
             podgroups: 0,
+            claims: 0,
         });
         let mut record = |queue: &QueueName, ledger: Ledger, rv: &str| {
             let mut rec = LedgerRecord::empty(queue.clone());
@@ -484,6 +485,7 @@ mod tests {
         snap.set_progress(Watermark {
             pods: 107,
             podgroups: 0,
+            claims: 0,
         });
         let ledger = snap.ledger(&q2).ledger.clone();
         let waits = unread_source(&snap, &ledger, &q2).expect("try again");
@@ -501,6 +503,7 @@ mod tests {
         snap.set_progress(Watermark {
             pods: 108,
             podgroups: 0,
+            claims: 0,
         });
         assert!(unread_source(&snap, &ledger, &q2).is_none());
         assert!(crate::decide::batch::behind(&snap, &q2).is_none());

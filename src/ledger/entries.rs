@@ -244,19 +244,51 @@ impl Effect {
 }
 
 /// How far the caches of the replica that last pruned had come: resourceVersions of
-/// the pod and PodGroup streams (see the module doc).
+/// the pod, PodGroup and ResourceClaim streams (see the module doc). Claims are a
+/// stream of their own: a DRA card's charge shows in the cache as its claim's
+/// allocation before its pod is bound. (A ledger written before claims were a stream
+/// reads `claims: 0`.)
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Watermark {
     #[serde(default)]
     pub pods: u64,
     #[serde(default)]
     pub podgroups: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims: u64,
 }
 
 impl Watermark {
     /// True when caches at `progress` show everything pruned up to this watermark.
     pub fn reached_by(&self, progress: &Watermark) -> bool {
-        progress.pods >= self.pods && progress.podgroups >= self.podgroups
+        progress.pods >= self.pods
+            && progress.podgroups >= self.podgroups
+            && progress.claims >= self.claims
+    }
+
+    /// Each stream's mark raised to `other`'s where that is higher.
+    pub fn raise(&mut self, other: &Watermark) {
+        self.pods = self.pods.max(other.pods);
+        self.podgroups = self.podgroups.max(other.podgroups);
+        self.claims = self.claims.max(other.claims);
+    }
+
+    /// `stream`'s mark.
+    pub fn of(&self, stream: Stream) -> u64 {
+        match stream {
+            Stream::Pods => self.pods,
+            Stream::PodGroups => self.podgroups,
+            Stream::Claims => self.claims,
+        }
+    }
+
+    /// `stream`'s mark, to change.
+    pub fn of_mut(&mut self, stream: Stream) -> &mut u64 {
+        match stream {
+            Stream::Pods => &mut self.pods,
+            Stream::PodGroups => &mut self.podgroups,
+            Stream::Claims => &mut self.claims,
+        }
     }
 }
 
@@ -296,6 +328,11 @@ impl Fence {
 pub enum Stream {
     Pods,
     PodGroups,
+    Claims,
+}
+
+impl Stream {
+    pub const ALL: [Stream; 3] = [Stream::Pods, Stream::PodGroups, Stream::Claims];
 }
 
 /// A queue's ledger.
@@ -456,17 +493,13 @@ impl Ledger {
         self.entries.retain(|id, e| match fate(id, e) {
             Fate::Keep => true,
             Fate::Drop => false,
-            Fate::Reflected(Stream::Pods, rv) => {
-                mark.pods = mark.pods.max(rv);
-                false
-            }
-            Fate::Reflected(Stream::PodGroups, rv) => {
-                mark.podgroups = mark.podgroups.max(rv);
+            Fate::Reflected(stream, rv) => {
+                let at = mark.of_mut(stream);
+                *at = (*at).max(rv);
                 false
             }
             Fate::Fenced(fence) => {
-                mark.pods = mark.pods.max(fence.pods);
-                mark.podgroups = mark.podgroups.max(fence.podgroups);
+                mark.raise(&fence);
                 false
             }
         });
@@ -539,8 +572,7 @@ impl Ledger {
     /// Raises the watermark to `mark` (never lowers it): a hold's writer makes readers
     /// catch up with its caches, which show what its hold no longer covers.
     pub fn raise_watermark(&mut self, mark: Watermark) {
-        self.watermark.pods = self.watermark.pods.max(mark.pods);
-        self.watermark.podgroups = self.watermark.podgroups.max(mark.podgroups);
+        self.watermark.raise(&mark);
     }
 
     /// Moves every entry of `other` into this ledger.
@@ -895,7 +927,8 @@ mod tests {
             l.watermark(),
             Watermark {
                 pods: 40,
-                podgroups: 0
+                podgroups: 0,
+                claims: 0,
             }
         );
         // The watermark never goes back.
@@ -903,11 +936,13 @@ mod tests {
         assert_eq!(l.watermark().pods, 40);
         assert!(!l.watermark().reached_by(&Watermark {
             pods: 39,
-            podgroups: 0
+            podgroups: 0,
+            claims: 0,
         }));
         assert!(l.watermark().reached_by(&Watermark {
             pods: 40,
-            podgroups: 0
+            podgroups: 0,
+            claims: 0,
         }));
     }
 }

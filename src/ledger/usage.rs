@@ -47,7 +47,7 @@ pub struct QueueUsage {
 pub enum Share {
     /// Nothing: finished, or no cards.
     Nothing,
-    /// Bound: cards per model it is charged for.
+    /// Bound, or its claims allocated: cards per model it is charged for.
     Allocated(Vec<(CardName, Cards)>),
     /// Unbound: the models it may land on, and its cards.
     Pending(Alternatives, Cards),
@@ -68,6 +68,12 @@ impl Share {
                 Ok(c) if c.is_empty() => Self::Nothing,
                 Ok(c) => Self::Allocated(c),
                 Err(e) => Self::Problem(e.to_string()),
+            };
+        }
+        if let Some(got) = pod.claims_allocated_unbound() {
+            return match got {
+                [] => Self::Nothing,
+                got => Self::Allocated(got.to_vec()),
             };
         }
         let cards = pod.cards();

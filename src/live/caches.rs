@@ -162,10 +162,7 @@ fn version_of<K: Resource>(o: &K) -> u64 {
 fn advance(s: &mut Snapshot, stream: Option<Stream>, rv: u64, relisted: bool) {
     let Some(stream) = stream else { return };
     let mut p = s.progress();
-    let slot = match stream {
-        Stream::Pods => &mut p.pods,
-        Stream::PodGroups => &mut p.podgroups,
-    };
+    let slot = p.of_mut(stream);
     *slot = if relisted { rv } else { (*slot).max(rv) };
     s.set_progress(p);
 }
@@ -298,7 +295,9 @@ fn dra_mirror(kind: &'static str) -> Mirror<DynamicObject, DraEvent> {
         store: store_dra,
         keys,
         remove,
-        stream: None,
+        // A claim's allocation is where a DRA card's charge shows before its pod is
+        // bound: ledger watermarks carry the claims' stream (R2).
+        stream: (kind == "ResourceClaim").then_some(Stream::Claims),
         prepare: Some(prepare_dra),
         removal,
         key: key_of,
@@ -630,30 +629,55 @@ async fn current_version<K>(api: &Api<K>) -> Result<u64, String>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let list = api
+    served_version(api)
+        .await?
+        .ok_or_else(|| "the API server does not serve this collection".to_string())
+}
+
+/// [`current_version`], or `None` when the API server does not serve the collection
+/// (404: ResourceClaims before Kubernetes 1.34, or DRA turned off).
+async fn served_version<K>(api: &Api<K>) -> Result<Option<u64>, String>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let list = match api
         .list_metadata(&kube::api::ListParams::default().limit(1))
         .await
-        .map_err(|e| e.to_string())?;
+    {
+        Ok(list) => list,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
     list.metadata
         .resource_version
         .as_deref()
         .and_then(|v| v.parse().ok())
+        .map(Some)
         .ok_or_else(|| "the list carried no numeric resourceVersion".to_string())
 }
 
-/// The fence read of this cluster: the pod and PodGroup collections' resourceVersions.
+/// The fence read of this cluster: the pod, PodGroup and ResourceClaim collections'
+/// resourceVersions (claims: 0 where they are not served, as the claims' progress
+/// stays there).
 pub fn probe(client: Client) -> Probe {
     let pods = Api::<PodParts>::all(client.clone());
-    let groups = Api::<DynamicObject>::all_with(client, &podgroup_resource());
+    let groups = Api::<DynamicObject>::all_with(client.clone(), &podgroup_resource());
+    let claims = Api::<DynamicObject>::all_with(client, &claim_resource());
     Arc::new(move || {
-        let (pods, groups) = (pods.clone(), groups.clone());
+        let (pods, groups, claims) = (pods.clone(), groups.clone(), claims.clone());
         Box::pin(async move {
             Ok(Watermark {
                 pods: current_version(&pods).await?,
                 podgroups: current_version(&groups).await?,
+                claims: served_version(&claims).await?.unwrap_or(0),
             })
         })
     })
+}
+
+fn claim_resource() -> kube::core::ApiResource {
+    let (kind, plural) = super::dra::KINDS[3];
+    super::dra::resource(kind, plural)
 }
 
 /// Starts the watchers; ledgers are read from `namespace` (`None`: no ledgers, for
@@ -807,7 +831,7 @@ pub async fn start(
             pod_mirror(),
             snapshot.clone(),
             synced.clone(),
-            freshness.map(|f| {
+            freshness.clone().map(|f| {
                 let reach: fn(Client) -> Api<PodParts> = Api::all;
                 (f, Stream::Pods, reach)
             }),
@@ -881,21 +905,33 @@ pub async fn start(
     ));
     // DRA objects: the devices drivers publish and the claims pods make. A cluster may
     // not serve them (before 1.34): nothing waits for them, not even the other watches.
+    // (Decisions from a ledger whose watermark names a claims' version wait for the
+    // claim cache instead: R2.)
     let (dra_client, dra_snapshot) = (client.clone(), snapshot.clone());
     tokio::spawn(async move {
         if !super::dra::serves_slices(&dra_client).await {
             return;
         }
         for (kind, plural) in super::dra::KINDS {
-            tokio::spawn(run(
+            let mirror = dra_mirror(kind);
+            let relist = match (mirror.stream, &freshness) {
+                (Some(stream), Some(f)) => {
+                    let reach: fn(Client) -> Api<DynamicObject> =
+                        |c| Api::all_with(c, &claim_resource());
+                    Some((f.clone(), stream, reach))
+                }
+                _ => None,
+            };
+            tokio::spawn(run_relisting(
                 Api::<DynamicObject>::all_with(
                     dra_client.clone(),
                     &super::dra::resource(kind, plural),
                 ),
                 watcher::Config::default(),
-                dra_mirror(kind),
+                mirror,
                 dra_snapshot.clone(),
                 Arc::new(Synced::already()),
+                relist,
             ));
         }
     });

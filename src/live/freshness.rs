@@ -1,8 +1,9 @@
-//! Knowing that this replica's pod and PodGroup caches are current, not assuming it.
+//! Knowing that this replica's pod, PodGroup and ResourceClaim caches are current, not
+//! assuming it.
 //!
 //! A watch that delivers nothing may be quiet or stalled; no clock tells the two apart.
 //! Two reads of the API server do:
-//! - a *fence*: a consistent read of both collections' resourceVersions. Caches whose
+//! - a *fence*: a consistent read of the three collections' resourceVersions. Caches whose
 //!   progress has reached it show every write made before it was read. Charges whose
 //!   clocks ran out (a dead replica's hold, an entry whose object never appeared) are
 //!   dropped only behind a fence read after they expired, and the ledger's watermark
@@ -20,7 +21,8 @@ use futures::future::BoxFuture;
 
 use crate::ledger::entries::{Stream, Watermark};
 
-/// Reads both collections' current resourceVersions (a consistent read).
+/// Reads the three collections' current resourceVersions (a consistent read; a cluster
+/// that serves no ResourceClaims reads `claims: 0`).
 pub type Probe = Arc<dyn Fn() -> BoxFuture<'static, Result<Watermark, String>> + Send + Sync>;
 
 /// How long a fence's read may take before it is given up (and asked for again).
@@ -58,6 +60,7 @@ pub struct Freshness {
     connect: Option<kube::Config>,
     pods: Relist,
     podgroups: Relist,
+    claims: Relist,
     state: Mutex<State>,
 }
 
@@ -77,6 +80,7 @@ impl Freshness {
             connect: config,
             pods: Relist::default(),
             podgroups: Relist::default(),
+            claims: Relist::default(),
             state: Mutex::default(),
         })
     }
@@ -94,17 +98,15 @@ impl Freshness {
         match stream {
             Stream::Pods => &self.pods,
             Stream::PodGroups => &self.podgroups,
+            Stream::Claims => &self.claims,
         }
     }
 
     /// Asks the watchers of the streams `progress` has not brought to `mark` to list
     /// again (each at most every [`RELIST_GAP`]).
     pub fn relist_behind(&self, mark: &Watermark, progress: &Watermark) {
-        for (stream, behind) in [
-            (Stream::Pods, progress.pods < mark.pods),
-            (Stream::PodGroups, progress.podgroups < mark.podgroups),
-        ] {
-            if !behind {
+        for stream in Stream::ALL {
+            if progress.of(stream) >= mark.of(stream) {
                 continue;
             }
             let r = self.relists(stream);
@@ -177,6 +179,7 @@ mod tests {
                 Ok(Watermark {
                     pods: v,
                     podgroups: v,
+                    claims: v,
                 })
             })
         })
@@ -196,11 +199,22 @@ mod tests {
         let short = Watermark {
             pods: 100,
             podgroups: 99,
+            claims: 100,
         };
         assert!(f.fence(&short).is_none());
+        let claims_short = Watermark {
+            claims: 99,
+            podgroups: 100,
+            ..short
+        };
+        assert!(
+            f.fence(&claims_short).is_none(),
+            "the claims' stream counts too"
+        );
         let there = Watermark {
             pods: 100,
             podgroups: 100,
+            claims: 100,
         };
         let (taken, mark) = f.fence(&there).expect("reached");
         assert!(taken >= before);
@@ -218,10 +232,12 @@ mod tests {
         let mark = Watermark {
             pods: 10,
             podgroups: 10,
+            claims: 10,
         };
         let progress = Watermark {
             pods: 5,
             podgroups: 10,
+            claims: 4,
         };
         f.relist_behind(&mark, &progress);
         tokio::time::timeout(Duration::from_millis(50), f.relists(Stream::Pods).asked())
@@ -236,6 +252,9 @@ mod tests {
             .is_err(),
             "PodGroups are not behind"
         );
+        tokio::time::timeout(Duration::from_millis(50), f.relists(Stream::Claims).asked())
+            .await
+            .expect("claims asked to relist");
         f.relist_behind(&mark, &progress);
         assert!(
             tokio::time::timeout(Duration::from_millis(50), f.relists(Stream::Pods).asked())

@@ -207,6 +207,15 @@ impl Snapshot {
         matches!(&read.claimed, Some(Err(e)) if matches!(**e, DraError::Missing { .. }))
     }
 
+    /// How far the claims' stream had come when it showed `p`'s claims as they are held:
+    /// the newest resourceVersion among them (`None`: one is not held, or has none).
+    pub fn claims_version(&self, p: &PodRecord) -> Option<u64> {
+        p.claims.iter().try_fold(0, |newest, c| {
+            let key = ObjectKey::new(p.key.namespace.clone(), c.claim_name()?);
+            Some(newest.max(self.dra.claim(&key)?.resource_version?))
+        })
+    }
+
     /// True while the pod held under `key` has card claims not seen allocated yet.
     pub fn claims_unallocated(&self, key: &ObjectKey) -> bool {
         self.pods

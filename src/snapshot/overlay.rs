@@ -149,19 +149,26 @@ pub fn fate(
                 Some(rv) => Fate::Reflected(Stream::Pods, rv),
                 None => expired(),
             },
-            // A claim pod unbound: its entry may be its claim's allocation (the pod is
-            // bound later), which caches show by the claims' stream, and no fence covers
-            // that stream: dropped only as an entry no cache shows (found by the
-            // committer model: dropped at the grace by a replica whose claim cache showed
-            // the allocation, it was lost to one whose claim watch never did, and a
-            // binding went past a cut).
-            Some(p) if !p.claims.is_empty() => expired(),
-            // Still unbound (or still gated) long after its binding (or release) was
-            // admitted: the write failed after
+            // Unbound, its claims shown allocated: it counts bound from there
+            // (`PodRecord::claims_allocated_unbound`), in every cache that reaches that
+            // version of the claims' stream.
+            Some(p) if p.claims_allocated_unbound().is_some() => match snap.claims_version(p) {
+                Some(rv) => Fate::Reflected(Stream::Claims, rv),
+                None => expired(),
+            },
+            // Claims shown allocated beside card resources of another kind: caches count
+            // it pending until it is bound, so its binding's charge is held to its TTL.
+            Some(p) if p.node.is_none() && p.claims_allocated() => expired(),
+            // Still unbound (or still gated, or its claims unallocated) long after its
+            // binding (or release, or allocation) was admitted: the write failed after
             // us (another webhook refused it, or the pod was bound elsewhere). Only
             // behind a fence read after the grace: a cache that lags (a stalled watch)
             // shows the pod unbound too, and dropping the entry then forgot a bind that
-            // succeeded (found by the live model: 2 cards bound under a quota of 1).
+            // succeeded (found by the live model: 2 cards bound under a quota of 1). The
+            // fence covers the claims' stream: caches at it show an allocation made
+            // before it (found by the committer model when it did not: an entry dropped
+            // at the grace by a replica whose claim cache showed the allocation was lost
+            // to one whose claim watch never did, and a binding went past a cut).
             Some(_) => match fence {
                 Some(f) if f.covers(age, UNBOUND_GRACE) => Fate::Fenced(f.mark),
                 _ => Fate::Keep,
@@ -584,6 +591,7 @@ status: {phase: Succeeded}
         let mark = Watermark {
             pods: 90,
             podgroups: 5,
+            claims: 0,
         };
         // Behind a fence read a store's lag after it was first seen, with "seen" still
         // there, it was a CREATE the API server refused: dropped before its TTL.

@@ -305,6 +305,9 @@ pub struct ClaimRecord {
     /// `resource.kubernetes.io/extended-resource-claim: "true"`): its cards are the pod's
     /// extended-resource cards, never counted on their own.
     pub for_extended_resources: bool,
+    /// `metadata.resourceVersion`: how far the claims' stream had come when this was
+    /// read (a ledger entry its allocation shows is pruned at it).
+    pub resource_version: Option<u64>,
 }
 
 /// A pod a claim is reserved for (`status.reservedFor`): by name, and by uid when the
@@ -331,6 +334,15 @@ impl Reservation {
 pub const EXTENDED_RESOURCE_CLAIM: &str = "resource.kubernetes.io/extended-resource-claim";
 
 impl ClaimRecord {
+    /// True when `other` reads the same to card-quota, whatever its resourceVersion.
+    pub fn reads_as(&self, other: &ClaimRecord) -> bool {
+        self.key == other.key
+            && self.spec == other.spec
+            && self.allocation == other.allocation
+            && self.reserved_for == other.reserved_for
+            && self.for_extended_resources == other.for_extended_resources
+    }
+
     /// Reads a `resource.k8s.io/v1` ResourceClaim.
     pub fn parse(v: &Value) -> Result<Self, DraError> {
         let meta = |f: &str| {
@@ -360,6 +372,10 @@ impl ClaimRecord {
                 .and_then(|a| a.get(EXTENDED_RESOURCE_CLAIM))
                 .and_then(Value::as_str)
                 == Some("true"),
+            resource_version: v
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|rv| rv.parse().ok()),
         })
     }
 }

@@ -486,8 +486,11 @@ impl DraObjects {
     /// Adds or replaces a ResourceClaim (see [`Self::upsert_template`] for `prepared`);
     /// false when nothing card-quota reads changed.
     pub fn upsert_claim(&mut self, record: ClaimRecord, prepared: Option<&Prepared>) -> bool {
-        if self.claims.get(&record.key).map(|e| &e.record) == Some(&record) {
-            return false;
+        if let Some(held) = self.claims.get_mut(&record.key) {
+            if held.record.reads_as(&record) {
+                held.record.resource_version = record.resource_version;
+                return false;
+            }
         }
         // Held before the old one lets go: a status write (an allocation, a reservation)
         // counts no requirement again.
