@@ -2773,6 +2773,47 @@ fn found_a_move_is_checked_over_the_moving_queues_ledger_as_sealed() {
     ]);
 }
 
+/// A move refused after its seals were written (the case above: decided again over the
+/// moving queue's ledger as sealed) never lands, so its seals are taken back: the moving
+/// queue's next pod and one in the parent's tree are decided at once, not answered "try
+/// again" for the minute a seal of a change that never lands takes to lift (by a read
+/// of the Queue 60 s on).
+#[test]
+fn a_move_refused_after_its_seals_takes_them_back() {
+    use Step::*;
+    let steps = vec![
+        Reparent { r: 0, queue: 1 },
+        Wait { ms: 50 },
+        QueueWatch { r: 0 },
+        QueueWatch { r: 1 },
+        claim_create(1, 0, 0, 0, 0),
+        SetQuota {
+            r: 0,
+            queue: 2,
+            model: 0,
+            to: 0,
+        },
+        Deliver { r: 1, n: 1 },
+        Schedule { r: 1, n: 0 },
+        Wait { ms: 1 },
+        Reparent { r: 0, queue: 0 },
+        DeliverClaims { r: 0, n: 1 },
+        DeliverClaims { r: 0, n: 1 },
+        Wait { ms: 400 },
+        Ledger { r: 0 },
+        plain(0, 5, 1, 1, 0, true),
+        plain(0, 6, 1, 1, 1, true),
+        Wait { ms: 400 },
+    ];
+    let t = run(&steps).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((t.moves, t.queue_refusals), (1, 1), "{t:?}");
+    assert_eq!(
+        t.creates,
+        [3, 0, 0],
+        "q's and q2's H200 pods admitted at once: {t:?}"
+    );
+}
+
 /// Two moves into the parent at once, through the two replicas (q with 2 RTX bound, q2
 /// with 1, under a cap of 2): each alone fits, both do not. The first to seal the
 /// parent's tree holds the other back until it is seen (R4: one ledger, one change of

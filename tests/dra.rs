@@ -1416,6 +1416,30 @@ fn an_allocation_on_a_device_not_seen_yet_is_try_again() {
     assert!(message(&r).ends_with("; try again"), "{}", message(&r));
 }
 
+/// R2 for slices where a pod is counted: a pod bound with its claim allocated a device
+/// this cache's slices do not publish yet (its node's slice behind) counts bound on
+/// every model it may have got until the slice comes, never on none (it counted nothing
+/// before: a pod that cannot be charged, and another pod's binding fitted beside it).
+#[test]
+fn a_pod_bound_on_a_device_no_slice_shows_yet_counts_on_every_model_it_may_have_got() {
+    let mut w = World::new();
+    let r = w.send(R::pod("CREATE", claim_pod("a", "both", "one-gpu")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let mut bound = with_claim_made(&w, "a");
+    bound["spec"]["nodeName"] = json!("rtx-1");
+    w.seen(bound);
+    w.seen(allocated_on("a", "rtx-1", "rtx-2", "gpu-0"));
+    let in_use = |w: &World| {
+        (
+            w.usage("both", "NVIDIA-GeForce-RTX-4090")["allocated"].clone(),
+            w.usage("both", "NVIDIA-H200")["allocated"].clone(),
+        )
+    };
+    assert_eq!(in_use(&w), (json!(1), json!(1)));
+    w.seen(rtx_2_slice());
+    assert_eq!(in_use(&w), (json!(1), json!(0)));
+}
+
 #[test]
 fn an_allocation_of_a_model_the_pod_was_not_admitted_for_is_refused_at_the_write() {
     let mut w = World::new();

@@ -131,6 +131,10 @@ fn charged(
         )
         .with_event(Some(regarding(&key)));
     }
+    // Devices the cache cannot read (a slice not seen yet: "try again").
+    if let Some(Err(e)) = snap.dra_objects().allocation_models(&record) {
+        return unreadable_claims(&e);
+    }
     // The claim kube-scheduler made for the pod's DRA-backed extended resources: its
     // devices are the pod's own card resource, served on the allocation's node; checked
     // as the pod's binding there will be.

@@ -537,6 +537,28 @@ impl Ledger {
         self.seals.remove(queue.as_str()).is_some()
     }
 
+    /// Takes back `ours`, the seal on `queue` of a change that was refused after it was
+    /// written (that change never lands): the seal it replaced, `before`, is put back
+    /// (or none). Only while `ours` is still the seal there: a seal written since, of
+    /// another change or of a retry of this one, stays. True when taken back.
+    pub fn take_back_seal(
+        &mut self,
+        queue: &crate::cards::QueueName,
+        ours: &super::seal::Seal,
+        before: Option<&super::seal::Seal>,
+    ) -> bool {
+        if self.seals.get(queue.as_str()) != Some(ours) {
+            return false;
+        }
+        match before {
+            Some(b) => self.seal(queue, b.clone()),
+            None => {
+                self.unseal(queue);
+            }
+        }
+        true
+    }
+
     /// The replicas' holds, by replica.
     pub fn holds(&self) -> &BTreeMap<String, Hold> {
         &self.holds
@@ -907,6 +929,37 @@ mod tests {
             "{e}"
         );
         assert!(Ledger::parse(&QueueName::new("q"), "[]").is_err());
+    }
+
+    #[test]
+    fn a_refused_changes_seal_is_taken_back_only_while_it_is_still_there() {
+        use crate::ledger::seal::{Seal, SealCause};
+        let q = QueueName::new("q");
+        let seal = |by: &str, version| Seal {
+            by: by.into(),
+            version,
+            at: jiff::Timestamp::UNIX_EPOCH,
+            cause: SealCause::Limits,
+        };
+        let (older, ours, theirs) = (seal("a", 1), seal("b", 2), seal("c", 3));
+        let mut l = Ledger::default();
+        l.seal(&q, older.clone());
+        l.seal(&q, ours.clone());
+        assert!(l.take_back_seal(&q, &ours, Some(&older)));
+        assert_eq!(
+            l.seals().get("q"),
+            Some(&older),
+            "the seal it replaced is back"
+        );
+        // A seal written since stays.
+        l.seal(&q, theirs.clone());
+        assert!(!l.take_back_seal(&q, &ours, Some(&older)));
+        assert_eq!(l.seals().get("q"), Some(&theirs));
+        // Replacing nothing, it leaves nothing.
+        let mut l = Ledger::default();
+        l.seal(&q, ours.clone());
+        assert!(l.take_back_seal(&q, &ours, None));
+        assert!(l.seals().is_empty());
     }
 
     #[test]

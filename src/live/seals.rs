@@ -38,17 +38,27 @@ pub enum SealError {
     Sealed { queue: QueueName, by: String },
 }
 
+/// The seals one Queue write placed in one ledger, each with the seal it replaced: what
+/// [`take_back`] puts back when the write is refused after all.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub ledger: QueueName,
+    pub seals: Vec<(QueueName, Seal, Option<Seal>)>,
+}
+
 /// Seals, in every ledger `req` (an admitted Queue write) moves charges out of, the
 /// queues it moves, and in their own ledger the queues whose limits it lowers; then
 /// marks the moved queues in the ledgers they move to with the version each source had
 /// after its seal. `store` keeps each ledger as written; the names of those written are
-/// returned. An error says which ledger could not be written: the Queue write must then
-/// wait ("try again").
+/// returned, and `placed` gets every seal written (also when a later ledger fails). An
+/// error says which ledger could not be written: the Queue write must then wait ("try
+/// again").
 pub async fn seal_ledgers(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
     req: &AdmissionRequest,
     store: impl Fn(LedgerRecord),
+    placed: &mut Vec<Placed>,
 ) -> Result<Vec<QueueName>, SealError> {
     let (plan, marks) = {
         let snap = locked(snapshot);
@@ -67,14 +77,23 @@ pub async fn seal_ledgers(
         // Checked against the ledger each compare-and-swap is made on: a seal of another
         // change written since this replica's read (a concurrent move into the same
         // tree) is never overwritten; this change waits for it.
+        // What the stored attempt replaced (each attempt starts over).
+        let replaced: Mutex<Vec<(QueueName, Seal, Option<Seal>)>> = Mutex::default();
         let stored = update(api, snapshot, &ledger, &store, |l| {
             none_in_the_way(&locked(snapshot), l, &seals)?;
+            let mut r = locked(&replaced);
+            r.clear();
             for (q, s) in &seals {
+                r.push((q.clone(), s.clone(), l.seals().get(q.as_str()).cloned()));
                 l.seal(q, s.clone());
             }
             Ok(())
         })
         .await?;
+        placed.push(Placed {
+            ledger: ledger.clone(),
+            seals: replaced.into_inner().unwrap_or_else(|e| e.into_inner()),
+        });
         let version = stored
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(u64::MAX);
@@ -105,6 +124,31 @@ pub async fn seal_ledgers(
         .await?;
     }
     Ok(written)
+}
+
+/// Takes back the seals `placed` of a Queue write card-quota refused after writing them
+/// (that write never lands, so nothing waits for it: without this, charges of the
+/// sealed queues waited up to a minute, until a read of the Queue 60 s on showed no
+/// change). A seal written since stays ([`crate::ledger::Ledger::take_back_seal`]).
+/// Best effort: a ledger that cannot be written keeps the seal until it lifts by time.
+pub async fn take_back(
+    api: &LedgerApi,
+    snapshot: &Mutex<Snapshot>,
+    placed: Vec<Placed>,
+    store: impl Fn(LedgerRecord),
+) {
+    for p in placed {
+        let taken = update(api, snapshot, &p.ledger, &store, |l| {
+            for (q, ours, before) in &p.seals {
+                l.take_back_seal(q, ours, before.as_ref());
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(e) = taken {
+            tracing::warn!(ledger = %p.ledger, "a refused Queue write's seals stay until they lift: {e}");
+        }
+    }
 }
 
 /// `Err` naming the first of `seals` that a seal of another change, still holding its

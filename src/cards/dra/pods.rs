@@ -882,8 +882,12 @@ impl DraObjects {
                                 *allocated.entry(m.clone()).or_default() += Cards::new(1);
                             }
                         }
+                        // A device no slice held publishes: the cache lags the node's
+                        // slice (R2), and the allocation reads as one not seen yet, so
+                        // a bound pod counts on every model it may have got, never on
+                        // none (it counted nothing, as a pod that cannot be charged).
+                        Some(Err(DraError::UnknownDevice { .. })) | None => all_allocated = false,
                         Some(Err(err)) => return Err(err.clone()),
-                        None => all_allocated = false,
                     }
                     &e.demand
                 }

@@ -37,23 +37,43 @@ impl Committer {
         let moves =
             !crate::decide::seal::inbound_for(&locks::snapshot(snapshot, &none), req).is_empty();
         let store = |rec| self.keep(&none, snapshot, rec);
-        let written = match crate::live::seals::seal_ledgers(&self.api, snapshot, req, store).await
-        {
-            Ok(written) => written,
-            Err(e) => {
-                return Some(Decision::deny(
-                    RETRY,
-                    format!(
-                        "card-quota could not seal the queues this change affects ({e}); try again"
-                    ),
-                ))
+        let mut placed = Vec::new();
+        let sealed =
+            crate::live::seals::seal_ledgers(&self.api, snapshot, req, store, &mut placed).await;
+        let refusal = match sealed {
+            Err(e) => Some(Decision::deny(
+                RETRY,
+                format!(
+                    "card-quota could not seal the queues this change affects ({e}); try again"
+                ),
+            )),
+            Ok(written) if moves && !written.is_empty() => {
+                self.decide_move_again(snapshot, cfg, req, &written).await
             }
+            Ok(_) => None,
         };
-        if !moves || written.is_empty() {
-            return None;
+        // Refused, the write never lands: its seals are taken back, so the queues they
+        // hold back do not wait for it (R2 holds: what they waited for never happens).
+        if refusal.is_some() && !placed.is_empty() {
+            let none = Held::unlocked().await;
+            let store = |rec| self.keep(&none, snapshot, rec);
+            crate::live::seals::take_back(&self.api, snapshot, placed, store).await;
         }
+        refusal
+    }
+
+    /// A move decided again over the ledgers `written` as its seals stored them, once the
+    /// caches reach their watermarks (within half the budget, else "try again"): its
+    /// refusal, if it no longer fits.
+    async fn decide_move_again(
+        &self,
+        snapshot: &Mutex<Snapshot>,
+        cfg: &Config,
+        req: &AdmissionRequest,
+        written: &[crate::cards::QueueName],
+    ) -> Option<Decision> {
         let until = Instant::now() + self.budget / 2;
-        for ledger in &written {
+        for ledger in written {
             if !self.caught_up(snapshot, ledger, until).await {
                 return Some(Decision::deny(
                     RETRY,
