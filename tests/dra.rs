@@ -1497,12 +1497,31 @@ fn under_warn_an_allocation_on_a_model_the_pod_was_not_named_for_is_admitted() {
         c["status"]["allocation"]["devices"]["results"][0]["pool"] = json!("rtx-1");
         c
     };
-    let r = w.send(status_write(on_rtx(&["x", "s"]), on_rtx(&["x"])));
+    let reviewed = review(
+        &status_write(on_rtx(&["x", "s"]), on_rtx(&["x"])),
+        &mut w.snap,
+        &w.cfg,
+        jiff::Timestamp::now(),
+        true,
+    );
+    let r = reviewed.out.response;
     assert!(r.allowed, "{}", message(&r));
     assert!(
         r.warnings.iter().any(|x| x.contains("under deny: pod ml/s accepts NVIDIA-H200 but ResourceClaim ml/shared is allocated on NVIDIA-GeForce-RTX-4090")),
         "{:?}",
         r.warnings
+    );
+    // The scheduler reads no warning: the admin sees it on the pod, as a Warning Event.
+    let d = reviewed.decision.expect("decided");
+    assert!(d.warned());
+    let e = d.event.expect("an Event for the pod");
+    assert_eq!(
+        (e.reason, e.regarding.name.as_str(), e.warning),
+        ("CardQuotaWouldRefuse", "s", true)
+    );
+    assert_eq!(
+        e.message,
+        "admitted in warn mode; under deny: pod ml/s accepts NVIDIA-H200 but ResourceClaim ml/shared is allocated on NVIDIA-GeForce-RTX-4090: the pod would run on a card model it does not accept"
     );
 }
 

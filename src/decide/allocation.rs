@@ -19,13 +19,13 @@ use crate::ledger::Effect;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::binding::regarding;
-use super::enforcement::observed_only;
+use super::enforcement::{observed_only, would_refuse_event, would_refuse_message};
 use super::messages::{
     gate, unknown_group, unreadable_claims, INVALID_DEMAND, NOT_ACCEPTED, RETRY,
 };
 use super::pod::allocate;
 use super::review::{AdmissionRequest, Operation};
-use super::{object_of, Config, Decision};
+use super::{object_of, Config, Decision, EventIntent};
 
 pub fn decide(
     req: &AdmissionRequest,
@@ -60,7 +60,7 @@ pub fn decide(
     let payer = (allocation != before)
         .then(|| record.reserved_for.first())
         .flatten();
-    let warnings = match newly_reserved(req, &record, payer, snap, cfg) {
+    let warned = match newly_reserved(req, &record, payer, snap, cfg) {
         Ok(w) => w,
         Err(d) => return d,
     };
@@ -68,7 +68,15 @@ pub fn decide(
         Some(a) if allocation != before => charged(record, a, snap, cfg, now),
         _ => Decision::allow(),
     };
-    d.warnings.extend(warnings);
+    for (warning, event) in warned {
+        d.warnings.push(warning);
+        // The scheduler that writes the claim reads no warning: the pod's Event is where
+        // an admin sees what deny would have refused (the first, if several).
+        if d.allowed && d.event.is_none() {
+            d.event = Some(event);
+            d.would_refuse = Some(NOT_ACCEPTED);
+        }
+    }
     d
 }
 
@@ -187,14 +195,14 @@ fn charged(
 /// model: a sharer pinned to the H200 bound on a claim's RTX 4090, past its queue's
 /// quota there). Refused (or "try again" while the cache does not show the pod), the
 /// scheduler gives the reservation back before any binding. `Ok`: every one accepts, or
-/// is let through by a queue in warn (a warning for each).
+/// is let through by a queue in warn (a warning and the pod's Event for each).
 fn newly_reserved(
     req: &AdmissionRequest,
     record: &ClaimRecord,
     payer: Option<&Reservation>,
     snap: &Snapshot,
     cfg: &Config,
-) -> Result<Vec<String>, Decision> {
+) -> Result<Vec<(String, Box<EventIntent>)>, Decision> {
     let old = req
         .old_object
         .as_ref()
@@ -238,8 +246,9 @@ fn newly_reserved(
         );
         // Under warn nothing pinned the pod: the scheduler's choice stands.
         match snap.resolve_queue(pod) {
-            Ok(q) if observed_only(snap, cfg, &key.namespace, &q) => warnings.push(format!(
-                "card-quota admitted this because queue {q} and every queue above it are in warn, which pins nothing; under deny: {said}"
+            Ok(q) if observed_only(snap, cfg, &key.namespace, &q) => warnings.push((
+                format!("card-quota admitted this because queue {q} and every queue above it are in warn, which pins nothing; under deny: {said}"),
+                would_refuse_event(regarding(&key), would_refuse_message(&said)),
             )),
             _ => return Err(Decision::deny(NOT_ACCEPTED, said).with_event(Some(regarding(&key)))),
         }

@@ -129,6 +129,22 @@ fn created_pod(req: &AdmissionRequest) -> Option<ObjectRef> {
     })
 }
 
+/// An admission in warn's Event message: what deny would have said.
+pub(super) fn would_refuse_message(said: &str) -> String {
+    cap(format!("admitted in warn mode; under deny: {said}"))
+}
+
+/// The Warning Event of an admission in warn, on `regarding` (`kubectl describe`).
+pub(super) fn would_refuse_event(regarding: ObjectRef, message: String) -> Box<EventIntent> {
+    Box::new(EventIntent {
+        regarding,
+        reason: WOULD_REFUSE,
+        message,
+        warning: true,
+        also: None,
+    })
+}
+
 /// True for a refusal, or a clamp, that a quota makes: what `warn` admits instead.
 pub fn refused_by_quota(req: &AdmissionRequest, d: &Decision) -> bool {
     match d.reason {
@@ -167,15 +183,9 @@ fn warned(
         .and_then(|w| w.strip_prefix("; under deny it would pin this one to "))
         .map(|w| format!("; deny would have pinned it to {w}"))
         .unwrap_or_default();
-    let message = cap(format!("admitted in warn mode; under deny: {said}{pin}"));
+    let message = would_refuse_message(&format!("{said}{pin}"));
     admitted.event = match (pod, refused.event) {
-        (Some(regarding), _) => Some(Box::new(EventIntent {
-            regarding,
-            reason: WOULD_REFUSE,
-            message,
-            warning: true,
-            also: None,
-        })),
+        (Some(regarding), _) => Some(would_refuse_event(regarding, message)),
         (None, Some(e)) => Some(Box::new(EventIntent {
             reason: WOULD_REFUSE,
             message,
