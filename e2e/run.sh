@@ -852,13 +852,15 @@ hand_claim() { k -n "$NS" get pod dra-hand -o jsonpath='{.status.resourceClaimSt
 wait_for 20 bash -c "[ -n \"\$(kubectl -n $NS get pod dra-hand -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')\" ]"
 HAND_CLAIM=$(hand_claim)
 HAND_UID=$(k -n "$NS" get pod dra-hand -o jsonpath='{.metadata.uid}')
-# The allocation as a scheduler writes it; kube-controller-manager also writes a new
-# claim (its finalizer): retry on a resourceVersion conflict. AS: whose write it is.
+# The allocation as a scheduler writes it (on HAND_POOL's device HAND_DEVICE);
+# kube-controller-manager also writes a new claim (its finalizer): retry on a
+# resourceVersion conflict. Arguments: whose write it is (--as).
+HAND_POOL=$Q-dra-rtx HAND_DEVICE=gpu-0
 write_hand_allocation() {
   local try
   for try in 1 2 3 4 5 6 7 8; do
-    k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$Q-dra-rtx" --arg uid "$HAND_UID" \
-      '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: "gpu-0"}]},
+    k -n "$NS" get resourceclaim "$HAND_CLAIM" -o json | jq --arg n "$HAND_POOL" --arg d "$HAND_DEVICE" --arg uid "$HAND_UID" \
+      '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: $d}]},
          nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
        reservedFor: [{resource: "pods", name: "dra-hand", uid: $uid}]}' > "$WORK/hand-claim.json"
     k replace "$@" --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$HAND_CLAIM/status" -f "$WORK/hand-claim.json" \
@@ -880,6 +882,20 @@ write_hand_allocation
 check "... and so is the same allocation written by a user outside the binders" \
   grep -qF "pod $NS/dra-hand accepts NVIDIA-H200 but node $Q-dra-rtx has NVIDIA-GeForce-RTX-4090" "$WORK/hand-claim.err"
 check "... and its queue is charged nothing" [ "$(usage_field "$Q-dra2" NVIDIA-H200 allocated)" = 0 ]
+# An H200 allocation written by hand for the same pod, which no scheduler binds: its
+# devices are taken, so the pod counts bound from then on, and the allocation's ledger
+# entry is pruned where card-quota's claim cache shows it (the claims' stream is in the
+# ledger's watermark).
+HAND_POOL=$Q-dra-h200 HAND_DEVICE=gpu-3
+write_hand_allocation
+check "an H200 allocation written by hand for the pod admitted for H200 is admitted" \
+  [ ! -s "$WORK/hand-claim.err" ]
+check "... the pod, still unbound, counts its H200 allocated in its queue" \
+  wait_for 20 bash -c "usage_is $Q-dra2 NVIDIA-H200 allocated 1 && [ -z \"\$(kubectl -n $NS get pod dra-hand -o jsonpath='{.spec.nodeName}')\" ]"
+ledger_claims_mark() { k -n "$SYS" get configmap "card-quota-ledger.$1" -o jsonpath='{.data.ledger}' 2>/dev/null | jq '.watermark.claims // 0' 2>/dev/null || echo 0; }
+export -f ledger_claims_mark
+check "... and its charge leaves the ledger at the claim's version (the watermark's claims mark)" \
+  wait_for 30 bash -c "[ \"\$(ledger_len $Q-dra2)\" = 0 ] && [ \"\$(ledger_claims_mark $Q-dra2)\" -gt 0 ]"
 
 # A claim shared by two pods: counted once.
 queue "$Q-dra3" '{"NVIDIA-H200":1}' | k apply -f - >/dev/null

@@ -2755,8 +2755,14 @@ fn found_a_parents_cut_holds_back_a_queue_the_sealer_did_not_show_under_it() {
 /// nothing and admitted the move, 1 RTX bound under a cap of 0.
 #[test]
 fn found_a_move_is_checked_over_the_moving_queues_ledger_as_sealed() {
+    replay(a_move_that_does_not_fit_over_the_ledger_as_sealed());
+}
+
+/// q's claim allocated through replica 1, whose charge replica 0's claim watch has not
+/// shown; org's RTX cap cut to 0; q moved under org through replica 0.
+fn a_move_that_does_not_fit_over_the_ledger_as_sealed() -> Vec<Step> {
     use Step::*;
-    replay(vec![
+    vec![
         claim_create(1, 0, 0, 0, 0),
         SetQuota {
             r: 0,
@@ -2770,7 +2776,7 @@ fn found_a_move_is_checked_over_the_moving_queues_ledger_as_sealed() {
         Reparent { r: 0, queue: 0 },
         DeliverClaims { r: 0, n: 1 },
         DeliverClaims { r: 0, n: 1 },
-    ]);
+    ]
 }
 
 /// A move refused after its seals were written (the case above: decided again over the
@@ -2781,30 +2787,23 @@ fn found_a_move_is_checked_over_the_moving_queues_ledger_as_sealed() {
 #[test]
 fn a_move_refused_after_its_seals_takes_them_back() {
     use Step::*;
-    let steps = vec![
-        Reparent { r: 0, queue: 1 },
-        Wait { ms: 50 },
-        QueueWatch { r: 0 },
-        QueueWatch { r: 1 },
-        claim_create(1, 0, 0, 0, 0),
-        SetQuota {
-            r: 0,
-            queue: 2,
-            model: 0,
-            to: 0,
-        },
-        Deliver { r: 1, n: 1 },
-        Schedule { r: 1, n: 0 },
-        Wait { ms: 1 },
-        Reparent { r: 0, queue: 0 },
-        DeliverClaims { r: 0, n: 1 },
-        DeliverClaims { r: 0, n: 1 },
-        Wait { ms: 400 },
-        Ledger { r: 0 },
-        plain(0, 5, 1, 1, 0, true),
-        plain(0, 6, 1, 1, 1, true),
-        Wait { ms: 400 },
-    ];
+    let steps = [
+        vec![
+            Reparent { r: 0, queue: 1 },
+            Wait { ms: 50 },
+            QueueWatch { r: 0 },
+            QueueWatch { r: 1 },
+        ],
+        a_move_that_does_not_fit_over_the_ledger_as_sealed(),
+        vec![
+            Wait { ms: 400 },
+            Ledger { r: 0 },
+            plain(0, 5, 1, 1, 0, true),
+            plain(0, 6, 1, 1, 1, true),
+            Wait { ms: 400 },
+        ],
+    ]
+    .concat();
     let t = run(&steps).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((t.moves, t.queue_refusals), (1, 1), "{t:?}");
     assert_eq!(

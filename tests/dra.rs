@@ -906,11 +906,7 @@ fn an_allocation_is_checked_when_the_scheduler_writes_it() {
     assert!(w.send(R::binding("ml", "a", "rtx-1").build()).allowed);
     // b's allocation of another RTX (one the pin would have kept it from) is refused at
     // the write, before any binding: the RTX quota is used.
-    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": "rtx-2-gpu.nvidia.com"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": "rtx-1",
-            "pool": {"name": "rtx-2", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA GeForce RTX 4090"}}}]}}));
+    w.seen(rtx_2_slice());
     let r = w.send(status_write(
         allocated_on("b", "rtx-1", "rtx-2", "gpu-0"),
         made_claim("b", None),
@@ -1185,18 +1181,8 @@ fn an_allocation_is_a_charge_whoever_binds_the_pod_after_it() {
     use card_quota::decide::batch::{decide_with_ledger, plan, Outcome};
     use card_quota::decide::review::read_review;
     use card_quota::ledger::LedgerRecord;
-    let mut w = World::new();
-    for name in ["a", "b"] {
-        let r = w.send(R::pod("CREATE", claim_pod(name, "both", "one-gpu")).build());
-        assert!(r.allowed, "{}", message(&r));
-        w.seen(with_claim_made(&w, name));
-        w.seen(made_claim(name, None));
-    }
-    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": "rtx-2-gpu.nvidia.com"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": "rtx-1",
-            "pool": {"name": "rtx-2", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA GeForce RTX 4090"}}}]}}));
+    let mut w = two_claim_pods_of_both();
+    w.seen(rtx_2_slice());
     let req = |doc: Value| read_review(doc.to_string().as_bytes()).unwrap().unwrap();
     let alloc_a = req(status_write(
         allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
@@ -1294,13 +1280,7 @@ fn an_allocations_charge_stops_counting_where_the_claim_cache_shows_it() {
     use card_quota::ledger::entries::{Fate, Fence, Stream, Watermark, UNBOUND_GRACE};
     use card_quota::snapshot::overlay::fate;
     use std::time::Duration;
-    let mut w = World::new();
-    for name in ["a", "b"] {
-        let r = w.send(R::pod("CREATE", claim_pod(name, "both", "one-gpu")).build());
-        assert!(r.allowed, "{}", message(&r));
-        w.seen(with_claim_made(&w, name));
-        w.seen(made_claim(name, None));
-    }
+    let mut w = two_claim_pods_of_both();
     let req = |doc: Value| read_review(doc.to_string().as_bytes()).unwrap().unwrap();
     let alloc_a = req(status_write(
         allocated_on("a", "rtx-1", "rtx-1", "gpu-0"),
@@ -1369,6 +1349,19 @@ fn an_allocations_charge_stops_counting_where_the_claim_cache_shows_it() {
         d.message.as_deref(),
         Some("queue both has insufficient NVIDIA-GeForce-RTX-4090 quota: requested 1, in use 2 (allocated 1, pending 1, reserved 0), quota 1")
     );
+}
+
+/// Pods a and b of queue `both` (one RTX, one H200), each admitted for RTX|H200 with its
+/// claim made, unallocated.
+fn two_claim_pods_of_both() -> World {
+    let mut w = World::new();
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "both", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+        w.seen(with_claim_made(&w, name));
+        w.seen(made_claim(name, None));
+    }
+    w
 }
 
 /// A second RTX 4090 node's slice (pool rtx-2, on node rtx-1 for the test's nodes).
