@@ -2856,19 +2856,8 @@ fn a_charge_in_a_tree_a_queue_is_moving_into_waits_for_the_move() {
     let bind = |r, pod| Bind { r, pod, node: 0 };
     replay(
         [
-            vec![
-                SetQuota {
-                    r: 0,
-                    queue: 2,
-                    model: 0,
-                    to: 1,
-                },
-                Reparent { r: 0, queue: 1 },
-                Wait { ms: 50 },
-                QueueWatch { r: 0 },
-                QueueWatch { r: 1 },
-                plain(0, 0, 0, 1, 0, true),
-            ],
+            q2_under_org_capped(0, 1),
+            vec![plain(0, 0, 0, 1, 0, true)],
             settle(),
             vec![bind(0, 0)],
             settle(),
@@ -2886,6 +2875,22 @@ fn a_charge_in_a_tree_a_queue_is_moving_into_waits_for_the_move() {
         ]
         .concat(),
     );
+}
+
+/// org's cap of `model` set to `cap`, and q2 moved under org, as both replicas see it.
+fn q2_under_org_capped(model: usize, cap: u64) -> Vec<Step> {
+    vec![
+        Step::SetQuota {
+            r: 0,
+            queue: 2,
+            model,
+            to: cap,
+        },
+        Step::Reparent { r: 0, queue: 1 },
+        Step::Wait { ms: 50 },
+        Step::QueueWatch { r: 0 },
+        Step::QueueWatch { r: 1 },
+    ]
 }
 
 /// Time for what is in flight to answer, then both replicas' pod watches deliver.
@@ -2993,20 +2998,8 @@ fn a_move_is_not_refused_for_the_headroom_replicas_hold() {
     use Step::*;
     let bind = |r, pod| Bind { r, pod, node: 0 };
     let steps = [
-        vec![
-            SetQuota {
-                r: 0,
-                queue: 2,
-                model: 1,
-                to: 3,
-            },
-            Reparent { r: 0, queue: 1 },
-            Wait { ms: 50 },
-            QueueWatch { r: 0 },
-            QueueWatch { r: 1 },
-            plain(0, 0, 1, 1, 0, true),
-            plain(1, 1, 1, 1, 1, true),
-        ],
+        q2_under_org_capped(1, 3),
+        vec![plain(0, 0, 1, 1, 0, true), plain(1, 1, 1, 1, 1, true)],
         settle(),
         vec![bind(0, 0), bind(1, 1)],
         settle(),
