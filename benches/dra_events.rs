@@ -1,7 +1,8 @@
 //! What one DRA object's event costs under the snapshot lock, at cluster size: a node
 //! joining (its ResourceSlice of 8 GPUs), the same slice written again with one device's
-//! attribute changed, the node leaving, one new ResourceClaim with selectors and an
-//! admin's change of the DeviceClass every claim asks through, each
+//! attribute changed, the node leaving, the first node of a model an admin's own
+//! DeviceClass selects (the class comes to select cards), one new ResourceClaim with
+//! selectors and an admin's change of the DeviceClass every claim asks through, each
 //! applied to a snapshot of NODES nodes of 8 H200s (NVIDIA's driver's attributes: a
 //! `uuid` per device, so no two devices look alike), CLAIMS claims with selectors
 //! (allocated, each used by a pod) and TEMPLATES templates. Issue 57 #6: one slice's
@@ -68,6 +69,11 @@ fn world(nodes: usize, claims: usize, templates: usize) -> Snapshot {
         json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
         "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}),
     );
+    // An admin's class for B200s, which no node has yet: it asks for no card until one joins.
+    add(
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "b200.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}}]}}),
+    );
     for n in 0..nodes {
         add(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": format!("node-{n}")}}));
         add(slice(n, "NVIDIA H200"));
@@ -113,6 +119,7 @@ fn main() {
     let mut changed = joined.clone();
     changed["spec"]["devices"][3]["attributes"]["uuid"] = json!({"string": "GPU-replaced"});
     let other = slice(nodes + 1, "NVIDIA GeForce RTX 4090");
+    let first_b200 = slice(nodes + 2, "NVIDIA B200");
     let new_claim = claim(claims, nodes);
     let leaving = format!("node-{nodes}-gpu.nvidia.com");
     // An admin narrows NVIDIA's class (every claim's requirements are of it).
@@ -122,7 +129,7 @@ fn main() {
     // watchers store them (read and prepared against a view without the lock, then
     // stored under it).
     let mut served = s.clone();
-    let events: [(&str, Option<&serde_json::Value>); 6] = [
+    let events: [(&str, Option<&serde_json::Value>); 7] = [
         ("a node joins (its slice of 8 GPUs)", Some(&joined)),
         (
             "its slice written again, one device changed",
@@ -130,6 +137,10 @@ fn main() {
         ),
         ("the node leaves (its slice deleted)", None),
         ("a slice of another model joins (RTX 4090)", Some(&other)),
+        (
+            "the first B200 node joins (a class selects cards)",
+            Some(&first_b200),
+        ),
         ("one new claim with its own selector", Some(&new_claim)),
         ("the card DeviceClass's selector changed", Some(&class)),
     ];

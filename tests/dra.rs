@@ -585,7 +585,7 @@ mod incremental {
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
-            3 => (0..6usize, 0..2usize, 0..2usize, proptest::option::of(0..2usize), any::<bool>())
+            3 => (0..6usize, 0..2usize, 0..3usize, proptest::option::of(0..2usize), any::<bool>())
                 .prop_map(|(pod, queue, template, node, made)| Ev::TemplatePod { pod, queue, template, node, made }),
             2 => (6..9usize, proptest::option::of(0..2usize)).prop_map(|(pod, node)| Ev::SharedPod { pod, node }),
             1 => (0..9usize).prop_map(|pod| Ev::DeletePod { pod }),
@@ -624,6 +624,14 @@ items:
   metadata: {name: t1, namespace: ml}
   spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, count: 2,
     selectors: [{cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}]}}}
+- apiVersion: resource.k8s.io/v1
+  kind: DeviceClass
+  metadata: {name: h200.example.com}
+  spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}
+- apiVersion: resource.k8s.io/v1
+  kind: ResourceClaimTemplate
+  metadata: {name: t2, namespace: ml}
+  spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: h200.example.com}}]}}}
 "#;
 
     /// (kind, name) -> the object as it stands.
@@ -681,9 +689,20 @@ items:
                 alloc,
                 reserved,
             } => {
+                // Claims p1-c, p3-c, p5-c ask through an admin's class that selects
+                // cards only while an H200 slice is published; p5-c's own selector
+                // allows none of them (what it may get never changes, whether it asks
+                // for cards does).
+                let mut request = json!({"deviceClassName": "gpu.nvidia.com"});
+                if which % 2 == 1 {
+                    request["deviceClassName"] = json!("h200.example.com");
+                }
+                if *which == 5 {
+                    request["selectors"] = json!([{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'nic'"}}]);
+                }
                 let mut c = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                     "metadata": {"name": claim_name(*which), "namespace": "ml"},
-                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}});
+                    "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}});
                 if let Some((node, dev)) = alloc {
                     let reserved: Vec<Value> = reserved.iter().map(|p| json!({"resource": "pods", "name": format!("p{p}"), "uid": format!("u{p}")})).collect();
                     c["status"] = json!({"allocation": {"devices": {"results": [
@@ -1873,6 +1892,74 @@ fn a_device_class_change_is_counted_without_the_lock() {
     let before = here(&served);
     served.snap.store_dra_record(gone, stale.as_ref()).unwrap();
     assert!(here(&served) > before, "a stale count is not taken");
+}
+
+/// Issue 57 #6: a class that comes to select cards (the first node of its model joining
+/// an autoscaled pool) or stops changes which claims ask for cards, and nothing is
+/// counted against every device under the lock: the requirements of every class are
+/// held and counted as devices come and go, card class or not yet.
+#[test]
+fn a_class_that_comes_to_select_cards_counts_nothing_under_the_lock() {
+    use card_quota::snapshot::DraRecord;
+    let mut served = World::new();
+    for v in [
+        json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
+            "metadata": {"name": "b200", "annotations": {"volcano.sh/card.quota": "{\"NVIDIA-B200\":1}"}}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "b200.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}}]}}),
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "own-b200", "namespace": "ml"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "b200.example.com",
+                "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}]}}}}),
+    ] {
+        served.seen(v);
+    }
+    // No B200 anywhere: the class selects no card, so its requests ask for none.
+    let r = served.send(R::pod("CREATE", claim_pod("before", "b200", "own-b200")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(card_name_written(&r), None);
+    let mut locked = World::of(CLUSTER);
+    locked.snap = served.snap.clone();
+    let here = |w: &World| w.snap.dra_objects().requirements_counted_here();
+    let slice = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "b200-1-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}});
+    // The first B200 node joins, judged without the lock as the watcher does.
+    let record = DraRecord::read(&slice, "", served.snap.dra())
+        .unwrap()
+        .unwrap();
+    let prepared = record.prepare(&served.snap.dra_view());
+    let before = here(&served);
+    served
+        .snap
+        .store_dra_record(record, prepared.as_ref())
+        .unwrap();
+    assert_eq!(here(&served), before, "nothing counted under the lock");
+    locked.seen(slice);
+    // Both now read the class's requests as B200s: the pod admitted before takes the
+    // queue's one B200 (its claims are read again), and the next does not fit.
+    for w in [&mut served, &mut locked] {
+        assert_eq!(w.usage("b200", "NVIDIA-B200")["pending"], 1);
+        let r = w.send(R::pod("CREATE", claim_pod("a", "b200", "own-b200")).build());
+        assert!(
+            message(&r).starts_with("queue b200 has insufficient NVIDIA-B200 quota"),
+            "{}",
+            message(&r)
+        );
+    }
+    // The node leaves: the class stops selecting cards, and again nothing is counted.
+    let gone = DraRecord::SliceGone("b200-1-gpu.nvidia.com".into());
+    let prepared = gone.prepare(&served.snap.dra_view());
+    let before = here(&served);
+    served
+        .snap
+        .store_dra_record(gone, prepared.as_ref())
+        .unwrap();
+    assert_eq!(here(&served), before, "nothing counted under the lock");
+    let r = served.send(R::pod("CREATE", claim_pod("after", "b200", "own-b200")).build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(card_name_written(&r), None);
 }
 
 /// Issue 57 #4: cards asked for through a DeviceClass the install does not list (an

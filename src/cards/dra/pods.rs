@@ -171,11 +171,10 @@ pub struct DraObjects {
     claims: BTreeMap<ObjectKey, ClaimEntry>,
 }
 
-/// What a change of devices or classes made worth reading again: the pods that use
-/// these claims or templates (or every claim pod).
+/// What a change of devices made worth reading again: the pods that use these claims
+/// or templates.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reread {
-    pub all: bool,
     pub claims: BTreeSet<ObjectKey>,
     pub templates: BTreeSet<ObjectKey>,
 }
@@ -188,7 +187,6 @@ pub struct DraView {
     generation: u64,
     settings: DraSettings,
     classes: BTreeMap<String, DeviceClass>,
-    card_classes: BTreeSet<String>,
     devices: Arc<BTreeMap<DeviceId, Device>>,
     slices: Arc<BTreeMap<String, Vec<Device>>>,
     rules: Rules,
@@ -224,11 +222,11 @@ impl DraView {
         &self.settings
     }
 
-    /// Counts the card ways of `spec` against every device of the view.
+    /// Counts every way of `spec` (of a card class or not yet: see
+    /// `DraObjects::remember`) against every card device of the view.
     pub fn prepare(&self, spec: &ClaimSpec) -> Prepared {
         let mut counted = BTreeMap::new();
-        let options = spec.requests.iter().flat_map(|r| &r.options);
-        for o in options.filter(|o| self.card_classes.contains(&o.class)) {
+        for o in spec.requests.iter().flat_map(|r| &r.options) {
             let class = self
                 .classes
                 .get(&o.class)
@@ -246,8 +244,7 @@ impl DraView {
 
     /// Counts what DeviceClass `name` becoming `class` (`None`: deleted) changes: the card
     /// devices it may select, and what each requirement of it held allows with its new
-    /// selectors. (A class that comes to select cards makes requirements held nowhere yet:
-    /// those are counted under the lock.)
+    /// selectors.
     pub fn prepare_class(&self, name: &str, class: Option<&DeviceClass>) -> Prepared {
         let class_selectors = class.map(|c| c.selectors.as_slice()).unwrap_or_default();
         let selects = class.map_or(0, |c| {
@@ -286,23 +283,14 @@ impl DraView {
 }
 
 impl Reread {
-    fn all() -> Self {
-        Self {
-            all: true,
-            ..Self::default()
-        }
-    }
-
     /// True when a pod of `namespace` with `claims` may read otherwise now.
     pub fn touches(&self, namespace: &str, claims: &[PodClaim]) -> bool {
-        self.all
-            || claims.iter().any(|c| {
-                let named = |set: &BTreeSet<ObjectKey>, name: &str| {
-                    set.contains(&ObjectKey::new(namespace, name))
-                };
-                c.claim_name().is_some_and(|n| named(&self.claims, n))
-                    || matches!(&c.source, ClaimSource::Template { template, .. } if named(&self.templates, template))
-            })
+        claims.iter().any(|c| {
+            let named =
+                |set: &BTreeSet<ObjectKey>, name: &str| set.contains(&ObjectKey::new(namespace, name));
+            c.claim_name().is_some_and(|n| named(&self.claims, n))
+                || matches!(&c.source, ClaimSource::Template { template, .. } if named(&self.templates, template))
+        })
     }
 }
 
@@ -618,14 +606,6 @@ impl DraObjects {
             .unwrap_or_default()
     }
 
-    /// The ways of `spec`'s requests that are of a card class.
-    fn card_options<'s>(&'s self, spec: &'s ClaimSpec) -> impl Iterator<Item = &'s Subrequest> {
-        spec.requests
-            .iter()
-            .flat_map(|r| &r.options)
-            .filter(|o| self.card_classes.contains(&o.class))
-    }
-
     /// What `prepared` counted, when it was counted at this generation.
     fn counted<'p>(&self, prepared: Option<&'p Prepared>) -> Option<&'p Counts> {
         match prepared {
@@ -637,11 +617,19 @@ impl DraObjects {
         }
     }
 
-    /// Holds what `spec`'s card ways may get, kept as devices change; a requirement
-    /// `prepared` counted takes what it allows from there.
+    /// Holds what `spec`'s ways may get, kept as devices change; a requirement
+    /// `prepared` counted takes what it allows from there. Every way is held, of a card
+    /// class or not yet: a class that comes to select cards (its model's first node
+    /// joining an autoscaled pool) then has its requirements counted already, and its
+    /// claims are read again without counting anything under the lock.
     fn remember(&mut self, spec: &Result<ClaimSpec, DraError>, prepared: Option<&Counts>) {
         let Ok(spec) = spec else { return };
-        let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
+        let options: Vec<Subrequest> = spec
+            .requests
+            .iter()
+            .flat_map(|r| &r.options)
+            .cloned()
+            .collect();
         for o in &options {
             let class = self.class_selectors(&o.class).to_vec();
             let counted = prepared.and_then(|p| p.get(&key_of(o)));
@@ -662,7 +650,6 @@ impl DraObjects {
             generation: self.generation,
             settings: self.settings.clone(),
             classes: self.classes.clone(),
-            card_classes: self.card_classes.clone(),
             devices: Arc::clone(&self.devices),
             slices: Arc::clone(&self.slices),
             rules: self.matches.rules(),
@@ -671,8 +658,7 @@ impl DraObjects {
 
     fn forget(&mut self, spec: &Result<ClaimSpec, DraError>) {
         let Ok(spec) = spec else { return };
-        let options: Vec<Subrequest> = self.card_options(spec).cloned().collect();
-        for o in &options {
+        for o in spec.requests.iter().flat_map(|r| &r.options) {
             self.matches.release(o);
         }
     }
@@ -712,8 +698,8 @@ impl DraObjects {
         }
     }
 
-    /// A class changed (or came to select cards or stopped): which classes ask for
-    /// cards, what every way may get and every demand are read again; a requirement
+    /// A class changed: which classes ask for cards, what every way may get and every
+    /// demand are read again; a requirement
     /// `counts` holds takes what it allows from there, any other is counted here.
     /// (`class_cards` is the caller's to keep.)
     fn reread(&mut self, counts: &Counts) {
@@ -752,8 +738,9 @@ impl DraObjects {
     }
 
     /// Devices `gone` and `came` (a slice's change): counts follow them; the claims and
-    /// templates whose demand or allocation they change are read again. When a class
-    /// comes to select cards or stops, everything is.
+    /// templates whose demand or allocation they change are read again, with those of a
+    /// class that comes to select cards or stops (its requirements are held and counted
+    /// already: nothing is counted against every device here).
     fn devices_changed(
         &mut self,
         gone: &[Device],
@@ -767,10 +754,12 @@ impl DraObjects {
             *n = n.saturating_sub(gone.iter().filter(selects).count());
             *n += came.iter().filter(selects).count();
         }
-        if self.card_classes_now() != self.card_classes {
-            self.reread(&Counts::new());
-            return Reread::all();
-        }
+        let now = self.card_classes_now();
+        let flipped: BTreeSet<String> = now
+            .symmetric_difference(&self.card_classes)
+            .cloned()
+            .collect();
+        self.card_classes = now;
         let gone_refs: Vec<&Device> = gone.iter().collect();
         let came_refs: Vec<&Device> = came.iter().collect();
         let keys = self
@@ -778,13 +767,12 @@ impl DraObjects {
             .devices_changed(&gone_refs, &came_refs, verdicts);
         let ids: BTreeSet<&DeviceId> = gone.iter().chain(came).map(|d| &d.id).collect();
         let uses_changed = |spec: &Result<ClaimSpec, DraError>| {
-            !keys.is_empty()
-                && spec.as_ref().is_ok_and(|s| {
-                    s.requests
-                        .iter()
-                        .flat_map(|r| &r.options)
-                        .any(|o| keys.contains(&key_of(o)))
-                })
+            spec.as_ref().is_ok_and(|s| {
+                s.requests
+                    .iter()
+                    .flat_map(|r| &r.options)
+                    .any(|o| flipped.contains(&o.class) || keys.contains(&key_of(o)))
+            })
         };
         let templates = self
             .templates
@@ -801,11 +789,7 @@ impl DraObjects {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        let out = Reread {
-            all: false,
-            claims,
-            templates,
-        };
+        let out = Reread { claims, templates };
         for k in &out.templates {
             if let Some(t) = self.templates.get(k) {
                 let demand = self.demand_of(&t.spec, &format!("ResourceClaimTemplate {k}"));
