@@ -105,10 +105,17 @@ if [ -n "${BURST_FLOOR:-}" ]; then
   if [ "$REPLICAS" = 1 ]; then FLOOR_PORT=${floors[0]}; else
     "$EXAMPLES/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!)
   fi
+  # Its hooks named apart (pods.floor.card-quota.volcano.sh ...) so the API server's
+  # own latency metric tells the two cases apart.
   "$BIN" manifests --cert-dir "$WORK/certs" --url "https://127.0.0.1:$FLOOR_PORT" \
-    --name "$Q-floor" --namespace-label "card-quota-floor=$RUN" | k apply -f - >/dev/null
+    --name "$Q-floor" --namespace-label "card-quota-floor=$RUN" \
+    | sed -E 's/^(  name: [a-z-]+)\.card-quota\.volcano\.sh$/\1.floor.card-quota.volcano.sh/' | k apply -f - >/dev/null
 fi
 sleep 2
+# The API server's view of each webhook call (TLS, HTTP and queueing included), before
+# and after the run: printed per hook and case at the end.
+hook_latency() { k get --raw /metrics | grep -E '^apiserver_admission_webhook_admission_duration_seconds_(sum|count)\{name="[a-z.-]*card-quota.volcano.sh"' || true; }
+hook_latency > "$WORK/hooks-before"
 rv0=$(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}')
 t0=$(date +%s)
 "$BURST_BIN" --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
@@ -135,3 +142,19 @@ echo "ledger writes: $lw for $cq_pods card-quota pods ($(( lw * 1000 / cq_pods )
 for p in "${backends[@]}"; do
   curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|rereads_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count)|forwarded_charges_total)' | sed "s/^/  replica :$p  /" || true
 done
+# Mean time the API server waited on each hook during the run, per operation and type
+# (card-quota's hooks, then the floor's under pods.floor...).
+hook_latency > "$WORK/hooks-after"
+echo "API server's mean wait per webhook call during the run:"
+awk '
+  { split($1, a, "{"); metric = a[1]; labels = a[2]; sub(/}$/, "", labels)
+    key = labels; gsub(/,?rejected="[a-z]*"/, "", key)
+    if (FNR == NR) { before[metric, key] += $2; next }
+    after[metric, key] += $2; keys[key] = 1 }
+  END {
+    for (k in keys) {
+      c = after["apiserver_admission_webhook_admission_duration_seconds_count", k] - before["apiserver_admission_webhook_admission_duration_seconds_count", k]
+      s = after["apiserver_admission_webhook_admission_duration_seconds_sum", k] - before["apiserver_admission_webhook_admission_duration_seconds_sum", k]
+      if (c > 0) printf "  %-90s %7d calls  %6.2f ms mean\n", k, c, 1000 * s / c
+    }
+  }' "$WORK/hooks-before" "$WORK/hooks-after" | sort
