@@ -13,7 +13,8 @@
 # (examples/rr_proxy.rs), as through a Service, and each replica sends a charge to the replica that owns its queue
 # (--peer-routing; BURST_ROUTING=0: each records its own). Quotas are ample: every pod should be admitted. Prints pods/s per
 # case and round with each case's p50 and p99 creation latency, the medians, the
-# ledger writes per 1,000 pods, and how many times the Queue object was written.
+# ledger writes per 1,000 pods, how many times the Queue object was written, and the API
+# server's mean wait per call of each hook (card-quota's and the floor's).
 set -euo pipefail
 BIN=${1:-target/release/card-quota}
 REPLICAS=${2:-1}
