@@ -1788,10 +1788,7 @@ fn a_claim_counted_without_the_lock_is_counted_again_when_devices_changed_since(
     let (stale, fresh) = (read(&claim("stale"), &w), read(&claim("fresh"), &w));
     let before = w.snap.dra_view();
     let stale_count = stale.prepare(&before);
-    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": "b200-1-gpu.nvidia.com"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}}));
+    w.seen(b200_slice());
     let fresh_count = fresh.prepare(&w.snap.dra_view());
     let here = |w: &World| w.snap.dra_objects().requirements_counted_here();
     let before = here(&w);
@@ -1885,13 +1882,18 @@ fn a_device_class_change_is_counted_without_the_lock() {
     // the class deleted is counted without the lock too.
     let gone = DraRecord::ClassGone("gpu.nvidia.com".into());
     let stale = gone.prepare(&served.snap.dra_view());
-    served.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": "b200-1-gpu.nvidia.com"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}}));
+    served.seen(b200_slice());
     let before = here(&served);
     served.snap.store_dra_record(gone, stale.as_ref()).unwrap();
     assert!(here(&served) > before, "a stale count is not taken");
+}
+
+/// The slice of a node with one B200 (the first of its model to join).
+fn b200_slice() -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "b200-1-gpu.nvidia.com"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}})
 }
 
 /// Issue 57 #6: a class that comes to select cards (the first node of its model joining
@@ -1921,10 +1923,7 @@ fn a_class_that_comes_to_select_cards_counts_nothing_under_the_lock() {
     let mut locked = World::of(CLUSTER);
     locked.snap = served.snap.clone();
     let here = |w: &World| w.snap.dra_objects().requirements_counted_here();
-    let slice = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": "b200-1-gpu.nvidia.com"},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": "b200-1", "pool": {"name": "b200-1", "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA B200"}}}]}});
+    let slice = b200_slice();
     // The first B200 node joins, judged without the lock as the watcher does.
     let record = DraRecord::read(&slice, "", served.snap.dra())
         .unwrap()
