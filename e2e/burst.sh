@@ -150,7 +150,7 @@ echo "API server's mean wait per webhook call during the run:"
 awk '
   { split($1, a, "{"); metric = a[1]; labels = a[2]; sub(/}$/, "", labels)
     key = labels; gsub(/,?rejected="[a-z]*"/, "", key)
-    if (FNR == NR) { before[metric, key] += $2; next }
+    if (FILENAME == ARGV[1]) { before[metric, key] += $2; next }
     after[metric, key] += $2; keys[key] = 1 }
   END {
     for (k in keys) {
