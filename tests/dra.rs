@@ -95,6 +95,16 @@ impl World {
     fn seen(&mut self, v: Value) {
         upsert(&mut self.snap, &v).unwrap();
     }
+    /// A DRA record as the watcher stores it: counted against a view without the lock,
+    /// then stored. How many requirements were counted under the lock.
+    fn seen_as_the_watcher(&mut self, record: card_quota::snapshot::DraRecord) -> u64 {
+        let prepared = record.prepare(&self.snap.dra_view());
+        let before = self.snap.dra_objects().requirements_counted_here();
+        self.snap
+            .store_dra_record(record, prepared.as_ref())
+            .unwrap();
+        self.snap.dra_objects().requirements_counted_here() - before
+    }
     fn usage(&self, queue: &str, model: &str) -> Value {
         self.usage_at(queue, model, jiff::Timestamp::now())
     }
@@ -1856,13 +1866,11 @@ fn a_device_class_change_is_counted_without_the_lock() {
     let mut locked = World::of(CLUSTER);
     locked.snap = served.snap.clone();
     let record = read(&h200_only, &served);
-    let prepared = record.prepare(&served.snap.dra_view());
-    let before = here(&served);
-    served
-        .snap
-        .store_dra_record(record, prepared.as_ref())
-        .unwrap();
-    assert_eq!(here(&served), before, "nothing counted under the lock");
+    assert_eq!(
+        served.seen_as_the_watcher(record),
+        0,
+        "nothing counted under the lock"
+    );
     let before_locked = here(&locked);
     locked.seen(h200_only.clone());
     assert!(here(&locked) > before_locked, "counted under the lock");
@@ -1922,19 +1930,16 @@ fn a_class_that_comes_to_select_cards_counts_nothing_under_the_lock() {
     assert_eq!(card_name_written(&r), None);
     let mut locked = World::of(CLUSTER);
     locked.snap = served.snap.clone();
-    let here = |w: &World| w.snap.dra_objects().requirements_counted_here();
     let slice = b200_slice();
     // The first B200 node joins, judged without the lock as the watcher does.
     let record = DraRecord::read(&slice, "", served.snap.dra())
         .unwrap()
         .unwrap();
-    let prepared = record.prepare(&served.snap.dra_view());
-    let before = here(&served);
-    served
-        .snap
-        .store_dra_record(record, prepared.as_ref())
-        .unwrap();
-    assert_eq!(here(&served), before, "nothing counted under the lock");
+    assert_eq!(
+        served.seen_as_the_watcher(record),
+        0,
+        "nothing counted under the lock"
+    );
     locked.seen(slice);
     // Both now read the class's requests as B200s: the pod admitted before takes the
     // queue's one B200 (its claims are read again), and the next does not fit.
@@ -1949,13 +1954,11 @@ fn a_class_that_comes_to_select_cards_counts_nothing_under_the_lock() {
     }
     // The node leaves: the class stops selecting cards, and again nothing is counted.
     let gone = DraRecord::SliceGone("b200-1-gpu.nvidia.com".into());
-    let prepared = gone.prepare(&served.snap.dra_view());
-    let before = here(&served);
-    served
-        .snap
-        .store_dra_record(gone, prepared.as_ref())
-        .unwrap();
-    assert_eq!(here(&served), before, "nothing counted under the lock");
+    assert_eq!(
+        served.seen_as_the_watcher(gone),
+        0,
+        "nothing counted under the lock"
+    );
     let r = served.send(R::pod("CREATE", claim_pod("after", "b200", "own-b200")).build());
     assert!(r.allowed, "{}", message(&r));
     assert_eq!(card_name_written(&r), None);
