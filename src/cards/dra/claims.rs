@@ -92,6 +92,13 @@ pub struct ClaimSpec {
     pub requests: Vec<DeviceRequest>,
 }
 
+impl ClaimSpec {
+    /// Every way of every request.
+    pub fn options(&self) -> impl Iterator<Item = &Subrequest> {
+        self.requests.iter().flat_map(|r| &r.options)
+    }
+}
+
 /// Parses a ResourceClaim's `spec` (a template's `spec.spec`); `object` names the
 /// object in errors (`ResourceClaim ml/c1`).
 pub fn claim_spec(spec: &Value, object: &str) -> Result<ClaimSpec, DraError> {

@@ -226,7 +226,7 @@ impl DraView {
     /// `DraObjects::remember`) against every card device of the view.
     pub fn prepare(&self, spec: &ClaimSpec) -> Prepared {
         let mut counted = BTreeMap::new();
-        for o in spec.requests.iter().flat_map(|r| &r.options) {
+        for o in spec.options() {
             let class = self
                 .classes
                 .get(&o.class)
@@ -624,12 +624,7 @@ impl DraObjects {
     /// claims are read again without counting anything under the lock.
     fn remember(&mut self, spec: &Result<ClaimSpec, DraError>, prepared: Option<&Counts>) {
         let Ok(spec) = spec else { return };
-        let options: Vec<Subrequest> = spec
-            .requests
-            .iter()
-            .flat_map(|r| &r.options)
-            .cloned()
-            .collect();
+        let options: Vec<Subrequest> = spec.options().cloned().collect();
         for o in &options {
             let class = self.class_selectors(&o.class).to_vec();
             let counted = prepared.and_then(|p| p.get(&key_of(o)));
@@ -658,7 +653,7 @@ impl DraObjects {
 
     fn forget(&mut self, spec: &Result<ClaimSpec, DraError>) {
         let Ok(spec) = spec else { return };
-        for o in spec.requests.iter().flat_map(|r| &r.options) {
+        for o in spec.options() {
             self.matches.release(o);
         }
     }
@@ -768,9 +763,7 @@ impl DraObjects {
         let ids: BTreeSet<&DeviceId> = gone.iter().chain(came).map(|d| &d.id).collect();
         let uses_changed = |spec: &Result<ClaimSpec, DraError>| {
             spec.as_ref().is_ok_and(|s| {
-                s.requests
-                    .iter()
-                    .flat_map(|r| &r.options)
+                s.options()
                     .any(|o| flipped.contains(&o.class) || keys.contains(&key_of(o)))
             })
         };
