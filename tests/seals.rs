@@ -333,3 +333,79 @@ fn a_seal_of_another_change_not_seen_yet_is_not_overwritten() {
     let ledger = snap.ledger(&q).ledger.clone();
     assert!(in_the_way(&snap, &ledger, &q, new).is_none());
 }
+
+/// A refused Queue write's seals are taken back only where they still stand: a ledger
+/// whose seal another change replaced since is not written (nothing of this write is
+/// left in it), one that still holds it is written with the seal it replaced put back.
+#[tokio::test]
+async fn a_take_back_writes_only_ledgers_that_still_hold_its_seals() {
+    use card_quota::ledger::seal::Seal;
+    use card_quota::live::seals::{take_back, Placed};
+    use card_quota::live::LedgerApi;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use std::sync::Mutex;
+
+    let q = QueueName::new("q");
+    let seal = |by: &str, version| Seal {
+        by: by.to_string(),
+        version,
+        at: jiff::Timestamp::now(),
+        cause: SealCause::default(),
+    };
+    let (ours, before, since) = (seal("q", 10), seal("root", 4), seal("root", 12));
+    let placed = || {
+        vec![Placed {
+            ledger: q.clone(),
+            seals: vec![(q.clone(), ours.clone(), Some(before.clone()))],
+        }]
+    };
+    let with_seal = |s: &Seal| {
+        let mut snap = snapshot(&[queue("q", "", r#"{"RTX-4090":4}"#, "10")]);
+        let mut l = Ledger::default();
+        l.seal(&q, s.clone());
+        store(&mut snap, &q, l);
+        Mutex::new(snap)
+    };
+    let next_write = |mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>| async move {
+        tokio::time::timeout(Duration::from_millis(300), handle.next_request())
+            .await
+            .ok()
+            .flatten()
+            .map(|(r, _)| (r.method().to_string(), r.into_body()))
+    };
+
+    // Replaced since by another change: nothing to take back, nothing written.
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let api = LedgerApi::new(kube::Client::new(svc, "default"), "card-quota");
+    let snap = with_seal(&since);
+    let written = tokio::spawn(next_write(handle));
+    take_back(&api, &snap, placed(), |_| {}).await;
+    assert!(
+        written.await.unwrap().is_none(),
+        "a ledger whose seal was replaced since is not written"
+    );
+    let l = snap.lock().unwrap().ledger(&q).ledger.clone();
+    assert_eq!(l.seals().get("q"), Some(&since), "the later seal stays");
+
+    // Still ours: written with the seal ours replaced put back (the write is answered
+    // with an error here: best effort, the seal then lifts by time).
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let api = LedgerApi::new(kube::Client::new(svc, "default"), "card-quota");
+    let snap = with_seal(&ours);
+    let written = tokio::spawn(next_write(handle));
+    take_back(&api, &snap, placed(), |_| {}).await;
+    let (method, body) = written.await.unwrap().expect("the ledger is written");
+    assert_eq!(method, "PUT");
+    let cm: Value = serde_json::from_slice(
+        &http_body_util::BodyExt::collect(body)
+            .await
+            .unwrap()
+            .to_bytes(),
+    )
+    .unwrap();
+    let text = cm["data"]["ledger"].as_str().unwrap();
+    let l: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(l["seals"]["q"]["by"], "root", "{text}");
+    assert_eq!(l["seals"]["q"]["version"], 4, "{text}");
+}

@@ -87,7 +87,7 @@ pub async fn seal_ledgers(
                 r.push((q.clone(), s.clone(), l.seals().get(q.as_str()).cloned()));
                 l.seal(q, s.clone());
             }
-            Ok(())
+            Ok(Write::Changed)
         })
         .await?;
         placed.push(Placed {
@@ -107,7 +107,7 @@ pub async fn seal_ledgers(
             snapshot,
             &ledger,
             &store,
-            |l| -> Result<(), SealError> {
+            |l| -> Result<Write, SealError> {
                 for (q, from) in &moved {
                     let version = sealed_at.get(from).copied().unwrap_or(u64::MAX);
                     l.mark_inbound(
@@ -118,7 +118,7 @@ pub async fn seal_ledgers(
                         },
                     );
                 }
-                Ok(())
+                Ok(Write::Changed)
             },
         )
         .await?;
@@ -139,10 +139,14 @@ pub async fn take_back(
 ) {
     for p in placed {
         let taken = update(api, snapshot, &p.ledger, &store, |l| {
+            // Each seal here is this write's own (its time and change are unique): a
+            // ledger read without one of them, however late the read, will never have
+            // it again, so there is nothing to take back and nothing to write.
+            let mut took = false;
             for (q, ours, before) in &p.seals {
-                l.take_back_seal(q, ours, before.as_ref());
+                took |= l.take_back_seal(q, ours, before.as_ref());
             }
-            Ok(())
+            Ok(if took { Write::Changed } else { Write::Nothing })
         })
         .await;
         if let Err(e) = taken {
@@ -196,18 +200,28 @@ pub async fn moves_wait(
 /// Changes `ledger` by `change` with compare-and-swap, read again (and changed again)
 /// on a conflict; the resourceVersion it was stored at. `change` may refuse the ledger
 /// it is given.
+/// What a change made of the ledger it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Changed,
+    /// Nothing to write (only a change that can tell it from any later read says so).
+    Nothing,
+}
+
 async fn update(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
     ledger: &QueueName,
     store: &impl Fn(LedgerRecord),
-    change: impl Fn(&mut crate::ledger::Ledger) -> Result<(), SealError>,
+    change: impl Fn(&mut crate::ledger::Ledger) -> Result<Write, SealError>,
 ) -> Result<Option<String>, SealError> {
     let mut rec = (*locked(snapshot).ledger(ledger)).clone();
     let mut attempt = 0;
     loop {
         let mut next = rec.ledger.clone();
-        change(&mut next)?;
+        if change(&mut next)? == Write::Nothing {
+            return Ok(rec.resource_version);
+        }
         match api
             .write(ledger, rec.resource_version.as_deref(), &next.render())
             .await
