@@ -8,7 +8,9 @@
 # BURST_PODS (2000), BURST_CONCURRENCY (16), BURST_ROUNDS (2). BURST_NO_CARDS=1 adds a
 # case of pods without cards behind card-quota (the webhook calls' own cost);
 # BURST_NO_HOLDS=1 runs card-quota with --no-holds. BURST_FLOOR=1 adds a case behind examples/floor_webhook.rs, which answers with the
-# patch the contract requires and decides nothing (the least any implementation costs). With 2 replicas the
+# patch the contract requires and decides nothing (the least any implementation costs);
+# BURST_FLOOR_WATCH=1 has that floor also watch every pod of the cluster and keep its
+# record (a diagnostic: what knowing usage costs, apart from deciding and recording). With 2 replicas the
 # API server reaches them (and as many floor webhooks) through a per-connection round-robin
 # (examples/rr_proxy.rs), as through a Service, and each replica sends a charge to the replica that owns its queue
 # (--peer-routing; BURST_ROUTING=0: each records its own). Quotas are ample: every pod should be admitted. Prints pods/s per
@@ -100,7 +102,8 @@ if [ -n "${BURST_FLOOR:-}" ]; then
   FLOOR_PORT=$((PORT + 50)); floors=()
   for i in $(seq 1 "$REPLICAS"); do
     fp=$((FLOOR_PORT + i)); floors+=("$fp")
-    "$EXAMPLES/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" > "$WORK/floor-$i.log" 2>&1 &
+    KUBECONFIG="$WORK/card-quota.kubeconfig" "$EXAMPLES/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" \
+      ${BURST_FLOOR_WATCH:+--watch-pods} > "$WORK/floor-$i.log" 2>&1 &
     PIDS+=($!)
   done
   if [ "$REPLICAS" = 1 ]; then FLOOR_PORT=${floors[0]}; else

@@ -6,6 +6,11 @@
 //! contract costs it per pod; card-quota's own cost is what it adds on top.
 //!
 //!   cargo run --release --example floor_webhook -- --cert-dir DIR --listen 127.0.0.1:19600
+//!
+//! `--watch-pods` (a diagnostic, not the floor the burst compares with by default) also
+//! watches every pod of the cluster (`$KUBECONFIG`) and keeps each one's record, as
+//! card-quota's own watcher reads them, deciding nothing with them: what knowing the
+//! cluster's usage costs any implementation, apart from deciding and recording.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,6 +36,44 @@ struct Args {
     /// The node label a model is discovered from.
     #[arg(long, default_value = "nvidia.com/gpu.product")]
     product_label: String,
+    /// Also watch every pod of the cluster and keep its record (see the module doc).
+    #[arg(long)]
+    watch_pods: bool,
+}
+
+/// Every pod of the cluster, watched and kept as its record until it goes.
+async fn watch_pods() -> anyhow::Result<()> {
+    use card_quota::cards::{CardResources, ObjectKey};
+    use card_quota::cluster::pod_parts::PodParts;
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let api = kube::Api::<PodParts>::all(kube::Client::try_default().await?);
+    let mut pods = std::collections::HashMap::new();
+    let key = |p: &PodParts| {
+        ObjectKey::new(
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+        )
+    };
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
+                match p.record("", CardResources::defaults(), 0) {
+                    Ok(r) => pods.insert(key(&p), r),
+                    Err(_) => pods.remove(&key(&p)),
+                };
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                pods.remove(&key(&p));
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Err(e) => eprintln!("pod watch: {e}"),
+        }
+    }
+    Ok(())
 }
 
 /// JSON Pointer escaping of one path segment.
@@ -94,6 +137,13 @@ async fn main() -> anyhow::Result<()> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls::server_config(resolver, None)?);
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let label: Arc<str> = args.product_label.into();
+    if args.watch_pods {
+        tokio::spawn(async {
+            if let Err(e) = watch_pods().await {
+                eprintln!("pod watch: {e}");
+            }
+        });
+    }
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,
