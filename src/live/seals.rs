@@ -197,9 +197,6 @@ pub async fn moves_wait(
     Ok(())
 }
 
-/// Changes `ledger` by `change` with compare-and-swap, read again (and changed again)
-/// on a conflict; the resourceVersion it was stored at. `change` may refuse the ledger
-/// it is given.
 /// What a change made of the ledger it was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Write {
@@ -208,6 +205,9 @@ enum Write {
     Nothing,
 }
 
+/// Changes `ledger` by `change` with compare-and-swap, read again (and changed again)
+/// on a conflict; the resourceVersion it was stored at (the one read, when `change`
+/// finds nothing to write). `change` may refuse the ledger it is given.
 async fn update(
     api: &LedgerApi,
     snapshot: &Mutex<Snapshot>,
