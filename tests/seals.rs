@@ -367,35 +367,38 @@ async fn a_take_back_writes_only_ledgers_that_still_hold_its_seals() {
         store(&mut snap, &q, l);
         Mutex::new(snap)
     };
-    let next_write = |mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>| async move {
-        tokio::time::timeout(Duration::from_millis(300), handle.next_request())
-            .await
-            .ok()
-            .flatten()
-            .map(|(r, _)| (r.method().to_string(), r.into_body()))
+    // Takes `placed()` back over a ledger holding `s`, through a scripted API server:
+    // the ledger as the snapshot then holds it, and the write sent within 300 ms (if any).
+    let take_back_over = |s: &Seal| {
+        let (snap, placed, q) = (with_seal(s), placed(), q.clone());
+        async move {
+            let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+            let api = LedgerApi::new(kube::Client::new(svc, "default"), "card-quota");
+            let written = tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_millis(300), handle.next_request())
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|(r, _)| (r.method().to_string(), r.into_body()))
+            });
+            take_back(&api, &snap, placed, |_| {}).await;
+            let ledger = snap.lock().unwrap().ledger(&q).ledger.clone();
+            (ledger, written.await.unwrap())
+        }
     };
 
     // Replaced since by another change: nothing to take back, nothing written.
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let api = LedgerApi::new(kube::Client::new(svc, "default"), "card-quota");
-    let snap = with_seal(&since);
-    let written = tokio::spawn(next_write(handle));
-    take_back(&api, &snap, placed(), |_| {}).await;
+    let (l, written) = take_back_over(&since).await;
     assert!(
-        written.await.unwrap().is_none(),
+        written.is_none(),
         "a ledger whose seal was replaced since is not written"
     );
-    let l = snap.lock().unwrap().ledger(&q).ledger.clone();
     assert_eq!(l.seals().get("q"), Some(&since), "the later seal stays");
 
     // Still ours: written with the seal ours replaced put back (the write is answered
     // with an error here: best effort, the seal then lifts by time).
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let api = LedgerApi::new(kube::Client::new(svc, "default"), "card-quota");
-    let snap = with_seal(&ours);
-    let written = tokio::spawn(next_write(handle));
-    take_back(&api, &snap, placed(), |_| {}).await;
-    let (method, body) = written.await.unwrap().expect("the ledger is written");
+    let (_, written) = take_back_over(&ours).await;
+    let (method, body) = written.expect("the ledger is written");
     assert_eq!(method, "PUT");
     let cm: Value = serde_json::from_slice(
         &http_body_util::BodyExt::collect(body)
