@@ -91,6 +91,14 @@ pub struct PodReads {
     old: OnceLock<Result<Box<ReadPod>, Decision>>,
 }
 
+/// The record of a pod request's object, read once (by [`read_ahead`] or now);
+/// `None` when it has none or it is not a valid Pod.
+pub fn object_record(req: &AdmissionRequest) -> Option<&PodRecord> {
+    let obj = req.object.as_ref().filter(|o| !o.is_null())?;
+    let read = req.pods.object.get_or_init(|| read(req, obj));
+    read.as_ref().ok().map(|r| &r.record)
+}
+
 /// Which of a request's objects.
 #[derive(Debug, Clone, Copy)]
 enum Side {

@@ -41,6 +41,12 @@ impl Object {
             .get_or_init(|| serde_json::from_str(self.raw.get()).unwrap_or(Value::Null))
     }
 
+    /// True once the tree was built (a pod's admission never builds it).
+    #[cfg(test)]
+    pub(crate) fn tree_built(&self) -> bool {
+        self.tree.get().is_some()
+    }
+
     /// The object read as `T`. Errors read the same as reading the tree would: the
     /// text is read again through the tree to say what is wrong.
     pub fn typed<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
