@@ -144,7 +144,7 @@ done
 cq_pods=$((PODS * ROUNDS))
 echo "ledger writes: $lw for $cq_pods card-quota pods ($(( lw * 1000 / cq_pods )) per 1,000); $held admitted under a hold without a write of their own"
 for p in "${backends[@]}"; do
-  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|rereads_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count)|forwarded_charges_total)' | sed "s/^/  replica :$p  /" || true
+  curl -s "http://127.0.0.1:$((p + 1000))/metrics" | grep -E '^card_quota_(ledger_(writes_total|rereads_total|batch_requests_(sum|count)|write_duration_seconds_(sum|count))|admission_duration_seconds_(sum|count)|admission_duration_seconds_bucket\{.*kind="pod"|forwarded_charges_total)' | sed "s/^/  replica :$p  /" || true
 done
 # Mean time the API server waited on each hook during the run, per operation and type
 # (card-quota's hooks, then the floor's under pods.floor...).
