@@ -75,6 +75,12 @@ k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-auth
 # Each replica runs as the install's ServiceAccount with the install's RBAC (e2e/lib.sh).
 e2e_install_identity "$BIN" "$SYS" "$Q"
 backends=()
+# Processes whose CPU each case is charged with (examples/burst.rs --cpu): the
+# webhooks, their proxies, and the control plane's, when they run on this host.
+CPU=()
+for p in kube-apiserver etcd kube-scheduler kube-controller; do  # (names as /proc shows them: 15 characters)
+  for pid in $(pgrep -x "$p" 2>/dev/null); do CPU+=(--cpu "$p=$pid"); done
+done
 for i in $(seq 1 "$REPLICAS"); do
   p=$((PORT + i)); backends+=("$p")
   routing=()
@@ -86,10 +92,10 @@ for i in $(seq 1 "$REPLICAS"); do
   KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client "${routing[@]}" \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
-  PIDS+=($!)
+  PIDS+=($!); CPU+=(--cpu "card-quota=$!")
 done
 if [ "$REPLICAS" = 1 ]; then URL_PORT=${backends[0]}; else
-  "$EXAMPLES/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); URL_PORT=$PORT
+  "$EXAMPLES/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); CPU+=(--cpu "proxies=$!"); URL_PORT=$PORT
 fi
 for p in "${backends[@]}"; do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((p + 1000))/readyz" >/dev/null && break; sleep 0.3; done
@@ -104,10 +110,10 @@ if [ -n "${BURST_FLOOR:-}" ]; then
     fp=$((FLOOR_PORT + i)); floors+=("$fp")
     KUBECONFIG="$WORK/card-quota.kubeconfig" "$EXAMPLES/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" \
       ${BURST_FLOOR_WATCH:+--watch-pods} > "$WORK/floor-$i.log" 2>&1 &
-    PIDS+=($!)
+    PIDS+=($!); CPU+=(--cpu "floor=$!")
   done
   if [ "$REPLICAS" = 1 ]; then FLOOR_PORT=${floors[0]}; else
-    "$EXAMPLES/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!)
+    "$EXAMPLES/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!); CPU+=(--cpu "proxies=$!")
   fi
   # Its hooks named apart (pods.floor.card-quota.volcano.sh ...) so the API server's
   # own latency metric tells the two cases apart.
@@ -123,7 +129,7 @@ hook_latency > "$WORK/hooks-before"
 rv0=$(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}')
 t0=$(date +%s)
 "$BURST_BIN" --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
-  --case "plain=$Q-plain" --case "resourcequota=$Q-rq" --case "card-quota=$Q-cq" \
+  --case "plain=$Q-plain" --case "resourcequota=$Q-rq" --case "card-quota=$Q-cq" "${CPU[@]}" \
   ${BURST_NO_CARDS:+--case "webhook-no-cards=$Q-nc"} ${BURST_FLOOR:+--case "webhook-floor=$Q-pf"} --queue "$Q"
 t1=$(date +%s)
 # Queue writes during the run: resourceVersions are not counters, so count the usage

@@ -57,6 +57,59 @@ struct Args {
     /// where counts need not be exact.)
     #[arg(long)]
     retry_server_timeouts: bool,
+    /// name=PID of a process on this host whose CPU time each case is charged with
+    /// (repeatable; processes of one name are added up). Printed per pod with the
+    /// host's busy share: on a host whose cores are all busy, pods/s follows the CPU
+    /// each pod costs.
+    #[arg(long = "cpu")]
+    cpu: Vec<String>,
+}
+
+/// CPU seconds a process has used (user + system, all its threads), from /proc.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) closed by the last ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// (busy, all) CPU seconds of the whole host so far, from /proc/stat.
+fn host_seconds() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let all: f64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4)?;
+    Some(((all - idle) / 100.0, all / 100.0))
+}
+
+/// CPU seconds so far of each named process group, then the host's busy and total.
+fn cpu_now(procs: &[(String, u32)]) -> (Vec<f64>, (f64, f64)) {
+    let mut by_name: Vec<f64> = Vec::new();
+    let names = names_of(procs);
+    by_name.resize(names.len(), 0.0);
+    for (name, pid) in procs {
+        if let (Some(i), Some(s)) = (names.iter().position(|n| n == name), cpu_seconds(*pid)) {
+            by_name[i] += s;
+        }
+    }
+    (by_name, host_seconds().unwrap_or_default())
+}
+
+fn names_of(procs: &[(String, u32)]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for (n, _) in procs {
+        if !names.contains(n) {
+            names.push(n.clone());
+        }
+    }
+    names
 }
 
 struct Outcome {
@@ -255,6 +308,26 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let procs: Vec<(String, u32)> = args
+        .cpu
+        .iter()
+        .map(|c| {
+            let (name, pid) = c
+                .split_once('=')
+                .and_then(|(n, p)| Some((n.to_string(), p.parse().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--cpu {c:?}: expected name=PID"))?;
+            Ok((name, pid))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let procs = match procs.is_empty() {
+        true => procs,
+        // This client's own share too.
+        false => [procs, vec![("burst".to_string(), std::process::id())]].concat(),
+    };
+    // Per case: each round's CPU milliseconds per pod of every named process, and the
+    // host's busy share.
+    let mut cpu: Vec<Vec<Vec<f64>>> = vec![Vec::new(); cases.len()];
+    let mut busy: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     let mut p99s: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
@@ -265,7 +338,22 @@ async fn main() -> anyhow::Result<()> {
     println!("round  case            pods/s  admitted  refused  errors  seconds  p50 ms  p99 ms");
     for round in 1..=args.rounds {
         for (i, (label, api)) in cases.iter().enumerate() {
+            let before = cpu_now(&procs);
             let o = burst(api, &args, label != "webhook-no-cards").await;
+            let after = cpu_now(&procs);
+            let pods = (o.admitted + o.refused + o.errors).max(1) as f64;
+            cpu[i].push(
+                after
+                    .0
+                    .iter()
+                    .zip(&before.0)
+                    .map(|(a, b)| 1000.0 * (a - b) / pods)
+                    .collect(),
+            );
+            let all = after.1 .1 - before.1 .1;
+            if all > 0.0 {
+                busy[i].push((after.1 .0 - before.1 .0) / all);
+            }
             let rate = (o.admitted + o.refused) as f64 / o.seconds;
             rates[i].push(rate);
             p50s[i].push(o.p50_ms);
@@ -301,5 +389,62 @@ async fn main() -> anyhow::Result<()> {
             median(p99s[i].clone())
         );
     }
+    if !procs.is_empty() {
+        let names = names_of(&procs);
+        println!("CPU per pod during each case (ms, median of rounds), and how busy the host was:");
+        println!(
+            "  {:<14} {}  host busy",
+            "case",
+            names
+                .iter()
+                .map(|n| format!("{n:>14}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        for (i, (label, _)) in cases.iter().enumerate() {
+            let per: Vec<String> = (0..names.len())
+                .map(|j| format!("{:>14.3}", median(cpu[i].iter().map(|r| r[j]).collect())))
+                .collect();
+            println!(
+                "  {label:<14} {}  {:>8.0}%",
+                per.join(" "),
+                100.0 * median(busy[i].clone())
+            );
+        }
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_cpu_time_is_read_from_proc_and_grows_with_work() {
+        let me = std::process::id();
+        let before = cpu_seconds(me).expect("this process's /proc stat reads");
+        let start = Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < Duration::from_millis(300) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let after = cpu_seconds(me).expect("reads again");
+        assert!(
+            after - before >= 0.1,
+            "{before} -> {after} after 0.3 s of work"
+        );
+        let (busy, all) = host_seconds().expect("/proc/stat reads");
+        assert!(busy > 0.0 && busy <= all, "{busy} of {all}");
+        assert!(cpu_seconds(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn processes_of_one_name_are_added_up_in_the_order_first_named() {
+        let procs = [
+            ("card-quota".to_string(), 1),
+            ("floor".to_string(), 2),
+            ("card-quota".to_string(), 3),
+        ];
+        assert_eq!(names_of(&procs), ["card-quota", "floor"]);
+    }
 }
