@@ -15,8 +15,10 @@
 # (examples/rr_proxy.rs), as through a Service, and each replica sends a charge to the replica that owns its queue
 # (--peer-routing; BURST_ROUTING=0: each records its own). Quotas are ample: every pod should be admitted. Prints pods/s per
 # case and round with each case's p50 and p99 creation latency, the medians, the
-# ledger writes per 1,000 pods, how many times the Queue object was written, and the API
-# server's mean wait per call of each hook (card-quota's and the floor's).
+# ledger writes per 1,000 pods, how many times the Queue object was written, the API
+# server's mean wait per call of each hook (card-quota's and the floor's), and the CPU
+# each process on this host spent per pod in each case (on a host whose cores are all
+# busy, pods/s follows it).
 set -euo pipefail
 BIN=${1:-target/release/card-quota}
 REPLICAS=${2:-1}
