@@ -72,6 +72,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     let rest = stat.get(stat.rfind(')')? + 2..)?;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // /proc counts in USER_HZ, 100 on Linux.
     Some(ticks / 100.0)
 }
 
@@ -95,8 +96,10 @@ fn cpu_now(procs: &[(String, u32)]) -> (Vec<f64>, (f64, f64)) {
     let names = names_of(procs);
     by_name.resize(names.len(), 0.0);
     for (name, pid) in procs {
-        if let (Some(i), Some(s)) = (names.iter().position(|n| n == name), cpu_seconds(*pid)) {
-            by_name[i] += s;
+        match (names.iter().position(|n| n == name), cpu_seconds(*pid)) {
+            (Some(i), Some(s)) => by_name[i] += s,
+            // Its share would read as nothing: say so rather than print a low number.
+            _ => eprintln!("--cpu {name}={pid}: /proc/{pid}/stat cannot be read (process gone?)"),
         }
     }
     (by_name, host_seconds().unwrap_or_default())
