@@ -90,11 +90,10 @@ fn host_seconds() -> Option<(f64, f64)> {
     Some(((all - idle) / 100.0, all / 100.0))
 }
 
-/// CPU seconds so far of each named process group, then the host's busy and total.
-fn cpu_now(procs: &[(String, u32)]) -> (Vec<f64>, (f64, f64)) {
-    let mut by_name: Vec<f64> = Vec::new();
-    let names = names_of(procs);
-    by_name.resize(names.len(), 0.0);
+/// CPU seconds so far of each of `names` (the processes of `procs` added up by name,
+/// [`names_of`]), then the host's busy and total.
+fn cpu_now(procs: &[(String, u32)], names: &[String]) -> (Vec<f64>, (f64, f64)) {
+    let mut by_name = vec![0.0; names.len()];
     for (name, pid) in procs {
         match (names.iter().position(|n| n == name), cpu_seconds(*pid)) {
             (Some(i), Some(s)) => by_name[i] += s,
@@ -327,6 +326,7 @@ async fn main() -> anyhow::Result<()> {
         // This client's own share too.
         false => [procs, vec![("burst".to_string(), std::process::id())]].concat(),
     };
+    let names = names_of(&procs);
     // Per case: each round's CPU milliseconds per pod of every named process, and the
     // host's busy share.
     let mut cpu: Vec<Vec<Vec<f64>>> = vec![Vec::new(); cases.len()];
@@ -341,9 +341,9 @@ async fn main() -> anyhow::Result<()> {
     println!("round  case            pods/s  admitted  refused  errors  seconds  p50 ms  p99 ms");
     for round in 1..=args.rounds {
         for (i, (label, api)) in cases.iter().enumerate() {
-            let before = cpu_now(&procs);
+            let before = cpu_now(&procs, &names);
             let o = burst(api, &args, label != "webhook-no-cards").await;
-            let after = cpu_now(&procs);
+            let after = cpu_now(&procs, &names);
             let pods = (o.admitted + o.refused + o.errors).max(1) as f64;
             cpu[i].push(
                 after
@@ -393,7 +393,6 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     if !procs.is_empty() {
-        let names = names_of(&procs);
         println!("CPU per pod during each case (ms, median of rounds), and how busy the host was:");
         println!(
             "  {:<14} {}  host busy",
