@@ -6,7 +6,10 @@
 # longer than the 30 s it once took a silent watch for current: it must never admit it.
 # It answers "try again", lists again through a new connection, then refuses with the
 # quota's message. Then a queue's quota is cut from 8 to 2 through A while B's Queue
-# watch stays frozen: B must never admit more than 2 (issue 57 #1).
+# watch stays frozen: B must never admit more than 2 (issue 57 #1). Then replica C,
+# whose ResourceClaim watch alone is frozen (a proxy that reads requests), is asked to
+# admit a claim's allocation past a quota an allocation through A filled: it must never
+# admit it (R2 for claims).
 #
 #   KUBECONFIG=<kubeconfig> e2e/stall.sh [path/to/card-quota]
 #
@@ -41,18 +44,22 @@ wait_for() { local t=$1; shift; local end=$(( $(date +%s) + t )); while ! "$@" >
 export -f k
 
 ROOT_WAS=
+CLASS_WAS=
 cleanup() {
   case "$ROOT_WAS" in
     1) k annotate queue root volcano.sh/card.quota- >/dev/null 2>&1 ;;
     0) k delete queue root --ignore-not-found >/dev/null 2>&1 ;;
   esac
-  k delete queue "$Q-burst" "$Q-cut" --ignore-not-found >/dev/null 2>&1
+  k delete queue "$Q-burst" "$Q-cut" "$Q-dra" --ignore-not-found >/dev/null 2>&1
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1
   k delete namespace "$NS" "$SYS" --wait=false --ignore-not-found >/dev/null 2>&1
   k delete queue "$Q" --ignore-not-found >/dev/null 2>&1
   k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
+  k delete node "$Q-dra" --ignore-not-found >/dev/null 2>&1
+  k delete resourceslice "$Q-dra-gpu" --ignore-not-found >/dev/null 2>&1
+  [ "$CLASS_WAS" = 0 ] && k delete deviceclass gpu.nvidia.com --ignore-not-found >/dev/null 2>&1
   e2e_remove_identity "$Q"
   if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
 }
@@ -157,6 +164,122 @@ done
 log "B after the cut ($n asks): $allowed admitted, $retry 'try again' (last: ${again:-none}), $refused refused (last: ${last:-none})"
 check "B, whose Queue watch still shows 8, admits at most the new quota of 2 ($allowed)" [ "$allowed" -le 2 ]
 check "... and refuses the rest with the cut quota's message" grep -q "queue $QC has insufficient NVIDIA-H200 quota: requested 1, in use 2 .*quota 2" <<<"${last:-}"
+
+# ---- a replica whose ResourceClaim watch alone stalls (issue 57 #2, R2 for claims):
+# replica C reaches the API server through a proxy that ends TLS, reads each request and
+# freezes only C's watch of ResourceClaims; its pod, PodGroup and Queue watches run. Two
+# claim pods wait in a queue whose quota is then cut to one H200. The first's claim is
+# allocated through A after the freeze (C's cache shows it unallocated), and A prunes
+# that charge from its ledger once its own claim cache shows it. C, asked to admit the
+# second claim's allocation, must never admit it: it answers "try again" (its claims
+# are behind the ledger's watermark), lists the claims again through a new connection,
+# and refuses with the quota's message.
+QD=$Q-dra
+DRA_NODE=$Q-dra
+k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$DRA_NODE"}}
+EOF
+k get --raw "/api/v1/nodes/$DRA_NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+  | k replace --raw "/api/v1/nodes/$DRA_NODE/status" -f - >/dev/null
+k create -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: $DRA_NODE-gpu}
+spec:
+  driver: gpu.nvidia.com
+  nodeName: $DRA_NODE
+  pool: {name: $DRA_NODE, generation: 1, resourceSliceCount: 1}
+  devices:
+  - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+  - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+EOF
+if k get deviceclass gpu.nvidia.com >/dev/null 2>&1; then CLASS_WAS=1; else CLASS_WAS=0; fi
+k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.nvidia.com}
+spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: $NS}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+EOF
+printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","annotations":{"volcano.sh/card.quota":"{\\"NVIDIA-H200\\":2}"}},"spec":{"weight":1}}' "$QD" | k apply -f - >/dev/null
+PORT_C=$((PORT_A + 3))
+CLAIM_PROXY=$((PORT_A + 4))
+k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/apiserver-ca.crt"
+python3 "$HERE/freeze_proxy.py" "$CLAIM_PROXY" "${hostport%:*}" "${hostport##*:}" --tls "$WORK/certs/tls.crt" "$WORK/certs/tls.key" \
+  --upstream-ca "$WORK/apiserver-ca.crt" --only /resourceclaims > "$WORK/claim-proxy.log" 2>&1 &
+CLAIM_PROXY_PID=$!
+PIDS+=($CLAIM_PROXY_PID)
+wait_for 20 grep -q "listening on" "$WORK/claim-proxy.log" || { echo "the claim-freezing proxy never listened"; cat "$WORK/claim-proxy.log"; exit 100; }
+jq --arg s "https://127.0.0.1:$CLAIM_PROXY" --arg ca "$(base64 -w0 < "$WORK/certs/ca.crt")" \
+  '.clusters[0].cluster.server = $s | .clusters[0].cluster["certificate-authority-data"] = $ca' "$WORK/card-quota.kubeconfig" > "$WORK/c.kubeconfig"
+serve c "$PORT_C" "$WORK/c.kubeconfig"
+dra_pod() { # name
+  printf '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"%s","namespace":"%s","annotations":{"scheduling.volcano.sh/queue-name":"%s"}},"spec":{"schedulerName":"hand-%s","containers":[{"name":"c","image":"registry.k8s.io/pause:3.9","resources":{"claims":[{"name":"gpu"}]}}],"resourceClaims":[{"name":"gpu","resourceClaimTemplateName":"one-gpu"}]}}' "$1" "$NS" "$QD" "$RUN"
+}
+claim_of() { kubectl -n "$NS" get pod "$1" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}' 2>/dev/null; }
+export -f claim_of
+export NS
+for d in d1 d2; do dra_pod "$d" | k create -f - >/dev/null; done
+check "two claim pods are admitted through A under the queue's quota of 2, their claims made" \
+  wait_for 30 bash -c '[ -n "$(claim_of d1)" ] && [ -n "$(claim_of d2)" ]'
+CLAIM1=$(claim_of d1) CLAIM2=$(claim_of d2)
+allocated() { # pod claim device -> the claim as a scheduler's allocation writes it
+  local uid; uid=$(k -n "$NS" get pod "$1" -o jsonpath='{.metadata.uid}')
+  k -n "$NS" get resourceclaim "$2" -o json | jq --arg n "$DRA_NODE" --arg d "$3" --arg pod "$1" --arg uid "$uid" \
+    '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: $d}]},
+       nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
+     reservedFor: [{resource: "pods", name: $pod, uid: $uid}]}'
+}
+sleep 1
+out=$(k annotate queue "$QD" --overwrite 'volcano.sh/card.quota={"NVIDIA-H200":1}' 2>&1)
+log "quota of $QD cut from 2 to 1 through A: $out"
+sleep 2
+kill -USR1 "$CLAIM_PROXY_PID"
+sleep 1
+check "replica C's ResourceClaim watch alone is frozen ($(grep froze "$WORK/claim-proxy.log" | tail -n 1))" \
+  grep -Eq "froze 1 connection\(s\) of [0-9]+: /apis/resource.k8s.io/v1/resourceclaims$" "$WORK/claim-proxy.log"
+# The first claim's allocation, through the API server (A's Fail hook); the claim
+# controller may write the claim meanwhile: retry a conflict.
+for try in 1 2 3 4 5 6 7 8; do
+  allocated d1 "$CLAIM1" gpu-0 > "$WORK/claim1.json"
+  k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$CLAIM1/status" -f "$WORK/claim1.json" >/dev/null 2>"$WORK/claim1.err" && break
+  grep -q "the object has been modified" "$WORK/claim1.err" || break
+  sleep 0.3
+done
+check "the first claim's allocation is admitted through A (the queue's one H200)" [ ! -s "$WORK/claim1.err" ]
+claim_rv=$(k -n "$NS" get resourceclaim "$CLAIM1" -o jsonpath='{.metadata.resourceVersion}')
+dra_settled() {
+  local l; l=$(k -n "$SYS" get cm "card-quota-ledger.$QD" -o jsonpath='{.data.ledger}' 2>/dev/null)
+  [ -n "$l" ] && jq -e --argjson rv "$claim_rv" '(.entries // {} | length) == 0 and (.holds // {} | length) == 0 and (.watermark.claims // 0) >= $rv' <<<"$l" >/dev/null
+}
+check "... and A prunes that charge from its ledger, raising the watermark's claims mark past the allocation" wait_for 30 dra_settled
+log "ledger of $QD: $(k -n "$SYS" get cm "card-quota-ledger.$QD" -o jsonpath='{.data.ledger}'); the allocation at resourceVersion $claim_rv"
+allowed=0 retry=0 refused=0 n=0 last=
+end=$(( $(date +%s) + 15 ))
+while [ "$(date +%s)" -lt $end ]; do
+  n=$((n + 1))
+  out=$(jq -n --slurpfile new <(allocated d2 "$CLAIM2" gpu-1) --slurpfile old <(k -n "$NS" get resourceclaim "$CLAIM2" -o json) --arg uid "alloc-$n-$RANDOM" \
+    '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
+      request: {uid: $uid, kind: {group: "resource.k8s.io", version: "v1", kind: "ResourceClaim"},
+        resource: {group: "resource.k8s.io", version: "v1", resource: "resourceclaims"}, subResource: "status",
+        name: $old[0].metadata.name, namespace: $old[0].metadata.namespace, operation: "UPDATE",
+        userInfo: {username: "system:kube-scheduler"}, object: $new[0], oldObject: $old[0]}}' \
+    | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_C/validate")
+  case "$(jq -r '.response.allowed' <<<"$out")" in
+    true) allowed=$((allowed + 1)); log "C admitted the second allocation: $out" ;;
+    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1))
+       else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
+  esac
+  sleep 1
+done
+log "C over 15 s, its claim watch frozen: $allowed admitted, $retry 'try again', $refused refused (last: ${last:-none})"
+check "C never admits the second claim's allocation past the cut quota of 1 ($n asks over 15 s)" [ "$allowed" = 0 ]
+check "... it lists the ResourceClaims again through a new connection" grep -q 'listing again.*stream=Claims' "$WORK/c.log"
+check "... and then refuses with the quota's message" grep -q "queue $QD has insufficient NVIDIA-H200 quota" <<<"${last:-}"
 
 # ---- a root card budget given mid-burst (issue 46 #3): the queue's charges in flight,
 # recorded under its own ledger, count in the tree's ledger that takes over ----------------
