@@ -4,13 +4,14 @@ stops moving bytes (both ways) but stays open, as a watch through a hung load ba
 does; connections made afterwards pass. SIGUSR2 lets the stalled ones go again.
 
     e2e/freeze_proxy.py LISTEN_PORT TARGET_HOST TARGET_PORT
-        [--tls CERT KEY --upstream-ca CA [--only TEXT]]
+        [--tls CERT KEY --upstream-ca CA [--only TEXT]...]
 
 Plain, it moves TCP bytes and cannot tell one request from another. With --tls it ends
 the client's TLS (HTTP/1.1, served with CERT and KEY), opens its own to the target
 (verified with CA) and reads each request's first line; --only TEXT then freezes only
 the connections whose latest request is a watch (`watch=true`) whose path contains
-TEXT: one kind's watch stalls while every other request of the same client goes on.
+TEXT (one of them, when given again): one kind's watch stalls while every other
+request of the same client goes on.
 """
 import argparse
 import asyncio
@@ -30,7 +31,7 @@ class Conn:
 
 conns = {}
 next_id = 0
-only = None
+only = []  # the texts of --only (empty: every connection stalls)
 
 
 async def pump(reader, writer, conn, requests):
@@ -76,9 +77,10 @@ async def handle(client_r, client_w, host, port, upstream_tls):
 
 
 def stalls(conn):
-    if only is None:
+    if not only:
         return True
-    return only in conn.path and (b"watch=true" in conn.path or b"watch=1" in conn.path)
+    watch = b"watch=true" in conn.path or b"watch=1" in conn.path
+    return watch and any(text in conn.path for text in only)
 
 
 def freeze():
@@ -103,13 +105,13 @@ async def main():
     ap.add_argument("port", type=int)
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--upstream-ca")
-    ap.add_argument("--only")
+    ap.add_argument("--only", action="append", default=[])
     args = ap.parse_args()
-    if args.only is not None and args.tls is None:
+    if args.only and args.tls is None:
         ap.error("--only reads requests: it needs --tls")
     if (args.tls is None) != (args.upstream_ca is None):
         ap.error("--tls and --upstream-ca go together")
-    only = args.only.encode() if args.only is not None else None
+    only = [text.encode() for text in args.only]
     serve_tls = upstream_tls = None
     if args.tls:
         serve_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

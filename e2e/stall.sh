@@ -9,7 +9,8 @@
 # watch stays frozen: B must never admit more than 2 (issue 57 #1). Then replica C,
 # whose ResourceClaim watch alone is frozen (a proxy that reads requests), is asked to
 # admit a claim's allocation past a quota an allocation through A filled: it must never
-# admit it (R2 for claims).
+# admit it (R2 for claims). Last, replica D's Node and ResourceSlice watches freeze while
+# a node joins: an allocation onto its device is "try again" at D, never admitted.
 #
 #   KUBECONFIG=<kubeconfig> e2e/stall.sh [path/to/card-quota]
 #
@@ -58,7 +59,8 @@ cleanup() {
   k delete queue "$Q" --ignore-not-found >/dev/null 2>&1
   k delete node "$NODE" --ignore-not-found >/dev/null 2>&1
   k delete node "$Q-dra" --ignore-not-found >/dev/null 2>&1
-  k delete resourceslice "$Q-dra-gpu" --ignore-not-found >/dev/null 2>&1
+  k delete node "$Q-join" --ignore-not-found >/dev/null 2>&1
+  k delete resourceslice "$Q-dra-gpu" "$Q-join-gpu" --ignore-not-found >/dev/null 2>&1
   [ "$CLASS_WAS" = 0 ] && k delete deviceclass gpu.nvidia.com --ignore-not-found >/dev/null 2>&1
   e2e_remove_identity "$Q"
   if [ -z "${E2E_KEEP:-}" ]; then rm -rf "$WORK"; else echo "logs kept in $WORK"; fi
@@ -280,6 +282,71 @@ log "C over 15 s, its claim watch frozen: $allowed admitted, $retry 'try again',
 check "C never admits the second claim's allocation past the cut quota of 1 ($n asks over 15 s)" [ "$allowed" = 0 ]
 check "... it lists the ResourceClaims again through a new connection" grep -q 'listing again.*stream=Claims' "$WORK/c.log"
 check "... and then refuses with the quota's message" grep -q "queue $QD has insufficient NVIDIA-H200 quota" <<<"${last:-}"
+
+# ---- a node that joins while a replica's Node and ResourceSlice watches stall (R2 for
+# nodes and slices): replica D's watches of both are frozen; a node joins with H200s in
+# its slice; an allocation onto one of them, for the queue cut to one H200 and full, is
+# asked of D. D cannot tell the device's model, so it never admits it (an allocation it
+# read as no cards was once admitted charging nothing): "try again" until its watches
+# show the node, then the quota's refusal.
+PORT_D=$((PORT_A + 5))
+NODE_PROXY=$((PORT_A + 6))
+python3 "$HERE/freeze_proxy.py" "$NODE_PROXY" "${hostport%:*}" "${hostport##*:}" --tls "$WORK/certs/tls.crt" "$WORK/certs/tls.key" \
+  --upstream-ca "$WORK/apiserver-ca.crt" --only /nodes --only /resourceslices > "$WORK/node-proxy.log" 2>&1 &
+NODE_PROXY_PID=$!
+PIDS+=($NODE_PROXY_PID)
+wait_for 20 grep -q "listening on" "$WORK/node-proxy.log" || { echo "the node-freezing proxy never listened"; cat "$WORK/node-proxy.log"; exit 100; }
+jq --arg s "https://127.0.0.1:$NODE_PROXY" '.clusters[0].cluster.server = $s' "$WORK/c.kubeconfig" > "$WORK/d.kubeconfig"
+serve d "$PORT_D" "$WORK/d.kubeconfig"
+sleep 2
+kill -USR1 "$NODE_PROXY_PID"
+sleep 1
+check "replica D's Node and ResourceSlice watches alone are frozen ($(grep froze "$WORK/node-proxy.log" | tail -n 1))" \
+  grep -Eq "froze 2 connection\(s\) of [0-9]+: /api/v1/nodes, /apis/resource.k8s.io/v1/resourceslices$" "$WORK/node-proxy.log"
+JOIN_NODE=$Q-join
+k create -f - >/dev/null <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$JOIN_NODE"}}
+EOF
+k get --raw "/api/v1/nodes/$JOIN_NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+  | k replace --raw "/api/v1/nodes/$JOIN_NODE/status" -f - >/dev/null
+k create -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: $JOIN_NODE-gpu}
+spec:
+  driver: gpu.nvidia.com
+  nodeName: $JOIN_NODE
+  pool: {name: $JOIN_NODE, generation: 1, resourceSliceCount: 1}
+  devices:
+  - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
+EOF
+ask_d() { # -> D's answer to d2's allocation onto the joined node's gpu-0
+  jq -n --slurpfile new <(DRA_NODE=$JOIN_NODE allocated d2 "$CLAIM2" gpu-0) --slurpfile old <(k -n "$NS" get resourceclaim "$CLAIM2" -o json) --arg uid "join-$RANDOM" \
+    '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
+      request: {uid: $uid, kind: {group: "resource.k8s.io", version: "v1", kind: "ResourceClaim"},
+        resource: {group: "resource.k8s.io", version: "v1", resource: "resourceclaims"}, subResource: "status",
+        name: $old[0].metadata.name, namespace: $old[0].metadata.namespace, operation: "UPDATE",
+        userInfo: {username: "system:kube-scheduler"}, object: $new[0], oldObject: $old[0]}}' \
+    | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_D/validate"
+}
+allowed=0 retry=0 refused=0 n=0 again=
+end=$(( $(date +%s) + 8 ))
+while [ "$(date +%s)" -lt $end ]; do
+  n=$((n + 1))
+  out=$(ask_d)
+  case "$(jq -r '.response.allowed' <<<"$out")" in
+    true) allowed=$((allowed + 1)); log "D admitted an allocation onto a node it does not see: $out" ;;
+    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1)); again=$(jq -r '.response.status.message' <<<"$out")
+       else refused=$((refused + 1)); fi ;;
+  esac
+  sleep 1
+done
+log "D over 8 s, its Node and ResourceSlice watches frozen: $allowed admitted, $retry 'try again' (last: ${again:-none}), $refused refused"
+check "D never admits an allocation onto a device of a node its frozen watches do not show ($n asks)" [ "$allowed" = 0 ]
+check "... it answers \"try again\", naming the device no slice it holds publishes" grep -q "names device gpu.nvidia.com/$JOIN_NODE/gpu-0, which no ResourceSlice publishes; try again" <<<"${again:-}"
+kill -USR2 "$NODE_PROXY_PID"
+d_refuses() { ask_d | jq -e --arg m "queue $QD has insufficient NVIDIA-H200 quota" '.response.allowed == false and (.response.status.message | contains($m))'; }
+check "... and once its watches move again, refuses it with the quota's message" wait_for 20 d_refuses
 
 # ---- a root card budget given mid-burst (issue 46 #3): the queue's charges in flight,
 # recorded under its own ledger, count in the tree's ledger that takes over ----------------
