@@ -19,6 +19,11 @@
 # server's mean wait per call of each hook (card-quota's and the floor's), and the CPU
 # each process on this host spent per pod in each case (on a host whose cores are all
 # busy, pods/s follows it).
+# BURST_WEBHOOK_CPUS=1 (a CPU list for taskset) runs the webhooks (replicas, floors,
+# proxies) on those CPUs and moves the control plane and the client off them for the
+# run, as in a cluster, where webhooks run on worker nodes and take no CPU from the API
+# server: the cases then differ by what each webhook adds to a pod's path, not by the
+# API server's share of one pool of cores.
 set -euo pipefail
 BIN=${1:-target/release/card-quota}
 REPLICAS=${2:-1}
@@ -34,10 +39,13 @@ SYS=cq-burst-$RUN-system
 PORT=${BURST_PORT:-19543}
 WORK=$(mktemp -d /tmp/cq-burst.XXXXXX)
 PIDS=()
+CONTROL=() MOVED=() PIN=() CLIENT_PIN=()
+ALL_CPUS=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
 k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
 # shellcheck source=e2e/lib.sh
 . "$(dirname "$0")/lib.sh"
 cleanup() {
+  for pid in "${MOVED[@]}"; do taskset -a -p -c "$ALL_CPUS" "$pid" >/dev/null 2>&1 || true; done
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
@@ -81,8 +89,24 @@ backends=()
 # webhooks, their proxies, and the control plane's, when they run on this host.
 CPU=()
 for p in kube-apiserver etcd kube-scheduler kube-controller; do  # (names as /proc shows them: 15 characters)
-  for pid in $(pgrep -x "$p" 2>/dev/null); do CPU+=(--cpu "$p=$pid"); done
+  for pid in $(pgrep -x "$p" 2>/dev/null); do CPU+=(--cpu "$p=$pid"); CONTROL+=("$pid"); done
 done
+if [ -n "${BURST_WEBHOOK_CPUS:-}" ]; then
+  # The other CPUs: the control plane and the client move there for the run.
+  OTHER_CPUS=$(python3 -c 'import os, sys
+w = set()
+for part in sys.argv[1].split(","):
+    a, _, b = part.partition("-")
+    w.update(range(int(a), int(b or a) + 1))
+print(",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c not in w))' "$BURST_WEBHOOK_CPUS")
+  [ -n "$OTHER_CPUS" ] || { echo "BURST_WEBHOOK_CPUS=$BURST_WEBHOOK_CPUS leaves no CPU for the control plane"; exit 100; }
+  PIN=(taskset -c "$BURST_WEBHOOK_CPUS")
+  CLIENT_PIN=(taskset -c "$OTHER_CPUS")
+  for pid in "${CONTROL[@]}"; do
+    taskset -a -p -c "$OTHER_CPUS" "$pid" >/dev/null && MOVED+=("$pid")
+  done
+  echo "webhooks on CPUs $BURST_WEBHOOK_CPUS; control plane (${#MOVED[@]} processes) and client on CPUs $OTHER_CPUS"
+fi
 for i in $(seq 1 "$REPLICAS"); do
   p=$((PORT + i)); backends+=("$p")
   routing=()
@@ -91,13 +115,13 @@ for i in $(seq 1 "$REPLICAS"); do
   [ "$REPLICAS" -gt 1 ] && [ "${BURST_ROUTING:-1}" = 1 ] && routing=(--peer-routing --advertise-address "127.0.0.1:$p")
   # BURST_NO_HOLDS=1: every charge gets a ledger write of its own (serve --no-holds).
   [ -n "${BURST_NO_HOLDS:-}" ] && routing+=(--no-holds)
-  KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=burst-replica-$i "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
+  KUBECONFIG="$WORK/card-quota.kubeconfig" POD_NAME=burst-replica-$i "${PIN[@]}" "$BIN" serve --cert-dir "$WORK/certs" --listen "127.0.0.1:$p" --metrics-listen "127.0.0.1:$((p + 1000))" \
     --client-ca "$WORK/client-ca.crt" --client-name kube-apiserver-webhook-client "${routing[@]}" \
     --lease-namespace "$SYS" --lease-name card-quota-burst > "$WORK/replica-$i.log" 2>&1 &
   PIDS+=($!); CPU+=(--cpu "card-quota=$!")
 done
 if [ "$REPLICAS" = 1 ]; then URL_PORT=${backends[0]}; else
-  "$EXAMPLES/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); CPU+=(--cpu "proxies=$!"); URL_PORT=$PORT
+  "${PIN[@]}" "$EXAMPLES/rr_proxy" "$PORT" "${backends[@]}" & PIDS+=($!); CPU+=(--cpu "proxies=$!"); URL_PORT=$PORT
 fi
 for p in "${backends[@]}"; do
   for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$((p + 1000))/readyz" >/dev/null && break; sleep 0.3; done
@@ -110,12 +134,12 @@ if [ -n "${BURST_FLOOR:-}" ]; then
   FLOOR_PORT=$((PORT + 50)); floors=()
   for i in $(seq 1 "$REPLICAS"); do
     fp=$((FLOOR_PORT + i)); floors+=("$fp")
-    KUBECONFIG="$WORK/card-quota.kubeconfig" "$EXAMPLES/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" \
+    KUBECONFIG="$WORK/card-quota.kubeconfig" "${PIN[@]}" "$EXAMPLES/floor_webhook" --cert-dir "$WORK/certs" --listen "127.0.0.1:$fp" \
       ${BURST_FLOOR_WATCH:+--watch-pods} > "$WORK/floor-$i.log" 2>&1 &
     PIDS+=($!); CPU+=(--cpu "floor=$!")
   done
   if [ "$REPLICAS" = 1 ]; then FLOOR_PORT=${floors[0]}; else
-    "$EXAMPLES/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!); CPU+=(--cpu "proxies=$!")
+    "${PIN[@]}" "$EXAMPLES/rr_proxy" "$FLOOR_PORT" "${floors[@]}" & PIDS+=($!); CPU+=(--cpu "proxies=$!")
   fi
   # Its hooks named apart (pods.floor.card-quota.volcano.sh ...) so the API server's
   # own latency metric tells the two cases apart.
@@ -130,7 +154,7 @@ hook_latency() { k get --raw /metrics | grep -E '^apiserver_admission_webhook_ad
 hook_latency > "$WORK/hooks-before"
 rv0=$(k get queue "$Q" -o jsonpath='{.metadata.resourceVersion}')
 t0=$(date +%s)
-"$BURST_BIN" --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
+"${CLIENT_PIN[@]}" "$BURST_BIN" --pods "$PODS" --concurrency "$CONC" --rounds "$ROUNDS" \
   --case "plain=$Q-plain" --case "resourcequota=$Q-rq" --case "card-quota=$Q-cq" "${CPU[@]}" \
   ${BURST_NO_CARDS:+--case "webhook-no-cards=$Q-nc"} ${BURST_FLOOR:+--case "webhook-floor=$Q-pf"} --queue "$Q"
 t1=$(date +%s)
