@@ -40,12 +40,12 @@ PORT=${BURST_PORT:-19543}
 WORK=$(mktemp -d /tmp/cq-burst.XXXXXX)
 PIDS=()
 CONTROL=() MOVED=() PIN=() CLIENT_PIN=()
-ALL_CPUS=$(python3 -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0)))))')
 k() { kubectl "$@" 2> >(grep -v 'exceeds the supported minor version skew' >&2); }
 # shellcheck source=e2e/lib.sh
 . "$(dirname "$0")/lib.sh"
 cleanup() {
-  for pid in "${MOVED[@]}"; do taskset -a -p -c "$ALL_CPUS" "$pid" >/dev/null 2>&1 || true; done
+  # The control plane's own CPUs back (MOVED holds PID=CPUS).
+  for m in "${MOVED[@]}"; do taskset -a -p -c "${m#*=}" "${m%%=*}" >/dev/null 2>&1 || true; done
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   k delete mutatingwebhookconfiguration,validatingwebhookconfiguration "$Q" --ignore-not-found >/dev/null 2>&1 || true
@@ -103,7 +103,8 @@ print(",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c not in w))' 
   PIN=(taskset -c "$BURST_WEBHOOK_CPUS")
   CLIENT_PIN=(taskset -c "$OTHER_CPUS")
   for pid in "${CONTROL[@]}"; do
-    taskset -a -p -c "$OTHER_CPUS" "$pid" >/dev/null && MOVED+=("$pid")
+    was=$(taskset -p -c "$pid" | sed 's/.*: //')
+    taskset -a -p -c "$OTHER_CPUS" "$pid" >/dev/null && MOVED+=("$pid=$was")
   done
   echo "webhooks on CPUs $BURST_WEBHOOK_CPUS; control plane (${#MOVED[@]} processes) and client on CPUs $OTHER_CPUS"
 fi
