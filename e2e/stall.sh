@@ -173,9 +173,9 @@ check "... and refuses the rest with the cut quota's message" grep -q "queue $QC
 # claim pods wait in a queue whose quota is then cut to one H200. The first's claim is
 # allocated through A after the freeze (C's cache shows it unallocated), and A prunes
 # that charge from its ledger once its own claim cache shows it. C, asked to admit the
-# second claim's allocation, must never admit it: it answers "try again" (its claims
-# are behind the ledger's watermark), lists the claims again through a new connection,
-# and refuses with the quota's message.
+# second claim's allocation, must never admit it: its claims are behind the ledger's
+# watermark, so it waits ("try again" if that outlasts the request's budget), lists the
+# claims again through a new connection, and refuses with the quota's message.
 QD=$Q-dra
 DRA_NODE=$Q-dra
 k create -f - >/dev/null <<EOF
