@@ -87,3 +87,58 @@ JSON
     | k replace --raw "/api/v1/nodes/$NODE/status" -f - >/dev/null
   e2e_install_identity "$BIN" "$SYS" "$Q"
 }
+
+# DRA without a driver: nodes with no kubelet and the ResourceSlices NVIDIA's DRA driver
+# would publish for them; kube-scheduler allocates their devices. Objects carry the label
+# E2E_LABEL (key=value) when it is set, so a script's cleanup can delete them by it.
+e2e_labels() { # -> the labels as a JSON object
+  if [ -n "${E2E_LABEL:-}" ]; then jq -cn --arg k "${E2E_LABEL%%=*}" --arg v "${E2E_LABEL#*=}" '{($k): $v}'; else echo '{}'; fi
+}
+# e2e_dra_node NAME: a Ready node with 64 CPUs, 512Gi and room for 500 pods (no GPU
+# labels, no extended resources). Exits the script (100) when its status cannot be set.
+e2e_dra_node() {
+  jq -cn --arg n "$1" --argjson l "$(e2e_labels)" '{apiVersion: "v1", kind: "Node", metadata: {name: $n, labels: $l}}' \
+    | k create -f - >/dev/null
+  local try
+  for try in 1 2 3 4 5 6 7 8; do
+    k get --raw "/api/v1/nodes/$1" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
+      > "$WORK/node-$1.json"
+    k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null 2>&1 && return 0
+    sleep 0.3
+  done
+  echo "could not set the status of node $1"; exit 100
+}
+# e2e_dra_slice NODE PRODUCT COUNT [more attributes, e.g. "e2e: {string: er}"]: the
+# ResourceSlice NODE-gpu of driver gpu.nvidia.com, devices gpu-0 .. gpu-(COUNT-1).
+e2e_dra_slice() {
+  local devices="" i
+  for i in $(seq 0 $(($3 - 1))); do
+    devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}${4:+, $4}}}"$'\n'
+  done
+  k create -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceSlice
+metadata: {name: $1-gpu, labels: $(e2e_labels)}
+spec:
+  driver: gpu.nvidia.com
+  nodeName: $1
+  pool: {name: $1, generation: 1, resourceSliceCount: 1}
+  devices:
+$devices
+EOF
+}
+# e2e_dra_class NAMESPACE: NVIDIA's whole-GPU DeviceClass (gpu.nvidia.com) and, in
+# NAMESPACE, the ResourceClaimTemplate one-gpu asking for one device of it.
+e2e_dra_class() {
+  k apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.nvidia.com, labels: $(e2e_labels)}
+spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-gpu, namespace: $1}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
+EOF
+}

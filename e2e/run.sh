@@ -756,49 +756,10 @@ check "... and the next is refused at the queue's X-NPU quota" contains "$out" "
 # ---- 4e. GPUs through DRA: ResourceClaims, the real kube-scheduler, fake slices ----------
 # No driver: nothing runs. Two nodes publish devices in ResourceSlices as NVIDIA's DRA
 # driver writes them (no GPU labels, no extended resources); kube-scheduler allocates them.
-dra_node() { # name
-  k create -f - >/dev/null <<EOF
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"card-quota-e2e":"$RUN"}}}
-EOF
-  local try
-  for try in 1 2 3 4 5 6 7 8; do
-    k get --raw "/api/v1/nodes/$1" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
-      > "$WORK/node-$1.json"
-    k replace --raw "/api/v1/nodes/$1/status" -f "$WORK/node-$1.json" >/dev/null 2>&1 && return 0
-    sleep 0.3
-  done
-  echo "could not set the status of node $1"; exit 100
-}
-dra_slice() { # node product count [more attributes, e.g. "e2e: {string: er}"]
-  local devices="" i
-  for i in $(seq 0 $(($3 - 1))); do
-    devices+="  - {name: gpu-$i, attributes: {type: {string: gpu}, productName: {string: $2}${4:+, $4}}}"$'\n'
-  done
-  k create -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: $1-gpu, labels: {card-quota-e2e: "$RUN"}}
-spec:
-  driver: gpu.nvidia.com
-  nodeName: $1
-  pool: {name: $1, generation: 1, resourceSliceCount: 1}
-  devices:
-$devices
-EOF
-}
-dra_node "$Q-dra-h200"; dra_slice "$Q-dra-h200" "NVIDIA H200" 4
-dra_node "$Q-dra-rtx"; dra_slice "$Q-dra-rtx" "NVIDIA GeForce RTX 4090" 2
-k apply -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.nvidia.com, labels: {card-quota-e2e: "$RUN"}}
-spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: $NS}
-spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
-EOF
+E2E_LABEL=card-quota-e2e=$RUN
+e2e_dra_node "$Q-dra-h200"; e2e_dra_slice "$Q-dra-h200" "NVIDIA H200" 4
+e2e_dra_node "$Q-dra-rtx"; e2e_dra_slice "$Q-dra-rtx" "NVIDIA GeForce RTX 4090" 2
+e2e_dra_class "$NS"
 queue "$Q-dra" '{"NVIDIA-H200":2}' | k apply -f - >/dev/null
 dra_pod_spec() { # scheduler: a pod whose only GPU comes from a claim made from one-gpu
   echo "{schedulerName: $1, containers: [{name: c, image: registry.k8s.io/pause:3.9, resources: {claims: [{name: gpu}]}}], resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]}"
@@ -1101,12 +1062,12 @@ k -n "$NS" delete resourceclaim costly --wait=false >/dev/null 2>&1
 # product label (H200, RTX 4090), a third none (B200).
 if [ "$(k version -o json | jq -r '.serverVersion.minor | tonumber? // 0')" -ge 37 ]; then
   er_node() { # name [product-label]
-    dra_node "$1"
+    e2e_dra_node "$1"
     k label node "$1" cq-e2e-pool=er ${2:+nvidia.com/gpu.product=$2} >/dev/null
   }
-  er_node "$Q-er-h200" NVIDIA-H200; dra_slice "$Q-er-h200" "NVIDIA H200" 2 "e2e: {string: er}"
-  er_node "$Q-er-rtx" NVIDIA-GeForce-RTX-4090; dra_slice "$Q-er-rtx" "NVIDIA GeForce RTX 4090" 2 "e2e: {string: er}"
-  er_node "$Q-er-b200" ""; dra_slice "$Q-er-b200" "NVIDIA B200" 2 "e2e: {string: er}"
+  er_node "$Q-er-h200" NVIDIA-H200; e2e_dra_slice "$Q-er-h200" "NVIDIA H200" 2 "e2e: {string: er}"
+  er_node "$Q-er-rtx" NVIDIA-GeForce-RTX-4090; e2e_dra_slice "$Q-er-rtx" "NVIDIA GeForce RTX 4090" 2 "e2e: {string: er}"
+  er_node "$Q-er-b200" ""; e2e_dra_slice "$Q-er-b200" "NVIDIA B200" 2 "e2e: {string: er}"
   k apply -f - >/dev/null <<EOF
 apiVersion: resource.k8s.io/v1
 kind: DeviceClass

@@ -116,24 +116,33 @@ settled() { local l; l=$(ledger); [ -n "$l" ] && jq -e '(.entries // {} | length
 check "... and prunes its ledger past them (entries and holds gone, the watermark raised)" wait_for 30 settled
 log "ledger: $(ledger)"
 
-review() {
-  pod "$1" | jq --arg uid "$1-$RANDOM" '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
+pod_review() { # NAME [QUEUE] -> a pod CREATE's AdmissionReview, as the API server sends it
+  pod "$1" "${2:-$Q}" | jq --arg uid "$1-$RANDOM" '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
     request: {uid: $uid, kind: {group: "", version: "v1", kind: "Pod"}, resource: {group: "", version: "v1", resource: "pods"},
       namespace: .metadata.namespace, operation: "CREATE", userInfo: {username: "e2e"}, object: (.metadata.uid = $uid)}}'
 }
-allowed=0 retry=0 refused=0 n=0
-end=$(( $(date +%s) + 40 ))
-while [ "$(date +%s)" -lt $end ]; do
-  n=$((n + 1))
-  out=$(review "extra-$n" | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' \
-    --data-binary @- "https://127.0.0.1:$PORT_B/validate")
-  case "$(jq -r '.response.allowed' <<<"$out")" in
-    true) allowed=$((allowed + 1)); log "B admitted extra-$n: $out" ;;
-    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1))
-       else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
-  esac
-  sleep 1
-done
+# ask SECONDS GAP PORT WHO COMMAND...: sends the AdmissionReview COMMAND prints (given the
+# ask's number) to the replica on PORT every GAP seconds for SECONDS, and counts the
+# answers: allowed, retry ("try again"; again: its message), refused (last: its message).
+ask() {
+  local secs=$1 gap=$2 port=$3 who=$4 end out
+  shift 4
+  allowed=0 retry=0 refused=0 n=0 last= again=
+  end=$(( $(date +%s) + secs ))
+  while [ "$(date +%s)" -lt $end ]; do
+    n=$((n + 1))
+    out=$("$@" "$n" | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' \
+      --data-binary @- "https://127.0.0.1:$port/validate")
+    case "$(jq -r '.response.allowed' <<<"$out")" in
+      true) allowed=$((allowed + 1)); log "$who admitted ask $n: $out" ;;
+      *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1)); again=$(jq -r '.response.status.message' <<<"$out")
+         else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
+    esac
+    sleep "$gap"
+  done
+}
+extra() { pod_review "extra-$1"; }
+ask 40 1 "$PORT_B" B extra
 log "B over 40 s: $allowed admitted, $retry 'try again', $refused refused (last: ${last:-none})"
 check "B never admits a fifth pod, however long its watch stalls ($n asks over 40 s)" [ "$allowed" = 0 ]
 check "... it lists again through a new connection" grep -q "listing again" "$WORK/b.log"
@@ -148,21 +157,8 @@ log "quota of $QC cut from 8 to 2 through A: $out"
 sealed=$(k -n "$SYS" get configmap "card-quota-ledger.$QC" -o json 2>/dev/null \
   | jq -r --arg q "$QC" '.data.ledger | fromjson | .seals[$q] | "\(.by) \(.cause)"')
 check "... the Queue hook sealed it before the cut was stored (seal: $sealed)" test "$sealed" = "$QC limits"
-allowed=0 retry=0 refused=0 n=0 last= again=
-end=$(( $(date +%s) + 20 ))
-while [ "$(date +%s)" -lt $end ] && [ $n -lt 40 ]; do
-  n=$((n + 1))
-  out=$(pod "cut-$n" "$QC" | jq --arg uid "cut-$n-$RANDOM" '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
-    request: {uid: $uid, kind: {group: "", version: "v1", kind: "Pod"}, resource: {group: "", version: "v1", resource: "pods"},
-      namespace: .metadata.namespace, operation: "CREATE", userInfo: {username: "e2e"}, object: (.metadata.uid = $uid)}}' \
-    | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_B/validate")
-  case "$(jq -r '.response.allowed' <<<"$out")" in
-    true) allowed=$((allowed + 1)) ;;
-    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1)); again=$(jq -r '.response.status.message' <<<"$out")
-       else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
-  esac
-  sleep 0.5
-done
+cut_ask() { pod_review "cut-$1" "$QC"; }
+ask 20 0.5 "$PORT_B" B cut_ask
 log "B after the cut ($n asks): $allowed admitted, $retry 'try again' (last: ${again:-none}), $refused refused (last: ${last:-none})"
 check "B, whose Queue watch still shows 8, admits at most the new quota of 2 ($allowed)" [ "$allowed" -le 2 ]
 check "... and refuses the rest with the cut quota's message" grep -q "queue $QC has insufficient NVIDIA-H200 quota: requested 1, in use 2 .*quota 2" <<<"${last:-}"
@@ -178,35 +174,10 @@ check "... and refuses the rest with the cut quota's message" grep -q "queue $QC
 # claims again through a new connection, and refuses with the quota's message.
 QD=$Q-dra
 DRA_NODE=$Q-dra
-k create -f - >/dev/null <<EOF
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$DRA_NODE"}}
-EOF
-k get --raw "/api/v1/nodes/$DRA_NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
-  | k replace --raw "/api/v1/nodes/$DRA_NODE/status" -f - >/dev/null
-k create -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: $DRA_NODE-gpu}
-spec:
-  driver: gpu.nvidia.com
-  nodeName: $DRA_NODE
-  pool: {name: $DRA_NODE, generation: 1, resourceSliceCount: 1}
-  devices:
-  - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
-  - {name: gpu-1, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
-EOF
+e2e_dra_node "$DRA_NODE"
+e2e_dra_slice "$DRA_NODE" "NVIDIA H200" 2
 if k get deviceclass gpu.nvidia.com >/dev/null 2>&1; then CLASS_WAS=1; else CLASS_WAS=0; fi
-k apply -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: gpu.nvidia.com}
-spec: {selectors: [{cel: {expression: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: $NS}
-spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}
-EOF
+e2e_dra_class "$NS"
 printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":{"name":"%s","annotations":{"volcano.sh/card.quota":"{\\"NVIDIA-H200\\":2}"}},"spec":{"weight":1}}' "$QD" | k apply -f - >/dev/null
 PORT_C=$((PORT_A + 3))
 CLAIM_PROXY=$((PORT_A + 4))
@@ -260,24 +231,16 @@ dra_settled() {
 }
 check "... and A prunes that charge from its ledger, raising the watermark's claims mark past the allocation" wait_for 30 dra_settled
 log "ledger of $QD: $(k -n "$SYS" get cm "card-quota-ledger.$QD" -o jsonpath='{.data.ledger}'); the allocation at resourceVersion $claim_rv"
-allowed=0 retry=0 refused=0 n=0 last=
-end=$(( $(date +%s) + 15 ))
-while [ "$(date +%s)" -lt $end ]; do
-  n=$((n + 1))
-  out=$(jq -n --slurpfile new <(allocated d2 "$CLAIM2" gpu-1) --slurpfile old <(k -n "$NS" get resourceclaim "$CLAIM2" -o json) --arg uid "alloc-$n-$RANDOM" \
+allocation_review() { # POD CLAIM NODE DEVICE -> the AdmissionReview of a scheduler's allocation of CLAIM for POD
+  jq -n --slurpfile new <(DRA_NODE=$3 allocated "$1" "$2" "$4") --slurpfile old <(k -n "$NS" get resourceclaim "$2" -o json) --arg uid "alloc-$RANDOM" \
     '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
       request: {uid: $uid, kind: {group: "resource.k8s.io", version: "v1", kind: "ResourceClaim"},
         resource: {group: "resource.k8s.io", version: "v1", resource: "resourceclaims"}, subResource: "status",
         name: $old[0].metadata.name, namespace: $old[0].metadata.namespace, operation: "UPDATE",
-        userInfo: {username: "system:kube-scheduler"}, object: $new[0], oldObject: $old[0]}}' \
-    | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_C/validate")
-  case "$(jq -r '.response.allowed' <<<"$out")" in
-    true) allowed=$((allowed + 1)); log "C admitted the second allocation: $out" ;;
-    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1))
-       else refused=$((refused + 1)); last=$(jq -r '.response.status.message' <<<"$out"); fi ;;
-  esac
-  sleep 1
-done
+        userInfo: {username: "system:kube-scheduler"}, object: $new[0], oldObject: $old[0]}}'
+}
+second() { allocation_review d2 "$CLAIM2" "$DRA_NODE" gpu-1; }
+ask 15 1 "$PORT_C" C second
 log "C over 15 s, its claim watch frozen: $allowed admitted, $retry 'try again', $refused refused (last: ${last:-none})"
 check "C never admits the second claim's allocation past the cut quota of 1 ($n asks over 15 s)" [ "$allowed" = 0 ]
 check "... it lists the ResourceClaims again through a new connection" grep -q 'listing again.*stream=Claims' "$WORK/c.log"
@@ -304,48 +267,15 @@ sleep 1
 check "replica D's Node and ResourceSlice watches alone are frozen ($(grep froze "$WORK/node-proxy.log" | tail -n 1))" \
   grep -Eq "froze 2 connection\(s\) of [0-9]+: /api/v1/nodes, /apis/resource.k8s.io/v1/resourceslices$" "$WORK/node-proxy.log"
 JOIN_NODE=$Q-join
-k create -f - >/dev/null <<EOF
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$JOIN_NODE"}}
-EOF
-k get --raw "/api/v1/nodes/$JOIN_NODE" | jq '.status = {capacity: {cpu: "64", memory: "512Gi", pods: "500"}, allocatable: {cpu: "64", memory: "512Gi", pods: "500"}, conditions: [{type: "Ready", status: "True", reason: "E2E", message: "fake node"}]}' \
-  | k replace --raw "/api/v1/nodes/$JOIN_NODE/status" -f - >/dev/null
-k create -f - >/dev/null <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceSlice
-metadata: {name: $JOIN_NODE-gpu}
-spec:
-  driver: gpu.nvidia.com
-  nodeName: $JOIN_NODE
-  pool: {name: $JOIN_NODE, generation: 1, resourceSliceCount: 1}
-  devices:
-  - {name: gpu-0, attributes: {type: {string: gpu}, productName: {string: NVIDIA H200}}}
-EOF
-ask_d() { # -> D's answer to d2's allocation onto the joined node's gpu-0
-  jq -n --slurpfile new <(DRA_NODE=$JOIN_NODE allocated d2 "$CLAIM2" gpu-0) --slurpfile old <(k -n "$NS" get resourceclaim "$CLAIM2" -o json) --arg uid "join-$RANDOM" \
-    '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
-      request: {uid: $uid, kind: {group: "resource.k8s.io", version: "v1", kind: "ResourceClaim"},
-        resource: {group: "resource.k8s.io", version: "v1", resource: "resourceclaims"}, subResource: "status",
-        name: $old[0].metadata.name, namespace: $old[0].metadata.namespace, operation: "UPDATE",
-        userInfo: {username: "system:kube-scheduler"}, object: $new[0], oldObject: $old[0]}}' \
-    | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_D/validate"
-}
-allowed=0 retry=0 refused=0 n=0 again=
-end=$(( $(date +%s) + 8 ))
-while [ "$(date +%s)" -lt $end ]; do
-  n=$((n + 1))
-  out=$(ask_d)
-  case "$(jq -r '.response.allowed' <<<"$out")" in
-    true) allowed=$((allowed + 1)); log "D admitted an allocation onto a node it does not see: $out" ;;
-    *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1)); again=$(jq -r '.response.status.message' <<<"$out")
-       else refused=$((refused + 1)); fi ;;
-  esac
-  sleep 1
-done
+e2e_dra_node "$JOIN_NODE"
+e2e_dra_slice "$JOIN_NODE" "NVIDIA H200" 1
+joined() { allocation_review d2 "$CLAIM2" "$JOIN_NODE" gpu-0; }
+ask 8 1 "$PORT_D" D joined
 log "D over 8 s, its Node and ResourceSlice watches frozen: $allowed admitted, $retry 'try again' (last: ${again:-none}), $refused refused"
 check "D never admits an allocation onto a device of a node its frozen watches do not show ($n asks)" [ "$allowed" = 0 ]
 check "... it answers \"try again\", naming the device no slice it holds publishes" grep -q "names device gpu.nvidia.com/$JOIN_NODE/gpu-0, which no ResourceSlice publishes; try again" <<<"${again:-}"
 kill -USR2 "$NODE_PROXY_PID"
-d_refuses() { ask_d | jq -e --arg m "queue $QD has insufficient NVIDIA-H200 quota" '.response.allowed == false and (.response.status.message | contains($m))'; }
+d_refuses() { joined | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_D/validate" | jq -e --arg m "queue $QD has insufficient NVIDIA-H200 quota" '.response.allowed == false and (.response.status.message | contains($m))'; }
 check "... and once its watches move again, refuses it with the quota's message" wait_for 20 d_refuses
 
 # ---- a root card budget given mid-burst (issue 46 #3): the queue's charges in flight,
