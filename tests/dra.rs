@@ -228,6 +228,49 @@ fn claim_pods_fill_the_queue_and_the_next_is_refused_at_create() {
     );
 }
 
+/// A claim with admin access (`adminAccess: true`, which the API server allows only in
+/// namespaces an admin labelled for it: a monitoring agent reading every GPU of its node)
+/// takes no device from any claim. Its pod asks for no cards, even of every device
+/// (`allocationMode: All`, refused for a claim that takes them), in a full queue; its
+/// allocation and binding charge nothing.
+#[test]
+fn a_claim_with_admin_access_takes_no_cards() {
+    let mut w = World::new();
+    w.seen(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "every-gpu-admin", "namespace": "ml"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": true}}]}}}}));
+    for name in ["a", "b"] {
+        let r = w.send(R::pod("CREATE", claim_pod(name, "q", "one-gpu")).build());
+        assert!(r.allowed, "{}", message(&r));
+    }
+    let r = w.send(R::pod("CREATE", claim_pod("mon", "q", "every-gpu-admin")).build());
+    assert!(r.allowed, "{}", message(&r));
+    let mut pod = claim_pod("mon", "q", "every-gpu-admin");
+    pod["status"] = json!({"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "mon-gpu-x1"}]});
+    w.seen(pod);
+    let claim = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "mon-gpu-x1", "namespace": "ml", "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": true}}]}}});
+    w.seen(claim.clone());
+    let mut allocated = claim.clone();
+    allocated["status"] = json!({"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0", "adminAccess": true},
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1", "adminAccess": true}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["h200-1"]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": "mon", "uid": "u-mon"}]});
+    let r = w.send(status_write(allocated.clone(), claim));
+    assert!(r.allowed, "{}", message(&r));
+    w.seen(allocated);
+    let r = w.send(R::binding("ml", "mon", "h200-1").build());
+    assert!(r.allowed, "{}", message(&r));
+    assert_eq!(
+        w.usage("q", "NVIDIA-H200"),
+        json!({"quota": 2, "allocated": 0, "pending": 2, "reserved": 0})
+    );
+}
+
 #[test]
 fn a_binding_is_charged_the_allocated_device_model_and_must_be_one_admitted() {
     let mut w = World::new();

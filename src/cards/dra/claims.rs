@@ -115,6 +115,12 @@ pub fn claim_spec(spec: &Value, object: &str) -> Result<ClaimSpec, DraError> {
     let mut out = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         let at = format!("spec.devices.requests[{i}]");
+        // Admin access (`exactly.adminAccess: true`, which the API server allows only in
+        // namespaces an admin labelled for it) reads devices that other claims hold and
+        // takes none from them: a monitoring agent's request asks for no cards.
+        if r.pointer("/exactly/adminAccess").and_then(Value::as_bool) == Some(true) {
+            continue;
+        }
         let name = r
             .get("name")
             .and_then(Value::as_str)
@@ -297,6 +303,9 @@ pub fn claim_demand(
 pub struct Allocated {
     pub request: String,
     pub device: DeviceId,
+    /// Given with admin access (`adminAccess: true`): the device stays another claim's,
+    /// and is no card of this one.
+    pub admin_access: bool,
 }
 
 /// A ResourceClaim as card-quota reads it: what it asks for, what it got and for whom.
@@ -429,6 +438,7 @@ pub fn allocation(claim: &Value, object: &str) -> Result<Option<Vec<Allocated>>,
             .map(|r| {
                 let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_string();
                 Allocated {
+                    admin_access: r.get("adminAccess").and_then(Value::as_bool) == Some(true),
                     request: field("request"),
                     device: DeviceId {
                         driver: field("driver"),
@@ -452,7 +462,7 @@ pub fn allocated_models<'a>(
 ) -> Result<Vec<(String, CardName)>, DraError> {
     let mut out = Vec::new();
     for (i, r) in results.iter().enumerate() {
-        if settings.driver(&r.device.driver).is_none() {
+        if r.admin_access || settings.driver(&r.device.driver).is_none() {
             continue;
         }
         let model = match find(&r.device).and_then(|d| d.model.clone()) {
@@ -617,6 +627,38 @@ mod tests {
         assert_eq!(
             demand(count).unwrap_err().to_string(),
             "ResourceClaim ml/c: spec.devices.requests[0].exactly.count: expected a positive whole number"
+        );
+    }
+
+    #[test]
+    fn admin_access_asks_for_no_cards_and_is_given_none() {
+        // Every device of the class, with admin access: no request, so no cards (and no
+        // refusal of `allocationMode: All`); a request beside it still counts.
+        let admin = serde_json::json!({"devices": {"requests": [
+            {"name": "mon", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": true}},
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": false,
+                "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H200'"}}]}}]}});
+        assert_eq!(
+            demand(admin).unwrap(),
+            [("gpu".into(), "NVIDIA-H200".into(), 1)]
+        );
+        let devs = devices();
+        let find = |id: &DeviceId| devs.iter().find(|d| &d.id == id);
+        let claim = serde_json::json!({"status": {"allocation": {"devices": {"results": [
+            {"request": "mon", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-0", "adminAccess": true},
+            {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "h200-1", "device": "gpu-1", "adminAccess": false},
+            {"request": "mon", "driver": "gpu.nvidia.com", "pool": "h200-9", "device": "gpu-0", "adminAccess": true}]}}}});
+        let results = allocation(&claim, "ResourceClaim ml/c").unwrap().unwrap();
+        assert_eq!(
+            allocated_models(
+                &results,
+                "ResourceClaim ml/c",
+                &DraSettings::default(),
+                find
+            )
+            .unwrap(),
+            [("gpu".to_string(), CardName::parse("NVIDIA-H200").unwrap())],
+            "admin access gives no card, not even of a device no slice shows"
         );
     }
 
