@@ -458,6 +458,12 @@ fn the_claim_made_for_an_admitted_pod_is_pinned_to_its_models() {
     let mut claim = made_claim("a", None);
     claim["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
         "name": "a", "uid": "u-a", "controller": true, "blockOwnerDeletion": true}]);
+    // Beside it, a request with admin access: it takes no card, so it is not pinned.
+    claim["spec"]["devices"]["requests"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "mon",
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": true}}));
     let r = w.send(R::claim("CREATE", claim.clone()).build());
     assert!(r.allowed, "{}", message(&r));
     let mut pinned = claim.clone();
@@ -466,6 +472,10 @@ fn the_claim_made_for_an_admitted_pod_is_pinned_to_its_models() {
     assert_eq!(
         pinned["spec"]["devices"]["requests"][0]["exactly"]["selectors"],
         json!([{"cel": {"expression": "(device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com']['productName'] == 'NVIDIA H200')"}}])
+    );
+    assert_eq!(
+        pinned["spec"]["devices"]["requests"][1]["exactly"].get("selectors"),
+        None
     );
     assert_eq!(
         pinned["metadata"]["annotations"]["volcano.sh/card.pinned"],

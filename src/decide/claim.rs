@@ -58,7 +58,9 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, cfg: &super::Config) -> D
         .unwrap_or_default();
     for (i, r) in requests.iter().enumerate() {
         let i = i.to_string();
-        if let Some(e) = r.get("exactly").filter(|e| is_card(e, snap)) {
+        // A request with admin access takes no card (`claims::claim_spec`): not pinned.
+        let admin = |e: &&Value| e.get("adminAccess") == Some(&Value::Bool(true));
+        if let Some(e) = r.get("exactly").filter(|e| is_card(e, snap) && !admin(e)) {
             patch.push(add_selector(
                 &["spec", "devices", "requests", &i, "exactly"],
                 e,
