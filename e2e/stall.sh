@@ -121,6 +121,9 @@ pod_review() { # NAME [QUEUE] -> a pod CREATE's AdmissionReview, as the API serv
     request: {uid: $uid, kind: {group: "", version: "v1", kind: "Pod"}, resource: {group: "", version: "v1", resource: "pods"},
       namespace: .metadata.namespace, operation: "CREATE", userInfo: {username: "e2e"}, object: (.metadata.uid = $uid)}}'
 }
+send_to() { # PORT: the AdmissionReview on stdin, posted to the replica there as the API server would
+  curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$1/validate"
+}
 # ask SECONDS GAP PORT WHO COMMAND...: sends the AdmissionReview COMMAND prints (given the
 # ask's number) to the replica on PORT every GAP seconds for SECONDS, and counts the
 # answers: allowed, retry ("try again"; again: its message), refused (last: its message).
@@ -131,8 +134,7 @@ ask() {
   end=$(( $(date +%s) + secs ))
   while [ "$(date +%s)" -lt $end ]; do
     n=$((n + 1))
-    out=$("$@" "$n" | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' \
-      --data-binary @- "https://127.0.0.1:$port/validate")
+    out=$("$@" "$n" | send_to "$port")
     case "$(jq -r '.response.allowed' <<<"$out")" in
       true) allowed=$((allowed + 1)); log "$who admitted ask $n: $out" ;;
       *) if jq -e '.response.status.reason == "TryAgain"' <<<"$out" >/dev/null; then retry=$((retry + 1)); again=$(jq -r '.response.status.message' <<<"$out")
@@ -182,11 +184,21 @@ printf '{"apiVersion":"scheduling.volcano.sh/v1beta1","kind":"Queue","metadata":
 PORT_C=$((PORT_A + 3))
 CLAIM_PROXY=$((PORT_A + 4))
 k config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d > "$WORK/apiserver-ca.crt"
-python3 "$HERE/freeze_proxy.py" "$CLAIM_PROXY" "${hostport%:*}" "${hostport##*:}" --tls "$WORK/certs/tls.crt" "$WORK/certs/tls.key" \
-  --upstream-ca "$WORK/apiserver-ca.crt" --only /resourceclaims > "$WORK/claim-proxy.log" 2>&1 &
-CLAIM_PROXY_PID=$!
-PIDS+=($CLAIM_PROXY_PID)
-wait_for 20 grep -q "listening on" "$WORK/claim-proxy.log" || { echo "the claim-freezing proxy never listened"; cat "$WORK/claim-proxy.log"; exit 100; }
+# watch_proxy PORT NAME TEXT...: freeze_proxy.py in its TLS mode on PORT, freezing the
+# watches whose path holds one of the TEXTs on SIGUSR1; its pid in PROXY_PID, its log
+# $WORK/NAME.log.
+watch_proxy() {
+  local port=$1 name=$2 only=() t
+  shift 2
+  for t in "$@"; do only+=(--only "$t"); done
+  python3 "$HERE/freeze_proxy.py" "$port" "${hostport%:*}" "${hostport##*:}" --tls "$WORK/certs/tls.crt" "$WORK/certs/tls.key" \
+    --upstream-ca "$WORK/apiserver-ca.crt" "${only[@]}" > "$WORK/$name.log" 2>&1 &
+  PROXY_PID=$!
+  PIDS+=($PROXY_PID)
+  wait_for 20 grep -q "listening on" "$WORK/$name.log" || { echo "$name never listened"; cat "$WORK/$name.log"; exit 100; }
+}
+watch_proxy "$CLAIM_PROXY" claim-proxy /resourceclaims
+CLAIM_PROXY_PID=$PROXY_PID
 jq --arg s "https://127.0.0.1:$CLAIM_PROXY" --arg ca "$(base64 -w0 < "$WORK/certs/ca.crt")" \
   '.clusters[0].cluster.server = $s | .clusters[0].cluster["certificate-authority-data"] = $ca' "$WORK/card-quota.kubeconfig" > "$WORK/c.kubeconfig"
 serve c "$PORT_C" "$WORK/c.kubeconfig"
@@ -200,9 +212,9 @@ for d in d1 d2; do dra_pod "$d" | k create -f - >/dev/null; done
 check "two claim pods are admitted through A under the queue's quota of 2, their claims made" \
   wait_for 30 bash -c '[ -n "$(claim_of d1)" ] && [ -n "$(claim_of d2)" ]'
 CLAIM1=$(claim_of d1) CLAIM2=$(claim_of d2)
-allocated() { # pod claim device -> the claim as a scheduler's allocation writes it
+allocated() { # POD CLAIM NODE DEVICE -> the claim as a scheduler's allocation writes it
   local uid; uid=$(k -n "$NS" get pod "$1" -o jsonpath='{.metadata.uid}')
-  k -n "$NS" get resourceclaim "$2" -o json | jq --arg n "$DRA_NODE" --arg d "$3" --arg pod "$1" --arg uid "$uid" \
+  k -n "$NS" get resourceclaim "$2" -o json | jq --arg n "$3" --arg d "$4" --arg pod "$1" --arg uid "$uid" \
     '.status = {allocation: {devices: {results: [{request: "gpu", driver: "gpu.nvidia.com", pool: $n, device: $d}]},
        nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: [$n]}]}]}},
      reservedFor: [{resource: "pods", name: $pod, uid: $uid}]}'
@@ -218,7 +230,7 @@ check "replica C's ResourceClaim watch alone is frozen ($(grep froze "$WORK/clai
 # The first claim's allocation, through the API server (A's Fail hook); the claim
 # controller may write the claim meanwhile: retry a conflict.
 for try in 1 2 3 4 5 6 7 8; do
-  allocated d1 "$CLAIM1" gpu-0 > "$WORK/claim1.json"
+  allocated d1 "$CLAIM1" "$DRA_NODE" gpu-0 > "$WORK/claim1.json"
   k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/$CLAIM1/status" -f "$WORK/claim1.json" >/dev/null 2>"$WORK/claim1.err" && break
   grep -q "the object has been modified" "$WORK/claim1.err" || break
   sleep 0.3
@@ -232,7 +244,7 @@ dra_settled() {
 check "... and A prunes that charge from its ledger, raising the watermark's claims mark past the allocation" wait_for 30 dra_settled
 log "ledger of $QD: $(k -n "$SYS" get cm "card-quota-ledger.$QD" -o jsonpath='{.data.ledger}'); the allocation at resourceVersion $claim_rv"
 allocation_review() { # POD CLAIM NODE DEVICE -> the AdmissionReview of a scheduler's allocation of CLAIM for POD
-  jq -n --slurpfile new <(DRA_NODE=$3 allocated "$1" "$2" "$4") --slurpfile old <(k -n "$NS" get resourceclaim "$2" -o json) --arg uid "alloc-$RANDOM" \
+  jq -n --slurpfile new <(allocated "$@") --slurpfile old <(k -n "$NS" get resourceclaim "$2" -o json) --arg uid "alloc-$RANDOM" \
     '{apiVersion: "admission.k8s.io/v1", kind: "AdmissionReview",
       request: {uid: $uid, kind: {group: "resource.k8s.io", version: "v1", kind: "ResourceClaim"},
         resource: {group: "resource.k8s.io", version: "v1", resource: "resourceclaims"}, subResource: "status",
@@ -254,11 +266,8 @@ check "... and then refuses with the quota's message" grep -q "queue $QD has ins
 # show the node, then the quota's refusal.
 PORT_D=$((PORT_A + 5))
 NODE_PROXY=$((PORT_A + 6))
-python3 "$HERE/freeze_proxy.py" "$NODE_PROXY" "${hostport%:*}" "${hostport##*:}" --tls "$WORK/certs/tls.crt" "$WORK/certs/tls.key" \
-  --upstream-ca "$WORK/apiserver-ca.crt" --only /nodes --only /resourceslices > "$WORK/node-proxy.log" 2>&1 &
-NODE_PROXY_PID=$!
-PIDS+=($NODE_PROXY_PID)
-wait_for 20 grep -q "listening on" "$WORK/node-proxy.log" || { echo "the node-freezing proxy never listened"; cat "$WORK/node-proxy.log"; exit 100; }
+watch_proxy "$NODE_PROXY" node-proxy /nodes /resourceslices
+NODE_PROXY_PID=$PROXY_PID
 jq --arg s "https://127.0.0.1:$NODE_PROXY" '.clusters[0].cluster.server = $s' "$WORK/c.kubeconfig" > "$WORK/d.kubeconfig"
 serve d "$PORT_D" "$WORK/d.kubeconfig"
 sleep 2
@@ -275,7 +284,7 @@ log "D over 8 s, its Node and ResourceSlice watches frozen: $allowed admitted, $
 check "D never admits an allocation onto a device of a node its frozen watches do not show ($n asks)" [ "$allowed" = 0 ]
 check "... it answers \"try again\", naming the device no slice it holds publishes" grep -q "names device gpu.nvidia.com/$JOIN_NODE/gpu-0, which no ResourceSlice publishes; try again" <<<"${again:-}"
 kill -USR2 "$NODE_PROXY_PID"
-d_refuses() { joined | curl -s --cacert "$WORK/certs/ca.crt" -H 'Content-Type: application/json' --data-binary @- "https://127.0.0.1:$PORT_D/validate" | jq -e --arg m "queue $QD has insufficient NVIDIA-H200 quota" '.response.allowed == false and (.response.status.message | contains($m))'; }
+d_refuses() { joined | send_to "$PORT_D" | jq -e --arg m "queue $QD has insufficient NVIDIA-H200 quota" '.response.allowed == false and (.response.status.message | contains($m))'; }
 check "... and once its watches move again, refuses it with the quota's message" wait_for 20 d_refuses
 
 # ---- a root card budget given mid-burst (issue 46 #3): the queue's charges in flight,

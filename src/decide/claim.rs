@@ -7,6 +7,7 @@ use json_patch::{AddOperation, PatchOperation};
 use serde_json::{json, Value};
 
 use crate::cards::annotations::PINNED;
+use crate::cards::dra::claims::admin_access;
 use crate::cards::dra::pin::pin_expression;
 use crate::cards::ObjectKey;
 use crate::snapshot::Snapshot;
@@ -58,9 +59,11 @@ pub fn decide(req: &AdmissionRequest, snap: &Snapshot, cfg: &super::Config) -> D
         .unwrap_or_default();
     for (i, r) in requests.iter().enumerate() {
         let i = i.to_string();
-        // A request with admin access takes no card (`claims::claim_spec`): not pinned.
-        let admin = |e: &&Value| e.get("adminAccess") == Some(&Value::Bool(true));
-        if let Some(e) = r.get("exactly").filter(|e| is_card(e, snap) && !admin(e)) {
+        // A request with admin access takes no card: not pinned.
+        if let Some(e) = r
+            .get("exactly")
+            .filter(|e| is_card(e, snap) && !admin_access(e))
+        {
             patch.push(add_selector(
                 &["spec", "devices", "requests", &i, "exactly"],
                 e,

@@ -99,6 +99,14 @@ impl ClaimSpec {
     }
 }
 
+/// True when a request (`exactly`) or an allocation result has admin access
+/// (`adminAccess: true`, which the API server allows only in namespaces an admin labelled
+/// for it): it reads devices other claims hold and takes none from them, so it asks for
+/// no cards and is given none (a monitoring agent).
+pub fn admin_access(v: &Value) -> bool {
+    v.get("adminAccess").and_then(Value::as_bool) == Some(true)
+}
+
 /// Parses a ResourceClaim's `spec` (a template's `spec.spec`); `object` names the
 /// object in errors (`ResourceClaim ml/c1`).
 pub fn claim_spec(spec: &Value, object: &str) -> Result<ClaimSpec, DraError> {
@@ -115,10 +123,7 @@ pub fn claim_spec(spec: &Value, object: &str) -> Result<ClaimSpec, DraError> {
     let mut out = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         let at = format!("spec.devices.requests[{i}]");
-        // Admin access (`exactly.adminAccess: true`, which the API server allows only in
-        // namespaces an admin labelled for it) reads devices that other claims hold and
-        // takes none from them: a monitoring agent's request asks for no cards.
-        if r.pointer("/exactly/adminAccess").and_then(Value::as_bool) == Some(true) {
+        if r.get("exactly").is_some_and(admin_access) {
             continue;
         }
         let name = r
@@ -438,7 +443,7 @@ pub fn allocation(claim: &Value, object: &str) -> Result<Option<Vec<Allocated>>,
             .map(|r| {
                 let field = |f: &str| r.get(f).and_then(Value::as_str).unwrap_or("").to_string();
                 Allocated {
-                    admin_access: r.get("adminAccess").and_then(Value::as_bool) == Some(true),
+                    admin_access: admin_access(r),
                     request: field("request"),
                     device: DeviceId {
                         driver: field("driver"),
