@@ -1140,7 +1140,7 @@ EOF
       usage_is "$Q-er" NVIDIA-H200 allocated 1 && usage_is "$Q-er" NVIDIA-GeForce-RTX-4090 allocated 1
   }
   wait_for 30 er_burst_done ||
-    CONTEXT="answers: $(cat "$WORK"/er-burst-*.out | sed -E 's/er-burst-[0-9]+/er-burst-N/g' | cut -c1-200 | sort | uniq -c | tr '\n' ';') pods: $(kubectl get pods -A -l er-burst=1 -o json |
+    CONTEXT="answers: $(cat "$WORK"/er-burst-*.out | sed -E 's/er-burst-[0-9]+/er-burst-N/g; s/^.*denied the request: //' | cut -c1-400 | sort | uniq -c | tr '\n' ';') pods: $(kubectl get pods -A -l er-burst=1 -o json |
       jq -r '.items[] | "\(.metadata.name) node=\(.spec.nodeName // "-") pin=\(.spec.nodeSelector["nvidia.com/gpu.product"] // "-") claim=\(.status.extendedResourceClaimStatus.resourceClaimName // "-") \(.status.conditions // [] | map(select(.type == "PodScheduled")) | .[0].message // "" | .[0:200])"' | tr '\n' ';') claims: $(er_claims) usage: $(usage "$Q-er")"
   check "... a burst of 20 through both replicas: 2 created and bound, RTX 4090 and H200 at their quota" er_burst_done
   k delete pods -A -l er-burst=1 --grace-period=0 --force >/dev/null 2>&1 || true

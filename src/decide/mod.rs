@@ -196,6 +196,9 @@ pub struct Decision {
     /// the object as the mutating call left it): an admission that holds only with its
     /// patch (a pod let in to wait behind the gate the patch adds) is then this refusal.
     pub unless_patched: Option<Box<Decision>>,
+    /// The node label `/mutate` pinned the pod with now (its patch adds it): a pin in
+    /// flight until `/validate` charges it (`snapshot::pins_in_flight`).
+    pub pinned: Option<Box<crate::snapshot::pins_in_flight::PinLabel>>,
 }
 
 impl Decision {

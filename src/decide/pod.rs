@@ -16,6 +16,7 @@ use crate::cluster::pod_parts::{read_pod, PodParts};
 use crate::cluster::PodRecord;
 use crate::ledger::usage::reservation;
 use crate::ledger::{Effect, Verdict};
+use crate::snapshot::pins_in_flight::PinOrigin;
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::candidates::{allowed_by_constraints, none_usable, queue_models, resource_serves};
@@ -97,6 +98,76 @@ pub fn object_record(req: &AdmissionRequest) -> Option<&PodRecord> {
     let obj = req.object.as_ref().filter(|o| !o.is_null())?;
     let read = req.pods.object.get_or_init(|| read(req, obj));
     read.as_ref().ok().map(|r| &r.record)
+}
+
+/// What names the pod of a pod CREATE at both of its calls (`/mutate` of a pod made from
+/// `generateName` has no name yet).
+fn pin_origin(req: &AdmissionRequest) -> Option<(PinOrigin, &PodParts)> {
+    if req.operation != Operation::Create
+        || req.is_dry_run()
+        || super::RequestKind::of(req) != super::RequestKind::Pod
+    {
+        return None;
+    }
+    let obj = req.object.as_ref().filter(|o| !o.is_null())?;
+    let read = req
+        .pods
+        .object
+        .get_or_init(|| read(req, obj))
+        .as_ref()
+        .ok()?;
+    let meta = &read.pod.metadata;
+    let name = [&meta.generate_name, &meta.name, &req.name]
+        .into_iter()
+        .flatten()
+        .find(|n| !n.is_empty())?;
+    let origin = PinOrigin {
+        namespace: read.record.key.namespace.clone(),
+        name: name.clone(),
+    };
+    Some((origin, &read.pod))
+}
+
+/// `/mutate` admitted pod CREATE `req` with `d`: remembers the pin it chose, if any,
+/// until `/validate` charges it ([`settle_pin`]). Only an order of preference for the
+/// pins chosen meanwhile (`snapshot::pins_in_flight`).
+pub fn remember_pin(
+    snap: &mut Snapshot,
+    req: &AdmissionRequest,
+    d: &Decision,
+    now: jiff::Timestamp,
+) {
+    let (Some(label), Some(charge), true) = (&d.pinned, &d.charge, d.allowed) else {
+        return;
+    };
+    let (Effect::Pod(rec), Some((origin, _))) = (&charge.effect, pin_origin(req)) else {
+        return;
+    };
+    snap.pins_in_flight_mut().add(
+        &charge.queue,
+        origin,
+        (**label).clone(),
+        (**rec).clone(),
+        now,
+    );
+}
+
+/// `/validate` of pod CREATE `req` was answered, its charge recorded or refused: the pin
+/// `/mutate` chose for it is no longer in flight.
+pub fn settle_pin(snap: &mut Snapshot, req: &AdmissionRequest) {
+    if snap.pins_in_flight().is_empty() {
+        return;
+    }
+    let Some((origin, pod)) = pin_origin(req) else {
+        return;
+    };
+    let none = std::collections::BTreeMap::new();
+    let selector = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.as_ref())
+        .unwrap_or(&none);
+    snap.pins_in_flight_mut().settle(&origin, selector);
 }
 
 /// Which of a request's objects.
@@ -776,13 +847,18 @@ fn admit(
         }
     }
     let mut patch = annotations_at(at, annotations);
+    let mut pinned_now = None;
     if let Some((label, product)) = node_selector {
         let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
+        if selector.and_then(|s| s.get(label)) != Some(product) {
+            pinned_now = Some(Box::new((label.clone(), product.clone())));
+        }
         patch.extend(set_node_selector(selector, label, product));
     }
     if fits_pinned {
         let mut d = Decision::allow().charging(queue, Effect::Pod(Box::new(rec)));
         d.patch = patch;
+        d.pinned = pinned_now;
         return d;
     }
     let touched = models_of([&demand.alternatives]);
@@ -1327,20 +1403,12 @@ fn choose_pin<'s>(
         .chain(models.iter().filter(|m| !reserved.contains(*m)));
     // One change, its pod re-pinned for each candidate in turn.
     let own_pins = rec.pinned.clone();
-    let mut change = Change {
-        add_pods: vec![rec],
-        ..Default::default()
-    };
-    // The first model that fits without borrowing; else the first that fits by
-    // borrowing from a card parent's pool.
-    let mut chosen = None;
-    let mut borrowing = None;
-    // Models whose nodes the pod's own constraints all rule out (a zone, a rack, a
-    // named node): pinned there, it would wait for ever holding the queue's cards.
+    // The models the pod may be pinned to (a node offers them and its constraints allow
+    // one), whether they fit or not: what a refusal names. Models whose nodes the pod's
+    // own constraints all rule out (a zone, a rack, a named node) are left out: pinned
+    // there, it would wait for ever holding the queue's cards.
     let (mut offered, mut allowed) = (0, 0);
-    // The models the pod could be pinned to (a node offers them and its constraints
-    // allow one), whether they fit or not: what a refusal names.
-    let mut placeable: Vec<CardName> = Vec::new();
+    let mut placeable: Vec<(CardName, &'s (String, String))> = Vec::new();
     for m in order {
         let Some(pin) = snap.pin_of(m) else {
             continue;
@@ -1353,19 +1421,48 @@ fn choose_pin<'s>(
                 continue;
             }
         }
-        placeable.push(m.clone());
-        let pod = &mut change.add_pods[0];
-        pod.pinned.clone_from(&own_pins);
-        pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
-        let f = fit(snap, queue, &change, &touched, now);
-        if f.verdict == Verdict::Feasible {
-            if !f.levels.borrows {
-                chosen = Some((m.clone(), pin));
-                break;
-            }
-            borrowing = borrowing.or(Some((m.clone(), pin)));
-        }
+        placeable.push((m.clone(), pin));
     }
+    // The pins this replica chose for pods admitted at the same moment, whose charges
+    // are not recorded yet: the pod goes first where there is room beside them too, so
+    // that a burst spreads over the models instead of all but one being refused at
+    // `/validate`. Only an order of preference: when no model has room beside them,
+    // the choice is as without them. A pod pinned already (its own label, or
+    // `/validate` of the pod `/mutate` pinned) has no choice to make.
+    let in_flight = match own_pins.keys().any(|l| ours(l)) {
+        true => Vec::new(),
+        false => snap.pins_in_flight().of(queue, now),
+    };
+    let mut change = Change {
+        add_pods: vec![rec],
+        ..Default::default()
+    };
+    // The first model that fits without borrowing; else the first that fits by
+    // borrowing from a card parent's pool.
+    let pick = |change: &mut Change| {
+        let mut borrowing = None;
+        for (m, pin) in &placeable {
+            let pod = &mut change.add_pods[0];
+            pod.pinned.clone_from(&own_pins);
+            pod.pinned.insert(pin.0.clone(), vec![pin.1.clone()]);
+            let f = fit(snap, queue, change, &touched, now);
+            if f.verdict == Verdict::Feasible {
+                if !f.levels.borrows {
+                    return Some((m.clone(), *pin));
+                }
+                borrowing = borrowing.or(Some((m.clone(), *pin)));
+            }
+        }
+        borrowing
+    };
+    let mut chosen = None;
+    if !in_flight.is_empty() {
+        change.add_pods.extend(in_flight);
+        chosen = pick(&mut change);
+        change.add_pods.truncate(1);
+    }
+    let chosen = chosen.or_else(|| pick(&mut change));
+    let placeable: Vec<CardName> = placeable.into_iter().map(|(m, _)| m).collect();
     if offered > 0 && allowed == 0 {
         return Err(Decision::deny(
             INVALID_DEMAND,
@@ -1377,7 +1474,6 @@ fn choose_pin<'s>(
             ),
         ));
     }
-    let chosen = chosen.or(borrowing);
     // Not pinned, a card pod could bind on any node of its resource, with only the
     // Ignore binding hook behind it: every admitted card pod is pinned to a model that
     // fits (or refused), so the charge at CREATE stays the line. Under warn (the quota

@@ -25,6 +25,7 @@ pub use dra::DraRecord;
 pub mod gone;
 pub mod load;
 pub mod overlay;
+pub mod pins_in_flight;
 pub mod tree;
 
 /// A pod's queue depends on this PodGroup (its name, in the pod's namespace), which
@@ -89,6 +90,9 @@ pub struct Snapshot {
     namespace_queues: Map<String, QueueName>,
     groups: Map<ObjectKey, PodGroupRecord>,
     pods: Map<ObjectKey, PodRecord>,
+    /// Pins this replica chose at `/mutate` whose charge it has not recorded yet: only
+    /// ever an order of preference (see the module).
+    pins_in_flight: pins_in_flight::PinsInFlight,
     other_pods: Map<ObjectKey, Option<Box<str>>>,
     /// Card pods and PodGroups the watches showed deleted.
     gone: gone::GoneObjects,
@@ -411,6 +415,15 @@ impl Snapshot {
             .filter(|(_, r)| r.contains_key(resource))
             .map(|(m, _)| m.clone())
             .collect()
+    }
+
+    /// Pins this replica chose at `/mutate` and has not charged yet.
+    pub fn pins_in_flight(&self) -> &pins_in_flight::PinsInFlight {
+        &self.pins_in_flight
+    }
+
+    pub fn pins_in_flight_mut(&mut self) -> &mut pins_in_flight::PinsInFlight {
+        &mut self.pins_in_flight
     }
 
     /// The node label (key, value) that places a pod on `model`, when a node offers it.

@@ -307,6 +307,7 @@ async fn decide_live(
         (&live.routing, origin, live.committer.takes_holds())
     {
         if let Some(answer) = forward(state, routing, req, body, &queue, deadline).await {
+            live.committer.pin_settled(&state.snapshot, req).await;
             return Answer::Forwarded(answer);
         }
     }
@@ -322,6 +323,7 @@ async fn decide_live(
             deadline,
         )
         .await;
+    live.committer.pin_settled(&state.snapshot, req).await;
     Answer::Decided(d)
 }
 

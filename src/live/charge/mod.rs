@@ -22,6 +22,7 @@ use tokio::sync::oneshot;
 
 use crate::cards::QueueName;
 use crate::decide::batch::{look, HoldMove};
+use crate::decide::pod::{remember_pin, settle_pin};
 use crate::decide::review::{AdmissionRequest, Operation};
 use crate::decide::{Config, Decision};
 use crate::ledger::clock::{EntryClock, HoldClock};
@@ -259,10 +260,18 @@ impl Committer {
             let (snap, at) = guard.split();
             let now = jiff::Timestamp::now();
             let progress = snap.progress();
-            self.as_replica(at, progress, |replica| {
+            let seen = self.as_replica(at, progress, |replica| {
                 let consume = consume && replica.is_some();
                 look(snap, req, cfg, now, replica, consume)
-            })
+            });
+            // A pin chosen now is in flight until its charge is recorded; a charge held
+            // or refused here is as recorded as it will be.
+            match (record, &seen.queue) {
+                (false, _) => remember_pin(snap, req, &seen.decision, now),
+                (true, Some(_)) if !seen.held => {}
+                (true, _) => settle_pin(snap, req),
+            }
+            seen
         };
         if seen.held {
             self.mark_used(&Held::unlocked().await, seen.queue.as_ref());
@@ -272,6 +281,15 @@ impl Committer {
             Some(queue) if consume => Preview::Charge { queue, deadline },
             _ => Preview::Answer(seen.decision),
         }
+    }
+
+    /// The charge of pod CREATE `req` is recorded (here or by the queue's owner) or
+    /// refused: the pin `/mutate` chose for it is no longer in flight.
+    pub async fn pin_settled(&self, snapshot: &Mutex<Snapshot>, req: &AdmissionRequest) {
+        let none = Held::unlocked().await;
+        let mut guard = locks::snapshot(snapshot, &none);
+        let (snap, _) = guard.split();
+        settle_pin(snap, req);
     }
 
     /// Records the charge of `req` (admitted by [`Committer::preview`]) in `queue`'s

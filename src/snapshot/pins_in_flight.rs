@@ -1,0 +1,225 @@
+//! Pins chosen at `/mutate` whose charge this replica has not recorded yet.
+//!
+//! `/mutate` pins a pod to the first model with room and records nothing; `/validate`
+//! charges the pinned model. Pods admitted at the same moment were all pinned to the
+//! same first model, and every one but the first was then refused at `/validate` while
+//! the queue had room on its other models (a burst of 20 plain GPU pods in a queue of
+//! one RTX 4090 and one H200 created one pod). A replica therefore remembers the pins
+//! it chose until their charge is recorded, and `/mutate` prefers a model that also
+//! has room for them.
+//!
+//! A preference, never a decision: a pin in flight only orders the models `/mutate`
+//! tries (`decide::pod::choose_pin` falls back to the choice without them); what is
+//! admitted or refused, and what is charged, is as without them. None of the four rules
+//! (docs/consistency.md) rests on this table, so it may forget: each pin lives
+//! [`PIN_IN_FLIGHT_TTL`] at most, a queue keeps [`MAX_PER_QUEUE`], and a relist that
+//! rebuilds the snapshot drops them all.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::cards::{ObjectKey, QueueName};
+use crate::cluster::records::PodRecord;
+
+/// How long a pin waits for its `/validate`: the API server calls it within the
+/// webhooks' timeouts of `/mutate`. Past it, or when `/validate` went to another
+/// replica, the pin is forgotten and choices are as without it.
+pub const PIN_IN_FLIGHT_TTL: Duration = Duration::from_secs(5);
+
+/// Pins kept per queue; past it the oldest go (a burst that large spreads its pins
+/// over the models long before).
+pub const MAX_PER_QUEUE: usize = 256;
+
+/// What names the pod of a pin at both calls: `/mutate` of a pod made from
+/// `generateName` has no name yet, `/validate` has the generated one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PinOrigin {
+    pub namespace: String,
+    /// `metadata.generateName` when set, else `metadata.name`.
+    pub name: String,
+}
+
+/// The node label (key, value) a pin adds to the pod's `nodeSelector`.
+pub type PinLabel = (String, String);
+
+#[derive(Debug, Clone)]
+struct Pin {
+    origin: PinOrigin,
+    label: PinLabel,
+    /// The pod as it would be charged, under a key no real pod can have.
+    record: PodRecord,
+    at: jiff::Timestamp,
+}
+
+/// The pins in flight of one replica, by queue.
+#[derive(Debug, Default, Clone)]
+pub struct PinsInFlight {
+    by_queue: BTreeMap<QueueName, Vec<Pin>>,
+    seq: u64,
+}
+
+impl PinsInFlight {
+    /// Remembers that `/mutate` pinned `record` (of `origin`) with `label` in `queue`
+    /// at `now`.
+    pub fn add(
+        &mut self,
+        queue: &QueueName,
+        origin: PinOrigin,
+        label: PinLabel,
+        mut record: PodRecord,
+        now: jiff::Timestamp,
+    ) {
+        self.seq += 1;
+        // '#' is not allowed in a pod's name: the record is never taken for a real pod.
+        record.key = ObjectKey::new(
+            origin.namespace.clone(),
+            format!("{}#pin-in-flight-{}", origin.name, self.seq),
+        );
+        self.expire(now);
+        let pins = self.by_queue.entry(queue.clone()).or_default();
+        if pins.len() >= MAX_PER_QUEUE {
+            pins.remove(0);
+        }
+        pins.push(Pin {
+            origin,
+            label,
+            record,
+            at: now,
+        });
+    }
+
+    /// `/validate` of a pod of `origin` whose `nodeSelector` is `selector` was answered
+    /// (its charge is recorded, or it was refused): forgets the oldest pin of that pod.
+    pub fn settle(&mut self, origin: &PinOrigin, selector: &BTreeMap<String, String>) -> bool {
+        let mut found = None;
+        for (queue, pins) in &self.by_queue {
+            let at = pins
+                .iter()
+                .position(|p| &p.origin == origin && selector.get(&p.label.0) == Some(&p.label.1));
+            if let Some(i) = at {
+                found = Some((queue.clone(), i));
+                break;
+            }
+        }
+        let Some((queue, i)) = found else {
+            return false;
+        };
+        if let Some(pins) = self.by_queue.get_mut(&queue) {
+            pins.remove(i);
+            if pins.is_empty() {
+                self.by_queue.remove(&queue);
+            }
+        }
+        true
+    }
+
+    /// The pods pinned in `queue` whose charge is not recorded yet, as of `now`.
+    pub fn of(&self, queue: &QueueName, now: jiff::Timestamp) -> Vec<PodRecord> {
+        self.by_queue
+            .get(queue)
+            .into_iter()
+            .flatten()
+            .filter(|p| live(p, now))
+            .map(|p| p.record.clone())
+            .collect()
+    }
+
+    /// Forgets every pin past its time (any queue).
+    pub fn expire(&mut self, now: jiff::Timestamp) {
+        self.by_queue.retain(|_, pins| {
+            pins.retain(|p| live(p, now));
+            !pins.is_empty()
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_queue.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_queue.is_empty()
+    }
+}
+
+fn live(p: &Pin, now: jiff::Timestamp) -> bool {
+    let ttl = jiff::SignedDuration::try_from(PIN_IN_FLIGHT_TTL).unwrap_or_default();
+    now.duration_since(p.at) < ttl
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn origin(name: &str) -> PinOrigin {
+        PinOrigin {
+            namespace: "ml".into(),
+            name: name.into(),
+        }
+    }
+
+    fn label(product: &str) -> PinLabel {
+        ("nvidia.com/gpu.product".into(), product.into())
+    }
+
+    fn selector(product: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([label(product), ("pool".into(), "a".into())])
+    }
+
+    fn record() -> PodRecord {
+        let mut pod = k8s_openapi::api::core::v1::Pod::default();
+        pod.metadata.name = Some("x".into());
+        pod.metadata.namespace = Some("ml".into());
+        crate::cluster::records::pod_record(&pod, "ml", &Default::default(), 0).unwrap()
+    }
+
+    #[test]
+    fn a_pin_counts_until_its_validate_is_answered_or_its_time_is_up() {
+        let q = QueueName::new("q");
+        let rtx = label("RTX-4090");
+        let mut pins = PinsInFlight::default();
+        pins.add(&q, origin("web-"), rtx.clone(), record(), at(0));
+        pins.add(&q, origin("web-"), rtx.clone(), record(), at(1));
+        let seen = pins.of(&q, at(2));
+        assert_eq!(seen.len(), 2);
+        // Under keys no pod can have, one per pin.
+        assert!(seen
+            .iter()
+            .all(|r| r.key.name.starts_with("web-#pin-in-flight-")));
+        assert_ne!(seen[0].key, seen[1].key);
+        // Another model's validate, or another pod's, settles nothing.
+        let h200 = selector("NVIDIA-H200");
+        assert!(!pins.settle(&origin("web-"), &h200));
+        assert!(!pins.settle(&origin("db-"), &selector("RTX-4090")));
+        assert!(pins.settle(&origin("web-"), &selector("RTX-4090")));
+        assert_eq!(pins.of(&q, at(2)).len(), 1);
+        // The other is forgotten at its time.
+        let ttl = PIN_IN_FLIGHT_TTL.as_secs() as i64;
+        assert_eq!(pins.of(&q, at(1 + ttl - 1)).len(), 1);
+        assert!(pins.of(&q, at(1 + ttl)).is_empty());
+        pins.expire(at(1 + ttl));
+        assert!(pins.is_empty());
+    }
+
+    #[test]
+    fn a_queue_keeps_its_latest_pins_only() {
+        let q = QueueName::new("q");
+        let mut pins = PinsInFlight::default();
+        for i in 0..MAX_PER_QUEUE + 10 {
+            pins.add(
+                &q,
+                origin(&format!("p{i}")),
+                label("RTX-4090"),
+                record(),
+                at(0),
+            );
+        }
+        assert_eq!(pins.len(), MAX_PER_QUEUE);
+        let rtx = selector("RTX-4090");
+        assert!(!pins.settle(&origin("p0"), &rtx));
+        assert!(pins.settle(&origin(&format!("p{}", MAX_PER_QUEUE + 9)), &rtx));
+    }
+}
