@@ -700,6 +700,21 @@ check "... the queue's usage has a row for the cap: 3 of 3 allocated" wait_for 2
   "usage_is $Q-cap '*' allocated 3 && usage_is $Q-cap '*' quota 3"
 k -n "$NS" delete deploy capped --wait=false >/dev/null 2>&1
 
+# Pods created at the same moment through one replica spread over the models: its
+# mutating call counts the pins it chose whose charge is not recorded yet. Pinned alike to
+# the first model, all but 5 would be refused at the validating call with H200s free.
+queue "$Q-spread" '{"RTX-4090":5,"NVIDIA-H200":5}' | k apply -f - >/dev/null 2>&1
+sleep 1
+"$BURST_BIN" --scheduler-name "$HAND_SCHED" --pods 20 --concurrency 20 --rounds 1 --keep \
+  --queue "$Q-spread" --card 'RTX-4090|NVIDIA-H200' --case "a=$NS" > "$WORK/spread.out" 2>&1
+spread_pins() {
+  k -n "$NS" get pods -l card-quota-burst=1 -o json | jq -r '[.items[].spec.nodeSelector["nvidia.com/gpu.product"]] | group_by(.) | map("\(.[0])=\(length)") | join(" ")'
+}
+CONTEXT="pins: $(spread_pins); $(grep -E 'TOTAL|first' "$WORK/spread.out" | tr '\n' ';')"
+check "20 pods of RTX-4090|NVIDIA-H200 created at once through one replica: 10 created, 5 pinned to each model" \
+  [ "$(spread_pins)" = "NVIDIA-H200=5 RTX-4090=5" ]
+k -n "$NS" delete pods -l card-quota-burst=1 --wait=false >/dev/null 2>&1
+
 # The same under warn: admitted with the warning, the Event and the metric.
 k apply -f - >/dev/null <<EOF
 apiVersion: scheduling.volcano.sh/v1beta1
