@@ -162,3 +162,27 @@ async fn pins_in_flight_only_order_the_choice_never_refuse() {
     call(&st, &dry, true).await;
     assert_eq!(in_flight(&st), 0);
 }
+
+/// Two replicas pin two pods to the last RTX 4090 at the same moment (neither knows the
+/// other's pin): the second `/validate` is refused, and says that the H200 has room and
+/// that the pod created again goes there. Created again, it does.
+#[tokio::test]
+async fn a_pod_refused_for_a_pin_another_replica_took_is_told_where_it_would_go() {
+    let api = FakeApi::new();
+    let (r1, r2) = (replica(&api), replica(&api));
+    let (a, pin_a) = mutate(&r1, 1).await;
+    let (b, pin_b) = mutate(&r2, 2).await;
+    assert_eq!((pin_a.as_str(), pin_b.as_str()), ("RTX-4090", "RTX-4090"));
+    assert_eq!(validate(&r1, &a, 1).await["allowed"], true);
+    let rb = validate(&r2, &b, 2).await;
+    assert_eq!(rb["allowed"], false, "{rb}");
+    let msg = rb["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("queue q has insufficient RTX-4090 quota: requested 1, in use 1")
+            && msg.ends_with("; card-quota pinned this pod to RTX-4090 as it was created, and pods admitted at the same moment took that room: NVIDIA-H200 has room for it, and the pod created again is pinned there"),
+        "{msg}"
+    );
+    let (again, pin) = mutate(&r2, 3).await;
+    assert_eq!(pin, "NVIDIA-H200");
+    assert_eq!(validate(&r2, &again, 3).await["allowed"], true);
+}

@@ -727,6 +727,57 @@ fn annotation<'a>(pod: &'a PodParts, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
+/// A pod card-quota's `/mutate` pinned, refused at `/validate` because pods admitted at
+/// the same moment (through another replica) took its model's room while another of its
+/// models has room: the refusal says so, since the pod created again is pinned there.
+/// Only the message changes.
+fn where_it_would_go(
+    mut d: Decision,
+    pod: &PodParts,
+    rec: &PodRecord,
+    demand: &CardDemand,
+    queue: &QueueName,
+    snap: &Snapshot,
+    now: jiff::Timestamp,
+) -> Decision {
+    if annotation(pod, PINNED).is_none() || d.reason != Some(INSUFFICIENT) {
+        return d;
+    }
+    let prefix = demand.resource.split('/').next().unwrap_or_default();
+    let ours = |label: &str| label.split('/').next() == Some(prefix);
+    let selector = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref());
+    let Some(pinned) = selector.and_then(|s| s.iter().find(|(l, _)| ours(l))) else {
+        return d;
+    };
+    // The pod as `/mutate` saw it: without the pin it added.
+    let unpinned: std::collections::BTreeMap<String, String> = selector
+        .into_iter()
+        .flatten()
+        .filter(|(l, _)| *l != pinned.0)
+        .map(|(l, v)| (l.clone(), v.clone()))
+        .collect();
+    let mut free = rec.clone();
+    free.pinned.remove(pinned.0);
+    let constraints = NodeConstraints {
+        node_selector: Some(&unpinned),
+        affinity: pod.spec.as_ref().and_then(|s| s.affinity.as_ref()),
+    };
+    let Ok((_, Some((model, pin)))) = choose_pin(free, demand, queue, snap, now, &constraints)
+    else {
+        return d;
+    };
+    if pin.1 == *pinned.1 {
+        return d;
+    }
+    if let Some(m) = d.message.as_mut() {
+        *m = super::messages::cap(format!(
+            "{m}; card-quota pinned this pod to {} as it was created, and pods admitted at the same moment took that room: {model} has room for it, and the pod created again is pinned there",
+            pinned.1
+        ));
+    }
+    d
+}
+
 /// How the warning on a pod warn leaves unpinned begins.
 pub const NOT_PINNED: &str = "card-quota does not pin pods in warn mode";
 
@@ -821,7 +872,10 @@ fn admit(
             affinity: pod.spec.as_ref().and_then(|s| s.affinity.as_ref()),
         };
         let pinned = match choose_pin(rec.clone(), &demand, &queue, snap, now, &constraints) {
-            Err(d) => return d.with_event(owner),
+            Err(d) => {
+                let d = where_it_would_go(d, pod, &rec, &demand, &queue, snap, now);
+                return d.with_event(owner);
+            }
             Ok((r, pinned)) => {
                 if steer == Steer::Pin {
                     rec = r;
@@ -1428,10 +1482,11 @@ fn choose_pin<'s>(
     // that a burst spreads over the models instead of all but one being refused at
     // `/validate`. Only an order of preference: when no model has room beside them,
     // the choice is as without them. A pod pinned already (its own label, or
-    // `/validate` of the pod `/mutate` pinned) has no choice to make.
-    let in_flight = match own_pins.keys().any(|l| ours(l)) {
-        true => Vec::new(),
-        false => snap.pins_in_flight().of(queue, now),
+    // `/validate` of the pod `/mutate` pinned), or one with a single model to go to, has
+    // no choice to make.
+    let in_flight = match placeable.len() > 1 && !own_pins.keys().any(|l| ours(l)) {
+        true => snap.pins_in_flight().of(queue, now),
+        false => Vec::new(),
     };
     let mut change = Change {
         add_pods: vec![rec],
