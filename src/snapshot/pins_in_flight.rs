@@ -15,16 +15,18 @@
 //! [`PIN_IN_FLIGHT_TTL`] at most, a queue keeps [`MAX_PER_QUEUE`], and a relist that
 //! rebuilds the snapshot drops them all.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::cards::{ObjectKey, QueueName};
 use crate::cluster::records::PodRecord;
 
-/// How long a pin waits for its `/validate`: the API server calls it within the
-/// webhooks' timeouts of `/mutate`. Past it, or when `/validate` went to another
-/// replica, the pin is forgotten and choices are as without it.
-pub const PIN_IN_FLIGHT_TTL: Duration = Duration::from_secs(5);
+/// How long a pin waits for its `/validate`, which usually follows `/mutate` within
+/// milliseconds. A pin whose `/validate` went to another replica (a Service spreads the
+/// two calls) is never settled here: it counts twice in this replica's choices (beside
+/// the charge the other recorded) until then, so the time is kept short. Past it the
+/// pin is forgotten and choices are as without it.
+pub const PIN_IN_FLIGHT_TTL: Duration = Duration::from_secs(2);
 
 /// Pins kept per queue; past it the oldest go (a burst that large spreads its pins
 /// over the models long before).
@@ -54,7 +56,8 @@ struct Pin {
 /// The pins in flight of one replica, by queue.
 #[derive(Debug, Default, Clone)]
 pub struct PinsInFlight {
-    by_queue: BTreeMap<QueueName, Vec<Pin>>,
+    /// In the order they were made, so the oldest are at the front.
+    by_queue: BTreeMap<QueueName, VecDeque<Pin>>,
     seq: u64,
 }
 
@@ -75,12 +78,16 @@ impl PinsInFlight {
             origin.namespace.clone(),
             format!("{}#pin-in-flight-{}", origin.name, self.seq),
         );
-        self.expire(now);
-        let pins = self.by_queue.entry(queue.clone()).or_default();
-        if pins.len() >= MAX_PER_QUEUE {
-            pins.remove(0);
+        // Every queue now and then (a queue no pod comes to again keeps its pins until
+        // then); this one always, from the front, where the oldest are.
+        if self.seq.is_multiple_of(MAX_PER_QUEUE as u64) {
+            self.expire(now);
         }
-        pins.push(Pin {
+        let pins = self.by_queue.entry(queue.clone()).or_default();
+        while pins.front().is_some_and(|p| !live(p, now)) || pins.len() >= MAX_PER_QUEUE {
+            pins.pop_front();
+        }
+        pins.push_back(Pin {
             origin,
             label,
             record,
@@ -133,7 +140,7 @@ impl PinsInFlight {
     }
 
     pub fn len(&self) -> usize {
-        self.by_queue.values().map(Vec::len).sum()
+        self.by_queue.values().map(VecDeque::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -183,7 +190,7 @@ mod tests {
         let mut pins = PinsInFlight::default();
         pins.add(&q, origin("web-"), rtx.clone(), record(), at(0));
         pins.add(&q, origin("web-"), rtx.clone(), record(), at(1));
-        let seen = pins.of(&q, at(2));
+        let seen = pins.of(&q, at(1));
         assert_eq!(seen.len(), 2);
         // Under keys no pod can have, one per pin.
         assert!(seen
