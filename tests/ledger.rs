@@ -6,6 +6,7 @@
 mod support;
 
 use support::fake_api::{reply, status, FakeApi};
+use support::replica::live_state;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -95,22 +96,6 @@ fn state_with(
         committer = committer.with_freshness(f);
     }
     live_state(text, committer)
-}
-
-/// A replica over the objects of `text` that records through `committer`.
-fn live_state(text: &str, committer: Committer) -> Arc<State> {
-    let (snap, skipped) = load(text).unwrap();
-    assert!(skipped.is_empty(), "{skipped:?}");
-    Arc::new(State::live(
-        Arc::new(Mutex::new(snap)),
-        Config::default(),
-        Live {
-            committer: Arc::new(committer),
-            synced: Arc::new(Synced::already()),
-            events: None,
-            routing: None,
-        },
-    ))
 }
 
 async fn answer(st: &State, review: Value, mutate: bool) -> Value {

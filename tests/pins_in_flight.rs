@@ -6,17 +6,15 @@
 mod support;
 
 use support::fake_api::FakeApi;
+use support::replica::live_state;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use card_quota::decide::review::ReviewBuilder as R;
-use card_quota::decide::Config;
-use card_quota::live::caches::Synced;
 use card_quota::live::{Committer, LedgerApi};
-use card_quota::snapshot::load::load;
-use card_quota::webhook::server::{handle_review, Live, State};
+use card_quota::webhook::server::{handle_review, State};
 use serde_json::{json, Value};
 
 const OBJECTS: &str = r#"
@@ -29,22 +27,11 @@ items:
 "#;
 
 fn replica(api: &FakeApi) -> Arc<State> {
-    let (snap, skipped) = load(OBJECTS).unwrap();
-    assert!(skipped.is_empty(), "{skipped:?}");
     let committer = Committer::new(
         LedgerApi::new(api.client(), "card-quota"),
         Duration::from_secs(3),
     );
-    Arc::new(State::live(
-        Arc::new(Mutex::new(snap)),
-        Config::default(),
-        Live {
-            committer: Arc::new(committer),
-            synced: Arc::new(Synced::already()),
-            events: None,
-            routing: None,
-        },
-    ))
+    live_state(OBJECTS, committer)
 }
 
 /// A plain GPU pod of a ReplicaSet as `/mutate` sees it: no name yet, no annotation.

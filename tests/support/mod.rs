@@ -5,6 +5,7 @@
 use serde_json::{json, Value};
 
 pub mod fake_api;
+pub mod replica;
 
 /// A Pod in namespace `ml` with one container `c`.
 pub struct PodBuilder(Value);
