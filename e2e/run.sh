@@ -1537,6 +1537,22 @@ allocation_waits() {
 check "... but kube-scheduler's allocation of its claim waits for card-quota (resourceclaim-allocations is Fail)" wait_for 20 allocation_waits
 check "... and the pod stays unbound" [ -z "$(k -n "$NS" get pod down-gpu -o jsonpath='{.spec.nodeName}')" ]
 log "down-gpu's events: $(k -n "$NS" get events --field-selector involvedObject.name=down-gpu -o jsonpath='{.items[*].message}' | cut -c1-400)"
+# A monitoring agent's claim reads every GPU with admin access and takes no cards: its
+# allocation leaves the Fail hook's conditions (card-drivers), so it does not wait.
+k label namespace "$NS" resource.kubernetes.io/admin-access=true >/dev/null
+k -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: down-monitor}
+spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, allocationMode: All, adminAccess: true}}]}}
+EOF
+k -n "$NS" get resourceclaim down-monitor -o json | jq '.status = {allocation: {devices: {results: [
+    {request: "gpu", driver: "gpu.nvidia.com", pool: "n1", device: "gpu-0", adminAccess: true}]},
+  nodeSelector: {nodeSelectorTerms: [{matchFields: [{key: "metadata.name", operator: "In", values: ["n1"]}]}]}}}' \
+  > "$WORK/down-monitor.json"
+out=$(k replace --raw "/apis/resource.k8s.io/v1/namespaces/$NS/resourceclaims/down-monitor/status" -f "$WORK/down-monitor.json" 2>&1)
+check "... while an allocation of GPUs with admin access only (a monitoring agent's) goes through" \
+  contains "$out" '"adminAccess":true'
 
 # ---- summary ----------------------------------------------------------------------------
 echo

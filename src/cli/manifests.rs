@@ -126,11 +126,13 @@ pub fn claims_only_condition(cards: &crate::cards::CardResources) -> String {
 }
 
 /// The `card-drivers` condition of the allocation hook: a device of one of the card
-/// drivers among the allocation's results.
+/// drivers among the allocation's results, not given with admin access (such a device
+/// stays the card of the claim that holds it: `cards::dra::claims::admin_access`), so a monitoring
+/// agent's allocation does not wait for card-quota.
 pub fn card_drivers_condition(dra: &DraSettings) -> String {
     let drivers: Vec<String> = dra.drivers().iter().map(|d| d.driver.clone()).collect();
     format!(
-        "has(object.status) && has(object.status.allocation) && has(object.status.allocation.devices) && has(object.status.allocation.devices.results) && object.status.allocation.devices.results.exists(r, r.driver in {})",
+        "has(object.status) && has(object.status.allocation) && has(object.status.allocation.devices) && has(object.status.allocation.devices.results) && object.status.allocation.devices.results.exists(r, r.driver in {} && !(has(r.adminAccess) && r.adminAccess))",
         cel_list(&drivers)
     )
 }
@@ -676,6 +678,43 @@ mod tests {
             json!({}),
             json!({"volcano.sh/card.name": "NVIDIA-H200"})
         )));
+    }
+
+    /// The allocation hook's condition, evaluated as the API server would (CEL over the
+    /// claim): a card driver's device selects it, unless every such device was given with
+    /// admin access (a monitoring agent's, which takes no cards).
+    #[test]
+    fn the_card_drivers_condition_leaves_out_admin_access_and_other_drivers() {
+        let cond = card_drivers_condition(&DraSettings::default());
+        let program = cel::Program::compile(&cond).expect("the condition compiles");
+        let selects = |results: Value| {
+            let claim = json!({"metadata": {"name": "c"},
+                "status": {"allocation": {"devices": {"results": results}}}});
+            let mut ctx = cel::Context::default();
+            ctx.add_variable_from_value("object", cel::to_value(&claim).expect("a CEL value"));
+            program.execute(&ctx).expect("it evaluates") == cel::Value::Bool(true)
+        };
+        let result = |driver: &str, admin: Option<bool>| {
+            let mut r = json!({"request": "gpu", "driver": driver, "pool": "n", "device": "gpu-0"});
+            if let Some(a) = admin {
+                r["adminAccess"] = json!(a);
+            }
+            r
+        };
+        assert!(selects(json!([result("gpu.nvidia.com", None)])));
+        assert!(selects(json!([result("gpu.nvidia.com", Some(false))])));
+        assert!(
+            !selects(json!([result("gpu.nvidia.com", Some(true))])),
+            "admin access only: no cards, no wait"
+        );
+        assert!(
+            selects(json!([
+                result("gpu.nvidia.com", Some(true)),
+                result("gpu.nvidia.com", None)
+            ])),
+            "a card beside the admin's devices"
+        );
+        assert!(!selects(json!([result("nic.example.com", None)])));
     }
 
     #[test]
