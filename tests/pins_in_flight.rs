@@ -173,3 +173,30 @@ async fn a_pod_refused_for_a_pin_another_replica_took_is_told_where_it_would_go(
     assert_eq!(pin, "NVIDIA-H200");
     assert_eq!(validate(&r2, &again, 3).await["allowed"], true);
 }
+
+/// `serve --offline` keeps pins in flight as a live replica does: its `/mutate` records
+/// a named pod at once, but a pod of a ReplicaSet has no name yet and is recorded only
+/// at `/validate`, so a burst of them was pinned to one model and refused there.
+#[tokio::test]
+async fn an_offline_server_pins_a_burst_beside_each_other_too() {
+    let (snap, skipped) = card_quota::snapshot::load::load(OBJECTS).unwrap();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let st = State::new(snap, card_quota::decide::Config::default());
+    let (a, pin_a) = mutate(&st, 1).await;
+    let (b, pin_b) = mutate(&st, 2).await;
+    assert_eq!(
+        (pin_a.as_str(), pin_b.as_str()),
+        ("RTX-4090", "NVIDIA-H200")
+    );
+    assert_eq!(in_flight(&st), 2);
+    for (pod, n) in [(&a, 1), (&b, 2)] {
+        let r = validate(&st, pod, n).await;
+        assert_eq!(r["allowed"], true, "{r}");
+    }
+    assert_eq!(in_flight(&st), 0, "each validate settles its pin");
+    // Both are recorded: a third finds no room on either model.
+    let c = R::pod("CREATE", made_from_template()).uid("m3").build();
+    let rc = call(&st, &c, true).await;
+    assert_eq!(rc["allowed"], false, "{rc}");
+    assert_eq!(in_flight(&st), 0, "a refused pod pins nothing");
+}

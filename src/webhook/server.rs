@@ -23,6 +23,7 @@ use crate::cards::QueueName;
 use crate::controller::events::EventSink;
 use crate::decide::enforcement::decide_enforcing;
 use crate::decide::messages::RETRY;
+use crate::decide::pod::{remember_pin, settle_pin};
 use crate::decide::review::{
     encode_answer, parse_review_owned, read_review, AdmissionRequest, AdmissionResponse, Operation,
 };
@@ -190,12 +191,20 @@ fn is_named(req: &AdmissionRequest) -> bool {
 async fn decide_offline(state: &State, req: &AdmissionRequest, mutate: bool) -> Decision {
     let _turn = state.turn.lock().await;
     let mut snap = state.snapshot.lock().unwrap_or_else(|e| e.into_inner());
-    let mut d = decide_enforcing(req, &mut snap, &state.config, jiff::Timestamp::now());
-    // /mutate applies only effects of named objects: generated names appear later.
+    let now = jiff::Timestamp::now();
+    let mut d = decide_enforcing(req, &mut snap, &state.config, now);
+    // /mutate applies only effects of named objects: generated names appear later. The
+    // pin it chose for an unnamed pod is in flight until /validate applies the pod, as
+    // on a live replica (`snapshot::pins_in_flight`).
     if !mutate || is_named(req) {
         if let Err(e) = apply_spending(&mut snap, req, &mut d) {
             tracing::warn!("{e}");
         }
+    }
+    if !mutate {
+        settle_pin(&mut snap, req);
+    } else if !is_named(req) {
+        remember_pin(&mut snap, req, &d, now);
     }
     d
 }
