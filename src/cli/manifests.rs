@@ -127,8 +127,8 @@ pub fn claims_only_condition(cards: &crate::cards::CardResources) -> String {
 
 /// The `card-drivers` condition of the allocation hook: a device of one of the card
 /// drivers among the allocation's results, not given with admin access (such a device
-/// stays the card of the claim that holds it: `cards::dra::claims::admin_access`), so a monitoring
-/// agent's allocation does not wait for card-quota.
+/// stays the card of the claim that holds it: `cards::dra::claims::admin_access`), so
+/// a monitoring agent's allocation does not wait for card-quota.
 pub fn card_drivers_condition(dra: &DraSettings) -> String {
     let drivers: Vec<String> = dra.drivers().iter().map(|d| d.driver.clone()).collect();
     format!(
