@@ -86,19 +86,24 @@ fn in_flight(st: &State) -> usize {
     st.snapshot.lock().unwrap().pins_in_flight().len()
 }
 
-#[tokio::test]
-async fn pods_admitted_at_once_are_pinned_beside_each_other_and_all_fit() {
-    let api = FakeApi::new();
-    let st = replica(&api);
-    // Both `/mutate` calls before either `/validate`, as in a burst: without the first
-    // pin in flight, the second is pinned to the RTX 4090 too and refused at `/validate`.
-    let (a, pin_a) = mutate(&st, 1).await;
-    let (b, pin_b) = mutate(&st, 2).await;
+/// Both `/mutate` calls before either `/validate`, as in a burst: without the first pin
+/// in flight, the second is pinned to the RTX 4090 too and refused at `/validate`.
+async fn two_pods_at_once(st: &State) -> (Value, Value) {
+    let (a, pin_a) = mutate(st, 1).await;
+    let (b, pin_b) = mutate(st, 2).await;
     assert_eq!(
         (pin_a.as_str(), pin_b.as_str()),
         ("RTX-4090", "NVIDIA-H200")
     );
-    assert_eq!(in_flight(&st), 2);
+    assert_eq!(in_flight(st), 2);
+    (a, b)
+}
+
+#[tokio::test]
+async fn pods_admitted_at_once_are_pinned_beside_each_other_and_all_fit() {
+    let api = FakeApi::new();
+    let st = replica(&api);
+    let (a, b) = two_pods_at_once(&st).await;
     let ra = validate(&st, &a, 1).await;
     assert_eq!(ra["allowed"], true, "{ra}");
     assert_eq!(
@@ -182,13 +187,7 @@ async fn an_offline_server_pins_a_burst_beside_each_other_too() {
     let (snap, skipped) = card_quota::snapshot::load::load(OBJECTS).unwrap();
     assert!(skipped.is_empty(), "{skipped:?}");
     let st = State::new(snap, card_quota::decide::Config::default());
-    let (a, pin_a) = mutate(&st, 1).await;
-    let (b, pin_b) = mutate(&st, 2).await;
-    assert_eq!(
-        (pin_a.as_str(), pin_b.as_str()),
-        ("RTX-4090", "NVIDIA-H200")
-    );
-    assert_eq!(in_flight(&st), 2);
+    let (a, b) = two_pods_at_once(&st).await;
     for (pod, n) in [(&a, 1), (&b, 2)] {
         let r = validate(&st, pod, n).await;
         assert_eq!(r["allowed"], true, "{r}");
