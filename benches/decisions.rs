@@ -215,6 +215,42 @@ fn plain(c: &mut Criterion) {
             );
         }
     }
+    // The worst the pins in flight make a choice: a queue holding as many as it keeps
+    // (`MAX_PER_QUEUE`), pinned by `/mutate`s whose `/validate` went to another replica.
+    let mut snap = plain_queue(true, false);
+    let cfg = Config::default();
+    let unnamed = |n: u32| {
+        let mut p = pod("x", "q", "x", n, None);
+        let meta = p["metadata"].as_object_mut().expect("an object");
+        meta.remove("name");
+        meta.insert("generateName".into(), json!("web-"));
+        meta.get_mut("annotations")
+            .and_then(Value::as_object_mut)
+            .map(|a| a.remove("volcano.sh/card.name"));
+        R::pod("CREATE", p).build()
+    };
+    let max = card_quota::snapshot::pins_in_flight::MAX_PER_QUEUE;
+    for i in 0..max {
+        let r = review(&unnamed([1, 2, 8][i % 3]), &mut snap, &cfg, now, true);
+        let (Some(req), Some(d)) = (&r.request, &r.decision) else {
+            panic!("a pod review decides");
+        };
+        card_quota::decide::pod::remember_pin(&mut snap, req, d, now);
+    }
+    assert_eq!(snap.pins_in_flight().len(), max, "every pod was pinned");
+    let create = unnamed(2);
+    assert!(
+        review(&create, &mut snap, &cfg, now, true)
+            .out
+            .response
+            .allowed
+    );
+    c.bench_function(
+        &format!(
+            "plain pod create (2 cards), {max} pins in flight, 1000 pending plain pods, 5 models"
+        ),
+        |b| b.iter(|| review(&create, &mut snap, &cfg, now, true)),
+    );
 }
 
 /// The burst benchmark's queue: one model, 2,000 pending pods already pinned to it.

@@ -199,3 +199,31 @@ async fn an_offline_server_pins_a_burst_beside_each_other_too() {
     assert_eq!(rc["allowed"], false, "{rc}");
     assert_eq!(in_flight(&st), 0, "a refused pod pins nothing");
 }
+
+/// Pins in flight count as many times as there are pods (they are laid as counted
+/// demands, one per model and size), and under a group cap too: a queue of two RTX 4090,
+/// two H200 and three of either (`"*":3`) spreads four pods made at once RTX, RTX, H200,
+/// and the fourth, with no room beside the three, is pinned as without them.
+#[tokio::test]
+async fn pins_in_flight_count_each_pod_and_the_group_cap() {
+    for (quota, want) in [
+        (
+            r#"{"RTX-4090":2,"NVIDIA-H200":2}"#,
+            ["RTX-4090", "RTX-4090", "NVIDIA-H200", "NVIDIA-H200", "RTX-4090"],
+        ),
+        (
+            r#"{"RTX-4090":2,"NVIDIA-H200":2,"*":3}"#,
+            ["RTX-4090", "RTX-4090", "NVIDIA-H200", "RTX-4090", "RTX-4090"],
+        ),
+    ] {
+        let objects = OBJECTS.replace(r#"{"RTX-4090":1,"NVIDIA-H200":1}"#, quota);
+        let (snap, skipped) = card_quota::snapshot::load::load(&objects).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let st = State::new(snap, card_quota::decide::Config::default());
+        let mut pins = Vec::new();
+        for n in 1..=want.len() {
+            pins.push(mutate(&st, n).await.1);
+        }
+        assert_eq!(pins, want, "quota {quota}");
+    }
+}

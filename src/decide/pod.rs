@@ -14,9 +14,11 @@ use crate::cards::{Alternatives, CardName, Cards, QueueName};
 use crate::cluster::placement::NodeConstraints;
 use crate::cluster::pod_parts::{read_pod, PodParts};
 use crate::cluster::PodRecord;
+use crate::ledger::feasibility::Demand;
 use crate::ledger::usage::reservation;
+use crate::ledger::usage::Share;
 use crate::ledger::{Effect, Verdict};
-use crate::snapshot::pins_in_flight::PinOrigin;
+use crate::snapshot::pins_in_flight::{InFlight, PinOrigin};
 use crate::snapshot::{Snapshot, UnknownGroup};
 
 use super::candidates::{allowed_by_constraints, none_usable, queue_models, resource_serves};
@@ -143,13 +145,32 @@ pub fn remember_pin(
     let (Effect::Pod(rec), Some((origin, _))) = (&charge.effect, pin_origin(req)) else {
         return;
     };
-    snap.pins_in_flight_mut().add(
-        &charge.queue,
-        origin,
-        (**label).clone(),
-        (**rec).clone(),
-        now,
-    );
+    // As `fit` would lay the pod (`Change::add_pods`), read once.
+    let counts = match (rec.group_key(), Share::of(rec, snap)) {
+        (None, Share::Pending(a, n)) => InFlight::Pending(a, n),
+        _ => InFlight::Pod(rec.clone()),
+    };
+    snap.pins_in_flight_mut()
+        .add(&charge.queue, origin, (**label).clone(), counts, now);
+}
+
+/// The pins in flight `pins` as a change lays them beside a pod: the pending pods as
+/// counted demands, one per models and cards, any other as itself. The same usage as
+/// laying every pod, at a cost that does not grow with each candidate model tried.
+fn beside(pins: Vec<&InFlight>) -> (Vec<Demand>, Vec<PodRecord>) {
+    let mut counted: std::collections::BTreeMap<(&Alternatives, Cards), u64> = Default::default();
+    let mut pods = Vec::new();
+    for pin in pins {
+        match pin {
+            InFlight::Pending(a, n) => *counted.entry((a, *n)).or_default() += 1,
+            InFlight::Pod(rec) => pods.push((**rec).clone()),
+        }
+    }
+    let demands = counted
+        .into_iter()
+        .map(|((a, n), count)| Demand::pods(a.clone(), n, count))
+        .collect();
+    (demands, pods)
 }
 
 /// `/validate` of pod CREATE `req` was answered, its charge recorded or refused: the pin
@@ -1512,9 +1533,12 @@ fn choose_pin<'s>(
     };
     let mut chosen = None;
     if !in_flight.is_empty() {
-        change.add_pods.extend(in_flight);
+        let (demands, pods) = beside(in_flight);
+        change.extra = demands;
+        change.add_pods.extend(pods);
         chosen = pick(&mut change);
         change.add_pods.truncate(1);
+        change.extra.clear();
     }
     let chosen = chosen.or_else(|| pick(&mut change));
     let placeable: Vec<CardName> = placeable.into_iter().map(|(m, _)| m).collect();

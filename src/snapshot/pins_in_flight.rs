@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use crate::cards::{ObjectKey, QueueName};
+use crate::cards::{Alternatives, Cards, ObjectKey, QueueName};
 use crate::cluster::records::PodRecord;
 
 /// How long a pin waits for its `/validate`, which usually follows `/mutate` within
@@ -44,12 +44,23 @@ pub struct PinOrigin {
 /// The node label (key, value) a pin adds to the pod's `nodeSelector`.
 pub type PinLabel = (String, String);
 
+/// How a pod pinned in flight counts beside a choice, read once when it is pinned: a
+/// choice then costs the same beside 256 pins as beside a few.
+#[derive(Debug, Clone)]
+pub enum InFlight {
+    /// A pending pod of no PodGroup (nearly all): one of the identical demands of its
+    /// models (its pin) and cards, which a choice lays counted.
+    Pending(Alternatives, Cards),
+    /// Any other pod (its group's reservation, a claim allocated), laid as itself as it
+    /// would be charged, under a key no real pod can have.
+    Pod(Box<PodRecord>),
+}
+
 #[derive(Debug, Clone)]
 struct Pin {
     origin: PinOrigin,
     label: PinLabel,
-    /// The pod as it would be charged, under a key no real pod can have.
-    record: PodRecord,
+    counts: InFlight,
     at: jiff::Timestamp,
 }
 
@@ -62,22 +73,24 @@ pub struct PinsInFlight {
 }
 
 impl PinsInFlight {
-    /// Remembers that `/mutate` pinned `record` (of `origin`) with `label` in `queue`
-    /// at `now`.
+    /// Remembers that `/mutate` pinned a pod (of `origin`, counting as `counts`) with
+    /// `label` in `queue` at `now`.
     pub fn add(
         &mut self,
         queue: &QueueName,
         origin: PinOrigin,
         label: PinLabel,
-        mut record: PodRecord,
+        mut counts: InFlight,
         now: jiff::Timestamp,
     ) {
         self.seq += 1;
         // '#' is not allowed in a pod's name: the record is never taken for a real pod.
-        record.key = ObjectKey::new(
-            origin.namespace.clone(),
-            format!("{}#pin-in-flight-{}", origin.name, self.seq),
-        );
+        if let InFlight::Pod(record) = &mut counts {
+            record.key = ObjectKey::new(
+                origin.namespace.clone(),
+                format!("{}#pin-in-flight-{}", origin.name, self.seq),
+            );
+        }
         // Every queue now and then (a queue no pod comes to again keeps its pins until
         // then); this one always, from the front, where the oldest are.
         if self.seq.is_multiple_of(MAX_PER_QUEUE as u64) {
@@ -90,7 +103,7 @@ impl PinsInFlight {
         pins.push_back(Pin {
             origin,
             label,
-            record,
+            counts,
             at: now,
         });
     }
@@ -121,13 +134,13 @@ impl PinsInFlight {
     }
 
     /// The pods pinned in `queue` whose charge is not recorded yet, as of `now`.
-    pub fn of(&self, queue: &QueueName, now: jiff::Timestamp) -> Vec<PodRecord> {
+    pub fn of(&self, queue: &QueueName, now: jiff::Timestamp) -> Vec<&InFlight> {
         self.by_queue
             .get(queue)
             .into_iter()
             .flatten()
             .filter(|p| live(p, now))
-            .map(|p| p.record.clone())
+            .map(|p| &p.counts)
             .collect()
     }
 
@@ -176,11 +189,19 @@ mod tests {
         BTreeMap::from([label(product), ("pool".into(), "a".into())])
     }
 
-    fn record() -> PodRecord {
+    fn record() -> InFlight {
         let mut pod = k8s_openapi::api::core::v1::Pod::default();
         pod.metadata.name = Some("x".into());
         pod.metadata.namespace = Some("ml".into());
-        crate::cluster::records::pod_record(&pod, "ml", &Default::default(), 0).unwrap()
+        let rec = crate::cluster::records::pod_record(&pod, "ml", &Default::default(), 0);
+        InFlight::Pod(Box::new(rec.unwrap()))
+    }
+
+    fn key(counts: &InFlight) -> &ObjectKey {
+        match counts {
+            InFlight::Pod(r) => &r.key,
+            InFlight::Pending(..) => panic!("a record was added"),
+        }
     }
 
     #[test]
@@ -195,8 +216,8 @@ mod tests {
         // Under keys no pod can have, one per pin.
         assert!(seen
             .iter()
-            .all(|r| r.key.name.starts_with("web-#pin-in-flight-")));
-        assert_ne!(seen[0].key, seen[1].key);
+            .all(|r| key(r).name.starts_with("web-#pin-in-flight-")));
+        assert_ne!(key(seen[0]), key(seen[1]));
         // Another model's validate, or another pod's, settles nothing.
         let h200 = selector("NVIDIA-H200");
         assert!(!pins.settle(&origin("web-"), &h200));
