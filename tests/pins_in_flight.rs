@@ -206,14 +206,15 @@ async fn an_offline_server_pins_a_burst_beside_each_other_too() {
 /// and the fourth, with no room beside the three, is pinned as without them.
 #[tokio::test]
 async fn pins_in_flight_count_each_pod_and_the_group_cap() {
+    let (rtx, h200) = ("RTX-4090", "NVIDIA-H200");
     for (quota, want) in [
         (
             r#"{"RTX-4090":2,"NVIDIA-H200":2}"#,
-            ["RTX-4090", "RTX-4090", "NVIDIA-H200", "NVIDIA-H200", "RTX-4090"],
+            [rtx, rtx, h200, h200, rtx],
         ),
         (
             r#"{"RTX-4090":2,"NVIDIA-H200":2,"*":3}"#,
-            ["RTX-4090", "RTX-4090", "NVIDIA-H200", "RTX-4090", "RTX-4090"],
+            [rtx, rtx, h200, rtx, rtx],
         ),
     ] {
         let objects = OBJECTS.replace(r#"{"RTX-4090":1,"NVIDIA-H200":1}"#, quota);
