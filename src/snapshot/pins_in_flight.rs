@@ -189,7 +189,7 @@ mod tests {
         BTreeMap::from([label(product), ("pool".into(), "a".into())])
     }
 
-    fn record() -> InFlight {
+    fn as_pod() -> InFlight {
         let mut pod = k8s_openapi::api::core::v1::Pod::default();
         pod.metadata.name = Some("x".into());
         pod.metadata.namespace = Some("ml".into());
@@ -209,8 +209,8 @@ mod tests {
         let q = QueueName::new("q");
         let rtx = label("RTX-4090");
         let mut pins = PinsInFlight::default();
-        pins.add(&q, origin("web-"), rtx.clone(), record(), at(0));
-        pins.add(&q, origin("web-"), rtx.clone(), record(), at(1));
+        pins.add(&q, origin("web-"), rtx.clone(), as_pod(), at(0));
+        pins.add(&q, origin("web-"), rtx.clone(), as_pod(), at(1));
         let seen = pins.of(&q, at(1));
         assert_eq!(seen.len(), 2);
         // Under keys no pod can have, one per pin.
@@ -241,7 +241,7 @@ mod tests {
                 &q,
                 origin(&format!("p{i}")),
                 label("RTX-4090"),
-                record(),
+                as_pod(),
                 at(0),
             );
         }
